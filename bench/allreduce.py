@@ -1,0 +1,192 @@
+"""Allreduce and DistributedOptimizer overhead against raw gloo, on 2+ ranks.
+
+    hvdlite run -np 2 python bench/allreduce.py
+    python bench/allreduce.py --spawn [--np 2]     # its own launcher, no driver needed
+
+Prints, on rank 0, medians over --iters timed runs:
+- hvd.allreduce / hvd.allreduce_ against pg.allreduce on the very same group (target >= 0.95x);
+- a DistributedOptimizer step on a model of many small tensors, fused, against the same step
+  with one allreduce per gradient tensor (target >= 2x faster).
+"""
+import argparse
+import datetime
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+
+import hvdlite.torch as hvd
+from hvdlite.torch import optimizer as hvd_optimizer, runtime
+from hvdlite.worker.world import WorldInfo
+
+MB = 1024 * 1024
+SIZES = (4, 1 * MB, 16 * MB, 64 * MB)  # bytes; 4 B shows the fixed cost per call
+RAW_IN_PLACE = "pg.allreduce, sum in place"
+HVD_IN_PLACE = "hvd.allreduce_(op=Sum)"
+RAW_NEW = "clone + pg.allreduce + div_"
+HVD_NEW = "hvd.allreduce (Average)"
+FUSED = "DistributedOptimizer, fused"
+
+
+def timed(fn, iters):
+    times = []
+    for _ in range(iters):
+        # Start together, so time a rank spends waiting for a late peer is not billed here.
+        runtime.process_group().barrier(dist.BarrierOptions()).wait()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bench_allreduce(iters):
+    """Per size: {case: median seconds}. Each hvdlite case has a raw gloo twin doing the same
+    work by hand, so the ratio is hvdlite's own overhead."""
+    pg = runtime.process_group()
+    options = dist.AllreduceOptions()
+    options.reduceOp = dist.ReduceOp.SUM
+
+    def raw_average(tensor):
+        out = tensor.clone()
+        pg.allreduce([out], options).wait()
+        return out.div_(pg.size())
+
+    rows = []
+    for nbytes in SIZES:
+        tensor = torch.randn(nbytes // 4)
+        cases = {RAW_IN_PLACE: lambda: pg.allreduce([tensor], options).wait(),
+                 HVD_IN_PLACE: lambda: hvd.allreduce_(tensor, op=hvd.Sum),
+                 RAW_NEW: lambda: raw_average(tensor),
+                 HVD_NEW: lambda: hvd.allreduce(tensor)}
+        for fn in cases.values():  # warm up: first touches, gloo buffers
+            fn()
+        # Interleave the cases so a noisy neighbour hits them alike; small sizes are mostly
+        # scheduling noise, so they get more runs.
+        samples = {name: [] for name in cases}
+        for _ in range(max(iters, min(500, 160 * MB // nbytes))):
+            for name, fn in cases.items():
+                samples[name].append(timed(fn, 1))
+        rows.append((nbytes, {name: statistics.median(s) for name, s in samples.items()}))
+    return rows
+
+
+class ManyTensors(torch.nn.Module):
+    """60 small linear layers: 120 parameter tensors of 128 B to 4 KiB."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(32, 32) for _ in range(60))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x
+
+
+def _distributed(optimizer, model, fusion_threshold):
+    saved = os.environ.get(hvd_optimizer.FUSION_THRESHOLD_ENV)
+    if fusion_threshold is not None:
+        os.environ[hvd_optimizer.FUSION_THRESHOLD_ENV] = fusion_threshold
+    try:
+        return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    finally:
+        os.environ.pop(hvd_optimizer.FUSION_THRESHOLD_ENV, None)
+        if saved is not None:
+            os.environ[hvd_optimizer.FUSION_THRESHOLD_ENV] = saved
+
+
+def bench_optimizer(iters):
+    """{way of averaging the gradients: median seconds of a training step}."""
+    torch.manual_seed(0)
+    x = torch.randn(8, 32)
+    results = {}
+    for name, wrap, threshold in ((FUSED, True, None),
+                                  ("one hvd.allreduce_ per tensor, then step", False, None),
+                                  ("DistributedOptimizer, HVDLITE_FUSION_THRESHOLD=0", True, "0")):
+        model = ManyTensors()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        if wrap:
+            opt = _distributed(opt, model, threshold)
+
+        def train_step():
+            opt.zero_grad()
+            model(x).sum().backward()
+            if not wrap:
+                for p in model.parameters():
+                    hvd.allreduce_(p.grad)
+            opt.step()
+        for _ in range(3):
+            train_step()
+        results[name] = timed(train_step, iters)
+    return len(list(model.parameters())), results
+
+
+def report(iters):
+    rows = bench_allreduce(iters)
+    tensors, steps = bench_optimizer(iters)
+    if hvd.rank() != 0:
+        return
+    print(f"{hvd.size()} ranks, {torch.get_num_threads()} torch threads each; medians of "
+          f"max({iters}, min(500, 160 / size in MB)) runs per allreduce case, {iters} per training step")
+    print(f"\n{'size':>5}  {'case':<28} {'ms':>8} {'GB/s':>6}  {'raw twin / hvdlite':>18}")
+    for nbytes, cases in rows:
+        for raw, ours in ((RAW_IN_PLACE, HVD_IN_PLACE), (RAW_NEW, HVD_NEW)):
+            for name in (raw, ours):
+                seconds = cases[name]
+                ratio = f"{cases[raw] / seconds:17.2f}x" if name == ours else ""
+                size = f"{nbytes // MB}MB" if nbytes >= MB else f"{nbytes}B"
+                print(f"{size:>5}  {name:<28} {seconds * 1e3:8.3f} {nbytes / seconds / 1e9:6.2f}  {ratio}")
+    print(f"\ntraining step (zero_grad, forward, backward, step), model of {tensors} tensors")
+    fused = steps[FUSED]
+    for name, seconds in steps.items():
+        print(f"  {name:<50} {seconds * 1e3:8.2f} ms  {seconds / fused:5.1f}x the fused step")
+
+
+def spawn(np_, iters):
+    with tempfile.TemporaryDirectory() as tmp:
+        # One torch thread per rank unless told otherwise, as torchrun does: idle OpenMP
+        # threads spin and steal the cores gloo's threads need.
+        env = {"OMP_NUM_THREADS": "1", **os.environ}
+        procs = [subprocess.Popen([sys.executable, __file__, "--child", str(rank), str(np_),
+                                   os.path.join(tmp, "store"), "--iters", str(iters)], env=env)
+                 for rank in range(np_)]
+        try:
+            codes = [proc.wait(timeout=600) for proc in procs]
+            return 0 if not any(codes) else 1
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+
+
+def join_file_store(rank, size, path):
+    pg = dist.ProcessGroupGloo(dist.FileStore(path, size), rank, size, datetime.timedelta(seconds=60))
+    runtime.activate(pg, WorldInfo(rank=rank, size=size, local_rank=rank, local_size=size,
+                                   cross_rank=0, cross_size=1, hostname="localhost"))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--spawn", action="store_true", help="start --np local ranks itself")
+    parser.add_argument("--np", type=int, default=2)
+    parser.add_argument("--iters", type=int, default=20, help="timed runs per case (>= 10)")
+    parser.add_argument("--child", nargs=3, metavar=("RANK", "SIZE", "STORE"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.spawn:
+        sys.exit(spawn(args.np, args.iters))
+    if args.child:
+        join_file_store(int(args.child[0]), int(args.child[1]), args.child[2])
+    else:
+        hvd.init()
+    report(max(args.iters, 10))
+    hvd.barrier()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""Worker output: each line prefixed with the worker's rank, optionally teed to files."""
+import os
+import sys
+import threading
+
+_console_lock = threading.Lock()
+
+
+class RankOutput:
+    """Sink for one worker's stdout and stderr lines: `[rank]<stdout>:line` as Horovod prints.
+
+    `label` is the worker's rank, or its slot until an elastic worker gets a rank; the driver
+    updates it when a new world gives the worker another rank.
+    """
+
+    def __init__(self, label: str, output_dir=None, folder=None):
+        self.label = label
+        self._files = {}
+        if output_dir:
+            folder = os.path.join(output_dir, folder or f"rank.{label}")
+            os.makedirs(folder, exist_ok=True)
+            self._files = {name: open(os.path.join(folder, name), "a", encoding="utf-8")
+                           for name in ("stdout", "stderr")}
+
+    def line(self, stream: str, text: str) -> None:
+        console = sys.stdout if stream == "stdout" else sys.stderr
+        with _console_lock:
+            console.write(f"[{self.label}]<{stream}>:{text}")
+            if not text.endswith("\n"):
+                console.write("\n")
+            console.flush()
+        if stream in self._files:
+            self._files[stream].write(text)
+            self._files[stream].flush()
+
+    def pump(self, stream: str, pipe) -> threading.Thread:
+        """Forward a binary pipe line by line on a daemon thread until EOF."""
+        def run():
+            with pipe:
+                for raw in iter(pipe.readline, b""):
+                    self.line(stream, raw.decode("utf-8", "replace"))
+        thread = threading.Thread(target=run, daemon=True, name=f"output-{self.label}-{stream}")
+        thread.start()
+        return thread
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()

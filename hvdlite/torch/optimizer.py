@@ -1,0 +1,279 @@
+"""Horovod's DistributedOptimizer, and the broadcasts that start every rank from one state."""
+import contextlib
+import functools
+import os
+import warnings
+import weakref
+
+import torch
+
+from hvdlite.torch import ops, runtime
+from hvdlite.torch.compression import Compression
+
+FUSION_THRESHOLD_ENV = "HVDLITE_FUSION_THRESHOLD"
+DEFAULT_FUSION_THRESHOLD = 64 * 1024 * 1024  # bytes, as Horovod's HOROVOD_FUSION_THRESHOLD
+
+
+def fusion_threshold() -> int:
+    return int(os.environ.get(FUSION_THRESHOLD_ENV, DEFAULT_FUSION_THRESHOLD))
+
+
+def _nbytes(tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _fusion_buckets(tensors, threshold):
+    """Split tensors, in order, into same-dtype buckets of at most `threshold` bytes (a tensor
+    larger than that gets a bucket of its own; threshold 0 gives every tensor its own)."""
+    buckets, open_buckets = [], {}  # open_buckets: dtype -> (bucket, bytes in it)
+    for tensor in tensors:
+        bucket, used = open_buckets.get(tensor.dtype, (None, 0))
+        if bucket is None or used + _nbytes(tensor) > threshold:
+            bucket, used = [], 0
+            buckets.append(bucket)
+        bucket.append(tensor)
+        open_buckets[tensor.dtype] = (bucket, used + _nbytes(tensor))
+    return buckets
+
+
+def _broadcast_tensors(tensors, root_rank) -> None:
+    # Bucketed so a large model does not need a second copy of itself in one buffer.
+    for bucket in _fusion_buckets(tensors, fusion_threshold()):
+        ops.grouped_broadcast_(bucket, root_rank)
+
+
+def broadcast_parameters(params, root_rank) -> None:
+    """Overwrite parameters (and buffers) with root_rank's, in place.
+
+    `params`: a state_dict, or an iterable of tensors or (name, tensor) pairs such as
+    model.named_parameters(); every rank must list the same tensors (dicts are sorted by name).
+    """
+    if isinstance(params, dict):
+        tensors = [tensor for _, tensor in sorted(params.items())]
+    else:
+        tensors = [p[1] if isinstance(p, tuple) else p for p in params]
+    _broadcast_tensors(tensors, root_rank)
+
+
+class _TensorSlot:
+    """Stands for a tensor in the pickled layout of root's optimizer state."""
+
+    def __init__(self, tensor):
+        self.shape, self.dtype = tensor.shape, tensor.dtype
+
+
+def _replace(obj, kind, fn):
+    """obj with every instance of `kind` inside dicts, lists and tuples replaced by fn(it)."""
+    if isinstance(obj, kind):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return {key: _replace(value, kind, fn) for key, value in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_replace(value, kind, fn) for value in obj)
+    return obj
+
+
+def broadcast_optimizer_state(optimizer, root_rank) -> None:
+    """Give every rank root_rank's optimizer state (tensors and scalars such as Adam's step
+    counts) and param_group options (lr, momentum, ...), even where a rank has no state yet."""
+    is_root = runtime.process_group().rank() == root_rank
+    tensors = []
+
+    def collect(tensor):
+        tensors.append(tensor)
+        return _TensorSlot(tensor)
+
+    def allocate(slot):
+        tensors.append(torch.empty(slot.shape, dtype=slot.dtype))
+        return tensors[-1]
+
+    # The layout and the scalars travel pickled; the tensors in fused broadcasts.
+    layout = ops.broadcast_object(
+        _replace(optimizer.state_dict(), torch.Tensor, collect) if is_root else None, root_rank)
+    state = None if is_root else _replace(layout, _TensorSlot, allocate)
+    _broadcast_tensors(tensors, root_rank)
+    if not is_root:
+        optimizer.load_state_dict(state)
+
+
+class _GradientReducer:
+    """Averages gradients across ranks in fused buckets, started from gradient hooks.
+
+    Every rank must issue the same collectives in the same order, whatever its local
+    gradients. So buckets are fixed up front from the parameter order, and started strictly
+    in bucket order: a bucket starts when its gradients are all accumulated and every earlier
+    bucket has started, or at synchronize(). A gradient missing locally is sent as zeros, and a
+    flag per parameter, reduced with the bucket, tells every rank whether any rank had it: if
+    none did, the gradient stays None everywhere, so the step skips the parameter everywhere.
+    """
+
+    def __init__(self, params, compression, backward_passes_per_step, op, prescale, postscale,
+                 sparse_as_dense):
+        self.compression, self.op = compression, op
+        self.prescale, self.postscale = prescale, postscale
+        self.passes, self.sparse_as_dense = backward_passes_per_step, sparse_as_dense
+        # Backward produces gradients roughly from the last parameter to the first.
+        self.buckets = _fusion_buckets(list(reversed(params)), fusion_threshold())
+        self.bucket_of = {p: i for i, bucket in enumerate(self.buckets) for p in bucket}
+        self.skip_synchronize = False
+        self.synchronized = False
+        self.world = None  # the group this step's buckets run on
+        self._reset()
+        # The hooks reach the reducer weakly: an optimizer the script dropped (say, replaced
+        # by a new one over the same model) must stop reducing, not trip the next backward.
+        hook = functools.partial(_on_grad, weakref.ref(self))
+        self._hooks = [p.register_post_accumulate_grad_hook(hook) for p in params]
+
+    def __del__(self):
+        for hook in self._hooks:
+            hook.remove()
+
+    def _reset(self):
+        self.pending = {p: self.passes for p in self.bucket_of}  # backward passes to go
+        self.ready = [0] * len(self.buckets)  # parameters done, per bucket
+        self.started = []  # (bucket, compressed, flags, handle), in bucket order
+
+    def in_flight(self) -> bool:
+        return bool(self.started)
+
+    def _follow_world(self):
+        world = runtime.process_group()
+        if world is not self.world:
+            self._reset()  # the world was re-formed (elastic reset) in the middle of a step
+            self.world = world
+
+    def on_grad(self, p):
+        self._follow_world()
+        if self.pending[p] == 0:
+            raise AssertionError(
+                "Gradients were computed more than backward_passes_per_step times before call "
+                "to step(). Increase backward_passes_per_step to accumulate gradients locally.")
+        self.pending[p] -= 1
+        if self.pending[p] == 0:
+            self.ready[self.bucket_of[p]] += 1
+            self._start(everything=False)
+
+    def _start(self, everything):
+        while len(self.started) < len(self.buckets):
+            index = len(self.started)
+            bucket = self.buckets[index]
+            if not everything and self.ready[index] < len(bucket):
+                return
+            compressed = [self.compression.compress(self._local_grad(p)) for p in bucket]
+            flags = torch.tensor([p.grad is not None for p in bucket], dtype=compressed[0][0].dtype)
+            handle = ops.grouped_allreduce_async_(
+                [c for c, _ in compressed] + [flags], op=self.op,
+                prescale_factor=self.prescale, postscale_factor=self.postscale)
+            self.started.append((bucket, compressed, flags, handle))
+
+    def _local_grad(self, p):
+        if p.grad is None:
+            return torch.zeros_like(p, memory_format=torch.contiguous_format)
+        if p.grad.is_sparse:
+            if not self.sparse_as_dense:
+                raise NotImplementedError(
+                    "hvdlite reduces dense gradients only; pass sparse_as_dense=True")
+            return p.grad.to_dense()
+        return p.grad
+
+    def synchronize(self):
+        self._follow_world()
+        try:
+            self._start(everything=True)
+            for bucket, compressed, flags, handle in self.started:
+                ops.synchronize(handle)
+                for p, (reduced, ctx), anyone in zip(bucket, compressed, flags.tolist()):
+                    if anyone:
+                        grad = self.compression.decompress(reduced, ctx)
+                        if grad is not p.grad:
+                            p.grad = grad
+        finally:
+            self._reset()  # also after a failure, so the next step starts clean
+        self.synchronized = True
+
+
+def _on_grad(reducer_ref, p):
+    reducer = reducer_ref()
+    if reducer is not None:
+        reducer.on_grad(p)
+
+
+class _DistributedOptimizer:
+    """Put in front of the wrapped optimizer's class by DistributedOptimizer()."""
+
+    def synchronize(self):
+        """Finish averaging the gradients now (e.g. to clip them before step())."""
+        self._hvd_reducer.synchronize()
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """step() inside this block does not synchronize again (call synchronize() first)."""
+        self._hvd_reducer.skip_synchronize = True
+        try:
+            yield
+        finally:
+            self._hvd_reducer.skip_synchronize = False
+
+    def step(self, closure=None):
+        reducer = self._hvd_reducer
+        if not reducer.skip_synchronize:
+            if reducer.synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() after "
+                              "optimizer.synchronize(): the gradients are averaged twice.")
+            reducer.synchronize()
+        reducer.synchronized = False
+        return super().step(closure)
+
+    def zero_grad(self, *args, **kwargs):
+        if self._hvd_reducer.in_flight():
+            raise AssertionError(
+                "optimizer.zero_grad() was called after loss.backward() but before "
+                "optimizer.step() or optimizer.synchronize(); the gradients are still being reduced.")
+        return super().zero_grad(*args, **kwargs)
+
+
+def _check_names(named_parameters, params):
+    named = list(named_parameters)
+    if any(not isinstance(item, tuple) for item in named):
+        raise ValueError("named_parameters should be (name, parameter) pairs, "
+                         "usually from model.named_parameters()")
+    names = [name for name, _ in named]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"parameter names in named_parameters must be unique: {duplicates}")
+    named_ids = {id(p) for _, p in named}
+    if any(id(p) not in named_ids for p in params):
+        raise ValueError("named_parameters was given but does not name every optimizer parameter")
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, op=ops.Average, gradient_predivide_factor=1.0,
+                         num_groups=0, groups=None, sparse_as_dense=False):
+    """Wrap `optimizer` so step() first averages the gradients across ranks.
+
+    The result is `optimizer` itself seen through a subclass of its class, sharing its
+    attributes: isinstance checks, param_groups and state_dict() work unchanged. Every rank
+    must build its optimizer with the same parameters in the same order. `num_groups` and
+    `groups` are accepted for Horovod compatibility; fusion follows HVDLITE_FUSION_THRESHOLD.
+    """
+    if op not in (ops.Average, ops.Sum):
+        raise ValueError("DistributedOptimizer reduces gradients with op=Average or op=Sum only")
+    if gradient_predivide_factor != 1.0 and op != ops.Average:
+        raise ValueError("gradient_predivide_factor needs op=Average")
+    if backward_passes_per_step < 1:
+        raise ValueError("backward_passes_per_step must be at least 1")
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    if named_parameters is not None:
+        _check_names(named_parameters, params)
+
+    cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
+    wrapped = cls.__new__(cls)
+    wrapped.__dict__ = optimizer.__dict__
+    # An LR scheduler made before wrapping put a `step` on the instance that calls the plain
+    # class's step; drop it so ours runs (the scheduler then warns once, which is harmless).
+    wrapped.__dict__.pop("step", None)
+    wrapped._hvd_reducer = _GradientReducer(
+        params, compression, backward_passes_per_step, op,
+        prescale=1.0 / gradient_predivide_factor, postscale=gradient_predivide_factor,
+        sparse_as_dense=sparse_as_dense)
+    return wrapped

@@ -1,0 +1,129 @@
+"""A worker's link to the driver: rendezvous client, heartbeats and assignments (torch-free).
+
+Every worker heartbeats to the driver. The answer tells it how many host updates the driver
+has announced and the newest round the driver saw fall apart; a worker that cannot reach the
+driver for the liveness timeout exits, so a dead driver or a partition never leaves workers
+behind.
+"""
+import atexit
+import json
+import os
+import socket
+import sys
+import threading
+import time
+
+from hvdlite.worker import env
+from hvdlite.worker.kvclient import KVClient, KVError
+from hvdlite.worker.world import WorldInfo
+
+HEARTBEAT_INTERVAL = 0.5
+HEARTBEAT_TIMEOUT = 2.0  # seconds for one heartbeat, connecting included
+STALL = 1.0  # seconds of oversleeping that mean this process was not running
+
+
+class Removed(SystemExit):
+    """The driver left this worker out of the new world: the process ends with code 0."""
+
+    def __init__(self):
+        super().__init__(0)
+
+
+class Session:
+    def __init__(self, environ=os.environ):
+        try:
+            self.addr = environ[env.RENDEZVOUS_ADDR]
+            self.port = int(environ[env.RENDEZVOUS_PORT])
+            secret = environ[env.SECRET]
+        except KeyError as e:
+            raise RuntimeError(
+                f"hvdlite: {e.args[0]} is not set; start this script with `hvdlite run`") from None
+        self.environ = environ
+        self.slot = environ.get(env.SLOT, "")
+        self.elastic = environ.get(env.ELASTIC) == "1"
+        self.liveness_timeout = float(environ.get(env.LIVENESS_TIMEOUT, "10"))
+        self.client = KVClient(self.addr, self.port, secret)
+        # Its own client: short timeouts, so a partition is noticed within the liveness timeout
+        # (connecting through a partition would otherwise wait out the client's 30 s).
+        self._beat_client = KVClient(self.addr, self.port, secret, timeout=HEARTBEAT_TIMEOUT)
+        self.updates = 0  # host updates announced by the driver, as last heard
+        self.broken = 0  # newest round the driver saw fall apart, as last heard
+        self.on_round_broken = None  # callback(round), called on every heartbeat answer
+        self._heartbeat = threading.Thread(target=self._beat, daemon=True, name="hvdlite-heartbeat")
+        self._heartbeat.start()
+        atexit.register(self._say_goodbye)
+
+    def _say_goodbye(self):
+        # Interpreter teardown (a full garbage collection of torch) can hold the GIL for
+        # seconds, silencing the heartbeat: tell the driver this is an exit, not a hang.
+        try:
+            self.client.request("PUT", "/rdzv/exiting", query={"slot": self.slot}, timeout=2)
+        except Exception:  # noqa: BLE001 - the driver may be gone; exiting regardless
+            pass
+
+    def local_address(self) -> str:
+        """The address of this host on the route to the driver: peers reach us there too."""
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((self.addr, self.port))
+            return s.getsockname()[0]
+
+    def assignment(self, after_round=None, commit=0) -> WorldInfo:
+        """This worker's place in the next world.
+
+        A static job's worker has it in its environment. An elastic worker blocks in the
+        driver's rendezvous until a round after `after_round` (None: any round) includes it;
+        that GET is the barrier that tells the driver the worker is ready.
+        """
+        if not self.elastic:
+            return WorldInfo.from_env(self.environ)
+        deadline = time.monotonic() + float(self.environ.get(env.ELASTIC_TIMEOUT, "600"))
+        query = {"slot": self.slot, "after": str(-1 if after_round is None else after_round),
+                 "commit": str(commit)}
+        while time.monotonic() < deadline:
+            status, body = self.client.request("GET", "/rdzv/assign", query=query, timeout=70)
+            if status == 200:
+                answer = json.loads(body)
+                if answer.get("removed"):
+                    raise Removed()
+                return WorldInfo(**answer["world"])
+            if status != 408:
+                raise RuntimeError(f"hvdlite: rendezvous failed: HTTP {status} {body[:200]!r}")
+        raise TimeoutError("hvdlite: no new world was formed within the elastic timeout")
+
+    def _beat(self):
+        last_contact = time.monotonic()
+        while True:
+            try:
+                status, body = self._beat_client.request(
+                    "PUT", "/rdzv/heartbeat", query={"slot": self.slot})
+                if status == 200:
+                    answer = json.loads(body)
+                    self.updates, self.broken = answer["updates"], answer["broken"]
+                    last_contact = time.monotonic()
+                    if self.on_round_broken is not None:
+                        self.on_round_broken(self.broken)
+            except (OSError, ValueError, KeyError, KVError):
+                pass  # no contact this time; the liveness timeout decides
+            if time.monotonic() - last_contact > self.liveness_timeout:
+                try:  # stderr is often a pipe to the dead driver
+                    sys.stderr.write(f"hvdlite: lost contact with the driver at {self.addr}:"
+                                     f"{self.port} for {self.liveness_timeout:g} s; exiting\n")
+                    sys.stderr.flush()
+                finally:
+                    os._exit(75)
+            asleep = time.monotonic()
+            time.sleep(HEARTBEAT_INTERVAL)
+            overslept = time.monotonic() - asleep - HEARTBEAT_INTERVAL
+            if overslept > STALL:  # this process was starved, not its link: don't count it
+                last_contact += overslept
+
+
+_session = None
+
+
+def session() -> Session:
+    """The process's one session, created on first use."""
+    global _session
+    if _session is None:
+        _session = Session()
+    return _session

@@ -1,0 +1,51 @@
+"""What a worker knows about its place in the current world (torch-free)."""
+from dataclasses import dataclass, asdict
+import os
+
+from hvdlite.worker import env
+
+
+@dataclass(frozen=True)
+class WorldInfo:
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    hostname: str
+    round: int = 0  # rendezvous round; names the store scope of this world
+    updates: int = 0  # host updates the driver had announced when this world formed
+
+    @classmethod
+    def from_env(cls, environ=os.environ) -> "WorldInfo":
+        try:
+            return cls(
+                rank=int(environ[env.RANK]), size=int(environ[env.SIZE]),
+                local_rank=int(environ[env.LOCAL_RANK]), local_size=int(environ[env.LOCAL_SIZE]),
+                cross_rank=int(environ[env.CROSS_RANK]), cross_size=int(environ[env.CROSS_SIZE]),
+                hostname=environ.get(env.HOSTNAME, ""), round=int(environ.get(env.ROUND, "0")))
+        except KeyError as e:
+            raise RuntimeError(
+                f"hvdlite: {e.args[0]} is not set; start this script with `hvdlite run`") from None
+
+    @property
+    def store_scope(self) -> str:
+        """KV scope of this world's gloo bootstrap. A new one per round: gloo never deletes
+        its keys, and a group built under an old scope would read stale addresses."""
+        return f"gloo.{self.round}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def env(self) -> dict:
+        """The variables that hand this place to a static job's worker."""
+        return {
+            env.HOSTNAME: self.hostname, env.RANK: str(self.rank), env.SIZE: str(self.size),
+            env.LOCAL_RANK: str(self.local_rank), env.LOCAL_SIZE: str(self.local_size),
+            env.CROSS_RANK: str(self.cross_rank), env.CROSS_SIZE: str(self.cross_size),
+            env.ROUND: str(self.round),
+            # torch's own names, for scripts that read them
+            "RANK": str(self.rank), "WORLD_SIZE": str(self.size),
+            "LOCAL_RANK": str(self.local_rank), "LOCAL_WORLD_SIZE": str(self.local_size),
+        }

@@ -1,0 +1,39 @@
+import pytest
+
+
+@pytest.fixture(scope="module")
+def server(request):
+    """A KV server shared by a module (each test uses its own scopes; stopping one takes
+    ~0.1 s), with the module's SECRET."""
+    from hvdlite.driver.kvserver import KVServer
+    srv = KVServer(request.module.SECRET)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="session")
+def ssh_hosts():
+    """Factory of real sshd test hosts (tests/sshhosts.py): `hosts = ssh_hosts(3)`.
+
+    Each call starts a new group host-1..host-N (own namespaces, bridge, keys, ssh_config);
+    every group is torn down at the end of the session, or earlier by `hosts.close()`.
+    Skips when sshd is not installed. HVDLITE_TEST_SSH_LOOPBACK=1 forces the 127.x fallback."""
+    import os
+    from sshhosts import TestHosts, missing_tools
+    reason = missing_tools()
+    if reason:
+        pytest.skip(reason)
+    groups = []
+
+    def make(count: int = 2, **options):
+        options.setdefault("force_loopback", os.environ.get("HVDLITE_TEST_SSH_LOOPBACK") == "1")
+        group = TestHosts(count, **options)
+        groups.append(group)
+        return group
+
+    yield make
+    for group in groups:
+        group.close()

@@ -1,0 +1,137 @@
+"""Running `hvdlite run` from tests: bounded in time, every process ended even on failure."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from scripts.jobdata import batch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPTS = os.path.join(HERE, "scripts")
+
+
+@dataclass
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+    events: list
+
+    def of(self, kind):
+        return [e for e in self.events if e["event"] == kind]
+
+
+class Job:
+    """A driver started in its own session; `finish()` waits, `close()` ends it for sure."""
+
+    def __init__(self, args, tmp_path, env=None):
+        self.event_log = os.path.join(tmp_path, "events.jsonl")
+        self.out = open(os.path.join(tmp_path, "driver.out"), "w+")
+        self.err = open(os.path.join(tmp_path, "driver.err"), "w+")
+        cmd = [sys.executable, "-m", "hvdlite.cli", "run", "--event-log", self.event_log, *args]
+        self.proc = subprocess.Popen(cmd, stdout=self.out, stderr=self.err, stdin=subprocess.DEVNULL,
+                                     env={**os.environ, **(env or {})}, start_new_session=True)
+
+    def events(self):
+        try:
+            with open(self.event_log) as f:
+                return [json.loads(line) for line in f if line.strip()]
+        except FileNotFoundError:
+            return []
+
+    def wait_for(self, predicate, timeout):
+        """Poll the event log until predicate(events) holds; returns the events."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            events = self.events()
+            if predicate(events):
+                return events
+            if self.proc.poll() is not None:
+                raise AssertionError(f"driver exited early:\n{self.read(self.err)}")
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting; events: {[e['event'] for e in self.events()]}")
+
+    def finish(self, timeout) -> Result:
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"job did not end within {timeout} s:\n{self.read(self.err)[-3000:]}")
+        return Result(code, self.read(self.out), self.read(self.err), self.events())
+
+    @staticmethod
+    def read(f):
+        f.flush()
+        f.seek(0)
+        return f.read()
+
+    def worker_pids(self):
+        return [e["pid"] for e in self.events() if e["event"] == "worker_start"]
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        for pid in self.worker_pids():  # workers lead their own process groups
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.out.close()
+        self.err.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def run_job(args, tmp_path, timeout=120, env=None) -> Result:
+    with Job(args, tmp_path, env) as job:
+        return job.finish(timeout)
+
+
+def steps_log(log_dir):
+    with open(os.path.join(log_dir, "steps.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def effective_steps(records):
+    """For each step, the records of its last attempt (the highest round that logged it)."""
+    by_step = {}
+    for r in records:
+        by_step.setdefault(r["step"], []).append(r)
+    result = {}
+    for step, rs in sorted(by_step.items()):
+        last = max(r["round"] for r in rs)
+        result[step] = [r for r in rs if r["round"] == last]
+    return result
+
+
+def replay(records):
+    """Parameters a single process gets by applying every effective step once."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step, rs in effective_steps(records).items():
+        optimizer.zero_grad()
+        grads = []
+        for indices in rs[0]["world"]:
+            model.zero_grad()
+            x, y = batch(indices)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            grads.append([p.grad.clone() for p in model.parameters()])
+        for p, *gs in zip(model.parameters(), *grads):
+            p.grad = sum(gs) / len(gs)
+        optimizer.step()
+    return [p.detach().flatten().tolist() for p in model.parameters()]
+

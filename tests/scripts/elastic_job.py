@@ -1,0 +1,81 @@
+"""Deterministic elastic training used by the integration tests.
+
+Every rank appends one JSON line per finished step to $LOG_DIR/steps.jsonl: step, world size,
+rank, slot, round and the dataset indices it trained on, so a test can replay the run and
+check that no committed step was lost or applied twice. Knobs (env): TOTAL_STEPS, STEP_SLEEP,
+BATCH, FAILS="slot:step,..." (that worker raises once at that step).
+"""
+import json
+import os
+import time
+
+import torch
+
+import hvdlite.torch as hvd
+from hvdlite.torch import runtime
+from hvdlite.worker import env
+from jobdata import batch
+
+LOG_DIR = os.environ["LOG_DIR"]
+TOTAL = int(os.environ.get("TOTAL_STEPS", "40"))
+SLEEP = float(os.environ.get("STEP_SLEEP", "0.05"))
+BATCH = int(os.environ.get("BATCH", "2"))
+SLOT = os.environ[env.SLOT]
+DATASET = int(os.environ.get("DATASET", "64"))
+FAILS = os.environ.get("FAILS", "").split(",")
+
+
+def log(record):
+    with open(os.path.join(LOG_DIR, "steps.jsonl"), "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def once(name):
+    """True the first time any worker asks for `name` (a marker file)."""
+    try:
+        os.close(os.open(os.path.join(LOG_DIR, name), os.O_CREAT | os.O_EXCL))
+        return True
+    except FileExistsError:
+        return False
+
+
+hvd.init()
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                     named_parameters=model.named_parameters())
+sampler = hvd.elastic.ElasticSampler(list(range(DATASET)), shuffle=True, seed=1)
+
+
+@hvd.elastic.run
+def train(state):
+    while state.step < TOTAL:
+        indices = list(state.sampler)[:BATCH]
+        if not indices:  # epoch finished: start the next one
+            state.sampler.set_epoch(state.sampler.epoch + 1)
+            continue
+        if f"{SLOT}:{state.step}" in FAILS and once(f"failed.{state.step}"):
+            raise ValueError(f"injected failure at step {state.step}")
+        x, y = batch(indices)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+        log({"step": state.step, "size": hvd.size(), "rank": hvd.rank(), "slot": SLOT,
+             "round": runtime.info().round, "epoch": state.sampler.epoch,
+             "indices": indices, "pid": os.getpid(),
+             # the whole world's batch, so that any one rank's record can replay the step
+             "world": [share[state.sampler.local_done:][:BATCH] for share in state.sampler.shares]})
+        state.sampler.record_indices(indices)
+        state.step += 1
+        if hvd.rank() == 0:
+            with open(os.path.join(LOG_DIR, "progress.tmp"), "w") as f:
+                f.write(str(state.step))
+            os.replace(os.path.join(LOG_DIR, "progress.tmp"), os.path.join(LOG_DIR, "progress"))
+        state.commit()
+        time.sleep(SLEEP)
+    with open(os.path.join(LOG_DIR, f"final.{SLOT.replace('/', '_')}.json"), "w") as f:
+        json.dump({"rank": hvd.rank(), "size": hvd.size(),
+                   "params": [p.detach().flatten().tolist() for p in model.parameters()]}, f)
+
+
+train(hvd.elastic.TorchState(model, optimizer, sampler=sampler, step=0))

@@ -1,0 +1,224 @@
+"""Elastic scenarios through the CLI: real workers, real gloo, real signals.
+
+The discovery script is keyed on the job's committed progress, so host changes happen at
+known steps whatever the machine's speed.
+"""
+import json
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from jobs import SCRIPTS, Job, effective_steps, replay, run_job, steps_log
+
+JOB = [sys.executable, os.path.join(SCRIPTS, "elastic_job.py")]
+
+
+def discovery(tmp_path, schedule):
+    path = tmp_path / "schedule.json"
+    path.write_text(json.dumps(schedule))
+    return ["--host-discovery-script",
+            f"{sys.executable} {SCRIPTS}/discover.py {path} {tmp_path}/progress"]
+
+
+def job_env(tmp_path, **knobs):
+    return {"LOG_DIR": str(tmp_path), **{k: str(v) for k, v in knobs.items()}}
+
+
+def progress(tmp_path):
+    try:
+        return int((tmp_path / "progress").read_text() or 0)
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def wait_progress(job, tmp_path, step, timeout=60):
+    job.wait_for(lambda _: progress(tmp_path) >= step, timeout)
+
+
+def sizes(records):
+    """World size of every effective step, run-length encoded."""
+    runs = []
+    for step, rs in effective_steps(records).items():
+        size = rs[0]["size"]
+        if not runs or runs[-1][0] != size:
+            runs.append([size, 0])
+        runs[-1][1] += 1
+    return [s for s, _ in runs]
+
+
+def finals(tmp_path):
+    return [json.loads(p.read_text()) for p in tmp_path.glob("final.*.json")]
+
+
+def check_training_continuous(tmp_path, total):
+    """Every step applied exactly once: the survivors equal a replay of the logged steps."""
+    records = steps_log(tmp_path)
+    assert sorted(effective_steps(records)) == list(range(total))
+    final = finals(tmp_path)
+    assert final, "no worker finished"
+    reference = [x for p in replay(records) for x in p]
+    for f in final:
+        assert [x for p in f["params"] for x in p] == pytest.approx(reference, abs=1e-5)
+    return records
+
+
+def slot_pid(job, slot):
+    return [e["pid"] for e in job.events() if e["event"] == "worker_start" and e["slot"] == slot][-1]
+
+
+def test_scale_up_then_down_moves_rank0_to_a_survivor(tmp_path):
+    schedule = [[0, ["127.0.0.1:1", "127.0.0.2:1"]],
+                [8, ["127.0.0.1:1", "127.0.0.2:1", "127.0.0.3:1"]],
+                [24, ["127.0.0.2:1", "127.0.0.3:1"]]]
+    r = run_job([*discovery(tmp_path, schedule), "--min-np", "1", *JOB], tmp_path,
+                env=job_env(tmp_path, TOTAL_STEPS=40, STEP_SLEEP=0.1))
+    assert r.code == 0, r.stderr
+    records = check_training_continuous(tmp_path, 40)
+    assert sizes(records) == [2, 3, 2]
+    rank0 = [r["slot"] for rs in effective_steps(records).values() for r in rs if r["rank"] == 0]
+    assert rank0[0] == "127.0.0.1/0" and rank0[-1] in ("127.0.0.2/0", "127.0.0.3/0")
+    assert [e["kind"] for e in r.of("hosts_changed")] == ["added", "added", "removed"]
+    removed = [e for e in r.of("worker_exit") if e["slot"] == "127.0.0.1/0"]
+    assert removed and removed[0]["code"] == 0 and removed[0].get("removed")
+
+
+@pytest.mark.parametrize("hosts, victim, blacklisted", [
+    # several "hosts" on this machine: the host whose only worker died goes out
+    ("127.0.0.1:1,127.0.0.2:1,127.0.0.3:1", "127.0.0.3/0", ["127.0.0.3/0", "127.0.0.3"]),
+    # one host: only the dead worker's slot goes out, its other workers go on
+    ("localhost:3", "localhost/1", ["localhost/1"]),
+])
+def test_kill_9_survivors_continue_from_last_commit(tmp_path, hosts, victim, blacklisted):
+    with Job(["-H", hosts, "--min-np", "1", *JOB], tmp_path,
+             env=job_env(tmp_path, TOTAL_STEPS=40, STEP_SLEEP=0.05)) as job:
+        wait_progress(job, tmp_path, 10)
+        os.kill(slot_pid(job, victim), signal.SIGKILL)
+        r = job.finish(120)
+    assert r.code == 0, r.stderr
+    records = check_training_continuous(tmp_path, 40)
+    assert sizes(records) == [3, 2]
+    assert [e["key"] for e in r.of("blacklisted")] == blacklisted
+    check_exactly_once_per_epoch(records, dataset=64)
+
+
+def check_exactly_once_per_epoch(records, dataset):
+    """Within an epoch every sample is trained on once, whatever resets happened."""
+    per_epoch = {}
+    for rs in effective_steps(records).values():
+        for indices in rs[0]["world"]:
+            per_epoch.setdefault(rs[0]["epoch"], []).extend(indices)
+    for epoch, seen in per_epoch.items():
+        complete = epoch < max(per_epoch)
+        assert len(set(seen)) == len(seen) or complete and set(seen) == set(range(dataset))
+        if complete:
+            assert set(seen) == set(range(dataset))
+
+
+def test_exception_in_one_worker_leaves_the_others_training(tmp_path):
+    r = run_job(["-H", "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1", "--min-np", "1", *JOB], tmp_path,
+                env=job_env(tmp_path, TOTAL_STEPS=20, FAILS="127.0.0.2/0:5"))
+    assert r.code == 0, r.stderr
+    check_training_continuous(tmp_path, 20)
+    assert "injected failure at step 5" in r.stdout + r.stderr
+    assert [e["key"] for e in r.of("blacklisted")] == ["127.0.0.2/0", "127.0.0.2"]
+
+
+def test_all_workers_failing_fails_the_job_naming_the_first(tmp_path):
+    fail = tmp_path / "fail.py"
+    fail.write_text("import hvdlite.torch as hvd, os, time\nhvd.init()\n"
+                    "time.sleep(0.5 * hvd.rank())\nraise SystemExit(7)\n")
+    r = run_job(["-np", "2", "--min-np", "1", sys.executable, str(fail)], tmp_path, timeout=60)
+    assert r.code == 1
+    assert "all workers failed; first: rank 0 on localhost exited with code 7" in r.stderr
+
+
+@pytest.mark.parametrize("limit, code", [(1, 1), (2, 0)])
+def test_reset_limit(tmp_path, limit, code):
+    r = run_job(["-H", "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1", "--min-np", "1",
+                 "--reset-limit", str(limit), *JOB], tmp_path,
+                env=job_env(tmp_path, TOTAL_STEPS=20, FAILS="127.0.0.2/0:4,127.0.0.3/0:8"))
+    assert r.code == code, r.stderr
+    if code:
+        assert f"reset limit {limit} reached" in r.stderr
+    else:
+        check_training_continuous(tmp_path, 20)
+
+
+@pytest.mark.parametrize("cooldown", [True, False])
+def test_failed_host_returns_after_cooldown_only_with_a_range(tmp_path, cooldown):
+    flags = ["--blacklist-cooldown-range", "1", "2"] if cooldown else []
+    r = run_job(["-H", "127.0.0.1:1,127.0.0.2:1", "--min-np", "1", *flags, *JOB], tmp_path,
+                env=job_env(tmp_path, TOTAL_STEPS=60, STEP_SLEEP=0.1, FAILS="127.0.0.2/0:5"))
+    assert r.code == 0, r.stderr
+    records = check_training_continuous(tmp_path, 60)
+    assert sizes(records) == ([2, 1, 2] if cooldown else [2, 1])
+    assert bool(r.of("whitelisted")) == cooldown
+
+
+def test_below_min_np_waits_then_fails(tmp_path):
+    with Job(["-H", "127.0.0.1:1,127.0.0.2:1", "--min-np", "2", "--elastic-timeout", "3", *JOB],
+             tmp_path, env=job_env(tmp_path, TOTAL_STEPS=1000)) as job:
+        wait_progress(job, tmp_path, 3)
+        os.kill(slot_pid(job, "127.0.0.2/0"), signal.SIGKILL)
+        start = time.monotonic()
+        r = job.finish(60)
+    assert r.code == 1
+    assert "fewer than --min-np 2 workers for --elastic-timeout 3 s" in r.stderr
+    assert 3 <= time.monotonic() - start < 20
+    assert r.of("waiting_for_workers")
+
+
+def test_hosts_beyond_max_np_cause_no_reset(tmp_path):
+    schedule = [[0, ["127.0.0.1:1", "127.0.0.2:1"]], [5, ["127.0.0.1:1", "127.0.0.2:1", "127.0.0.3:2"]]]
+    r = run_job([*discovery(tmp_path, schedule), "--min-np", "1", "--max-np", "2", *JOB], tmp_path,
+                env=job_env(tmp_path, TOTAL_STEPS=30, STEP_SLEEP=0.1))
+    assert r.code == 0, r.stderr
+    assert [e["kind"] for e in r.of("hosts_changed")] == ["added", "added"]
+    assert len(r.of("round_complete")) == 1 and not r.of("hosts_updated")
+    assert sizes(steps_log(tmp_path)) == [2]
+
+
+def test_sigstopped_worker_is_evicted_within_liveness_timeout(tmp_path):
+    with Job(["-H", "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1", "--min-np", "1",
+              "--liveness-timeout", "2", *JOB], tmp_path,
+             env=job_env(tmp_path, TOTAL_STEPS=40, STEP_SLEEP=0.05)) as job:
+        wait_progress(job, tmp_path, 10)
+        os.kill(slot_pid(job, "127.0.0.3/0"), signal.SIGSTOP)
+        stopped = time.time()
+        events = job.wait_for(lambda ev: len([e for e in ev if e["event"] == "round_complete"]) >= 2, 30)
+        r = job.finish(120)
+    assert r.code == 0, r.stderr
+    unresponsive = r.of("worker_unresponsive")
+    assert unresponsive and unresponsive[0]["slot"] == "127.0.0.3/0"
+    reformed = [e for e in events if e["event"] == "round_complete"][1]["time"]
+    assert reformed - stopped < 2 + 3
+    assert sizes(check_training_continuous(tmp_path, 40)) == [3, 2]
+
+
+def test_first_discovery_failure_is_fatal(tmp_path):
+    r = run_job([*discovery(tmp_path, [[0, ["FAIL"]]]), *JOB], tmp_path, timeout=30,
+                env=job_env(tmp_path))
+    assert r.code == 1
+    assert r.stderr.strip().splitlines()[-1] == "hvdlite: error: host discovery script exited with code 1"
+
+
+def test_garbage_discovery_output_is_a_clear_error(tmp_path):
+    r = run_job([*discovery(tmp_path, [[0, ["h1:2 h2:3"]]]), *JOB], tmp_path, timeout=30,
+                env=job_env(tmp_path))
+    assert r.code == 1
+    assert "host discovery script: discovery output line 1: invalid host name" in r.stderr
+
+
+def test_later_discovery_failures_and_hangs_are_retried(tmp_path):
+    schedule = [[0, ["127.0.0.1:1", "127.0.0.2:1"]], [5, ["FAIL"]], [25, ["HANG"]],
+                [45, ["127.0.0.1:1", "127.0.0.2:1"]]]
+    r = run_job([*discovery(tmp_path, schedule), "--discovery-timeout", "1", "--min-np", "1", *JOB],
+                tmp_path, env=job_env(tmp_path, TOTAL_STEPS=60, STEP_SLEEP=0.1))
+    assert r.code == 0, r.stderr
+    errors = [e["error"] for e in r.of("discovery_failed")]
+    assert any("exited with code 1" in e for e in errors)
+    assert any("timed out" in e for e in errors)
+    assert sizes(steps_log(tmp_path)) == [2]

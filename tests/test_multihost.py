@@ -1,0 +1,108 @@
+"""Jobs across real sshd test hosts (tests/sshhosts.py): launch, host failure, partition,
+driver death and unreachable hosts."""
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from jobs import SCRIPTS, Job, run_job
+from test_elastic import check_training_continuous, discovery, job_env, sizes, wait_progress
+
+JOB = [sys.executable, os.path.join(SCRIPTS, "elastic_job.py")]
+
+
+@pytest.fixture(scope="module")
+def hosts(ssh_hosts):
+    return ssh_hosts(3)
+
+
+def flags(hosts):
+    return ["--ssh-config", hosts.ssh_config, "--rendezvous-addr", hosts.driver_address]
+
+
+def job_procs(hosts, name):
+    return [p for p in hosts.processes(name) if "elastic_job.py" in p[2]]
+
+
+def wait_gone(hosts, names, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(job_procs(hosts, n) for n in names):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_static_ranks_run_on_their_hosts(tmp_path, hosts):
+    r = run_job([*flags(hosts), "-np", "4", "-H", "host-1:2,host-2:2", sys.executable,
+                 os.path.join(SCRIPTS, "where.py")], tmp_path, timeout=60)
+    assert r.code == 0, r.stderr
+    lines = sorted(line.split(":", 1)[1].split() for line in r.stdout.splitlines()
+                   if "<stdout>:" in line)
+    assert lines == [["0", "host-1", "0", "0"], ["1", "host-1", "1", "0"],
+                     ["2", "host-2", "0", "1"], ["3", "host-2", "1", "1"]]
+
+
+def test_discovery_adds_then_removes_a_host(tmp_path, hosts):
+    schedule = [[0, ["host-1:1", "host-2:1"]], [8, ["host-1:1", "host-2:1", "host-3:1"]],
+                [24, ["host-2:1", "host-3:1"]]]
+    r = run_job([*flags(hosts), *discovery(tmp_path, schedule), "--min-np", "1", *JOB], tmp_path,
+                env=job_env(tmp_path, TOTAL_STEPS=40, STEP_SLEEP=0.1))
+    assert r.code == 0, r.stderr
+    assert sizes(check_training_continuous(tmp_path, 40)) == [2, 3, 2]
+
+
+def test_host_failure_blacklists_it_and_survivors_finish(tmp_path, hosts):
+    with Job([*flags(hosts), "-H", "host-1:1,host-2:1,host-3:1", "--min-np", "1", *JOB],
+             tmp_path, env=job_env(tmp_path, TOTAL_STEPS=40)) as job:
+        wait_progress(job, tmp_path, 8)
+        hosts.kill_all("host-3")
+        r = job.finish(120)
+    hosts.start("host-3")
+    assert r.code == 0, r.stderr
+    assert "host-3" in [e["key"] for e in r.of("blacklisted")]
+    check_training_continuous(tmp_path, 40)
+
+
+def test_partitioned_host_is_cut_off_and_its_worker_exits(tmp_path, hosts):
+    if hosts.mode != "netns":
+        pytest.skip(f"partitions need network namespaces: {hosts.fallback_reason}")
+    with Job([*flags(hosts), "-H", "host-1:1,host-2:1,host-3:1", "--min-np", "1",
+              "--liveness-timeout", "3", *JOB], tmp_path, env=job_env(tmp_path, TOTAL_STEPS=60)) as job:
+        wait_progress(job, tmp_path, 8)
+        hosts.partition("host-3")
+        try:
+            cut = time.time()
+            events = job.wait_for(lambda ev: len([e for e in ev if e["event"] == "round_complete"]) >= 2, 30)
+            reformed = [e for e in events if e["event"] == "round_complete"][1]
+            assert reformed["time"] - cut < 3 + 6
+            assert "host-3/0" not in reformed["members"]
+            r = job.finish(120)
+            assert wait_gone(hosts, ["host-3"], 10), "the cut-off worker did not exit by itself"
+        finally:
+            hosts.heal("host-3")
+    assert r.code == 0, r.stderr
+    check_training_continuous(tmp_path, 60)
+
+
+def test_killed_driver_leaves_no_remote_worker(tmp_path, hosts):
+    with Job([*flags(hosts), "-H", "host-1:1,host-2:1", "--min-np", "1", *JOB], tmp_path,
+             env=job_env(tmp_path, TOTAL_STEPS=100000)) as job:
+        wait_progress(job, tmp_path, 3)
+        assert job_procs(hosts, "host-1") and job_procs(hosts, "host-2")
+        job.proc.send_signal(signal.SIGKILL)
+        job.proc.wait(10)
+        assert wait_gone(hosts, ["host-1", "host-2"], 10), "remote workers outlived the driver"
+
+
+def test_unreachable_host_at_start_is_a_clear_error(tmp_path, hosts):
+    start = time.monotonic()
+    r = run_job([*flags(hosts), "-np", "2", "-H", "host-1:1,no-such-host.invalid:1",
+                 sys.executable, os.path.join(SCRIPTS, "where.py")], tmp_path, timeout=60)
+    assert r.code == 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("hvdlite: error:") and "no-such-host.invalid" in last
+    assert "Traceback" not in r.stderr and time.monotonic() - start < 30
+    assert not job_procs(hosts, "host-1")

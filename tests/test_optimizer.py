@@ -1,0 +1,239 @@
+"""DistributedOptimizer and the state broadcasts, on real gloo groups of 2 and 4 processes."""
+import copy
+import os
+import warnings
+
+import pytest
+import torch
+
+import gloo_harness
+from hvdlite.torch import ops, runtime
+from hvdlite.torch.compression import Compression
+from hvdlite.torch.optimizer import (FUSION_THRESHOLD_ENV, DistributedOptimizer,
+                                     broadcast_optimizer_state, broadcast_parameters)
+
+BATCH = 4  # samples per rank per micro-batch
+
+
+def _world():
+    info = runtime.info()
+    return info.rank, info.size
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 8),
+                               torch.nn.Tanh(), torch.nn.Linear(8, 3))
+
+
+def _global_batch(step, size):
+    g = torch.Generator().manual_seed(step)
+    return torch.randn(size * BATCH, 6, generator=g), torch.randn(size * BATCH, 3, generator=g)
+
+
+def _loss(model, x, y):
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def _flat_params(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def _assert_replicas_identical(model):
+    rank, size = _world()
+    gathered = ops.allgather(_flat_params(model).unsqueeze(0))
+    assert all(torch.equal(gathered[r], gathered[0]) for r in range(size)), "replicas diverged"
+
+
+def _train_and_compare(make_optimizer, steps=5, passes=1, atol=1e-5, **wrap):
+    """Train a DistributedOptimizer on this rank's share of each batch and, alongside, the
+    same model with the plain optimizer on the whole (concatenated) batch; compare."""
+    rank, size = _world()
+    model, reference = _model(), _model()
+    opt = DistributedOptimizer(make_optimizer(model.parameters()), backward_passes_per_step=passes,
+                               named_parameters=model.named_parameters(), **wrap)
+    ref_opt = make_optimizer(reference.parameters())
+    for step in range(steps):
+        opt.zero_grad()
+        ref_opt.zero_grad()
+        for micro in range(passes):
+            x, y = _global_batch(step * passes + micro, size)
+            mine = slice(rank * BATCH, (rank + 1) * BATCH)
+            _loss(model, x[mine], y[mine]).backward()
+            _loss(reference, x, y).backward()  # gradients accumulate, not averaged over passes
+        opt.step()
+        ref_opt.step()
+    _assert_replicas_identical(model)
+    assert torch.allclose(_flat_params(model), _flat_params(reference), atol=atol), \
+        (_flat_params(model) - _flat_params(reference)).abs().max()
+    return model, opt
+
+
+def _sgd(params):
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+
+def _adam(params):
+    return torch.optim.Adam(params, lr=0.01)
+
+
+def check_training_matches_single_process():
+    _train_and_compare(_sgd)
+    _train_and_compare(_adam)
+    _train_and_compare(_sgd, passes=2)
+    _train_and_compare(_sgd, compression=Compression.fp16, atol=1e-2)
+    _train_and_compare(_sgd, gradient_predivide_factor=2.0)
+    for threshold in ("0", "200"):  # one bucket per tensor; a few buckets started mid-backward
+        os.environ[FUSION_THRESHOLD_ENV] = threshold
+        try:
+            _train_and_compare(_adam)
+        finally:
+            del os.environ[FUSION_THRESHOLD_ENV]
+
+
+def check_sum_and_too_many_backward_passes():
+    rank, size = _world()
+    model = torch.nn.Linear(3, 1, bias=False)
+    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0), op=ops.Sum,
+                               backward_passes_per_step=2)
+    model.weight.grad = torch.full((1, 3), float(rank))
+    opt.synchronize()
+    assert torch.equal(model.weight.grad, torch.full((1, 3), float(size * (size - 1) // 2)))
+    opt.zero_grad()
+    for _ in range(2):
+        model(torch.ones(1, 3)).sum().backward()
+    with pytest.raises(AssertionError, match="backward_passes_per_step"):
+        model(torch.ones(1, 3)).sum().backward()
+    opt.synchronize()  # the world is still in step: every rank started the same bucket
+
+
+def check_missing_gradients():
+    """A parameter unused everywhere keeps grad None (so the step skips it); one used on
+    some ranks only gets the average with zeros from the others."""
+    rank, size = _world()
+    torch.manual_seed(0)
+    used, sometimes, never = (torch.nn.Linear(2, 2) for _ in range(3))
+    params = [*used.parameters(), *sometimes.parameters(), *never.parameters()]
+    opt = DistributedOptimizer(torch.optim.SGD(params, lr=0.1, weight_decay=0.5))
+    before = copy.deepcopy(never.state_dict())
+    x = torch.ones(1, 2) * (rank + 1)
+    out = used(x) + (sometimes(x) if rank == 0 else 0)
+    out.sum().backward()
+    expected_used = ops.allreduce(used.weight.grad.clone())
+    opt.step()
+    assert never.weight.grad is None and never.bias.grad is None
+    assert all(torch.equal(p, before[k]) for k, p in never.state_dict().items())
+    assert torch.allclose(used.weight.grad, expected_used)
+    assert torch.allclose(sometimes.weight.grad, torch.ones(2, 2) / size)
+    _assert_replicas_identical(torch.nn.ModuleList([used, sometimes]))
+
+
+def check_synchronize_skip_and_zero_grad():
+    rank, size = _world()
+    model = _model()
+    opt = DistributedOptimizer(_sgd(model.parameters()))
+    assert isinstance(opt, torch.optim.SGD)
+    x, y = _global_batch(0, size)
+    _loss(model, x[rank::size], y[rank::size]).backward()
+    with pytest.raises(AssertionError, match="zero_grad"):
+        opt.zero_grad()  # the fused bucket already started from the gradient hooks
+    opt.synchronize()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+    clipped = [p.grad.clone() for p in model.parameters()]
+    with opt.skip_synchronize():
+        opt.step()
+    _assert_replicas_identical(model)
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), clipped))
+    opt.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt.step()
+    assert any("skip_synchronize" in str(w.message) for w in caught)
+
+    opt = DistributedOptimizer(_sgd(model.parameters()))  # replaces the first one: it goes quiet
+    for _ in range(2):
+        opt.zero_grad()
+        _loss(model, x[rank::size], y[rank::size]).backward()
+        opt.step()
+    _assert_replicas_identical(model)
+
+
+def check_broadcasts():
+    rank, size = _world()
+    root = size - 1
+    torch.manual_seed(rank)  # every rank starts different
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    model(torch.randn(5, 3) * (rank + 1))  # moves BatchNorm buffers, including an int64 counter
+    model[1].num_batches_tracked += rank
+    broadcast_parameters(model.state_dict(), root_rank=root)
+    _assert_replicas_identical(model)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(ops.broadcast(tensor, root), tensor), name
+    other = torch.nn.Linear(3, 4)
+    broadcast_parameters(other.named_parameters(), root_rank=0)
+    _assert_replicas_identical(other)
+
+    opt = torch.optim.Adam(model.parameters(), lr=0.001 * (rank + 1), betas=(0.8, 0.9 - rank / 100))
+    if rank == root:  # only the root has stepped: the others have empty state
+        for _ in range(3):
+            model(torch.randn(5, 3)).sum().backward()
+            opt.step()
+        opt.state[model[0].weight]["custom"] = 7  # a plain scalar rides along
+    broadcast_optimizer_state(opt, root_rank=root)
+    state = opt.state_dict()
+    assert opt.param_groups[0]["lr"] == 0.001 * (root + 1)
+    assert opt.param_groups[0]["betas"] == (0.8, 0.9 - root / 100)
+    assert state["state"][0]["custom"] == 7 and float(state["state"][0]["step"]) == 3
+    assert ops.allgather_object(repr(state)) == [repr(state)] * size
+    wrapped = DistributedOptimizer(opt)
+    broadcast_optimizer_state(wrapped, root_rank=0)  # works on the wrapped optimizer too
+    assert wrapped.state_dict()["param_groups"] == state["param_groups"]
+
+
+def check_all():
+    check_training_matches_single_process()
+    check_sum_and_too_many_backward_passes()
+    check_missing_gradients()
+    check_synchronize_skip_and_zero_grad()
+    check_broadcasts()
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_distributed_optimizer(size):
+    gloo_harness.run(check_all, size)
+
+
+def test_wrapper_shares_the_optimizer():
+    model = _model()
+    base = torch.optim.Adam(model.parameters(), lr=0.5)
+    torch.optim.lr_scheduler.StepLR(base, step_size=1)  # puts a plain `step` on the instance
+    opt = DistributedOptimizer(base, named_parameters=model.named_parameters())
+    assert isinstance(opt, torch.optim.Adam) and type(opt).__name__ == "Adam"
+    assert opt.param_groups is base.param_groups and opt.state is base.state
+    opt.param_groups[0]["lr"] = 0.25
+    assert base.state_dict()["param_groups"][0]["lr"] == 0.25
+    with pytest.raises(runtime.NotInitializedError):
+        opt.step()  # ours, not the scheduler's patch of the plain step
+    torch.optim.lr_scheduler.StepLR(opt, step_size=1)  # a scheduler made after wrapping
+    with pytest.raises(runtime.NotInitializedError):
+        opt.step()
+
+
+def test_wrapper_rejects_bad_arguments():
+    model = _model()
+    named = list(model.named_parameters())
+    for kwargs in ({"named_parameters": named[:-1]}, {"named_parameters": named + named[:1]},
+                   {"named_parameters": [p for _, p in named]}, {"op": ops.Max},
+                   {"op": ops.Sum, "gradient_predivide_factor": 2.0},
+                   {"backward_passes_per_step": 0}):
+        with pytest.raises(ValueError):
+            DistributedOptimizer(_sgd(model.parameters()), **kwargs)
+
+
+def test_step_before_init_raises_clear_error():
+    model = _model()
+    opt = DistributedOptimizer(_sgd(model.parameters()))
+    with pytest.raises(runtime.NotInitializedError, match=r"hvd\.init\(\)"):
+        _loss(model, *_global_batch(0, 1)).backward()
+    with pytest.raises(runtime.NotInitializedError):
+        broadcast_parameters(model.state_dict(), root_rank=0)

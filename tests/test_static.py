@@ -1,0 +1,62 @@
+"""Static jobs through the CLI: real workers, real gloo."""
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from jobs import SCRIPTS, Job, run_job
+
+CHECK = [sys.executable, os.path.join(SCRIPTS, "static_check.py")]
+
+
+@pytest.mark.parametrize("args, n", [(["-np", "2"], 2), (["-np", "4", "-H", "localhost:4"], 4)])
+def test_collectives_and_optimizer_on_every_rank(tmp_path, args, n):
+    r = run_job([*args, *CHECK], tmp_path)
+    assert r.code == 0, r.stderr
+    for k in range(n):
+        assert f"[{k}]<stdout>:OK {k}" in r.stdout
+
+
+def test_output_filename_writes_per_rank_files(tmp_path):
+    out = tmp_path / "out"
+    r = run_job(["-np", "2", "--output-filename", str(out), *CHECK], tmp_path)
+    assert r.code == 0, r.stderr
+    assert (out / "rank.1" / "stdout").read_text() == "OK 1\n"
+
+
+def test_failing_worker_fails_the_job_naming_it(tmp_path):
+    script = tmp_path / "fail.py"
+    script.write_text("import time, hvdlite.torch as hvd\nhvd.init()\n"
+                      "if hvd.rank() == 1:\n    raise SystemExit(5)\ntime.sleep(60)\n")
+    start = time.monotonic()
+    r = run_job(["-np", "3", sys.executable, str(script)], tmp_path, timeout=60)
+    assert r.code == 1
+    assert r.stderr.strip().splitlines()[-1] == \
+        "hvdlite: error: rank 1 on localhost exited with code 5; stopping the job"
+    assert time.monotonic() - start < 30
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_ctrl_c_leaves_no_worker_behind(tmp_path):
+    script = tmp_path / "sleep.py"
+    script.write_text("import time, hvdlite.torch as hvd\nhvd.init()\nprint('up', flush=True)\n"
+                      "time.sleep(120)\n")
+    with Job(["-np", "3", sys.executable, str(script)], tmp_path) as job:
+        job.wait_for(lambda _: Job.read(job.out).count("up") == 3, 60)
+        pids = job.worker_pids()
+        job.proc.send_signal(signal.SIGINT)
+        r = job.finish(30)
+    assert r.code == 130
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(p) for p in pids)
