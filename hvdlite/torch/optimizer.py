@@ -117,7 +117,10 @@ class _GradientReducer:
         self.bucket_of = {p: i for i, bucket in enumerate(self.buckets) for p in bucket}
         self.skip_synchronize = False
         self.synchronized = False
-        self.world = None  # the group this step's buckets run on
+        # The world this step's buckets run on. Its WorldInfo, not its process group: a group
+        # referenced from here would outlive hvdlite's exit handler and be destroyed during
+        # interpreter teardown, which can abort the process (SIGABRT) after a clean finish.
+        self.world = None
         self._reset()
         # The hooks reach the reducer weakly: an optimizer the script dropped (say, replaced
         # by a new one over the same model) must stop reducing, not trip the next backward.
@@ -137,7 +140,7 @@ class _GradientReducer:
         return bool(self.started)
 
     def _follow_world(self):
-        world = runtime.process_group()
+        world = runtime.info()
         if world is not self.world:
             self._reset()  # the world was re-formed (elastic reset) in the middle of a step
             self.world = world
