@@ -5,3 +5,20 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -f .ci/install-ssh.sh ]; then bash .ci/install-ssh.sh; fi
 python3 -m pip install -q -e '.[test]'
+# The numpy backend's workers run on pygloo, whose wheels exist for CPython 3.8-3.10 only:
+# a torch-free venv in .venv-pygloo/ (gitignored), when such an interpreter exists.
+pygloo_python() {
+  for py in python3.10 python3.9 python3.8 "$(pyenv root 2>/dev/null)"/versions/3.{10,9,8}.*/bin/python; do
+    if "$py" -c 'import sys; assert (3, 8) <= sys.version_info < (3, 11)' 2>/dev/null; then
+      echo "$py"; return
+    fi
+  done
+}
+py=$(pygloo_python)
+if [ -n "$py" ]; then
+  [ -x .venv-pygloo/bin/python ] || "$py" -m venv .venv-pygloo
+  .venv-pygloo/bin/python -m pip install -q pygloo numpy cloudpickle
+  .venv-pygloo/bin/python -m pip install -q -e .
+else
+  echo "setup: no Python 3.8-3.10 interpreter; the numpy backend's tests will be skipped" >&2
+fi

@@ -1,88 +1,34 @@
-"""Elastic training: `@run`, State, ObjectState, TorchState and ElasticSampler.
-
-The reset protocol, on every rank alike:
-- a peer's failure surfaces as HorovodInternalError: cut this world's connections (so every
-  peer fails fast too), restore the last commit, re-rendezvous;
-- a host update surfaces as HostsUpdatedInterrupt at the same commit on every rank (rank 0's
-  view is broadcast): keep the live state, re-rendezvous;
-- then always sync from rank 0, which the driver picks among the workers holding the newest
-  commit. Always syncing means ranks can never disagree about it (Horovod bug #3494).
+"""Elastic training on the torch backend: `@run`, State, ObjectState, TorchState and
+ElasticSampler. The reset protocol lives in hvdlite.worker.elastic; this binds it to torch.
 """
 import copy
-import functools
 import math
 
 import torch
 
 from hvdlite.torch import basics, ops, runtime
 from hvdlite.torch.optimizer import broadcast_optimizer_state, broadcast_parameters
-from hvdlite.worker.errors import HorovodInternalError, HostsUpdatedInterrupt
-from hvdlite.worker.session import session
+from hvdlite.worker import elastic as core
+from hvdlite.worker.elastic import run  # noqa: F401
 
 
-class State:
+def _broadcast_flag(value: int) -> int:
+    return int(ops.broadcast(torch.tensor([value], dtype=torch.int32), root_rank=0).item())
+
+
+BACKEND = core.Backend(init=basics.init, shutdown=basics.shutdown, abort=basics.abort,
+                       info=runtime.info, broadcast_flag=_broadcast_flag,
+                       broadcast_object=ops.broadcast_object)
+
+
+class State(core.State):
     """Training state that survives resets: commit() saves it, restore() goes back to it."""
 
-    def __init__(self):
-        self.commits = 0  # how many commits this state holds; rank 0 holds the most
-        self._reset_callbacks = []
-
-    def register_reset_callbacks(self, callbacks):
-        self._reset_callbacks.extend(callbacks)
-
-    def on_reset(self):
-        for callback in self._reset_callbacks:
-            callback()
-
-    def commit(self):
-        self.commits += 1
-        self.save()
-        self.check_host_updates()
-
-    def check_host_updates(self):
-        """Raise HostsUpdatedInterrupt on every rank if rank 0 heard of a host update."""
-        heard = int(session().updates > runtime.info().updates)
-        flag = ops.broadcast(torch.tensor([heard], dtype=torch.int32), root_rank=0)
-        if flag.item():
-            raise HostsUpdatedInterrupt()
-
-    def save(self):
-        raise NotImplementedError
-
-    def restore(self):
-        raise NotImplementedError
-
-    def sync(self):
-        raise NotImplementedError
+    backend = BACKEND
 
 
-class ObjectState(State):
+class ObjectState(core.ObjectState, State):
     """State made of plain picklable attributes: ObjectState(epoch=0, batch=0)."""
-
-    def __init__(self, **kwargs):
-        self._names = list(kwargs)
-        super().__init__()
-        for name, value in kwargs.items():
-            setattr(self, name, value)
-        self.save()
-
-    def _values(self) -> dict:
-        return {name: getattr(self, name) for name in self._names}
-
-    def save(self):
-        self._saved = copy.deepcopy(self._values())
-        self._saved_commits = self.commits
-
-    def restore(self):
-        for name, value in copy.deepcopy(self._saved).items():
-            setattr(self, name, value)
-        self.commits = self._saved_commits
-
-    def sync(self):
-        values, self.commits = ops.broadcast_object((self._values(), self.commits), root_rank=0)
-        for name, value in values.items():
-            setattr(self, name, value)
-        self.save()
 
 
 class TorchState(ObjectState):
@@ -180,36 +126,3 @@ class ElasticSampler(torch.utils.data.Sampler):
 
     def __len__(self):
         return len(self.indices) - self.local_done
-
-
-def run(func):
-    """Run `func(state, ...)` until it returns, re-forming the world whenever it breaks."""
-    @functools.wraps(func)
-    def wrapper(state, *args, **kwargs):
-        basics.init()
-        while True:
-            try:
-                state.sync()
-                return func(state, *args, **kwargs)
-            except HorovodInternalError:
-                basics.abort()
-                state.restore()
-            except HostsUpdatedInterrupt:
-                pass
-            _reset(state)
-    return wrapper
-
-
-def _reset(state):
-    """Leave this world and join the next one; a worker left out exits cleanly."""
-    finished = runtime.info().round
-    basics.shutdown()
-    while True:
-        world = session().assignment(after_round=finished, commit=state.commits)
-        try:
-            basics.init(world)
-        except RuntimeError:  # a peer failed while the new world was connecting
-            finished = world.round
-            continue
-        state.on_reset()
-        return

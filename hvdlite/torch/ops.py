@@ -4,17 +4,16 @@ Tensors must live on the CPU; non-contiguous ones are copied to a buffer and bac
 not carry gradients (Horovod's ops are differentiable; hvdlite's are not). A collective that
 fails because the world broke raises HorovodInternalError, which elastic training recovers from.
 """
-import cloudpickle
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions  # not re-exported by torch.distributed
 
 from hvdlite.torch import runtime
 from hvdlite.torch.compression import Compression
+from hvdlite.worker import objects
 from hvdlite.worker.errors import HorovodInternalError
+from hvdlite.worker.reduceops import Adasum, Average, Max, Min, Product, Sum, resolve  # noqa: F401
 
-# Horovod's values, so scripts that store or compare them behave the same.
-Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
 _GLOO_OPS = {Average: dist.ReduceOp.SUM, Sum: dist.ReduceOp.SUM, Min: dist.ReduceOp.MIN,
              Max: dist.ReduceOp.MAX, Product: dist.ReduceOp.PRODUCT}
 
@@ -100,18 +99,6 @@ def _collective(tensors, result, start, finish=None) -> Handle:
     return Handle(works, done)
 
 
-def _reduce_op(op, average):
-    if op is not None and average is not None:
-        raise ValueError("give either op or the legacy average flag, not both")
-    if op is None:
-        op = Average if average is None or average else Sum
-    if op == Adasum:
-        raise NotImplementedError("hvdlite does not implement Adasum; use Average")
-    if op not in _GLOO_OPS:
-        raise ValueError(f"unknown reduction op {op!r}")
-    return op
-
-
 def _scale(tensor, factor) -> None:
     if factor == 1:
         return
@@ -122,7 +109,7 @@ def _scale(tensor, factor) -> None:
 
 
 def _allreduce_async(tensors, result, average, op, prescale_factor, postscale_factor) -> Handle:
-    op = _reduce_op(op, average)
+    op = resolve(op, average)
     pg = runtime.process_group()
     divisor = pg.size() if op == Average else 1
     options = dist.AllreduceOptions()
@@ -270,11 +257,11 @@ def allgather(tensor, name=None):
 
 
 def _to_bytes_tensor(obj):
-    return torch.frombuffer(bytearray(cloudpickle.dumps(obj)), dtype=torch.uint8)
+    return torch.frombuffer(bytearray(objects.dumps(obj)), dtype=torch.uint8)
 
 
 def _from_bytes_tensor(tensor):
-    return cloudpickle.loads(tensor.numpy().tobytes())
+    return objects.loads(tensor.numpy())
 
 
 def broadcast_object(obj, root_rank=0, name=None):

@@ -1,0 +1,48 @@
+"""init / shutdown and the rank queries of the numpy face, on a pygloo context."""
+import atexit
+
+import pygloo
+
+from hvdlite.numpy.store import GlooStore
+from hvdlite.worker import env
+from hvdlite.worker.links import Links, broken
+from hvdlite.worker.runtime import Runtime
+from hvdlite.worker.scopestore import ScopeStore
+from hvdlite.worker.session import session
+from hvdlite.worker.world import WorldInfo
+
+runtime = Runtime()  # the current pygloo context and world
+_links = Links()  # the current context's gloo connections
+
+
+def init(world: WorldInfo = None) -> None:
+    """Join the world this worker is assigned to (the launch assignment unless given)."""
+    if runtime.is_initialized():
+        return
+    s = session()
+    info = _links.attach(s, world)
+    kv = ScopeStore(s.client, info.store_scope, abandoned=lambda: broken(info.round, s.broken))
+    store = GlooStore(kv, float(s.environ.get(env.START_TIMEOUT, 30)))
+    context = pygloo.rendezvous.Context(info.rank, info.size)
+    device = pygloo.transport.tcp.CreateDevice(pygloo.transport.tcp.attr(s.local_address()))
+    with _links.recording(info.round, s):
+        context.connectFullMesh(pygloo.rendezvous.CustomStore(store), device)
+    runtime.activate(context, info)
+
+
+abort = _links.cut  # fail every pending and future collective of the context, here and on peers
+
+
+def shutdown() -> None:
+    """Leave the current world (after a failure, call abort() first). pygloo collectives are
+    synchronous, so nothing is pending and the context can simply be dropped."""
+    _links.forget()
+    runtime.deactivate()
+
+
+atexit.register(shutdown)  # close the connections before the interpreter tears down
+
+
+is_initialized = runtime.is_initialized
+rank, size, local_rank, local_size, cross_rank, cross_size = (runtime.query(field) for field in (
+    "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size"))

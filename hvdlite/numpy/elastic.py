@@ -1,0 +1,26 @@
+"""Elastic training on the numpy backend: `@run`, State and ObjectState bound to pygloo.
+The reset protocol lives in hvdlite.worker.elastic."""
+import numpy as np
+
+from hvdlite.numpy import basics, ops
+from hvdlite.worker import elastic as core
+from hvdlite.worker.elastic import run  # noqa: F401
+
+
+def _broadcast_flag(value: int) -> int:
+    return int(ops.broadcast(np.array([value], dtype=np.int32), root_rank=0)[0])
+
+
+BACKEND = core.Backend(init=basics.init, shutdown=basics.shutdown, abort=basics.abort,
+                       info=basics.runtime.info, broadcast_flag=_broadcast_flag,
+                       broadcast_object=ops.broadcast_object)
+
+
+class State(core.State):
+    """Training state that survives resets: commit() saves it, restore() goes back to it."""
+
+    backend = BACKEND
+
+
+class ObjectState(core.ObjectState, State):
+    """State made of plain picklable attributes (numpy arrays included): ObjectState(w=w, step=0)."""

@@ -1,0 +1,122 @@
+"""Horovod's collectives on numpy arrays, over the current pygloo context.
+
+Every call is synchronous and returns a new array; inputs are never changed. A collective
+that fails because the world broke raises HorovodInternalError, which elastic training
+recovers from. pygloo holds the GIL while it waits, so this process's heartbeat pauses
+during a collective (see the README).
+"""
+import numpy as np
+import pygloo
+
+from hvdlite.numpy.basics import runtime
+from hvdlite.worker import objects
+from hvdlite.worker.errors import HorovodInternalError
+from hvdlite.worker.reduceops import Adasum, Average, Max, Min, Product, Sum, resolve  # noqa: F401
+
+_GLOO_OPS = {Average: pygloo.ReduceOp.SUM, Sum: pygloo.ReduceOp.SUM, Min: pygloo.ReduceOp.MIN,
+             Max: pygloo.ReduceOp.MAX, Product: pygloo.ReduceOp.PRODUCT}
+_TYPES = {np.dtype(name): getattr(pygloo.glooDataType_t, gloo) for name, gloo in (
+    ("int8", "glooInt8"), ("uint8", "glooUint8"), ("int32", "glooInt32"), ("uint32", "glooUint32"),
+    ("int64", "glooInt64"), ("uint64", "glooUint64"), ("float16", "glooFloat16"),
+    ("float32", "glooFloat32"), ("float64", "glooFloat64"))}
+_DTYPE_CODES = {dtype: code for code, dtype in enumerate(_TYPES)}
+
+
+def _array(value) -> np.ndarray:
+    """A C-contiguous array of a dtype gloo can carry (a copy when it has to be)."""
+    array = np.ascontiguousarray(value)
+    if array.dtype not in _TYPES:
+        names = ", ".join(str(dtype) for dtype in _TYPES)
+        raise ValueError(f"hvdlite.numpy collectives carry {names}; got an array of {array.dtype}")
+    return array
+
+
+def _call(collective, *args) -> None:
+    try:
+        collective(runtime.group(), *args)
+    except RuntimeError as e:
+        # pygloo reports a dead or cut-off peer as a plain RuntimeError.
+        raise HorovodInternalError(str(e)) from e
+
+
+def allreduce(array, average=None, name=None, op=None):
+    """The element-wise reduction of every rank's array (same shape and dtype on all ranks);
+    Average by default, integers averaged rounding toward zero as in Horovod."""
+    op = resolve(op, average)
+    array = _array(array)
+    out = np.empty_like(array)
+    if array.size == 0:  # gloo refuses empty buffers; every rank has the same shape
+        return out
+    _call(pygloo.allreduce, array.ctypes.data, out.ctypes.data, array.size, _TYPES[array.dtype],
+          _GLOO_OPS[op])
+    if op != Average:
+        return out
+    n = runtime.info().size
+    if np.issubdtype(out.dtype, np.floating):
+        return out / out.dtype.type(n)
+    return (np.abs(out) // n * np.sign(out)).astype(out.dtype)
+
+
+def broadcast(array, root_rank, name=None):
+    """root_rank's array on every rank (same shape and dtype on all ranks)."""
+    size = runtime.info().size
+    if not 0 <= root_rank < size:
+        raise ValueError(f"root_rank {root_rank} is outside the world of size {size}")
+    out = _array(array).copy()
+    if out.size:
+        _call(pygloo.broadcast, out.ctypes.data, out.ctypes.data, out.size, _TYPES[out.dtype], root_rank)
+    return out
+
+
+def _gather_equal(array) -> np.ndarray:
+    """Same-shaped arrays of every rank, concatenated along the first dimension."""
+    out = np.empty((runtime.info().size * array.shape[0],) + array.shape[1:], dtype=array.dtype)
+    if array.size:
+        _call(pygloo.allgather, array.ctypes.data, out.ctypes.data, array.size, _TYPES[array.dtype])
+    return out
+
+
+def _allgather_parts(array):
+    """Every rank's array, in rank order; first dimensions may differ between ranks."""
+    array = _array(array)
+    if array.ndim == 0:
+        raise ValueError("allgather needs an array with at least one dimension")
+    size, rest = runtime.info().size, array.shape[1:]
+    # One small gather of (first dim, dtype, rest of the shape) lets every rank size its
+    # buffer and lets all ranks agree to fail when the arrays are incompatible.
+    meta = np.array([array.shape[0], _DTYPE_CODES[array.dtype], array.ndim, int(np.prod(rest))],
+                    dtype=np.int64)
+    metas = _gather_equal(meta).reshape(size, len(meta)).tolist()
+    if any(m[1:] != metas[0][1:] for m in metas):
+        raise ValueError("allgather: ranks disagree on the dtype or on all but the first "
+                         f"dimension: {metas}")
+    firsts = [m[0] for m in metas]
+    longest = max(firsts)
+    padded = np.zeros((longest,) + rest, dtype=array.dtype)
+    padded[:array.shape[0]] = array
+    gathered = _gather_equal(padded)
+    return [gathered[r * longest: r * longest + n] for r, n in enumerate(firsts)]
+
+
+def allgather(array, name=None):
+    """Every rank's array concatenated along the first dimension, in rank order."""
+    return np.concatenate(_allgather_parts(array))
+
+
+def broadcast_object(obj, root_rank=0, name=None):
+    """root_rank's `obj` on every rank (the root gets its own object back)."""
+    is_root = runtime.info().rank == root_rank
+    payload = np.frombuffer(objects.dumps(obj), dtype=np.uint8) if is_root else None
+    length = broadcast(np.array([payload.size if is_root else 0], dtype=np.int64), root_rank)
+    payload = broadcast(payload if is_root else np.empty(int(length[0]), dtype=np.uint8), root_rank)
+    return obj if is_root else objects.loads(payload)
+
+
+def allgather_object(obj, name=None):
+    """Every rank's `obj`, as a list in rank order."""
+    mine = np.frombuffer(objects.dumps(obj), dtype=np.uint8)
+    return [objects.loads(part) for part in _allgather_parts(mine)]
+
+
+def barrier():
+    _call(pygloo.barrier)

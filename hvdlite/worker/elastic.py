@@ -1,0 +1,131 @@
+"""Elastic training, backend-neutral: `run`, State and ObjectState (torch-free).
+
+The reset protocol, on every rank alike:
+- a peer's failure surfaces as HorovodInternalError: cut this world's connections (so every
+  peer fails fast too), restore the last commit, re-rendezvous;
+- a host update surfaces as HostsUpdatedInterrupt at the same commit on every rank (rank 0's
+  view is broadcast): keep the live state, re-rendezvous;
+- then always sync from rank 0, which the driver picks among the workers holding the newest
+  commit. Always syncing means ranks can never disagree about it (Horovod bug #3494).
+
+A backend (hvdlite.torch, hvdlite.numpy) binds this to its collectives with a Backend and
+State classes whose `backend` attribute is it.
+"""
+import copy
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+from hvdlite.worker.errors import HorovodInternalError, HostsUpdatedInterrupt
+from hvdlite.worker.session import session
+from hvdlite.worker.world import WorldInfo
+
+
+@dataclass(frozen=True)
+class Backend:
+    init: Callable  # init(world: WorldInfo = None): join the given world, or the launch one
+    shutdown: Callable  # leave the current world
+    abort: Callable  # fail the current world's collectives, here and on its peers
+    info: Callable[[], WorldInfo]  # this worker's place in the current world
+    broadcast_flag: Callable[[int], int]  # rank 0's small int on every rank
+    broadcast_object: Callable  # broadcast_object(obj, root_rank): root's object everywhere
+
+
+class State:
+    """Training state that survives resets: commit() saves it, restore() goes back to it."""
+
+    backend: Backend = None  # set by the backend's subclass
+
+    def __init__(self):
+        self.commits = 0  # how many commits this state holds; rank 0 holds the most
+        self._reset_callbacks = []
+
+    def register_reset_callbacks(self, callbacks):
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self):
+        for callback in self._reset_callbacks:
+            callback()
+
+    def commit(self):
+        self.commits += 1
+        self.save()
+        self.check_host_updates()
+
+    def check_host_updates(self):
+        """Raise HostsUpdatedInterrupt on every rank if rank 0 heard of a host update."""
+        heard = int(session().updates > self.backend.info().updates)
+        if self.backend.broadcast_flag(heard):
+            raise HostsUpdatedInterrupt()
+
+    def save(self):
+        raise NotImplementedError
+
+    def restore(self):
+        raise NotImplementedError
+
+    def sync(self):
+        raise NotImplementedError
+
+
+class ObjectState(State):
+    """State made of plain picklable attributes: ObjectState(epoch=0, batch=0)."""
+
+    def __init__(self, **kwargs):
+        self._names = list(kwargs)
+        super().__init__()
+        for name, value in kwargs.items():
+            setattr(self, name, value)
+        self.save()
+
+    def _values(self) -> dict:
+        return {name: getattr(self, name) for name in self._names}
+
+    def save(self):
+        self._saved = copy.deepcopy(self._values())
+        self._saved_commits = self.commits
+
+    def restore(self):
+        for name, value in copy.deepcopy(self._saved).items():
+            setattr(self, name, value)
+        self.commits = self._saved_commits
+
+    def sync(self):
+        values, self.commits = self.backend.broadcast_object((self._values(), self.commits), 0)
+        for name, value in values.items():
+            setattr(self, name, value)
+        self.save()
+
+
+def run(func):
+    """Run `func(state, ...)` until it returns, re-forming the world whenever it breaks."""
+    @functools.wraps(func)
+    def wrapper(state, *args, **kwargs):
+        backend = state.backend
+        backend.init()
+        while True:
+            try:
+                state.sync()
+                return func(state, *args, **kwargs)
+            except HorovodInternalError:
+                backend.abort()
+                state.restore()
+            except HostsUpdatedInterrupt:
+                pass
+            _reset(state, backend)
+    return wrapper
+
+
+def _reset(state, backend):
+    """Leave this world and join the next one; a worker left out exits cleanly."""
+    finished = backend.info().round
+    backend.shutdown()
+    while True:
+        world = session().assignment(after_round=finished, commit=state.commits)
+        try:
+            backend.init(world)
+        except RuntimeError:  # a peer failed while the new world was connecting
+            finished = world.round
+            continue
+        state.on_reset()
+        return

@@ -1,0 +1,41 @@
+"""The current world of one collective backend: its group and this worker's place in it."""
+from hvdlite.worker.world import WorldInfo
+
+
+class NotInitializedError(ValueError):
+    """A collective or query was called before hvd.init() or after hvd.shutdown()."""
+
+
+class Runtime:
+    """Holds the backend's group object (a torch process group, a pygloo context)."""
+
+    def __init__(self):
+        self._group, self._info = None, None
+
+    def activate(self, group, info: WorldInfo) -> None:
+        self._group, self._info = group, info
+
+    def deactivate(self):
+        """Forget the current group; returns it so the caller decides its fate."""
+        group, self._group, self._info = self._group, None, None
+        return group
+
+    def is_initialized(self) -> bool:
+        return self._group is not None
+
+    def group(self):
+        if self._group is None:
+            raise NotInitializedError(
+                "hvdlite has not been initialized; call hvd.init() first (or again after hvd.shutdown())")
+        return self._group
+
+    def info(self) -> WorldInfo:
+        self.group()
+        return self._info
+
+    def query(self, field: str):
+        """A function returning `field` (rank, size, ...) of this worker's place in the world."""
+        def read() -> int:
+            return getattr(self.info(), field)
+        read.__name__ = read.__qualname__ = field
+        return read

@@ -1,0 +1,48 @@
+"""Elastic numpy training on hvdlite.numpy (pygloo, no torch), logged like elastic_job.py:
+one JSON line per finished step in $LOG_DIR/steps.jsonl, rank 0's progress in $LOG_DIR/progress,
+the final parameters in $LOG_DIR/final.<slot>.json. Knobs (env): TOTAL_STEPS, STEP_SLEEP, BATCH.
+"""
+import json
+import os
+import time
+
+import numpy as np
+
+import hvdlite.numpy as hvd
+from hvdlite.worker import env
+from npdata import LR, gradient, shares
+
+LOG_DIR = os.environ["LOG_DIR"]
+TOTAL = int(os.environ.get("TOTAL_STEPS", "40"))
+SLEEP = float(os.environ.get("STEP_SLEEP", "0.05"))
+BATCH = int(os.environ.get("BATCH", "2"))
+DATASET = 64
+SLOT = os.environ[env.SLOT]
+
+
+def write(name, text):
+    with open(os.path.join(LOG_DIR, name + ".tmp"), "w") as f:
+        f.write(text)
+    os.replace(os.path.join(LOG_DIR, name + ".tmp"), os.path.join(LOG_DIR, name))
+
+
+@hvd.elastic.run
+def train(state):
+    while state.step < TOTAL:
+        world = shares(state.cursor, hvd.size(), BATCH, DATASET)
+        state.params = state.params - LR * hvd.allreduce(gradient(state.params, world[hvd.rank()]))
+        with open(os.path.join(LOG_DIR, "steps.jsonl"), "a") as f:
+            f.write(json.dumps({"step": state.step, "size": hvd.size(), "rank": hvd.rank(), "slot": SLOT,
+                                "round": hvd.elastic.BACKEND.info().round, "pid": os.getpid(),
+                                "world": world}) + "\n")
+        state.cursor += hvd.size() * BATCH
+        state.step += 1
+        if hvd.rank() == 0:
+            write("progress", str(state.step))
+        state.commit()
+        time.sleep(SLEEP)
+    write(f"final.{SLOT.replace('/', '_')}.json", json.dumps({"params": state.params.tolist()}))
+
+
+hvd.init()
+train(hvd.elastic.ObjectState(step=0, cursor=0, params=np.zeros(5)))

@@ -1,0 +1,78 @@
+"""The numpy backend (hvdlite.numpy on pygloo) through the CLI: the driver runs on this
+python, the workers on a torch-free Python 3.8-3.10 venv made by .ci/setup.sh."""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from jobs import SCRIPTS, Job, effective_steps, run_job, steps_log
+from scripts.npdata import replay
+from test_elastic import discovery, finals, job_env, sizes, slot_pid, wait_progress
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PYTHON = os.path.join(ROOT, ".venv-pygloo", "bin", "python")
+needs_pygloo = pytest.mark.skipif(
+    not os.path.exists(PYTHON),
+    reason=f"no pygloo venv at {PYTHON}: pygloo needs Python 3.8-3.10; .ci/setup.sh makes the venv "
+           f"when such an interpreter exists")
+CHECK = [PYTHON, os.path.join(SCRIPTS, "numpy_check.py")]
+JOB = [PYTHON, os.path.join(SCRIPTS, "numpy_elastic_job.py")]
+
+
+def test_driver_imports_no_torch():
+    code = ("import sys, pkgutil, importlib, hvdlite.cli, hvdlite.driver, hvdlite.discovery\n"
+            "for pkg in (hvdlite.driver, hvdlite.discovery):\n"
+            "    for m in pkgutil.iter_modules(pkg.__path__):\n"
+            "        importlib.import_module(pkg.__name__ + '.' + m.name)\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+@needs_pygloo
+@pytest.mark.parametrize("args, n", [(["-np", "2"], 2), (["-np", "3", "-H", "localhost:3"], 3)])
+def test_collectives_on_every_rank(tmp_path, args, n):
+    r = run_job([*args, *CHECK], tmp_path, timeout=90)
+    assert r.code == 0, r.stderr
+    for k in range(n):
+        assert f"[{k}]<stdout>:OK {k}" in r.stdout
+
+
+def check_training_continuous(tmp_path, total):
+    """Every step applied exactly once: the survivors equal a replay of the logged steps."""
+    records = steps_log(tmp_path)
+    steps = effective_steps(records)
+    assert sorted(steps) == list(range(total))
+    reference = replay(rs[0]["world"] for rs in steps.values()).tolist()
+    final = finals(tmp_path)
+    assert final, "no worker finished"
+    for f in final:
+        assert f["params"] == pytest.approx(reference, abs=1e-9)
+    return records
+
+
+@needs_pygloo
+def test_kill_9_survivors_continue_from_last_commit(tmp_path):
+    with Job(["-H", "localhost:3", "--min-np", "1", *JOB], tmp_path,
+             env=job_env(tmp_path, TOTAL_STEPS=40, STEP_SLEEP=0.05)) as job:
+        wait_progress(job, tmp_path, 10)
+        os.kill(slot_pid(job, "localhost/1"), signal.SIGKILL)
+        r = job.finish(120)
+    assert r.code == 0, r.stderr
+    assert sizes(check_training_continuous(tmp_path, 40)) == [3, 2]
+    assert [e["key"] for e in r.of("blacklisted")] == ["localhost/1"]
+
+
+@needs_pygloo
+def test_added_host_joins_at_a_commit(tmp_path):
+    schedule = [[0, ["127.0.0.1:1", "127.0.0.2:1"]], [8, ["127.0.0.1:1", "127.0.0.2:1", "127.0.0.3:1"]]]
+    r = run_job([*discovery(tmp_path, schedule), "--min-np", "1", *JOB], tmp_path,
+                env=job_env(tmp_path, TOTAL_STEPS=30, STEP_SLEEP=0.1))
+    assert r.code == 0, r.stderr
+    assert sizes(check_training_continuous(tmp_path, 30)) == [2, 3]
+    assert len(finals(tmp_path)) == 3
+    assert json.loads((tmp_path / "progress").read_text()) == 30
