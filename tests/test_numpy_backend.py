@@ -76,3 +76,28 @@ def test_added_host_joins_at_a_commit(tmp_path):
     assert sizes(check_training_continuous(tmp_path, 30)) == [2, 3]
     assert len(finals(tmp_path)) == 3
     assert json.loads((tmp_path / "progress").read_text()) == 30
+
+
+@needs_pygloo
+def test_rank_waiting_longer_than_liveness_timeout_is_not_taken_for_hung(tmp_path):
+    # pygloo holds the GIL while rank 0 waits: its helper process heartbeats meanwhile.
+    script = tmp_path / "slow.py"
+    script.write_text("import time, numpy as np, hvdlite.numpy as hvd\nhvd.init()\n"
+                      "time.sleep(3 * hvd.rank())\nprint('sum', hvd.allreduce(np.ones(1), op=hvd.Sum)[0])\n")
+    r = run_job(["-np", "2", "--min-np", "1", "--liveness-timeout", "1", PYTHON, str(script)],
+                tmp_path, timeout=60)
+    assert r.code == 0, r.stderr
+    assert r.stdout.count("sum 2.0") == 2 and not r.of("worker_unresponsive")
+
+
+@needs_pygloo
+def test_sigstopped_worker_is_evicted_and_the_others_go_on(tmp_path):
+    with Job(["-H", "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1", "--min-np", "1",
+              "--liveness-timeout", "2", *JOB], tmp_path,
+             env=job_env(tmp_path, TOTAL_STEPS=40, STEP_SLEEP=0.05)) as job:
+        wait_progress(job, tmp_path, 10)
+        os.kill(slot_pid(job, "127.0.0.3/0"), signal.SIGSTOP)
+        r = job.finish(120)
+    assert r.code == 0, r.stderr
+    assert [e["slot"] for e in r.of("worker_unresponsive")] == ["127.0.0.3/0"]
+    assert sizes(check_training_continuous(tmp_path, 40)) == [3, 2]

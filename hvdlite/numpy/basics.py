@@ -4,7 +4,7 @@ import atexit
 import pygloo
 
 from hvdlite.numpy.store import GlooStore
-from hvdlite.worker import env
+from hvdlite.worker import env, vouch
 from hvdlite.worker.links import Links, broken
 from hvdlite.worker.runtime import Runtime
 from hvdlite.worker.scopestore import ScopeStore
@@ -13,13 +13,17 @@ from hvdlite.worker.world import WorldInfo
 
 runtime = Runtime()  # the current pygloo context and world
 _links = Links()  # the current context's gloo connections
+_voucher = None  # the helper that heartbeats while a collective holds the GIL
 
 
 def init(world: WorldInfo = None) -> None:
     """Join the world this worker is assigned to (the launch assignment unless given)."""
     if runtime.is_initialized():
         return
+    global _voucher
     s = session()
+    if _voucher is None:
+        _voucher = vouch.start(s.environ)
     info = _links.attach(s, world)
     kv = ScopeStore(s.client, info.store_scope, abandoned=lambda: broken(info.round, s.broken))
     store = GlooStore(kv, float(s.environ.get(env.START_TIMEOUT, 30)))
