@@ -6,13 +6,28 @@ import time
 
 import pytest
 
-from faults import _alive, run_trial
+from faults import SSHHosts, _alive, run_trial
 from jobs import SCRIPTS, Job
 
 
 @pytest.mark.parametrize("seed", range(5))
 def test_random_faults_lose_no_commit(tmp_path, seed):
     run_trial(seed, str(tmp_path))
+
+
+@pytest.fixture(scope="module")
+def trial_hosts(ssh_hosts):
+    hosts = ssh_hosts(4)
+    if hosts.mode != "netns":
+        pytest.skip(f"partitions need network namespaces: {hosts.fallback_reason}")
+    return SSHHosts(hosts)
+
+
+# Seeds whose plans include a partition among their faults.
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_faults_with_partitions_over_ssh_lose_no_commit(tmp_path, seed, trial_hosts):
+    result = run_trial(seed, str(tmp_path), hosts=trial_hosts)
+    assert "partition" in result["faults"]
 
 
 def test_driver_killed_every_worker_exits_within_10s(tmp_path):
