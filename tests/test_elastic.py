@@ -74,7 +74,7 @@ def test_scale_up_then_down_moves_rank0_to_a_survivor(tmp_path):
                 [8, ["127.0.0.1:1", "127.0.0.2:1", "127.0.0.3:1"]],
                 [24, ["127.0.0.2:1", "127.0.0.3:1"]]]
     r = run_job([*discovery(tmp_path, schedule), "--min-np", "1", *JOB], tmp_path,
-                env=job_env(tmp_path, TOTAL_STEPS=40, STEP_SLEEP=0.1, GROW="20:3"))
+                env=job_env(tmp_path, TOTAL_STEPS=40, STEP_SLEEP=0.1, RESIZE="20:3,30:2"))
     assert r.code == 0, r.stderr
     records = check_training_continuous(tmp_path, 40)
     assert sizes(records) == [2, 3, 2]
@@ -150,7 +150,7 @@ def test_reset_limit(tmp_path, limit, code):
 @pytest.mark.parametrize("cooldown", [True, False])
 def test_failed_host_returns_after_cooldown_only_with_a_range(tmp_path, cooldown):
     flags = ["--blacklist-cooldown-range", "1", "2"] if cooldown else []
-    grow = {"GROW": "30:2"} if cooldown else {}
+    grow = {"RESIZE": "30:2"} if cooldown else {}
     r = run_job(["-H", "127.0.0.1:1,127.0.0.2:1", "--min-np", "1", *flags, *JOB], tmp_path,
                 env=job_env(tmp_path, TOTAL_STEPS=60, STEP_SLEEP=0.1, FAILS="127.0.0.2/0:5", **grow))
     assert r.code == 0, r.stderr

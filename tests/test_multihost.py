@@ -49,7 +49,7 @@ def test_discovery_adds_then_removes_a_host(tmp_path, hosts):
     schedule = [[0, ["host-1:1", "host-2:1"]], [8, ["host-1:1", "host-2:1", "host-3:1"]],
                 [24, ["host-2:1", "host-3:1"]]]
     r = run_job([*flags(hosts), *discovery(tmp_path, schedule), "--min-np", "1", *JOB], tmp_path,
-                env=job_env(tmp_path, TOTAL_STEPS=40, STEP_SLEEP=0.1, GROW="20:3"))
+                env=job_env(tmp_path, TOTAL_STEPS=40, STEP_SLEEP=0.1, RESIZE="20:3,30:2"))
     assert r.code == 0, r.stderr
     assert sizes(check_training_continuous(tmp_path, 40)) == [2, 3, 2]
 

@@ -71,7 +71,7 @@ def test_kill_9_survivors_continue_from_last_commit(tmp_path):
 def test_added_host_joins_at_a_commit(tmp_path):
     schedule = [[0, ["127.0.0.1:1", "127.0.0.2:1"]], [8, ["127.0.0.1:1", "127.0.0.2:1", "127.0.0.3:1"]]]
     r = run_job([*discovery(tmp_path, schedule), "--min-np", "1", *JOB], tmp_path,
-                env=job_env(tmp_path, TOTAL_STEPS=30, STEP_SLEEP=0.1))
+                env=job_env(tmp_path, TOTAL_STEPS=30, STEP_SLEEP=0.1, RESIZE="20:3"))
     assert r.code == 0, r.stderr
     assert sizes(check_training_continuous(tmp_path, 30)) == [2, 3]
     assert len(finals(tmp_path)) == 3

@@ -3,9 +3,7 @@
 Every rank appends one JSON line per finished step to $LOG_DIR/steps.jsonl: step, world size,
 rank, slot, round and the dataset indices it trained on, so a test can replay the run and
 check that no committed step was lost or applied twice. Knobs (env): TOTAL_STEPS, STEP_SLEEP,
-BATCH, FAILS="slot:step,..." (that worker raises once at that step), GROW="step:size" (the
-job holds at that step until the world has grown to that size, so that a test's host changes
-happen in a known order however long a new worker takes to start).
+BATCH, FAILS="slot:step,..." (that worker raises once at that step), RESIZE (resize.py).
 """
 import json
 import os
@@ -16,6 +14,7 @@ import torch
 import hvdlite.torch as hvd
 from hvdlite.torch import runtime
 from hvdlite.worker import env
+import resize
 from jobdata import batch
 
 LOG_DIR = os.environ["LOG_DIR"]
@@ -25,23 +24,11 @@ BATCH = int(os.environ.get("BATCH", "2"))
 SLOT = os.environ[env.SLOT]
 DATASET = int(os.environ.get("DATASET", "64"))
 FAILS = os.environ.get("FAILS", "").split(",")
-GROW_STEP, GROW_SIZE = map(int, os.environ.get("GROW", "-1:0").split(":"))
-GROW_TIMEOUT = 60.0
 
 
 def log(record):
     with open(os.path.join(LOG_DIR, "steps.jsonl"), "a") as f:
         f.write(json.dumps(record) + "\n")
-
-
-def wait_to_grow(state):
-    """Poll for host updates until the world has GROW_SIZE workers (a reset ends the wait)."""
-    deadline = time.monotonic() + GROW_TIMEOUT
-    while hvd.size() < GROW_SIZE:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the world did not grow to {GROW_SIZE} within {GROW_TIMEOUT:g} s")
-        state.check_host_updates()
-        time.sleep(0.05)
 
 
 def once(name):
@@ -64,8 +51,7 @@ sampler = hvd.elastic.ElasticSampler(list(range(DATASET)), shuffle=True, seed=1)
 @hvd.elastic.run
 def train(state):
     while state.step < TOTAL:
-        if state.step == GROW_STEP:
-            wait_to_grow(state)
+        resize.hold(state, state.step, hvd.size)
         indices = list(state.sampler)[:BATCH]
         if not indices:  # epoch finished: start the next one
             state.sampler.set_epoch(state.sampler.epoch + 1)

@@ -1,6 +1,7 @@
 """Elastic numpy training on hvdlite.numpy (pygloo, no torch), logged like elastic_job.py:
 one JSON line per finished step in $LOG_DIR/steps.jsonl, rank 0's progress in $LOG_DIR/progress,
-the final parameters in $LOG_DIR/final.<slot>.json. Knobs (env): TOTAL_STEPS, STEP_SLEEP, BATCH.
+the final parameters in $LOG_DIR/final.<slot>.json. Knobs (env): TOTAL_STEPS, STEP_SLEEP, BATCH,
+RESIZE (resize.py).
 """
 import json
 import os
@@ -9,6 +10,7 @@ import time
 import numpy as np
 
 import hvdlite.numpy as hvd
+import resize
 from hvdlite.worker import env
 from npdata import LR, gradient, shares
 
@@ -29,6 +31,7 @@ def write(name, text):
 @hvd.elastic.run
 def train(state):
     while state.step < TOTAL:
+        resize.hold(state, state.step, hvd.size)
         world = shares(state.cursor, hvd.size(), BATCH, DATASET)
         state.params = state.params - LR * hvd.allreduce(gradient(state.params, world[hvd.rank()]))
         with open(os.path.join(LOG_DIR, "steps.jsonl"), "a") as f:
