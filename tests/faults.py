@@ -13,7 +13,7 @@ import signal
 import sys
 import time
 
-from jobs import SCRIPTS, Job, effective_steps, replay, steps_log
+from jobs import SCRIPTS, Job, effective_steps, flat, progress, replay, steps_log
 
 LEFTOVER_WAIT = 10.0  # seconds the job's workers may take to be gone after the driver
 
@@ -28,13 +28,6 @@ def _state(pid):
 
 def _alive(pid):
     return _state(pid) not in ("Z", "X")
-
-
-def _progress(log_dir):
-    try:
-        return int(open(os.path.join(log_dir, "progress")).read() or 0)
-    except (FileNotFoundError, ValueError):
-        return 0
 
 
 def _host(slot):
@@ -123,7 +116,7 @@ def run_trial(seed, log_dir, hosts=None, total=60, faults=3, bound=150):
         for step, kind in zip(plan, kinds):
             if kind == "hosts":
                 continue  # discovery applies it by itself at that step
-            job.wait_for(lambda _: _progress(log_dir) >= step or job.proc.poll() is not None, bound)
+            job.wait_for(lambda _: progress(log_dir) >= step or job.proc.poll() is not None, bound)
             # Never take out the last running member: that is a failed job, not a fault.
             try:
                 job.wait_for(lambda _: len(_running_workers(job, hosts)) >= 2, 15)
@@ -135,7 +128,7 @@ def run_trial(seed, log_dir, hosts=None, total=60, faults=3, bound=150):
             else:
                 hosts.signal(slot, pid, signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
             injected.append(kind)
-            now = _progress(log_dir)
+            now = progress(log_dir)
             assert now >= last_progress, f"seed {seed}: committed step went back"
             last_progress = now
         result = job.finish(max(1, bound - (time.monotonic() - start)))
@@ -147,9 +140,9 @@ def run_trial(seed, log_dir, hosts=None, total=60, faults=3, bound=150):
     assert sorted(effective_steps(records)) == list(range(total)), f"seed {seed}: steps lost"
     finals = [json.load(open(os.path.join(log_dir, f))) for f in os.listdir(log_dir)
               if f.startswith("final.")]
-    reference = [x for p in replay(records) for x in p]
+    reference = flat(replay(records))
     for final in finals:
-        got = [x for p in final["params"] for x in p]
+        got = flat(final["params"])
         assert max(abs(a - b) for a, b in zip(got, reference)) < 1e-5, \
             f"seed {seed}: parameters differ from the replay (a commit lost or applied twice)"
     return {"seed": seed, "faults": injected + ["hosts"] * kinds.count("hosts"),

@@ -7,6 +7,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+import pytest
 import torch
 
 from scripts.jobdata import batch
@@ -95,6 +96,35 @@ class Job:
         self.close()
 
 
+def discovery(tmp_path, schedule):
+    """Flags for discovery keyed on the job's progress (scripts/discover.py)."""
+    path = tmp_path / "schedule.json"
+    path.write_text(json.dumps(schedule))
+    return ["--host-discovery-script",
+            f"{sys.executable} {SCRIPTS}/discover.py {path} {tmp_path}/progress"]
+
+
+def job_env(tmp_path, **knobs):
+    return {"LOG_DIR": str(tmp_path), **{k: str(v) for k, v in knobs.items()}}
+
+
+def progress(log_dir):
+    """The step rank 0 of the test job last committed."""
+    try:
+        with open(os.path.join(log_dir, "progress")) as f:
+            return int(f.read() or 0)
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def wait_progress(job, tmp_path, step, timeout=60):
+    job.wait_for(lambda _: progress(tmp_path) >= step, timeout)
+
+
+def slot_pid(job, slot):
+    return [e["pid"] for e in job.events() if e["event"] == "worker_start" and e["slot"] == slot][-1]
+
+
 def run_job(args, tmp_path, timeout=120, env=None) -> Result:
     with Job(args, tmp_path, env) as job:
         return job.finish(timeout)
@@ -115,6 +145,39 @@ def effective_steps(records):
         last = max(r["round"] for r in rs)
         result[step] = [r for r in rs if r["round"] == last]
     return result
+
+
+def sizes(records):
+    """World size of every effective step, run-length encoded."""
+    runs = []
+    for step, rs in effective_steps(records).items():
+        size = rs[0]["size"]
+        if not runs or runs[-1][0] != size:
+            runs.append([size, 0])
+        runs[-1][1] += 1
+    return [s for s, _ in runs]
+
+
+def finals(tmp_path):
+    return [json.loads(p.read_text()) for p in tmp_path.glob("final.*.json")]
+
+
+def flat(params):
+    """Parameters as one list, whether logged per tensor (torch job) or as one vector (numpy)."""
+    return [x for p in params for x in (p if isinstance(p, list) else [p])]
+
+
+def check_training_continuous(tmp_path, total, reference=None, tolerance=1e-5):
+    """Every step applied exactly once: each finished worker's parameters equal `reference`
+    (a replay of the logged steps; by default the torch job's replay)."""
+    records = steps_log(tmp_path)
+    assert sorted(effective_steps(records)) == list(range(total))
+    final = finals(tmp_path)
+    assert final, "no worker finished"
+    expected = flat(replay(records)) if reference is None else reference(records)
+    for f in final:
+        assert flat(f["params"]) == pytest.approx(expected, abs=tolerance)
+    return records
 
 
 def replay(records):

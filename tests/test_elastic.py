@@ -3,7 +3,6 @@
 The discovery script is keyed on the job's committed progress, so host changes happen at
 known steps whatever the machine's speed.
 """
-import json
 import os
 import signal
 import sys
@@ -11,62 +10,10 @@ import time
 
 import pytest
 
-from jobs import SCRIPTS, Job, effective_steps, replay, run_job, steps_log
+from jobs import (SCRIPTS, Job, check_training_continuous, discovery, effective_steps, job_env,
+                  run_job, sizes, slot_pid, steps_log, wait_progress)
 
 JOB = [sys.executable, os.path.join(SCRIPTS, "elastic_job.py")]
-
-
-def discovery(tmp_path, schedule):
-    path = tmp_path / "schedule.json"
-    path.write_text(json.dumps(schedule))
-    return ["--host-discovery-script",
-            f"{sys.executable} {SCRIPTS}/discover.py {path} {tmp_path}/progress"]
-
-
-def job_env(tmp_path, **knobs):
-    return {"LOG_DIR": str(tmp_path), **{k: str(v) for k, v in knobs.items()}}
-
-
-def progress(tmp_path):
-    try:
-        return int((tmp_path / "progress").read_text() or 0)
-    except (FileNotFoundError, ValueError):
-        return 0
-
-
-def wait_progress(job, tmp_path, step, timeout=60):
-    job.wait_for(lambda _: progress(tmp_path) >= step, timeout)
-
-
-def sizes(records):
-    """World size of every effective step, run-length encoded."""
-    runs = []
-    for step, rs in effective_steps(records).items():
-        size = rs[0]["size"]
-        if not runs or runs[-1][0] != size:
-            runs.append([size, 0])
-        runs[-1][1] += 1
-    return [s for s, _ in runs]
-
-
-def finals(tmp_path):
-    return [json.loads(p.read_text()) for p in tmp_path.glob("final.*.json")]
-
-
-def check_training_continuous(tmp_path, total):
-    """Every step applied exactly once: the survivors equal a replay of the logged steps."""
-    records = steps_log(tmp_path)
-    assert sorted(effective_steps(records)) == list(range(total))
-    final = finals(tmp_path)
-    assert final, "no worker finished"
-    reference = [x for p in replay(records) for x in p]
-    for f in final:
-        assert [x for p in f["params"] for x in p] == pytest.approx(reference, abs=1e-5)
-    return records
-
-
-def slot_pid(job, slot):
-    return [e["pid"] for e in job.events() if e["event"] == "worker_start" and e["slot"] == slot][-1]
 
 
 def test_scale_up_then_down_moves_rank0_to_a_survivor(tmp_path):

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from jobs import SCRIPTS, Job, run_job
-from test_elastic import check_training_continuous, discovery, job_env, sizes, wait_progress
+from jobs import (SCRIPTS, Job, check_training_continuous, discovery, job_env, run_job, sizes,
+                  wait_progress)
 
 JOB = [sys.executable, os.path.join(SCRIPTS, "elastic_job.py")]
 

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from jobs import SCRIPTS, Job, effective_steps, run_job, steps_log
+from jobs import (SCRIPTS, Job, check_training_continuous as check_steps, discovery,
+                  effective_steps, finals, job_env, run_job, sizes, slot_pid, wait_progress)
 from scripts.npdata import replay
-from test_elastic import discovery, finals, job_env, sizes, slot_pid, wait_progress
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHON = os.path.join(ROOT, ".venv-pygloo", "bin", "python")
@@ -43,16 +43,8 @@ def test_collectives_on_every_rank(tmp_path, args, n):
 
 
 def check_training_continuous(tmp_path, total):
-    """Every step applied exactly once: the survivors equal a replay of the logged steps."""
-    records = steps_log(tmp_path)
-    steps = effective_steps(records)
-    assert sorted(steps) == list(range(total))
-    reference = replay(rs[0]["world"] for rs in steps.values()).tolist()
-    final = finals(tmp_path)
-    assert final, "no worker finished"
-    for f in final:
-        assert f["params"] == pytest.approx(reference, abs=1e-9)
-    return records
+    return check_steps(tmp_path, total, tolerance=1e-9, reference=lambda records: replay(
+        rs[0]["world"] for rs in effective_steps(records).values()).tolist())
 
 
 @needs_pygloo
