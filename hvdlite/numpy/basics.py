@@ -13,7 +13,7 @@ from hvdlite.worker.world import WorldInfo
 
 runtime = Runtime()  # the current pygloo context and world
 _links = Links()  # the current context's gloo connections
-_voucher = None  # the helper that heartbeats while a collective holds the GIL
+_voucher = None  # the helper that stands in for this worker while a collective holds the GIL
 
 
 def init(world: WorldInfo = None) -> None:
@@ -23,7 +23,7 @@ def init(world: WorldInfo = None) -> None:
     global _voucher
     s = session()
     if _voucher is None:
-        _voucher = vouch.start(s.environ)
+        _voucher = vouch.Voucher(s.environ)
     info = _links.attach(s, world)
     kv = ScopeStore(s.client, info.store_scope, abandoned=lambda: broken(info.round, s.broken))
     store = GlooStore(kv, float(s.environ.get(env.START_TIMEOUT, 30)))
@@ -31,6 +31,7 @@ def init(world: WorldInfo = None) -> None:
     device = pygloo.transport.tcp.CreateDevice(pygloo.transport.tcp.attr(s.local_address()))
     with _links.recording(info.round, s):
         context.connectFullMesh(pygloo.rendezvous.CustomStore(store), device)
+    _voucher.watch(*_links.current())
     runtime.activate(context, info)
 
 
@@ -41,6 +42,8 @@ def shutdown() -> None:
     """Leave the current world (after a failure, call abort() first). pygloo collectives are
     synchronous, so nothing is pending and the context can simply be dropped."""
     _links.forget()
+    if _voucher is not None:
+        _voucher.release()
     runtime.deactivate()
 
 

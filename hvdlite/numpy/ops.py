@@ -2,7 +2,7 @@
 
 Every call is synchronous and returns a new array; inputs are never changed. A collective
 that fails because the world broke raises HorovodInternalError, which elastic training
-recovers from. pygloo holds the GIL while it waits (hvdlite.worker.vouch heartbeats meanwhile).
+recovers from. pygloo holds the GIL while it waits (hvdlite.worker.vouch stands in meanwhile).
 """
 import numpy as np
 import pygloo

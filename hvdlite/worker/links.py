@@ -35,6 +35,11 @@ class Links:
         with self._lock:
             self._round, self._fds = round_number, fds
 
+    def current(self):
+        """(round, socket fds) of the group, for a helper process that watches them (vouch)."""
+        with self._lock:
+            return self._round, set(self._fds)
+
     def cut(self) -> None:
         """Fail every pending and future collective of the group, here and on its peers."""
         with self._lock:

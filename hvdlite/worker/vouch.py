@@ -1,27 +1,59 @@
-"""A helper process that heartbeats for a worker whose collectives hold the GIL (pygloo).
+"""A helper process that stands in for a worker whose collectives hold the GIL (pygloo).
 
-While pygloo waits in a collective the worker's own heartbeat thread cannot run, and the
-driver would take a rank waiting for a slow peer for a hung one. This process beats in its
-place as long as the worker exists and is not stopped (SIGSTOP), so a frozen worker is still
-evicted after the liveness timeout; it exits as soon as the worker is gone. The worker's own
-thread keeps beating too: it is the one that hears round changes and host updates.
+While pygloo waits in a collective the worker's own threads cannot run: its heartbeat falls
+silent, so the driver would take a rank waiting for a slow peer for a hung one, and nobody
+acts on the driver's word that the round broke, so a survivor of a partitioned peer would wait
+out gloo's 30 s timeout. This process does both in the worker's place:
+- it heartbeats as long as the worker exists and is not stopped (SIGSTOP), so a frozen worker
+  is still evicted after the liveness timeout;
+- it holds copies of the worker's gloo sockets (passed over a Unix socket with SCM_RIGHTS) and
+  shuts them down once the driver says their round broke, which fails the pending collective.
+It dies with the worker (PR_SET_PDEATHSIG), so its socket copies never keep a dead worker's
+connections open. The worker's own heartbeat thread keeps beating too.
 
-Run as `python -m hvdlite.worker.vouch PID` with the worker's environment.
+Run as `python -m hvdlite.worker.vouch PID FD` with the worker's environment.
 """
+import array
+import ctypes
+import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import time
 
-from hvdlite.worker import env
+from hvdlite.worker import env, sockets
 from hvdlite.worker.kvclient import KVClient, KVError
+from hvdlite.worker.links import broken
 from hvdlite.worker.session import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
 
+MAX_FDS = 250  # per message: the kernel passes at most 253 descriptors at once
+PR_SET_PDEATHSIG = 1
+NO_ROUND = -1  # "hold nothing": the worker left its group
 
-def start(environ) -> subprocess.Popen:
-    """Start the helper for this process (environ: the worker's, with the driver's address)."""
-    return subprocess.Popen([sys.executable, "-m", "hvdlite.worker.vouch", str(os.getpid())],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=environ)
+
+class Voucher:
+    """The worker's end: starts the helper and hands it the current group's sockets."""
+
+    def __init__(self, environ):
+        self._channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        with theirs:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "hvdlite.worker.vouch", str(os.getpid()), str(theirs.fileno())],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=environ,
+                pass_fds=[theirs.fileno()])
+
+    def watch(self, round_number: int, fds) -> None:
+        """From now on the helper cuts these sockets when `round_number` breaks."""
+        fds = sorted(fds)
+        for start in range(0, len(fds), MAX_FDS) if fds else [0]:
+            chunk = array.array("i", fds[start:start + MAX_FDS])
+            ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, chunk)] if chunk else []
+            self._channel.sendmsg([str(round_number).encode()], ancillary)
+
+    def release(self) -> None:
+        self.watch(NO_ROUND, [])
 
 
 def _running(pid: int) -> bool:
@@ -34,19 +66,57 @@ def _running(pid: int) -> bool:
     return state not in ("T", "t", "Z", "X")
 
 
-def main(pid: int) -> None:
+class _Held:
+    """Copies of the worker's sockets of one round."""
+
+    def __init__(self):
+        self.round, self.fds = NO_ROUND, []
+
+    def receive(self, channel) -> None:
+        size = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
+        while True:
+            try:
+                data, ancillary, _, _ = channel.recvmsg(32, size, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return
+            fds = array.array("i")
+            for level, kind, payload in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+            round_number = int(data)
+            if round_number != self.round:
+                for fd in self.fds:
+                    os.close(fd)
+                self.round, self.fds = round_number, []
+            self.fds.extend(fds)
+
+    def cut_if_broken(self, newest_broken: int) -> None:
+        if broken(self.round, newest_broken):
+            sockets.cut(self.fds)
+
+
+def main(pid: int, channel_fd: int) -> None:
+    # Die with the worker; it may have died before the line above took effect.
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != pid:
+        return
     environ = os.environ
     client = KVClient(environ[env.RENDEZVOUS_ADDR], int(environ[env.RENDEZVOUS_PORT]),
                       environ[env.SECRET], timeout=HEARTBEAT_TIMEOUT)
     query = {"slot": environ.get(env.SLOT, "")}
+    channel = socket.socket(fileno=channel_fd)
+    held = _Held()
     while os.getppid() == pid:
+        held.receive(channel)
         if _running(pid):
             try:
-                client.request("PUT", "/rdzv/heartbeat", query=query)
-            except (OSError, KVError):
+                status, body = client.request("PUT", "/rdzv/heartbeat", query=query)
+                if status == 200:
+                    held.cut_if_broken(json.loads(body)["broken"])
+            except (OSError, ValueError, KeyError, KVError):
                 pass  # no contact this time; the worker's own liveness check decides
         time.sleep(HEARTBEAT_INTERVAL)
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]))
+    main(int(sys.argv[1]), int(sys.argv[2]))
