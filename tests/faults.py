@@ -13,7 +13,7 @@ import signal
 import sys
 import time
 
-from jobs import SCRIPTS, Job, effective_steps, flat, progress, replay, steps_log
+from jobs import SCRIPTS, Job, effective_steps, flat, progress, replay, ssh_flags, steps_log
 
 LEFTOVER_WAIT = 10.0  # seconds the job's workers may take to be gone after the driver
 
@@ -68,7 +68,7 @@ class SSHHosts:
         if hosts.mode != "netns":
             raise ValueError(f"partition trials need namespace hosts: {hosts.fallback_reason}")
         self.hosts, self.names = hosts, hosts.names
-        self.flags = ["--ssh-config", hosts.ssh_config, "--rendezvous-addr", hosts.driver_address]
+        self.flags = ssh_flags(hosts)
 
     def state(self, slot, pid):
         out = self.hosts.run(_host(slot), ["ps", "-o", "stat=", "-p", str(pid)]).stdout.strip()

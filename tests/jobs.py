@@ -121,6 +121,22 @@ def wait_progress(job, tmp_path, step, timeout=60):
     job.wait_for(lambda _: progress(tmp_path) >= step, timeout)
 
 
+def ssh_flags(hosts):
+    """Flags that run a job on sshd test hosts (tests/sshhosts.py)."""
+    return ["--ssh-config", hosts.ssh_config, "--rendezvous-addr", hosts.driver_address]
+
+
+def next_world(job, fault, timeout=30):
+    """Inject `fault()`; returns (seconds until the next world formed, its round_complete event)."""
+    def rounds(events):
+        return [e for e in events if e["event"] == "round_complete"]
+    before = len(rounds(job.events()))
+    start = time.time()
+    fault()
+    reformed = rounds(job.wait_for(lambda events: len(rounds(events)) > before, timeout))[before]
+    return reformed["time"] - start, reformed
+
+
 def slot_pid(job, slot):
     return [e["pid"] for e in job.events() if e["event"] == "worker_start" and e["slot"] == slot][-1]
 

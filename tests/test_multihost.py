@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from jobs import (SCRIPTS, Job, check_training_continuous, discovery, job_env, run_job, sizes,
-                  wait_progress)
+from jobs import (SCRIPTS, Job, check_training_continuous, discovery, job_env, next_world, run_job,
+                  sizes, ssh_flags, wait_progress)
 
 JOB = [sys.executable, os.path.join(SCRIPTS, "elastic_job.py")]
 
@@ -16,10 +16,6 @@ JOB = [sys.executable, os.path.join(SCRIPTS, "elastic_job.py")]
 @pytest.fixture(scope="module")
 def hosts(ssh_hosts):
     return ssh_hosts(3)
-
-
-def flags(hosts):
-    return ["--ssh-config", hosts.ssh_config, "--rendezvous-addr", hosts.driver_address]
 
 
 def job_procs(hosts, name):
@@ -36,7 +32,7 @@ def wait_gone(hosts, names, timeout):
 
 
 def test_static_ranks_run_on_their_hosts(tmp_path, hosts):
-    r = run_job([*flags(hosts), "-np", "4", "-H", "host-1:2,host-2:2", sys.executable,
+    r = run_job([*ssh_flags(hosts), "-np", "4", "-H", "host-1:2,host-2:2", sys.executable,
                  os.path.join(SCRIPTS, "where.py")], tmp_path, timeout=60)
     assert r.code == 0, r.stderr
     lines = sorted(line.split(":", 1)[1].split() for line in r.stdout.splitlines()
@@ -48,14 +44,14 @@ def test_static_ranks_run_on_their_hosts(tmp_path, hosts):
 def test_discovery_adds_then_removes_a_host(tmp_path, hosts):
     schedule = [[0, ["host-1:1", "host-2:1"]], [8, ["host-1:1", "host-2:1", "host-3:1"]],
                 [24, ["host-2:1", "host-3:1"]]]
-    r = run_job([*flags(hosts), *discovery(tmp_path, schedule), "--min-np", "1", *JOB], tmp_path,
+    r = run_job([*ssh_flags(hosts), *discovery(tmp_path, schedule), "--min-np", "1", *JOB], tmp_path,
                 env=job_env(tmp_path, TOTAL_STEPS=40, STEP_SLEEP=0.1, RESIZE="20:3,30:2"))
     assert r.code == 0, r.stderr
     assert sizes(check_training_continuous(tmp_path, 40)) == [2, 3, 2]
 
 
 def test_host_failure_blacklists_it_and_survivors_finish(tmp_path, hosts):
-    with Job([*flags(hosts), "-H", "host-1:1,host-2:1,host-3:1", "--min-np", "1", *JOB],
+    with Job([*ssh_flags(hosts), "-H", "host-1:1,host-2:1,host-3:1", "--min-np", "1", *JOB],
              tmp_path, env=job_env(tmp_path, TOTAL_STEPS=40)) as job:
         wait_progress(job, tmp_path, 8)
         hosts.kill_all("host-3")
@@ -69,15 +65,12 @@ def test_host_failure_blacklists_it_and_survivors_finish(tmp_path, hosts):
 def test_partitioned_host_is_cut_off_and_its_worker_exits(tmp_path, hosts):
     if hosts.mode != "netns":
         pytest.skip(f"partitions need network namespaces: {hosts.fallback_reason}")
-    with Job([*flags(hosts), "-H", "host-1:1,host-2:1,host-3:1", "--min-np", "1",
+    with Job([*ssh_flags(hosts), "-H", "host-1:1,host-2:1,host-3:1", "--min-np", "1",
               "--liveness-timeout", "3", *JOB], tmp_path, env=job_env(tmp_path, TOTAL_STEPS=60)) as job:
         wait_progress(job, tmp_path, 8)
-        hosts.partition("host-3")
         try:
-            cut = time.time()
-            events = job.wait_for(lambda ev: len([e for e in ev if e["event"] == "round_complete"]) >= 2, 30)
-            reformed = [e for e in events if e["event"] == "round_complete"][1]
-            assert reformed["time"] - cut < 3 + 6
+            seconds, reformed = next_world(job, lambda: hosts.partition("host-3"))
+            assert seconds < 3 + 6
             assert "host-3/0" not in reformed["members"]
             r = job.finish(120)
             assert wait_gone(hosts, ["host-3"], 10), "the cut-off worker did not exit by itself"
@@ -88,7 +81,7 @@ def test_partitioned_host_is_cut_off_and_its_worker_exits(tmp_path, hosts):
 
 
 def test_killed_driver_leaves_no_remote_worker(tmp_path, hosts):
-    with Job([*flags(hosts), "-H", "host-1:1,host-2:1", "--min-np", "1", *JOB], tmp_path,
+    with Job([*ssh_flags(hosts), "-H", "host-1:1,host-2:1", "--min-np", "1", *JOB], tmp_path,
              env=job_env(tmp_path, TOTAL_STEPS=100000)) as job:
         wait_progress(job, tmp_path, 3)
         assert job_procs(hosts, "host-1") and job_procs(hosts, "host-2")
@@ -99,7 +92,7 @@ def test_killed_driver_leaves_no_remote_worker(tmp_path, hosts):
 
 def test_unreachable_host_at_start_is_a_clear_error(tmp_path, hosts):
     start = time.monotonic()
-    r = run_job([*flags(hosts), "-np", "2", "-H", "host-1:1,no-such-host.invalid:1",
+    r = run_job([*ssh_flags(hosts), "-np", "2", "-H", "host-1:1,no-such-host.invalid:1",
                  sys.executable, os.path.join(SCRIPTS, "where.py")], tmp_path, timeout=60)
     assert r.code == 1
     last = r.stderr.strip().splitlines()[-1]
