@@ -126,6 +126,12 @@ def ssh_flags(hosts):
     return ["--ssh-config", hosts.ssh_config, "--rendezvous-addr", hosts.driver_address]
 
 
+def skip_without_partitions(hosts):
+    """Partitions (nftables inside a host's namespace) need namespace hosts, not the fallback."""
+    if hosts.mode != "netns":
+        pytest.skip(f"partitions need network namespaces: {hosts.fallback_reason}")
+
+
 def next_world(job, fault, timeout=30):
     """Inject `fault()`; returns (seconds until the next world formed, its round_complete event)."""
     def rounds(events):

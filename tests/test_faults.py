@@ -7,7 +7,7 @@ import time
 import pytest
 
 from faults import SSHHosts, _alive, run_trial
-from jobs import SCRIPTS, Job
+from jobs import SCRIPTS, Job, skip_without_partitions
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -18,8 +18,7 @@ def test_random_faults_lose_no_commit(tmp_path, seed):
 @pytest.fixture(scope="module")
 def trial_hosts(ssh_hosts):
     hosts = ssh_hosts(4)
-    if hosts.mode != "netns":
-        pytest.skip(f"partitions need network namespaces: {hosts.fallback_reason}")
+    skip_without_partitions(hosts)
     return SSHHosts(hosts)
 
 

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from jobs import (SCRIPTS, Job, check_training_continuous, discovery, job_env, next_world, run_job,
-                  sizes, ssh_flags, wait_progress)
+                  sizes, skip_without_partitions, ssh_flags, wait_progress)
 
 JOB = [sys.executable, os.path.join(SCRIPTS, "elastic_job.py")]
 
@@ -63,8 +63,7 @@ def test_host_failure_blacklists_it_and_survivors_finish(tmp_path, hosts):
 
 
 def test_partitioned_host_is_cut_off_and_its_worker_exits(tmp_path, hosts):
-    if hosts.mode != "netns":
-        pytest.skip(f"partitions need network namespaces: {hosts.fallback_reason}")
+    skip_without_partitions(hosts)
     with Job([*ssh_flags(hosts), "-H", "host-1:1,host-2:1,host-3:1", "--min-np", "1",
               "--liveness-timeout", "3", *JOB], tmp_path, env=job_env(tmp_path, TOTAL_STEPS=60)) as job:
         wait_progress(job, tmp_path, 8)

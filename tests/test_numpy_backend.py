@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from jobs import (SCRIPTS, Job, check_training_continuous as check_steps, discovery,
-                  effective_steps, finals, job_env, next_world, run_job, sizes, slot_pid, ssh_flags,
-                  wait_progress)
+                  effective_steps, finals, job_env, next_world, run_job, sizes, skip_without_partitions,
+                  slot_pid, ssh_flags, wait_progress)
 from scripts.npdata import replay
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -99,8 +99,7 @@ def test_sigstopped_worker_is_evicted_and_the_others_go_on(tmp_path):
 @needs_pygloo
 def test_partitioned_peer_costs_the_others_no_gloo_timeout(tmp_path, ssh_hosts):
     hosts = ssh_hosts(3)
-    if hosts.mode != "netns":
-        pytest.skip(f"partitions need network namespaces: {hosts.fallback_reason}")
+    skip_without_partitions(hosts)
     with Job([*ssh_flags(hosts), "-H", "host-1:1,host-2:1,host-3:1", "--min-np", "1",
               "--liveness-timeout", "3", *JOB],
              tmp_path, env=job_env(tmp_path, TOTAL_STEPS=60, STEP_SLEEP=0.05)) as job:

@@ -12,6 +12,7 @@ import pytest
 
 from hvdlite.driver.output import RankOutput
 from hvdlite.driver.ssh import LOST, SSHError, SSHHost, SSHSettings, is_local
+from jobs import skip_without_partitions
 
 PY = sys.executable  # absolute: no PATH or pyenv shims needed on the hosts
 
@@ -209,8 +210,7 @@ def test_dns_failure():
 
 
 def test_partition_fails_the_worker_within_seconds(hosts, tmp_path):
-    if hosts.mode != "netns":
-        pytest.skip(f"partitions need namespace hosts ({hosts.fallback_reason})")
+    skip_without_partitions(hosts)
     host = SSHHost("host-2", SSHSettings(ssh_config=hosts.ssh_config, connect_timeout=5))
     marker = "partitioned-" + os.urandom(4).hex()
     worker = host.launch([PY, "-c", f"import time; print('up', flush=True); time.sleep(60)  # {marker}"],
