@@ -21,7 +21,7 @@ WAITERS = 1024
 AUTH = f"X-Hvdlite-Secret: {SECRET}\r\n".encode()
 
 SERVER = f"""
-import sys, time
+import sys
 from hvdlite.driver.kvserver import KVServer
 server = KVServer({SECRET!r})
 server.start()
@@ -91,6 +91,11 @@ def measure(target, args, clients, seconds):
     return total / seconds  # each client counts within its own `seconds` window
 
 
+def rss_mb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return int(f.read().split("VmRSS:")[1].split()[0]) // 1024
+
+
 def park_waiters(port):
     request = b"GET /kv/park/go?wait=60 HTTP/1.1\r\n" + AUTH + b"\r\n"
     socks = []
@@ -112,8 +117,7 @@ def main():
     try:
         port = int(server.stdout.readline())
         waiters = park_waiters(port)
-        rss = lambda: int(open(f"/proc/{server.pid}/status").read().split("VmRSS:")[1].split()[0]) // 1024  # noqa: E731
-        print(f"{WAITERS} waiters parked; server RSS {rss()} MB")
+        print(f"{WAITERS} waiters parked; server RSS {rss_mb(server.pid)} MB")
         raw = measure(raw_client, (port,), args.clients, args.seconds)
         print(f"raw PUT/GET, {args.clients} client processes: {raw:,.0f} requests/s "
               f"(target >= 5,000: {'met' if raw >= 5000 else 'NOT met'})")
@@ -132,7 +136,7 @@ def main():
         assert read_response(release)[0] == 200
         answered = sum(read_response(s)[:2] == (200, b"go") for s in waiters)
         print(f"released {answered}/{WAITERS} waiters in {time.monotonic() - start:.2f} s; "
-              f"server RSS {rss()} MB")
+              f"server RSS {rss_mb(server.pid)} MB")
         for s in waiters + [release]:
             s.close()
     finally:
