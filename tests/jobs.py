@@ -61,8 +61,22 @@ class Job:
         try:
             code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"job did not end within {timeout} s:\n{self.read(self.err)[-3000:]}")
+            raise AssertionError(f"job did not end within {timeout} s:\n{self.read(self.err)[-3000:]}"
+                                 f"\n{self.stacks()}") from None
         return Result(code, self.read(self.out), self.read(self.err), self.events())
+
+    def stacks(self) -> str:
+        """Python and native stacks of the driver and its local workers: what a hang waits on."""
+        dumps = []
+        for pid in _tree(self.proc.pid):
+            try:
+                dump = subprocess.run(["py-spy", "dump", "--native", "--pid", str(pid)],
+                                      capture_output=True, text=True, timeout=30)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                dump = subprocess.CompletedProcess([], 1, "", str(e))
+            if dump.returncode == 0:
+                dumps.append(f"--- stacks of pid {pid}\n{dump.stdout}")
+        return "\n".join(dumps)
 
     @staticmethod
     def read(f):
@@ -94,6 +108,19 @@ class Job:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _tree(pid) -> list:
+    """pid and its live descendants."""
+    pids = [pid]
+    for p in pids:
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    pids += [int(c) for c in f.read().split()]
+        except OSError:
+            pass  # it has ended meanwhile
+    return pids
 
 
 def discovery(tmp_path, schedule):
