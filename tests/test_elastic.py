@@ -73,6 +73,19 @@ def test_exception_in_one_worker_leaves_the_others_training(tmp_path):
     assert [e["key"] for e in r.of("blacklisted")] == ["127.0.0.2/0", "127.0.0.2"]
 
 
+@pytest.mark.parametrize("victim", ["127.0.0.1/0", "127.0.0.2/0"])
+def test_peer_dying_while_a_new_group_connects_costs_no_gloo_timeout(tmp_path, victim):
+    # gloo would keep the survivor waiting five times its 30 s timeout for the dead peer to
+    # connect; the survivor gives the round up as soon as the driver says it broke.
+    r = run_job(["-H", "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1", "--min-np", "1", *JOB], tmp_path,
+                timeout=60, env=job_env(tmp_path, TOTAL_STEPS=20, FAILS="127.0.0.3/0:5",
+                                        DIE_CONNECTING=victim))
+    assert r.code == 0, r.stderr
+    check_training_continuous(tmp_path, 20)
+    assert [e["code"] for e in r.of("worker_exit") if e["slot"] == victim][0] == -9
+    assert sizes(steps_log(tmp_path)) == [3, 1]
+
+
 def test_all_workers_failing_fails_the_job_naming_the_first(tmp_path):
     fail = tmp_path / "fail.py"
     fail.write_text("import hvdlite.torch as hvd, os, time\nhvd.init()\n"

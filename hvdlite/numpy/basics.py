@@ -16,23 +16,31 @@ _links = Links()  # the current context's gloo connections
 _voucher = None  # the helper that stands in for this worker while a collective holds the GIL
 
 
-def init(world: WorldInfo = None) -> None:
-    """Join the world this worker is assigned to (the launch assignment unless given)."""
-    if runtime.is_initialized():
-        return
+def init() -> None:
+    """Join the world this worker is assigned to at launch."""
+    if not runtime.is_initialized():
+        join()
+
+
+def join(after_round=None, commit=0) -> None:
+    """Join the next world the driver assigns this worker (see Links.join)."""
     global _voucher
     s = session()
     if _voucher is None:
         _voucher = vouch.Voucher(s.environ)
-    info = _links.attach(s, world)
+    info, context = _links.join(s, _context, after_round, commit)
+    _voucher.watch(*_links.current())
+    runtime.activate(context, info)
+
+
+def _context(info: WorldInfo):
+    s = session()
     kv = ScopeStore(s.client, info.store_scope, abandoned=lambda: broken(info.round, s.broken))
     store = GlooStore(kv, float(s.environ.get(env.START_TIMEOUT, 30)))
     context = pygloo.rendezvous.Context(info.rank, info.size)
     device = pygloo.transport.tcp.CreateDevice(pygloo.transport.tcp.attr(s.local_address()))
-    with _links.recording(info.round, s):
-        context.connectFullMesh(pygloo.rendezvous.CustomStore(store), device)
-    _voucher.watch(*_links.current())
-    runtime.activate(context, info)
+    context.connectFullMesh(pygloo.rendezvous.CustomStore(store), device)
+    return context
 
 
 abort = _links.cut  # fail every pending and future collective of the context, here and on peers

@@ -11,7 +11,7 @@ def _broadcast_flag(value: int) -> int:
     return int(ops.broadcast(np.array([value], dtype=np.int32), root_rank=0)[0])
 
 
-BACKEND = core.Backend(init=basics.init, shutdown=basics.shutdown, abort=basics.abort,
+BACKEND = core.Backend(init=basics.init, join=basics.join, shutdown=basics.shutdown, abort=basics.abort,
                        info=basics.runtime.info, broadcast_flag=_broadcast_flag,
                        broadcast_object=ops.broadcast_object)
 

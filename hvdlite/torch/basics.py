@@ -19,20 +19,26 @@ def _timeout(name: str, default: float) -> timedelta:
     return timedelta(seconds=float(session().environ.get(name, default)))
 
 
-def init(world: WorldInfo = None) -> None:
-    """Join the world this worker is assigned to (the launch assignment unless given)."""
-    if runtime.is_initialized():
-        return
+def init() -> None:
+    """Join the world this worker is assigned to at launch."""
+    if not runtime.is_initialized():
+        join()
+
+
+def join(after_round=None, commit=0) -> None:
+    """Join the next world the driver assigns this worker (see Links.join)."""
+    info, pg = _links.join(session(), _group, after_round, commit)
+    runtime.activate(pg, info)
+
+
+def _group(info: WorldInfo):
     s = session()
-    info = _links.attach(s, world)
     store = KVStore(s.client, info.store_scope, _timeout(env.START_TIMEOUT, 30),
                     abandoned=lambda: broken(info.round, s.broken))
     options = dist.ProcessGroupGloo._Options()
     options._devices = [dist.ProcessGroupGloo.create_device(hostname=s.local_address())]
     options._timeout = _timeout(env.COLLECTIVE_TIMEOUT, 30)
-    with _links.recording(info.round, s):
-        pg = dist.ProcessGroupGloo(store, info.rank, info.size, options)
-    runtime.activate(pg, info)
+    return dist.ProcessGroupGloo(store, info.rank, info.size, options)
 
 
 abort = _links.cut  # fail every pending and future collective of the group, here and on peers

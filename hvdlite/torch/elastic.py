@@ -16,7 +16,7 @@ def _broadcast_flag(value: int) -> int:
     return int(ops.broadcast(torch.tensor([value], dtype=torch.int32), root_rank=0).item())
 
 
-BACKEND = core.Backend(init=basics.init, shutdown=basics.shutdown, abort=basics.abort,
+BACKEND = core.Backend(init=basics.init, join=basics.join, shutdown=basics.shutdown, abort=basics.abort,
                        info=runtime.info, broadcast_flag=_broadcast_flag,
                        broadcast_object=ops.broadcast_object)
 

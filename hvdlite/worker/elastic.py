@@ -23,7 +23,8 @@ from hvdlite.worker.world import WorldInfo
 
 @dataclass(frozen=True)
 class Backend:
-    init: Callable  # init(world: WorldInfo = None): join the given world, or the launch one
+    init: Callable  # init(): join the launch world, unless in a world already
+    join: Callable  # join(after_round, commit): join the next world after that round
     shutdown: Callable  # leave the current world
     abort: Callable  # fail the current world's collectives, here and on its peers
     info: Callable[[], WorldInfo]  # this worker's place in the current world
@@ -120,12 +121,5 @@ def _reset(state, backend):
     """Leave this world and join the next one; a worker left out exits cleanly."""
     finished = backend.info().round
     backend.shutdown()
-    while True:
-        world = session().assignment(after_round=finished, commit=state.commits)
-        try:
-            backend.init(world)
-        except RuntimeError:  # a peer failed while the new world was connecting
-            finished = world.round
-            continue
-        state.on_reset()
-        return
+    backend.join(finished, state.commits)
+    state.on_reset()

@@ -4,10 +4,11 @@ Cutting is the one way to unblock a stuck gloo collective (see sockets.py). It h
 abort() after a failed collective, and from the heartbeat thread as soon as the driver says
 the group's round fell apart, so that no survivor waits for a gloo timeout.
 """
-import contextlib
 import threading
 
 from hvdlite.worker import sockets
+
+CONNECT_POLL = 0.2  # seconds between checks whether the round being connected was given up
 
 
 def broken(round_number, newest_broken) -> bool:
@@ -20,20 +21,49 @@ class Links:
         self._round, self._fds = None, set()
         self._lock = threading.Lock()
 
-    def attach(self, session, world=None):
-        """The WorldInfo to join (the launch assignment unless given); from now on the
-        driver's word that a round broke cuts this group's connections if it is theirs."""
+    def join(self, session, connect, after_round=None, commit=0):
+        """Join the next world assigned to this worker (see Session.assignment): returns its
+        WorldInfo and connect(info), the group. From now on the driver's word that a round
+        broke cuts the group's connections. An elastic worker whose world fails while its group
+        connects (a peer died) moves on to the next world."""
         session.on_round_broken = self.on_round_broken
-        return world or session.assignment()
+        while True:
+            info = session.assignment(after_round, commit)
+            try:
+                return info, self._connect(info.round, session, lambda: connect(info))
+            except RuntimeError:
+                if not session.elastic:
+                    raise
+                after_round = info.round
 
-    @contextlib.contextmanager
-    def recording(self, round_number, session):
-        """Remember the sockets the group formed inside this block opened (not the driver's)."""
-        before = sockets.socket_fds()
-        yield
-        fds = sockets.tcp_fds(sockets.socket_fds() - before, exclude_peer=(session.addr, session.port))
+    def _connect(self, round_number, session, build):
+        """Run build(), which forms the group's connections, and return its result; remember
+        the sockets it opened (not the driver's).
+
+        build() runs on a helper thread so that the caller gives up (RuntimeError) as soon as
+        the driver says the round broke: a gloo rank waiting for a peer that died while
+        connecting waits five times the group's timeout. A given-up helper ends on that timeout.
+        """
+        before = sockets.open_sockets()
+        outcome = {}
+
+        def run():
+            try:
+                outcome["group"] = build()
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                outcome["error"] = e
+        helper = threading.Thread(target=run, daemon=True, name="hvdlite-connect")
+        helper.start()
+        while helper.is_alive():
+            helper.join(CONNECT_POLL)
+            if helper.is_alive() and broken(round_number, session.broken):
+                raise RuntimeError(f"hvdlite: round {round_number} fell apart while its group connected")
+        if "error" in outcome:
+            raise outcome["error"]
+        fds = sockets.tcp_fds(sockets.opened_since(before), exclude_peer=(session.addr, session.port))
         with self._lock:
             self._round, self._fds = round_number, fds
+        return outcome["group"]
 
     def current(self):
         """(round, socket fds) of the group, for a helper process that watches them (vouch)."""

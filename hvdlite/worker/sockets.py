@@ -8,15 +8,23 @@ import os
 import socket
 
 
-def socket_fds() -> set:
-    fds = set()
+def open_sockets() -> set:
+    """(fd, socket inode) of this process's sockets. The inode tells a new socket apart from
+    an old one whose descriptor number was closed and reused meanwhile."""
+    found = set()
     for name in os.listdir("/proc/self/fd"):
         try:
-            if os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
-                fds.add(int(name))
+            link = os.readlink(f"/proc/self/fd/{name}")
         except OSError:
-            pass  # closed meanwhile
-    return fds
+            continue  # closed meanwhile
+        if link.startswith("socket:"):
+            found.add((int(name), link))
+    return found
+
+
+def opened_since(before: set) -> set:
+    """Descriptors of the sockets opened since `before` (an open_sockets() result)."""
+    return {fd for fd, _ in open_sockets() - before}
 
 
 def _wrap(fd) -> socket.socket:
@@ -26,21 +34,18 @@ def _wrap(fd) -> socket.socket:
 
 
 def tcp_fds(fds, exclude_peer) -> set:
-    """The TCP sockets among fds, minus those connected to exclude_peer (host, port)."""
+    """The connected TCP sockets among fds, minus those connected to exclude_peer (host, port).
+    Listening sockets are left out: collectives never wait on them, and gloo's listener
+    aborts the process when accept() fails on a socket shut down under it."""
     kept = set()
     for fd in fds:
         try:
             with _wrap(fd) as s:
-                if s.type != socket.SOCK_STREAM or s.family not in (socket.AF_INET, socket.AF_INET6):
-                    continue
-                try:
-                    if s.getpeername()[:2] == exclude_peer:
-                        continue
-                except OSError:
-                    pass  # a listening socket has no peer
-                kept.add(fd)
+                if s.type == socket.SOCK_STREAM and s.family in (socket.AF_INET, socket.AF_INET6) \
+                        and s.getpeername()[:2] != exclude_peer:
+                    kept.add(fd)
         except OSError:
-            pass
+            pass  # closed meanwhile, or not connected (a listening socket has no peer)
     return kept
 
 

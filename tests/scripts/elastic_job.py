@@ -3,10 +3,13 @@
 Every rank appends one JSON line per finished step to $LOG_DIR/steps.jsonl: step, world size,
 rank, slot, round and the dataset indices it trained on, so a test can replay the run and
 check that no committed step was lost or applied twice. Knobs (env): TOTAL_STEPS, STEP_SLEEP,
-BATCH, FAILS="slot:step,..." (that worker raises once at that step), RESIZE (resize.py).
+BATCH, FAILS="slot:step,..." (that worker raises once at that step), RESIZE (resize.py),
+DIE_CONNECTING=slot (that worker is killed once, right after publishing its gloo address for
+its second group, so that its peers are left waiting for it to connect).
 """
 import json
 import os
+import signal
 import time
 
 import torch
@@ -39,6 +42,17 @@ def once(name):
     except FileExistsError:
         return False
 
+
+if os.environ.get("DIE_CONNECTING") == SLOT:
+    from hvdlite.torch.store import KVStore
+    publish, scopes = KVStore.set, set()
+
+    def publish_then_die(self, key, value):
+        publish(self, key, value)
+        scopes.add(self.kv.scope)
+        if len(scopes) == 2 and once("died-connecting"):
+            os.kill(os.getpid(), signal.SIGKILL)
+    KVStore.set = publish_then_die
 
 hvd.init()
 torch.manual_seed(0)
