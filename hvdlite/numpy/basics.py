@@ -5,7 +5,7 @@ import pygloo
 
 from hvdlite.numpy.store import GlooStore
 from hvdlite.worker import env, vouch
-from hvdlite.worker.links import Links, broken
+from hvdlite.worker.links import Links
 from hvdlite.worker.runtime import Runtime
 from hvdlite.worker.scopestore import ScopeStore
 from hvdlite.worker.session import session
@@ -33,9 +33,9 @@ def join(after_round=None, commit=0) -> None:
     runtime.activate(context, info)
 
 
-def _context(info: WorldInfo):
+def _context(info: WorldInfo, abandoned):
     s = session()
-    kv = ScopeStore(s.client, info.store_scope, abandoned=lambda: broken(info.round, s.broken))
+    kv = ScopeStore(s.client, info.store_scope, abandoned)
     store = GlooStore(kv, float(s.environ.get(env.START_TIMEOUT, 30)))
     context = pygloo.rendezvous.Context(info.rank, info.size)
     device = pygloo.transport.tcp.CreateDevice(pygloo.transport.tcp.attr(s.local_address()))

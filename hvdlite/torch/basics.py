@@ -8,7 +8,7 @@ import torch.distributed as dist
 from hvdlite.torch import runtime
 from hvdlite.torch.store import KVStore
 from hvdlite.worker import env
-from hvdlite.worker.links import Links, broken
+from hvdlite.worker.links import Links
 from hvdlite.worker.session import session
 from hvdlite.worker.world import WorldInfo
 
@@ -31,10 +31,9 @@ def join(after_round=None, commit=0) -> None:
     runtime.activate(pg, info)
 
 
-def _group(info: WorldInfo):
+def _group(info: WorldInfo, abandoned):
     s = session()
-    store = KVStore(s.client, info.store_scope, _timeout(env.START_TIMEOUT, 30),
-                    abandoned=lambda: broken(info.round, s.broken))
+    store = KVStore(s.client, info.store_scope, _timeout(env.START_TIMEOUT, 30), abandoned)
     options = dist.ProcessGroupGloo._Options()
     options._devices = [dist.ProcessGroupGloo.create_device(hostname=s.local_address())]
     options._timeout = _timeout(env.COLLECTIVE_TIMEOUT, 30)

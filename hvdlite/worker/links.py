@@ -23,46 +23,50 @@ class Links:
 
     def join(self, session, connect, after_round=None, commit=0):
         """Join the next world assigned to this worker (see Session.assignment): returns its
-        WorldInfo and connect(info), the group. From now on the driver's word that a round
+        WorldInfo and connect(info, abandoned), the group; `abandoned()` tells the group's
+        store that the driver gave the round up. From now on the driver's word that a round
         broke cuts the group's connections. An elastic worker whose world fails while its group
         connects (a peer died) moves on to the next world."""
         session.on_round_broken = self.on_round_broken
         while True:
             info = session.assignment(after_round, commit)
             try:
-                return info, self._connect(info.round, session, lambda: connect(info))
+                return info, self._connect(info, session, connect)
             except RuntimeError:
                 if not session.elastic:
                     raise
                 after_round = info.round
 
-    def _connect(self, round_number, session, build):
-        """Run build(), which forms the group's connections, and return its result; remember
-        the sockets it opened (not the driver's).
+    def _connect(self, info, session, connect):
+        """connect(info, abandoned), which forms the group's connections; remember the sockets
+        it opened (not the driver's).
 
-        build() runs on a helper thread so that the caller gives up (RuntimeError) as soon as
-        the driver says the round broke: a gloo rank waiting for a peer that died while
-        connecting waits five times the group's timeout. A given-up helper ends on that timeout.
+        It runs on a helper thread so that the caller gives up (RuntimeError) as soon as the
+        round is abandoned: a gloo rank waiting for a peer that died while connecting waits five
+        times the group's timeout. A given-up helper ends on that timeout, or sooner when the
+        group's store sees the round abandoned too.
         """
+        def abandoned():
+            return broken(info.round, session.broken)
         before = sockets.open_sockets()
         outcome = {}
 
         def run():
             try:
-                outcome["group"] = build()
+                outcome["group"] = connect(info, abandoned)
             except BaseException as e:  # noqa: BLE001 - handed to the caller
                 outcome["error"] = e
         helper = threading.Thread(target=run, daemon=True, name="hvdlite-connect")
         helper.start()
         while helper.is_alive():
             helper.join(CONNECT_POLL)
-            if helper.is_alive() and broken(round_number, session.broken):
-                raise RuntimeError(f"hvdlite: round {round_number} fell apart while its group connected")
+            if helper.is_alive() and abandoned():
+                raise RuntimeError(f"hvdlite: round {info.round} fell apart while its group connected")
         if "error" in outcome:
             raise outcome["error"]
         fds = sockets.tcp_fds(sockets.opened_since(before), exclude_peer=(session.addr, session.port))
         with self._lock:
-            self._round, self._fds = round_number, fds
+            self._round, self._fds = info.round, fds
         return outcome["group"]
 
     def current(self):
