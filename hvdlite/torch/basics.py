@@ -7,6 +7,7 @@ import torch.distributed as dist
 
 from hvdlite.torch import runtime
 from hvdlite.torch.store import KVStore
+from hvdlite import defaults
 from hvdlite.worker import env
 from hvdlite.worker.links import Links
 from hvdlite.worker.session import session
@@ -33,10 +34,10 @@ def join(after_round=None, commit=0) -> None:
 
 def _group(info: WorldInfo, abandoned):
     s = session()
-    store = KVStore(s.client, info.store_scope, _timeout(env.START_TIMEOUT, 30), abandoned)
+    store = KVStore(s.client, info.store_scope, _timeout(env.START_TIMEOUT, defaults.START_TIMEOUT), abandoned)
     options = dist.ProcessGroupGloo._Options()
     options._devices = [dist.ProcessGroupGloo.create_device(hostname=s.local_address())]
-    options._timeout = _timeout(env.COLLECTIVE_TIMEOUT, 30)
+    options._timeout = _timeout(env.COLLECTIVE_TIMEOUT, defaults.COLLECTIVE_TIMEOUT)
     return dist.ProcessGroupGloo(store, info.rank, info.size, options)
 
 
