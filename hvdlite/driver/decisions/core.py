@@ -111,9 +111,14 @@ class ElasticCore:
     def handle(self, event, now: float) -> list:
         """Apply one event at time `now` (monotonic seconds); returns the actions to perform."""
         self._now, self._out = now, []
-        if self.ended:
-            if isinstance(event, Ready):  # the job is over: nobody joins anything
-                self._answer_removed(event.worker)
+        worker = getattr(event, "worker", None)
+        if self.ended or (worker is not None and self._current(worker) is None):
+            # The job is over, or the worker is an earlier (or unknown) process: nothing it
+            # says changes anything; one still waiting is told to go.
+            if isinstance(event, Ready):
+                known = event.worker in self.workers or self.ended
+                self._emit(Answer(event.worker, 200, REMOVED) if known
+                           else Answer(event.worker, 404, {"error": "unknown worker"}))
             return self._out
         try:
             self._handlers[type(event)](event)
@@ -170,10 +175,8 @@ class ElasticCore:
         self._blacklist(inc.host)  # the host cannot be reached or refused us
 
     def _on_ready(self, event: Ready):
-        inc = self.workers.get(event.worker)
-        if inc is None:
-            return self._emit(Answer(event.worker, 404, {"error": "unknown worker"}))
-        if inc.phase in (Phase.LEAVING, Phase.GONE):
+        inc = self.workers[event.worker]
+        if inc.phase is Phase.LEAVING:
             return self._answer_removed(inc.id)
         if inc.answer is not None and inc.answer[0] > event.after:
             # Its last answer got lost (the request timed out): give it again.
@@ -298,11 +301,11 @@ class ElasticCore:
                                 self.world[inc.id].rank if inc.id in self.world else None)
                       for inc in waiting]
         usable = [c for c in candidates if self._usable(c.slot)]
-        if candidates and max((c.commit for c in usable), default=-1) \
-                < max(c.commit for c in candidates):
-            # Every holder of the newest commit sits on a slot that is gone or blacklisted:
-            # keep the best of them in until the others have synced from it.
-            usable.append(best_holder(self.hosts, candidates))
+        allowed = [c for c in candidates if not self._blacklisted(c.slot)]
+        if allowed and max((c.commit for c in usable), default=-1) < max(c.commit for c in allowed):
+            # Every holder of the newest commit sits on a slot discovery took away: keep the
+            # best of them in until the others have synced from it.
+            usable.append(best_holder(self.hosts, allowed))
         if len(usable) < self.policy.min_np:
             return self._check_short(len(usable))
         top = max(c.commit for c in usable)
@@ -394,8 +397,11 @@ class ElasticCore:
     def _blocked(self, key):
         return self.blacklist.blocked(key, self._now)
 
+    def _blacklisted(self, slot):
+        return self._blocked(slot) or self._blocked(host_of(slot))
+
     def _usable(self, slot):
-        return self._slot_exists(slot) and not self._blocked(slot) and not self._blocked(host_of(slot))
+        return self._slot_exists(slot) and not self._blacklisted(slot)
 
     def _host_rule(self) -> bool:
         rule = self.policy.blacklist
