@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from hvdlite.driver.decisions.messages import (
     Answer, DropScope, EndJob, Exited, Launch, Launched, LaunchFailed, Log, Publish, Stop)
-from hvdlite.driver.network import advertised_address
+from hvdlite.driver.network import ANY, advertised_address
 from hvdlite.driver.output import RankOutput
 from hvdlite.driver.workerenv import worker_env
 
@@ -20,7 +20,9 @@ class Executor:
         self.post, self.elastic = post, elastic
         self.handles = {}  # worker -> launched handle
         self.outputs = {}  # worker -> RankOutput
+        self._host_of = {}  # worker -> host it was launched on
         self._stop_when_started = {}  # worker -> grace: stopped while its launch was under way
+        self._remote_routes = {}  # remote host -> this machine's address on the route to it
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(LAUNCH_THREADS, thread_name_prefix="hvdlite-launch")
         self._handlers = {Launch: self._launch, Stop: self._stop, Answer: self._answer,
@@ -41,12 +43,16 @@ class Executor:
         label = str(a.world.rank) if a.world is not None and not self.elastic else a.slot
         folder = None if not self.elastic else "slot." + a.slot.replace("/", ".")
         self.outputs[a.worker] = RankOutput(label, self.settings.output_dir, folder)
+        self._host_of[a.worker] = a.host
         self._pool.submit(self._start, a)
 
     def _start(self, a: Launch):
         try:
             local = self.launchers.is_local(a.host)
             addr = advertised_address(self.server.address[0], local, lambda: self.launchers.route_to(a.host))
+            if not local:
+                with self._lock:
+                    self._remote_routes[a.host] = addr
             env = worker_env(self.settings, (addr, self.server.address[1]), self.secret,
                              a.worker, a.slot, a.slots_on_host, a.world, self.elastic)
             handle = self.launchers.launch(a.host, env, self.outputs[a.worker])
@@ -91,7 +97,17 @@ class Executor:
     def _answer(self, a: Answer):
         if a.rank is not None and a.worker in self.outputs:
             self.outputs[a.worker].label = str(a.rank)
-        self.rendezvous.answer(a.worker, a.status, a.body)
+        self.rendezvous.answer(a.worker, a.status, self._with_device_address(a))
+
+    def _with_device_address(self, a: Answer) -> dict:
+        """A local worker told the loopback address must still bind gloo where the world's
+        remote members reach it: on this machine's address on the route to one of them."""
+        with self._lock:
+            routes = [self._remote_routes[h] for h in a.body.get("hosts", ()) if h in self._remote_routes]
+            local = self._host_of.get(a.worker) not in self._remote_routes
+        if routes and local and self.server.address[0] == ANY:
+            return {**a.body, "device_address": routes[0]}
+        return a.body
 
     def _publish(self, a: Publish):
         self.rendezvous.publish(a.updates, a.broken)

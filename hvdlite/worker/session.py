@@ -48,6 +48,7 @@ class Session:
         # (connecting through a partition would otherwise wait out the client's 30 s).
         self._beat_client = KVClient(self.addr, self.port, secret, timeout=HEARTBEAT_TIMEOUT)
         self.commits = 0  # commits the training state holds, told to the driver in heartbeats
+        self.device_address = None  # where to bind gloo, when the driver says
         self.updates = 0  # host updates announced by the driver, as last heard
         self.broken = 0  # newest round the driver saw fall apart, as last heard
         self.on_round_broken = None  # callback(round), called on every heartbeat answer
@@ -64,7 +65,11 @@ class Session:
             pass
 
     def local_address(self) -> str:
-        """The address of this host on the route to the driver: peers reach us there too."""
+        """The address peers reach this worker at: the one the driver named for the current
+        world (a local worker of a world with remote members), else this host's address on the
+        route to the driver."""
+        if self.device_address:
+            return self.device_address
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.connect((self.addr, self.port))
             return s.getsockname()[0]
@@ -88,6 +93,7 @@ class Session:
                 if answer.get("removed"):
                     raise Removed()
                 info = WorldInfo(**answer["world"])
+                self.device_address = answer.get("device_address")
                 self.environ.update(info.env())  # scripts reading HOROVOD_RANK see the new world
                 return info
             if status != 408:

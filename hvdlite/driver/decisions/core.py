@@ -326,11 +326,12 @@ class ElasticCore:
         old_round, self.round = self.round, self.round + 1
         self.short_since, self.announced, self.commit_high = None, frozenset(), commit
         world = {}
+        hosts = sorted({place.hostname for _, place in plan})
         for worker, place in plan:
             inc = self.workers[worker]
             world[worker] = replace(place, round=self.round, updates=self.updates)
             inc.phase, inc.rank = Phase.TRAINING, place.rank
-            inc.answer = (self.round, {"world": world[worker].to_dict()})
+            inc.answer = (self.round, {"world": world[worker].to_dict(), "hosts": hosts})
             self._emit(Answer(worker, 200, inc.answer[1], place.rank))
         for c in candidates:
             if c.worker not in world:  # beyond --max-np, or on a slot that is gone
