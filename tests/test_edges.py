@@ -83,3 +83,38 @@ def test_no_python_3_9_only_calls():
                     tree = ast.parse(f.read())
                 found += [f"{path}:{line}" for line in _calls_to(tree, {"removeprefix", "removesuffix"})]
     assert not found
+
+
+def _imports(path):
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+    return {name for name in found if name.startswith("hvdlite")}
+
+
+FORBIDDEN = {  # package -> what it must never import: data flows cli -> driver -> launchers
+    "worker": ("hvdlite.driver", "hvdlite.cli", "hvdlite.discovery", "hvdlite.torch", "hvdlite.numpy"),
+    "torch": ("hvdlite.driver", "hvdlite.cli", "hvdlite.numpy"),
+    "numpy": ("hvdlite.driver", "hvdlite.cli", "hvdlite.torch"),
+    "discovery": ("hvdlite.driver", "hvdlite.cli"),
+    "driver": ("hvdlite.cli", "hvdlite.torch", "hvdlite.numpy"),
+    "driver/decisions": ("hvdlite.driver.executor", "hvdlite.driver.job", "hvdlite.driver.launchers",
+                         "hvdlite.driver.rendezvous", "hvdlite.driver.kvserver"),
+    "driver/launchers": ("hvdlite.driver.decisions", "hvdlite.driver.executor", "hvdlite.driver.job"),
+}
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_imports_flow_one_way(package):
+    bad = []
+    for folder, _, files in os.walk(os.path.join(ROOT, package)):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                bad += [f"{path}: {m}" for m in _imports(path) if m.startswith(FORBIDDEN[package])]
+    assert not bad
