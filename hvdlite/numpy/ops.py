@@ -42,6 +42,8 @@ def allreduce(array, average=None, name=None, op=None):
     """The element-wise reduction of every rank's array (same shape and dtype on all ranks);
     Average by default, integers averaged rounding toward zero as in Horovod."""
     op = resolve(op, average)
+    if op == Adasum:
+        raise NotImplementedError("hvdlite.numpy has no Adasum; the torch backend (hvdlite.torch) has")
     array = _array(array)
     out = np.empty_like(array)
     if array.size == 0:  # gloo refuses empty buffers; every rank has the same shape

@@ -11,8 +11,6 @@ def resolve(op, average) -> int:
         raise ValueError("give either op or the legacy average flag, not both")
     if op is None:
         op = Average if average is None or average else Sum
-    if op == Adasum:
-        raise NotImplementedError("hvdlite does not implement Adasum; use Average")
-    if op not in (Average, Sum, Min, Max, Product):
+    if op not in (Average, Sum, Adasum, Min, Max, Product):
         raise ValueError(f"unknown reduction op {op!r}")
     return op
