@@ -5,6 +5,7 @@ import torch
 
 from hvdlite.torch import adasum, ops
 from hvdlite.torch.optimizer import _groups_as_buckets
+from hvdlite.worker.reduceops import shares
 
 
 def test_adasum_adds_orthogonal_and_keeps_parallel_gradients():
@@ -29,7 +30,7 @@ def test_adasum_tree_pairs_neighbours_first():
 @pytest.mark.parametrize("rows, size, counts", [(7, 3, [3, 2, 2]), (6, 3, [2, 2, 2]), (1, 3, [1, 0, 0]),
                                                 (0, 2, [0, 0])])
 def test_reducescatter_shares_give_the_first_ranks_one_row_more(rows, size, counts):
-    assert ops._row_counts(rows, size) == counts
+    assert shares(rows, size) == counts
 
 
 def test_optimizer_groups_become_buckets():

@@ -16,7 +16,7 @@ from hvdlite.torch.compression import Compression
 from hvdlite.torch.processsets import global_process_set
 from hvdlite.worker import objects
 from hvdlite.worker.errors import HorovodInternalError
-from hvdlite.worker.reduceops import Adasum, Average, Max, Min, Product, Sum, resolve  # noqa: F401
+from hvdlite.worker.reduceops import Adasum, Average, Max, Min, Product, Sum, resolve, shares  # noqa: F401
 
 _GLOO_OPS = {Average: dist.ReduceOp.SUM, Sum: dist.ReduceOp.SUM, Min: dist.ReduceOp.MIN,
              Max: dist.ReduceOp.MAX, Product: dist.ReduceOp.PRODUCT}
@@ -451,11 +451,6 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     return alltoall_async(tensor, splits, name, process_set).wait()
 
 
-def _row_counts(rows, size):
-    """Rows of each rank in a reducescatter: as even as possible, the first ranks one more."""
-    return [rows // size + (1 if r < rows % size else 0) for r in range(size)]
-
-
 def _reducescatter_async(tensors, op, prescale_factor, postscale_factor, process_set) -> Handle:
     op = Average if op is None else op
     if op not in (Average, Sum):
@@ -467,7 +462,7 @@ def _reducescatter_async(tensors, op, prescale_factor, postscale_factor, process
         _check_cpu(tensor)
         if tensor.dim() == 0:
             raise ValueError("reducescatter needs a tensor with at least one dimension")
-        counts, rest = _row_counts(tensor.shape[0], size), tuple(tensor.shape[1:])
+        counts, rest = shares(tensor.shape[0], size), tuple(tensor.shape[1:])
         longest = counts[0]
         # Every rank's rows padded to the longest share, so that gloo scatters equal parts.
         padded = tensor.new_zeros((size * longest,) + rest)

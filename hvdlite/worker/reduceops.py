@@ -14,3 +14,8 @@ def resolve(op, average) -> int:
     if op not in (Average, Sum, Adasum, Min, Max, Product):
         raise ValueError(f"unknown reduction op {op!r}")
     return op
+
+
+def shares(rows, size) -> list:
+    """Rows of each rank in a reducescatter: as even as possible, the first ranks one more."""
+    return [rows // size + (1 if r < rows % size else 0) for r in range(size)]
