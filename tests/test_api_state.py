@@ -98,5 +98,5 @@ def test_users_register_their_own_types():
     finally:
         elastic.set_handler_registry(registry)
     assert elastic.get_handler_registry() == registry
-    with pytest.raises(NotImplementedError):
-        StateHandler(1).save()
+    with pytest.raises(TypeError):
+        StateHandler(1)  # save, restore and sync are the subclass's to write

@@ -4,6 +4,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from hvdlite import defaults
 from hvdlite.torch.store import KVStore
 from hvdlite.worker import env
 from hvdlite.worker.session import session
@@ -18,10 +19,10 @@ def connect(scope: str, rank: int, size: int, abandoned=lambda: False):
     never deletes its keys). The collective timeout is set explicitly: a group made with
     torch's new_group would not inherit it."""
     s = session()
-    store = KVStore(s.client, scope, _timeout(env.START_TIMEOUT, 30), abandoned)
+    store = KVStore(s.client, scope, _timeout(env.START_TIMEOUT, defaults.START_TIMEOUT), abandoned)
     options = dist.ProcessGroupGloo._Options()
     options._devices = [dist.ProcessGroupGloo.create_device(hostname=s.local_address())]
-    options._timeout = _timeout(env.COLLECTIVE_TIMEOUT, 30)
+    options._timeout = _timeout(env.COLLECTIVE_TIMEOUT, defaults.COLLECTIVE_TIMEOUT)
     return dist.ProcessGroupGloo(store, rank, size, options)
 
 

@@ -5,6 +5,7 @@ so the script's own references stay valid across commits, rollbacks and syncs. T
 maps types to handler classes, first match wins; set_handler_registry() replaces it, as in
 Horovod, and register_handler() puts a user type in front.
 """
+import abc
 import copy
 
 import torch
@@ -15,20 +16,23 @@ from hvdlite.torch.optimizer import broadcast_optimizer_state, broadcast_paramet
 from hvdlite.torch.sampler import ElasticSampler
 
 
-class StateHandler:
+class StateHandler(abc.ABC):
     """Subclass and implement save, restore and sync for `self.value`."""
 
     def __init__(self, value):
         self.value = value
 
+    @abc.abstractmethod
     def save(self):
-        raise NotImplementedError
+        """Remember the value's current state (commit)."""
 
+    @abc.abstractmethod
     def restore(self):
-        raise NotImplementedError
+        """Put the value back to the remembered state, in place."""
 
+    @abc.abstractmethod
     def sync(self):
-        raise NotImplementedError
+        """Make the value equal rank 0's on every rank, in place (a collective)."""
 
     def set_value(self, value):
         """The script assigned a new object to the attribute: hold it, and commit it as is."""

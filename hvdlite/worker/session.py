@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 
+from hvdlite import defaults
 from hvdlite.worker import env
 from hvdlite.worker.kvclient import KVClient, KVError
 from hvdlite.worker.world import WorldInfo
@@ -39,13 +40,14 @@ class Session:
             raise RuntimeError(
                 f"hvdlite: {e.args[0]} is not set; start this script with `hvdlite run`") from None
         self.environ = environ
-        self.slot = environ.get(env.SLOT, "")
+        self.worker = environ.get(env.WORKER, "")  # this launch's incarnation id
         self.elastic = environ.get(env.ELASTIC) == "1"
-        self.liveness_timeout = float(environ.get(env.LIVENESS_TIMEOUT, "10"))
+        self.liveness_timeout = float(environ.get(env.LIVENESS_TIMEOUT, defaults.LIVENESS_TIMEOUT))
         self.client = KVClient(self.addr, self.port, secret)
         # Its own client: short timeouts, so a partition is noticed within the liveness timeout
         # (connecting through a partition would otherwise wait out the client's 30 s).
         self._beat_client = KVClient(self.addr, self.port, secret, timeout=HEARTBEAT_TIMEOUT)
+        self.commits = 0  # commits the training state holds, told to the driver in heartbeats
         self.updates = 0  # host updates announced by the driver, as last heard
         self.broken = 0  # newest round the driver saw fall apart, as last heard
         self.on_round_broken = None  # callback(round), called on every heartbeat answer
@@ -57,7 +59,7 @@ class Session:
         # Interpreter teardown (a full garbage collection of torch) can hold the GIL for
         # seconds, silencing the heartbeat: tell the driver this is an exit, not a hang.
         try:
-            self.client.request("PUT", "/rdzv/exiting", query={"slot": self.slot}, timeout=2)
+            self.client.request("PUT", "/rdzv/exiting", query={"worker": self.worker}, timeout=2)
         except Exception:  # noqa: BLE001 - the driver may be gone; exiting regardless
             pass
 
@@ -76,8 +78,8 @@ class Session:
         """
         if not self.elastic:
             return WorldInfo.from_env(self.environ)
-        deadline = time.monotonic() + float(self.environ.get(env.ELASTIC_TIMEOUT, "600"))
-        query = {"slot": self.slot, "after": str(-1 if after_round is None else after_round),
+        deadline = time.monotonic() + float(self.environ.get(env.ELASTIC_TIMEOUT, defaults.ELASTIC_TIMEOUT))
+        query = {"worker": self.worker, "after": str(-1 if after_round is None else after_round),
                  "commit": str(commit)}
         while time.monotonic() < deadline:
             status, body = self.client.request("GET", "/rdzv/assign", query=query, timeout=70)
@@ -85,7 +87,9 @@ class Session:
                 answer = json.loads(body)
                 if answer.get("removed"):
                     raise Removed()
-                return WorldInfo(**answer["world"])
+                info = WorldInfo(**answer["world"])
+                self.environ.update(info.env())  # scripts reading HOROVOD_RANK see the new world
+                return info
             if status != 408:
                 raise RuntimeError(f"hvdlite: rendezvous failed: HTTP {status} {body[:200]!r}")
         raise TimeoutError("hvdlite: no new world was formed within the elastic timeout")
@@ -95,7 +99,7 @@ class Session:
         while True:
             try:
                 status, body = self._beat_client.request(
-                    "PUT", "/rdzv/heartbeat", query={"slot": self.slot})
+                    "PUT", "/rdzv/heartbeat", query={"worker": self.worker, "commit": str(self.commits)})
                 if status == 200:
                     answer = json.loads(body)
                     self.updates, self.broken = answer["updates"], answer["broken"]
