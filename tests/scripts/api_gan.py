@@ -1,5 +1,7 @@
 """Two models, two optimizers and a scheduler trained in lockstep; shared by the TorchState job
 (tests/scripts/api_state_job.py) and the test that replays it on one process."""
+import warnings
+
 import torch
 
 GLOBAL_BATCH = 12  # divisible by 1, 2, 3 and 4: every world averages equal shards
@@ -55,6 +57,8 @@ def replay(steps):
     for step in range(steps):
         x, y, z = data(step)
         step_generator(gen, opt_g, x, y)
-        sched.step()
+        with warnings.catch_warnings():  # stepped before opt_d on purpose, as in the job
+            warnings.simplefilter("ignore")
+            sched.step()
         step_discriminator(gen, disc, opt_d, x, z)
     return flat(gen, disc, opt_g, opt_d)
