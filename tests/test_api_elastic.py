@@ -3,7 +3,6 @@ import json
 import os
 import sys
 
-import pytest
 import torch
 
 from jobs import SCRIPTS, job_env, run_job

@@ -1,6 +1,5 @@
 """hvdlite.numpy's part of the Horovod API through the CLI, on the pygloo venv."""
 import os
-import sys
 
 import pytest
 

@@ -91,8 +91,7 @@ def check_alltoall(r, n):
     def count(src, dst):  # rows src sends dst: rank-dependent, zero for some pairs
         return (src + 2 * dst) % 3
 
-    rows = [torch.tensor([[src * 10.0 + dst, i]]) for dst in range(n) for i in range(count(r, dst))
-            for src in [r]]
+    rows = [torch.tensor([[r * 10.0 + dst, i]]) for dst in range(n) for i in range(count(r, dst))]
     mine = torch.cat(rows) if rows else torch.zeros(0, 2)
     splits = [count(r, dst) for dst in range(n)]
     out, received = hvd.synchronize(hvd.alltoall_async(mine, splits=splits))
@@ -205,8 +204,11 @@ def check_optimizer(r, n):
         g = torch.Generator().manual_seed(step * 10 + k)
         return torch.randn(4, 3, generator=g), torch.randn(4, 2, generator=g)
 
-    def train_and_compare(ranks, passes=1, process_set=hvd.global_process_set, **options):
+    def train_and_compare(ranks, passes=1, process_set=hvd.global_process_set, groups_of=None,
+                          **options):
         net, ref = model(), model()
+        if groups_of:
+            options["groups"] = groups_of(list(net.parameters()))
         opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9),
                                        named_parameters=net.named_parameters(),
                                        process_set=process_set, **options)
@@ -229,7 +231,7 @@ def check_optimizer(r, n):
 
     everyone = list(range(n))
     train_and_compare(everyone, num_groups=2)
-    train_and_compare(everyone, groups=[[p for p in model().parameters()][:0]], gradient_predivide_factor=2.0)
+    train_and_compare(everyone, groups_of=lambda ps: [[ps[3], ps[0]], [ps[1]]], gradient_predivide_factor=2.0)
     train_and_compare(everyone, passes=2, sparse_as_dense=True)
     if NOT_ZERO.included():
         train_and_compare(NOT_ZERO._members(n), process_set=NOT_ZERO, groups=1)
