@@ -86,8 +86,8 @@ def run(kind: str, target: str, args, program: str) -> None:
         runner()
     except Exception:
         etype, value, tb = sys.exc_info()
-        ours = (__file__, runpy.__file__)
+        ours = (run.__code__.co_filename, runpy.run_path.__code__.co_filename)  # runpy may be frozen
         while tb is not None and tb.tb_frame.f_code.co_filename in ours:
             tb = tb.tb_next
-        sys.excepthook(etype, value, tb)
+        sys.excepthook(etype, value.with_traceback(tb), tb)
         sys.exit(1)

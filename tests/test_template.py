@@ -1,0 +1,315 @@
+"""Preloaded worker templates (issue 12): a worker forked by a template behaves like one
+started plainly. Real template processes, real forks, real signals."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from hvdlite.driver.local import LocalWorker
+from hvdlite.driver.output import RankOutput
+from hvdlite.template import preload_setting
+from hvdlite.template.client import Templates, TemplateWorker
+from hvdlite.template.command import Refused, plan
+from jobs import SCRIPTS, run_job
+
+PYGLOO_PYTHON = "/work/main/.venv-pygloo/bin/python"
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+def state(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def parent(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def wait_until(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out: {what}")
+        time.sleep(0.02)
+
+
+def kill_group(pid):
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class Spawner:
+    """Templates for the tests, every worker and template ended at teardown."""
+
+    def __init__(self, tmp_path):
+        self.said = []
+        self.templates = Templates(say=self.said.append)
+        self.tmp_path = tmp_path
+        self.handles = []
+
+    def script(self, name, text):
+        path = self.tmp_path / name
+        path.write_text(textwrap.dedent(text))
+        return str(path)
+
+    def spawn(self, command, env=None, cwd=None, label="0"):
+        handle = self.templates.spawn(command, env or ENV, cwd or str(self.tmp_path), RankOutput(label))
+        self.handles.append(handle)
+        return handle
+
+    def template_pids(self):
+        return [t.pid for t in self.templates.templates.values()]
+
+    def close(self):
+        for handle in self.handles:
+            kill_group(handle.pid)
+        self.templates.close(kill=True)
+
+
+@pytest.fixture
+def spawner(tmp_path):
+    s = Spawner(tmp_path)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def finished(handle, capsys, timeout=60):
+    code = handle.wait(timeout)
+    assert code is not None, "worker did not exit"
+    handle.finish_output()
+    return code, capsys.readouterr()
+
+
+# ---- decisions, without processes -----------------------------------------------------
+
+def test_plan_runs_scripts_and_modules_of_the_same_interpreter(tmp_path):
+    env, cwd = dict(ENV), str(tmp_path)
+    assert plan([sys.executable, "t.py", "a"], env, cwd, sys.executable, env) == ("path", "t.py", ["a"], False)
+    assert plan([sys.executable, "-u", "-m", "m", "b"], env, cwd, sys.executable, env) == \
+        ("module", "m", ["b"], True)
+    refusals = {
+        ("/bin/sh", "-c", "x"): "not a python",
+        (sys.executable, "-c", "x"): "interpreter option -c",
+        (sys.executable,): "interactive",
+        (sys.executable, "-m"): "-m without a module",
+        (PYGLOO_PYTHON, "t.py"): "another interpreter",
+    }
+    for argv, reason in refusals.items():
+        with pytest.raises(Refused, match=reason):
+            plan(list(argv), env, cwd, sys.executable, env)
+    with pytest.raises(Refused, match="startup variables"):
+        plan([sys.executable, "t.py"], {**env, "PYTHONPATH": "/elsewhere"}, cwd, sys.executable, env)
+    with pytest.raises(Refused, match="no directory"):
+        plan([sys.executable, "t.py"], env, str(tmp_path / "missing"), sys.executable, env)
+
+
+def test_preload_setting():
+    assert preload_setting(None) is None and preload_setting("0") is None
+    assert "torch" in preload_setting("1")
+    assert preload_setting("torch, numpy,") == ("torch", "numpy")
+
+
+# ---- workers from a template ------------------------------------------------------------
+
+def test_worker_looks_like_a_plain_launch(spawner, capsys):
+    script = spawner.script("look.py", """
+        import os, sys, torch
+        print("argv", sys.argv[1:], "cwd", os.getcwd(), "path0", sys.path[0])
+        print("env", os.environ.get("ONLY_HERE"), os.environ.get("FIRST_ONLY"))
+        print("leader", os.getpgrp() == os.getpid() == os.getsid(0))
+        print("fds", sorted(int(f) for f in os.listdir("/proc/self/fd")))
+        print("stdin", repr(sys.stdin.read()))
+        print("threads", len(os.listdir("/proc/self/task")))
+        print("oops", file=sys.stderr)
+        sys.exit(3)
+    """)
+    workdir = spawner.tmp_path / "work"
+    workdir.mkdir()
+    first = spawner.spawn([sys.executable, script, "x"], {**ENV, "FIRST_ONLY": "1"})
+    assert finished(first, capsys)[0] == 3
+    handle = spawner.spawn([sys.executable, script, "a b", "c"], {**ENV, "ONLY_HERE": "yes"}, str(workdir))
+    assert isinstance(handle, TemplateWorker)
+    assert parent(handle.pid) in spawner.template_pids()  # forked, not launched plainly
+    code, out = finished(handle, capsys)
+    assert code == 3
+    lines = out.out.splitlines()
+    assert lines[0] == f"[0]<stdout>:argv ['a b', 'c'] cwd {workdir} path0 {spawner.tmp_path}"
+    assert lines[1:] == ["[0]<stdout>:env yes None", "[0]<stdout>:leader True",
+                         "[0]<stdout>:fds [0, 1, 2, 3]",  # 3: the listing itself
+                         "[0]<stdout>:stdin ''", "[0]<stdout>:threads 1"]
+    assert out.err == "[0]<stderr>:oops\n"
+    assert spawner.said == []
+
+
+def test_module_mode_and_uncaught_exception(spawner, capsys):
+    spawner.script("mod_main.py", """
+        import sys
+        print("argv0", sys.argv[0].endswith("mod_main.py"), sys.argv[1:])
+        def fail():
+            raise ValueError("bad input")
+        fail()
+    """)
+    handle = spawner.spawn([sys.executable, "-m", "mod_main", "z"])
+    code, out = finished(handle, capsys)
+    assert code == 1
+    assert out.out == "[0]<stdout>:argv0 True ['z']\n"
+    err = out.err.splitlines()
+    assert err[0] == "[0]<stderr>:Traceback (most recent call last):"
+    assert "mod_main.py" in err[1]  # the user's code first, none of the template's frames
+    assert err[-1] == "[0]<stderr>:ValueError: bad input"
+    assert "hvdlite" not in out.err
+
+
+def test_missing_script_exits_2_as_python_does(spawner, capsys):
+    code, out = finished(spawner.spawn([sys.executable, "missing.py"]), capsys)
+    assert code == 2
+    assert "can't open file" in out.err and "missing.py" in out.err
+
+
+def test_kill_9_and_sigstop(spawner, capsys):
+    script = spawner.script("sleep.py", "import time\nprint('up', flush=True)\ntime.sleep(300)\n")
+    handle = spawner.spawn([sys.executable, script])
+    wait_until(lambda: "up" in capsys.readouterr().out, 30, "worker up")
+    handle.signal_group(signal.SIGSTOP)
+    wait_until(lambda: state(handle.pid) == "T", 10, "worker stopped")
+    assert handle.poll() is None and handle.wait(0.3) is None
+    handle.signal_group(signal.SIGCONT)
+    os.kill(handle.pid, signal.SIGKILL)
+    assert handle.wait(10) == -signal.SIGKILL
+
+
+def test_stop_ends_the_process_group_with_the_workers_children(spawner, capsys):
+    script = spawner.script("tree.py", """
+        import signal, subprocess, sys, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stop() must fall back to KILL
+        child = subprocess.Popen(["sleep", "300"])
+        print("child", child.pid, flush=True)
+        time.sleep(300)
+    """)
+    handle = spawner.spawn([sys.executable, script])
+    seen = []
+    wait_until(lambda: seen.append(capsys.readouterr().out) or "child" in "".join(seen), 30, "child up")
+    grandchild = int("".join(seen).split("child ")[1].split()[0])
+    assert alive(grandchild)
+    start = time.monotonic()
+    handle.stop(grace=0.5)
+    assert handle.poll() == -signal.SIGKILL and time.monotonic() - start < 10
+    wait_until(lambda: not alive(grandchild), 10, "the worker's child gone")
+
+
+def test_children_get_their_own_random_state(spawner, capsys):
+    script = spawner.script("rand.py", "import random, numpy\nprint(random.random(), numpy.random.rand())\n")
+    handles = [spawner.spawn([sys.executable, script], label=str(i)) for i in range(2)]
+    for handle in handles:
+        assert handle.wait(60) == 0
+        handle.finish_output()
+    lines = sorted(capsys.readouterr().out.splitlines())
+    assert [line[:12] for line in lines] == ["[0]<stdout>:", "[1]<stdout>:"]
+    assert len(set(line[12:] for line in lines)) == 2
+    assert all(isinstance(h, TemplateWorker) for h in handles)
+
+
+def test_commands_a_template_cannot_run_start_plainly_said_once(spawner, capsys):
+    for _ in range(2):
+        handle = spawner.spawn(["/bin/sh", "-c", "echo plain; exit 4"])
+        assert type(handle) is LocalWorker
+        code, out = finished(handle, capsys)
+        assert code == 4 and out.out == "[0]<stdout>:plain\n"
+    assert len(spawner.said) == 1 and "not a python interpreter" in spawner.said[0]
+
+
+def test_template_death_kills_its_workers_and_the_next_spawn_restarts_it(spawner, capsys):
+    script = spawner.script("sleep.py", "import time\ntime.sleep(300)\n")
+    handle = spawner.spawn([sys.executable, script])
+    (template_pid,) = spawner.template_pids()
+    os.kill(template_pid, signal.SIGKILL)
+    assert handle.wait(15) == -signal.SIGKILL
+    assert not alive(handle.pid)
+    again = spawner.spawn([sys.executable, script])
+    assert isinstance(again, TemplateWorker)
+    assert spawner.template_pids() != [template_pid]
+    again.stop(grace=1)
+    assert again.poll() in (-signal.SIGTERM, -signal.SIGKILL)
+
+
+DRIVER = """
+import os, sys, time
+from hvdlite.driver.output import RankOutput
+from hvdlite.template.client import Templates
+t = Templates()
+h = t.spawn([sys.executable, sys.argv[1]], dict(os.environ), os.getcwd(), RankOutput("0"))
+print(h.pid, t.templates[next(iter(t.templates))].pid, flush=True)
+time.sleep(300)
+"""
+
+
+def test_workers_outlive_a_killed_driver_as_plain_ones_do(tmp_path):
+    """Driver death: the template forks no more but waits for its workers, which end on
+    their own (hvdlite workers when they lose the driver), then exits."""
+    marker = tmp_path / "done"
+    worker = tmp_path / "worker.py"
+    worker.write_text(f"import time\ntime.sleep(2)\nopen({str(marker)!r}, 'w').close()\n")
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(worker)], stdout=subprocess.PIPE,
+                              env=ENV, start_new_session=True, text=True)
+    pids = []
+    try:
+        pids = [int(p) for p in driver.stdout.readline().split()]
+        assert len(pids) == 2, "driver did not start a worker"
+        worker_pid, template_pid = pids
+        driver.kill()
+        driver.wait(10)
+        assert alive(worker_pid) and alive(template_pid)
+        wait_until(marker.exists, 30, "the worker finished after its driver died")
+        wait_until(lambda: not alive(template_pid), 30, "template exited after its last worker")
+    finally:
+        for pid in [driver.pid, *pids]:
+            kill_group(pid)
+        driver.wait(10)
+        driver.stdout.close()
+
+
+@pytest.mark.skipif(not os.path.exists(PYGLOO_PYTHON), reason="no pygloo venv")
+def test_numpy_backend_worker_comes_from_a_template_on_its_own_interpreter(spawner, capsys):
+    script = spawner.script("np.py", """
+        import sys, hvdlite.numpy
+        print(sys.executable, sys.prefix, "torch" in sys.modules)
+    """)
+    handle = spawner.spawn([PYGLOO_PYTHON, script])
+    assert isinstance(handle, TemplateWorker)
+    with open(f"/proc/{parent(handle.pid)}/cmdline") as f:
+        assert f.read().split("\0")[0] == PYGLOO_PYTHON
+    code, out = finished(handle, capsys)
+    assert code == 0, out.err
+    assert out.out == f"[0]<stdout>:{PYGLOO_PYTHON} {os.path.dirname(os.path.dirname(PYGLOO_PYTHON))} False\n"
+
+
+# ---- a whole job through the driver (interim HVDLITE_PRELOAD wiring) ---------------------
+
+PARENT = "import os\nprint('parent', open(f'/proc/{os.getppid()}/cmdline').read().split(chr(0))[1:3])\n"
+
+
+def test_static_job_with_preloading(tmp_path):
+    script = tmp_path / "check.py"
+    script.write_text(PARENT + open(os.path.join(SCRIPTS, "static_check.py")).read())
+    r = run_job(["-np", "2", sys.executable, str(script)], tmp_path, env={"HVDLITE_PRELOAD": "1"})
+    assert r.code == 0, r.stderr
+    for k in range(2):
+        assert f"[{k}]<stdout>:OK {k}" in r.stdout
+        assert f"[{k}]<stdout>:parent ['-m', 'hvdlite.template']" in r.stdout
