@@ -143,19 +143,24 @@ def kill_trial(run, n, rng):
     return recovery, join, max(gaps) if gaps else None
 
 
-def hvdlite_trials(n, trials, rng):
-    run = start_hvdlite(n)
+def repeat(run, trial, trials, label):
+    """Up to `trials` results of trial() on one job, then the job closed."""
     results = []
     try:
         for _ in range(trials):
-            r = kill_trial(run, n, rng)
+            r = trial()
             if r is None:
-                print(f"  (size {n}: a trial did not complete; see {run.dir})", flush=True)
+                print(f"  ({label}: a trial did not complete; see {run.dir})", flush=True)
                 break
             results.append(r)
     finally:
         run.close()
     return results
+
+
+def hvdlite_trials(n, trials, rng):
+    run = start_hvdlite(n)
+    return repeat(run, lambda: kill_trial(run, n, rng), trials, f"size {n}")
 
 
 def torchrun_trials(trials):
@@ -258,17 +263,7 @@ def join_trial(run, hosts, n):
 
 def join_trials(n, trials, mode):
     run, hosts = start_growing(n - 1, mode)
-    results = []
-    try:
-        for _ in range(trials):
-            r = join_trial(run, hosts, n)
-            if r is None:
-                print(f"  ({mode}, growing to {n}: a trial did not complete; see {run.dir})", flush=True)
-                break
-            results.append(r)
-    finally:
-        run.close()
-    return results
+    return repeat(run, lambda: join_trial(run, hosts, n), trials, f"{mode}, growing to {n}")
 
 
 def start_trial(launcher):

@@ -254,6 +254,31 @@ def test_commands_a_template_cannot_run_start_plainly_said_once(spawner, capsys)
     assert len([line for line in spawner.said if "/bin/sh is not a python interpreter" in line]) == 1
 
 
+@pytest.mark.parametrize("module, reason", [
+    ("import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n",
+     "preloading started Python threads"),
+    ("raise RuntimeError('broken at import')\n", "preloading failed: RuntimeError: broken at import"),
+    # a torch op at import starts torch's OpenMP pool, which does not stop for fork
+    ("import torch\ntorch.set_num_threads(2)\ntorch.ones(1 << 22).add_(1)\n",
+     "native threads that keep running across fork"),
+])
+def test_unusable_preload_falls_back_to_plain_launches_said_once(tmp_path, capsys, module, reason):
+    (tmp_path / "badmod.py").write_text(module)
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    said = []
+    templates = Templates(("badmod",), say=said.append)
+    try:
+        for _ in range(2):
+            handle = templates.spawn([sys.executable, "-m", "json.tool", "--help"], env,
+                                     str(tmp_path), RankOutput("0"))
+            assert type(handle) is LocalWorker
+            assert handle.wait(60) == 0
+            handle.finish_output()
+    finally:
+        templates.close(kill=True)
+    assert len(said) == 1 and reason in said[0], said
+
+
 def test_template_death_kills_its_workers_and_the_next_spawn_restarts_it(own_spawner):
     spawner = own_spawner
     script = spawner.script("sleep.py", "import time\ntime.sleep(300)\n")

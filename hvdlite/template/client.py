@@ -128,9 +128,13 @@ class Template:
         except socket.timeout:
             self.close(kill=True)
             raise Unavailable(f"preloading took over {READY_TIMEOUT:.0f} s") from None
-        self.close(kill=True)
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
         self.errors.seek(0)
         said = self.errors.read().decode("utf-8", "replace").strip().splitlines()
+        self.close(kill=True)
         raise Unavailable(f"template exited: {said[-1] if said else 'no message'}")
 
     def _read(self) -> None:
