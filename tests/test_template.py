@@ -14,10 +14,13 @@ from hvdlite.driver.output import RankOutput
 from hvdlite.template import preload_setting
 from hvdlite.template.client import Templates, TemplateWorker
 from hvdlite.template.command import Refused, plan
-from jobs import SCRIPTS, run_job
+from jobs import SCRIPTS, check_training_continuous, discovery, job_env, run_job, sizes
 
-PYGLOO_PYTHON = "/work/main/.venv-pygloo/bin/python"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PYGLOO_PYTHON = os.environ.get("HVDLITE_PYGLOO_PYTHON", os.path.join(ROOT, ".venv-pygloo", "bin", "python"))
+needs_pygloo = pytest.mark.skipif(not os.path.exists(PYGLOO_PYTHON), reason=f"no pygloo venv at {PYGLOO_PYTHON}")
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+ELASTIC_JOB = [sys.executable, os.path.join(SCRIPTS, "elastic_job.py")]
 
 
 def alive(pid):
@@ -330,7 +333,7 @@ def test_workers_outlive_a_killed_driver_as_plain_ones_do(tmp_path):
         driver.stdout.close()
 
 
-@pytest.mark.skipif(not os.path.exists(PYGLOO_PYTHON), reason="no pygloo venv")
+@needs_pygloo
 def test_numpy_backend_worker_comes_from_a_template_on_its_own_interpreter(spawner, capsys):
     script = spawner.script("np.py", """
         import sys, hvdlite.numpy
@@ -350,11 +353,28 @@ def test_numpy_backend_worker_comes_from_a_template_on_its_own_interpreter(spawn
 PARENT = "import os\nprint('parent', open(f'/proc/{os.getppid()}/cmdline').read().split(chr(0))[1:3])\n"
 
 
-def test_static_job_with_preloading(tmp_path):
+@pytest.mark.parametrize("python, check", [
+    (sys.executable, "static_check.py"),
+    pytest.param(PYGLOO_PYTHON, "numpy_check.py", marks=needs_pygloo),
+])
+def test_static_job_with_preloading(tmp_path, python, check):
     script = tmp_path / "check.py"
-    script.write_text(PARENT + open(os.path.join(SCRIPTS, "static_check.py")).read())
-    r = run_job(["-np", "2", sys.executable, str(script)], tmp_path, env={"HVDLITE_PRELOAD": "1"})
+    script.write_text(PARENT + open(os.path.join(SCRIPTS, check)).read())
+    r = run_job(["-np", "2", python, str(script)], tmp_path, env={"HVDLITE_PRELOAD": "1"})
     assert r.code == 0, r.stderr
     for k in range(2):
         assert f"[{k}]<stdout>:OK {k}" in r.stdout
         assert f"[{k}]<stdout>:parent ['-m', 'hvdlite.template']" in r.stdout
+    assert "without a preloaded template" not in r.stderr
+
+
+def test_elastic_job_grows_and_shrinks_with_preloading(tmp_path):
+    schedule = [[0, ["127.0.0.1:1", "127.0.0.2:1"]],
+                [8, ["127.0.0.1:1", "127.0.0.2:1", "127.0.0.3:1"]],
+                [24, ["127.0.0.2:1", "127.0.0.3:1"]]]
+    r = run_job([*discovery(tmp_path, schedule), "--min-np", "1", *ELASTIC_JOB], tmp_path,
+                env=job_env(tmp_path, TOTAL_STEPS=40, STEP_SLEEP=0.1, RESIZE="20:3,30:2",
+                            HVDLITE_PRELOAD="1"))
+    assert r.code == 0, r.stderr
+    assert sizes(check_training_continuous(tmp_path, 40)) == [2, 3, 2]
+    assert "without a preloaded template" not in r.stderr
