@@ -18,7 +18,8 @@ from jobs import SCRIPTS, check_training_continuous, discovery, job_env, run_job
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYGLOO_PYTHON = os.environ.get("HVDLITE_PYGLOO_PYTHON", os.path.join(ROOT, ".venv-pygloo", "bin", "python"))
-needs_pygloo = pytest.mark.skipif(not os.path.exists(PYGLOO_PYTHON), reason=f"no pygloo venv at {PYGLOO_PYTHON}")
+needs_pygloo = pytest.mark.skipif(not os.path.exists(PYGLOO_PYTHON),
+                                  reason=f"no pygloo venv at {PYGLOO_PYTHON}")
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 ELASTIC_JOB = [sys.executable, os.path.join(SCRIPTS, "elastic_job.py")]
 
@@ -124,7 +125,8 @@ def finished(handle, capsys, timeout=60):
 
 def test_plan_runs_scripts_and_modules_of_the_same_interpreter(tmp_path):
     env, cwd = dict(ENV), str(tmp_path)
-    assert plan([sys.executable, "t.py", "a"], env, cwd, sys.executable, env) == ("path", "t.py", ["a"], False)
+    assert plan([sys.executable, "t.py", "a"], env, cwd, sys.executable, env) == \
+        ("path", "t.py", ["a"], False)
     assert plan([sys.executable, "-u", "-m", "m", "b"], env, cwd, sys.executable, env) == \
         ("module", "m", ["b"], True)
     refusals = {
