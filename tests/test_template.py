@@ -9,10 +9,9 @@ import time
 
 import pytest
 
-from hvdlite.driver.local import LocalWorker
+from hvdlite.driver.launchers.local import LocalWorker
+from hvdlite.driver.launchers.template import Templates, TemplateWorker, preload_setting
 from hvdlite.driver.output import RankOutput
-from hvdlite.template import preload_setting
-from hvdlite.template.client import Templates, TemplateWorker
 from hvdlite.template.command import Refused, plan
 from jobs import SCRIPTS, check_training_continuous, discovery, job_env, run_job, sizes
 
@@ -302,7 +301,7 @@ def test_template_death_kills_its_workers_and_the_next_spawn_restarts_it(own_spa
 DRIVER = """
 import os, sys, time
 from hvdlite.driver.output import RankOutput
-from hvdlite.template.client import Templates
+from hvdlite.driver.launchers.template import Templates
 t = Templates(("json",))
 h = t.spawn([sys.executable, sys.argv[1]], dict(os.environ), os.getcwd(), RankOutput("0"))
 print(h.pid, t.templates[next(iter(t.templates))].pid, flush=True)

@@ -17,10 +17,19 @@ import tempfile
 import threading
 import time
 
-from hvdlite.driver.local import LocalWorker
+from hvdlite.driver.launchers.local import LocalWorker
 from hvdlite.template import DEFAULT_PRELOAD, wire
 from hvdlite.template.command import Refused, interpreter, startup_env
 from hvdlite.worker import env as worker_env
+
+def preload_setting(value):
+    """HVDLITE_PRELOAD: unset, "" or "0" -> None (off); "1" -> the default; else a module list."""
+    if value in (None, "", "0"):
+        return None
+    if value == "1":
+        return DEFAULT_PRELOAD
+    return tuple(m.strip() for m in value.split(",") if m.strip())
+
 
 READY_TIMEOUT = 120.0  # seconds to preload; a loaded machine needs a multiple of the ~5 s
 REPLY_TIMEOUT = 10.0  # seconds for a template to fork and answer a spawn
