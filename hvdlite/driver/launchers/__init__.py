@@ -9,6 +9,7 @@ import threading
 from hvdlite.driver.launchers import ssh
 from hvdlite.driver.launchers.local import LocalWorker
 from hvdlite.driver.launchers.locality import is_local
+from hvdlite.driver.launchers.template import Templates, preload_setting
 from hvdlite.driver.network import route_address
 
 
@@ -21,6 +22,9 @@ class Launchers:
             **({"ssh_config": settings.ssh_config} if settings.ssh_config else {}))
         self._remote = {}  # hostname -> SSHHost, one connection per remote host
         self._lock = threading.Lock()
+        # Local workers fork from a preloaded template (issue 12).
+        preload = preload_setting(settings.env.get("HVDLITE_PRELOAD"))
+        self._templates = Templates(preload) if preload else None
 
     def is_local(self, hostname) -> bool:
         return is_local(hostname, self.ssh_settings.ssh_config)
@@ -31,6 +35,8 @@ class Launchers:
 
     def launch(self, hostname, env: dict, output):
         """A started worker: a handle with pid, poll, wait, signal_group, stop, finish_output."""
+        if self.is_local(hostname) and self._templates:
+            return self._templates.spawn(self.command, env, os.getcwd(), output)
         if self.is_local(hostname):
             return LocalWorker(self.command, env, output)
         return ssh.launch(self._host(hostname), self.command, env, os.getcwd(), output)
@@ -45,3 +51,5 @@ class Launchers:
         with self._lock:
             for host in self._remote.values():
                 host.close()
+        if self._templates:
+            self._templates.close()
