@@ -11,7 +11,7 @@ Prints, from real jobs on localhost (section "kill"):
 - kill -9 recovery at several world sizes;
 - torchrun (c10d rendezvous, --max-restarts) on the same kill, and the ratio.
 Section "join", with a Horovod-style script (init, model, DistributedOptimizer, elastic.run),
-plain launches against workers forked from a preloaded template (HVDLITE_PRELOAD=1):
+plain launches (--no-preload) against workers forked from a preloaded template (--preload):
 - a slot added to discovery -> the new worker's first step at the new size, and the ratio to
   a fresh python importing torch and building an SGD optimizer (target <= 0.5x, <= 1.0 s);
 - the survivors' stall while it joins, growing to 2 and to 8 ranks (target <= 0.2 s).
@@ -35,7 +35,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 LOOP = os.path.join(HERE, "scripts", "allreduce_loop.py")
 STYLE = os.path.join(HERE, "scripts", "horovod_style.py")
 FRESH = "import torch; torch.optim.SGD(torch.nn.Linear(4, 4).parameters(), lr=0.1)"
-MODES = {"plain": {"HVDLITE_PRELOAD": "0"}, "template": {"HVDLITE_PRELOAD": "1"}}
+# How workers start: always fresh, the default (fresh first world, joins fork from the template
+# warmed meanwhile), or every worker from the template (--preload).
+MODES = {"plain": ["--no-preload"], "default": [], "template": ["--preload", "torch,torch.optim,torch._dynamo,hvdlite.torch"]}
 
 
 class Run:
@@ -210,8 +212,8 @@ def start_growing(n, mode):
     os.chmod(discover, 0o755)
     run = Run([sys.executable, "-m", "hvdlite.cli", "run", "--event-log",
                os.path.join(folder, "events.jsonl"), "--min-np", "1", "--max-np", "16",
-               "--host-discovery-script", discover, sys.executable, STYLE],
-              MODES[mode], folder=folder)
+               "--host-discovery-script", discover, *MODES[mode], sys.executable, STYLE],
+              folder=folder)
     return run, hosts
 
 
@@ -274,8 +276,8 @@ def start_trial(launcher):
         run = Run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                    "--nproc-per-node", "2", STYLE], {"BASELINE": "torchrun", "OMP_NUM_THREADS": "1"})
     else:
-        run = Run([sys.executable, "-m", "hvdlite.cli", "run", "-np", "2", sys.executable, STYLE],
-                  MODES[launcher])
+        run = Run([sys.executable, "-m", "hvdlite.cli", "run", "-np", "2", *MODES[launcher],
+                   sys.executable, STYLE])
     try:
         if not run.wait(lambda: len([c for c in run.completions().values() if c]) >= 2, 120):
             return None

@@ -8,6 +8,7 @@ import shutil
 import sys
 
 from hvdlite import defaults
+from hvdlite.template import DEFAULT_PRELOAD
 from hvdlite.discovery.hostspec import parse_hostfile, parse_hosts
 from hvdlite.driver.settings import Settings
 from hvdlite.errors import HvdliteError, UsageError
@@ -72,6 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="accept SSH host keys missing from known_hosts (default: reject them)")
     p.add_argument("--ssh-config", help="OpenSSH client config to read (default ~/.ssh/config)")
     p.add_argument("--event-log", help="append the driver's events to FILE as JSON lines")
+    preload = p.add_mutually_exclusive_group()
+    preload.add_argument("--preload", metavar="MODULES",
+                         help="comma list of modules a per-host template imports once; every local "
+                              "worker forks from it (default: " + ",".join(DEFAULT_PRELOAD) +
+                              ", for workers that join a running job)")
+    preload.add_argument("--no-preload", action="store_true",
+                         help="start every worker as a fresh process")
     e = p.add_argument_group("elastic mode (on with --host-discovery-script or --min-np)")
     e.add_argument("--min-np", "--min-num-proc", type=_positive(int), dest="min_np",
                    help="fewest workers to train with (default -np)")
@@ -144,7 +152,16 @@ def parse_settings(argv) -> Settings:
         discovery_timeout=args.discovery_timeout, discovery_interval=args.discovery_interval,
         reset_limit=args.reset_limit, blacklist=args.blacklist,
         cooldown_range=tuple(args.cooldown_range) if args.cooldown_range else None,
-        elastic_timeout=args.elastic_timeout, liveness_timeout=args.liveness_timeout)
+        elastic_timeout=args.elastic_timeout, liveness_timeout=args.liveness_timeout,
+        preload=() if args.no_preload else tuple(_modules(args.preload)) if args.preload else DEFAULT_PRELOAD,
+        preload_first=bool(args.preload))
+
+
+def _modules(text):
+    modules = [m.strip() for m in text.split(",") if m.strip()]
+    if not modules:
+        raise UsageError("--preload: name at least one module, e.g. --preload torch,numpy")
+    return modules
 
 
 def training_command(command) -> list:

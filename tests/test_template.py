@@ -10,7 +10,7 @@ import time
 import pytest
 
 from hvdlite.driver.launchers.local import LocalWorker
-from hvdlite.driver.launchers.template import Templates, TemplateWorker, preload_setting
+from hvdlite.driver.launchers.template import Templates, TemplateWorker
 from hvdlite.driver.output import RankOutput
 from hvdlite.template.command import Refused, plan
 from jobs import SCRIPTS, check_training_continuous, discovery, job_env, run_job, sizes
@@ -144,10 +144,14 @@ def test_plan_runs_scripts_and_modules_of_the_same_interpreter(tmp_path):
         plan([sys.executable, "t.py"], env, str(tmp_path / "missing"), sys.executable, env)
 
 
-def test_preload_setting():
-    assert preload_setting(None) is None and preload_setting("0") is None
-    assert "torch" in preload_setting("1")
-    assert preload_setting("torch, numpy,") == ("torch", "numpy")
+def test_preload_flags():
+    from hvdlite.cli import parse_settings
+    from hvdlite.template import DEFAULT_PRELOAD
+    default = parse_settings(["--min-np", "1", sys.executable, "-c", "pass"])
+    assert (default.preload, default.preload_first) == (DEFAULT_PRELOAD, False)  # joins only
+    chosen = parse_settings(["--preload", "torch, numpy,", "-np", "1", sys.executable, "-c", "pass"])
+    assert (chosen.preload, chosen.preload_first) == (("torch", "numpy"), True)
+    assert parse_settings(["--no-preload", "-np", "1", sys.executable, "-c", "pass"]).preload == ()
 
 
 # ---- workers from a template ------------------------------------------------------------
@@ -349,7 +353,7 @@ def test_numpy_backend_worker_comes_from_a_template_on_its_own_interpreter(spawn
     assert out.out == f"[0]<stdout>:{PYGLOO_PYTHON} {os.path.dirname(os.path.dirname(PYGLOO_PYTHON))} False\n"
 
 
-# ---- a whole job through the driver (interim HVDLITE_PRELOAD wiring) ---------------------
+# ---- a whole job through the driver -------------------------------------------------------
 
 PARENT = "import os\nprint('parent', open(f'/proc/{os.getppid()}/cmdline').read().split(chr(0))[1:3])\n"
 
@@ -361,7 +365,7 @@ PARENT = "import os\nprint('parent', open(f'/proc/{os.getppid()}/cmdline').read(
 def test_static_job_with_preloading(tmp_path, python, check):
     script = tmp_path / "check.py"
     script.write_text(PARENT + open(os.path.join(SCRIPTS, check)).read())
-    r = run_job(["-np", "2", python, str(script)], tmp_path, env={"HVDLITE_PRELOAD": "1"})
+    r = run_job(["-np", "2", "--preload", "torch,numpy", python, str(script)], tmp_path)
     assert r.code == 0, r.stderr
     for k in range(2):
         assert f"[{k}]<stdout>:OK {k}" in r.stdout
@@ -373,9 +377,12 @@ def test_elastic_job_grows_and_shrinks_with_preloading(tmp_path):
     schedule = [[0, ["127.0.0.1:1", "127.0.0.2:1"]],
                 [8, ["127.0.0.1:1", "127.0.0.2:1", "127.0.0.3:1"]],
                 [24, ["127.0.0.2:1", "127.0.0.3:1"]]]
+    # By default the first world starts plainly and the joining worker forks from the
+    # template warmed meanwhile.
     r = run_job([*discovery(tmp_path, schedule), "--min-np", "1", *ELASTIC_JOB], tmp_path,
-                env=job_env(tmp_path, TOTAL_STEPS=40, STEP_SLEEP=0.1, RESIZE="20:3,30:2",
-                            HVDLITE_PRELOAD="1"))
+                env=job_env(tmp_path, TOTAL_STEPS=40, STEP_SLEEP=0.1, RESIZE="20:3,30:2"))
     assert r.code == 0, r.stderr
     assert sizes(check_training_continuous(tmp_path, 40)) == [2, 3, 2]
     assert "without a preloaded template" not in r.stderr
+    assert {e["slot"]: e["started"] for e in r.of("worker_start")} == \
+        {"127.0.0.1/0": "process", "127.0.0.2/0": "process", "127.0.0.3/0": "template"}

@@ -23,6 +23,9 @@ class Executor:
         self._host_of = {}  # worker -> host it was launched on
         self._stop_when_started = {}  # worker -> grace: stopped while its launch was under way
         self._remote_routes = {}  # remote host -> this machine's address on the route to it
+        # Workers join a running job only through discovery or a cooldown's end: then warm
+        # the templates once the first world formed (its imports are done).
+        self._warmed = not (settings.discovery_script or settings.cooldown_range)
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(LAUNCH_THREADS, thread_name_prefix="hvdlite-launch")
         self._handlers = {Launch: self._launch, Stop: self._stop, Answer: self._answer,
@@ -55,14 +58,14 @@ class Executor:
                     self._remote_routes[a.host] = addr
             env = worker_env(self.settings, (addr, self.server.address[1]), self.secret,
                              a.worker, a.slot, a.slots_on_host, a.world, self.elastic)
-            handle = self.launchers.launch(a.host, env, self.outputs[a.worker])
+            handle = self.launchers.launch(a.host, env, self.outputs[a.worker], a.joining)
         except Exception as e:  # noqa: BLE001 - every launcher error is the host's failure
             self.post(LaunchFailed(a.worker, _one_line(e)))
             return
         with self._lock:
             self.handles[a.worker] = handle
             grace = self._stop_when_started.pop(a.worker, None)
-        self.post(Launched(a.worker, handle.pid))
+        self.post(Launched(a.worker, handle.pid, handle.started))
         if grace is not None:
             handle.stop(grace)
         while (code := handle.wait(1.0)) is None:
@@ -95,6 +98,9 @@ class Executor:
 
     # ---- the rest -----------------------------------------------------------------------
     def _answer(self, a: Answer):
+        if "world" in a.body and not self._warmed:
+            self._warmed = True
+            self.launchers.warm()
         if a.rank is not None and a.worker in self.outputs:
             self.outputs[a.worker].label = str(a.rank)
         self.rendezvous.answer(a.worker, a.status, self._with_device_address(a))

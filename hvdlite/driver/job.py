@@ -111,7 +111,7 @@ class Job:
             self.rendezvous.drain_heartbeats()
             if isinstance(event, Launched):
                 self.log.emit("worker_start", slot=event.worker.split("#")[0], worker=event.worker,
-                              rank=running[event.worker].rank, pid=event.pid)
+                              rank=running[event.worker].rank, pid=event.pid, started=event.started)
             elif isinstance(event, LaunchFailed):
                 raise JobError(f"rank {running[event.worker].rank} could not be launched: {event.error}")
             elif isinstance(event, Exited):

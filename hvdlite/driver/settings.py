@@ -36,6 +36,8 @@ class Settings:
     ssh_identity_file: str = None
     ssh_accept_unknown_hosts: bool = False
     ssh_config: str = None
+    preload: tuple = None  # modules a worker template imports; empty: no template
+    preload_first: bool = False  # the first world's workers fork from it too (--preload)
     env: dict = field(default_factory=lambda: dict(os.environ))
 
     def __post_init__(self):

@@ -162,7 +162,7 @@ class ElasticCore:
         inc = self._current(event.worker)
         if inc is not None:
             inc.pid = event.pid
-            self._log("worker_start", slot=inc.slot, worker=inc.id, pid=event.pid)
+            self._log("worker_start", slot=inc.slot, worker=inc.id, pid=event.pid, started=event.started)
 
     def _on_launch_failed(self, event: LaunchFailed):
         inc = self._current(event.worker)
@@ -285,7 +285,7 @@ class ElasticCore:
         inc = Incarnation(f"{slot}#{n}", slot, host, launched_at=self._now)
         self.workers[inc.id] = inc
         place = prospective_places(self.hosts, self._blocked, self.policy.max_np).get(slot)
-        self._emit(Launch(inc.id, slot, host, dict(self.hosts)[host], place))
+        self._emit(Launch(inc.id, slot, host, dict(self.hosts)[host], place, joining=self.round > 0))
 
     def _maybe_form(self):
         live = self._live()

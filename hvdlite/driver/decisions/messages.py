@@ -24,6 +24,7 @@ class DiscoveryFailed:
 class Launched:
     worker: str
     pid: int
+    started: str = "process"  # how: "process", "template" (forked, preloaded) or "ssh"
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class Launch:
     host: str
     slots_on_host: int
     world: Optional[WorldInfo]  # the place Horovod would announce at launch; None beyond max-np
+    joining: bool = False  # the job runs already: a join or a replacement, not the first world
 
 
 @dataclass(frozen=True)

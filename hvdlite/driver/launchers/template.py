@@ -22,15 +22,6 @@ from hvdlite.template import DEFAULT_PRELOAD, wire
 from hvdlite.template.command import Refused, interpreter, startup_env
 from hvdlite.worker import env as worker_env
 
-def preload_setting(value):
-    """HVDLITE_PRELOAD: unset, "" or "0" -> None (off); "1" -> the default; else a module list."""
-    if value in (None, "", "0"):
-        return None
-    if value == "1":
-        return DEFAULT_PRELOAD
-    return tuple(m.strip() for m in value.split(",") if m.strip())
-
-
 READY_TIMEOUT = 120.0  # seconds to preload; a loaded machine needs a multiple of the ~5 s
 REPLY_TIMEOUT = 10.0  # seconds for a template to fork and answer a spawn
 
@@ -81,6 +72,7 @@ class TemplateProcess:
 
 class TemplateWorker(LocalWorker):
     """A worker forked by a template: LocalWorker's stop, signals and output on its process."""
+    started = "template"
 
     # Not LocalWorker.__init__: the process exists already; its output arrives on our pipes.
     def __init__(self, proc: TemplateProcess, output, stdout_fd: int, stderr_fd: int):
@@ -262,6 +254,13 @@ class Templates:
                     self.failed[key] = f"{python}: {e}"
                     raise Unavailable(self.failed[key]) from None
             return current
+
+    def warm(self, command, env: dict, cwd: str) -> None:
+        """Start the template a spawn of `command` would use, if none runs yet."""
+        try:
+            self.template(command, env, cwd)
+        except (Refused, Unavailable) as e:
+            self._say_once(f"hvdlite: starting workers without a preloaded template ({e})")
 
     def spawn(self, command, env: dict, cwd: str, output):
         try:

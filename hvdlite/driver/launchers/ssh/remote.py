@@ -50,6 +50,7 @@ def launch(host: SSHHost, command, env: dict, cwd: str, output: RankOutput) -> "
 
 class RemoteWorker:
     """A worker process on a remote host; same methods as LocalWorker."""
+    started = "ssh"
 
     def __init__(self, host: SSHHost, channel: paramiko.Channel, output: RankOutput, skipped_env):
         self.host = host
