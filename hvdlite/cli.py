@@ -19,7 +19,7 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def _positive(kind):
+def _positive(kind, zero=False):
     def parse(text):
         try:
             value = kind(text)
@@ -27,8 +27,8 @@ def _positive(kind):
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
         if not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        if value < 0 or value == 0 and not zero:
+            raise argparse.ArgumentTypeError(f"must be {'non-negative' if zero else 'positive'}, got {text}")
         return value
     return parse
 
@@ -73,6 +73,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="accept SSH host keys missing from known_hosts (default: reject them)")
     p.add_argument("--ssh-config", help="OpenSSH client config to read (default ~/.ssh/config)")
     p.add_argument("--event-log", help="append the driver's events to FILE as JSON lines")
+    c = p.add_argument_group("durable commits")
+    c.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="rank 0 writes the newest commit here in the background; the same "
+                        "command with the same DIR resumes from the newest one")
+    c.add_argument("--checkpoint-interval", type=_positive(float, zero=True), metavar="SECONDS",
+                   default=defaults.CHECKPOINT_INTERVAL,
+                   help=f"at most one checkpoint write per SECONDS, the newest commit winning; 0: "
+                        f"every commit (default {defaults.CHECKPOINT_INTERVAL:g})")
+    c.add_argument("--checkpoint-keep", type=_positive(int), metavar="K", default=defaults.CHECKPOINT_KEEP,
+                   help=f"checkpoints kept in DIR (default {defaults.CHECKPOINT_KEEP})")
     preload = p.add_mutually_exclusive_group()
     preload.add_argument("--preload", metavar="MODULES",
                          help="comma list of modules a per-host template imports once; every local "
@@ -138,6 +148,8 @@ def parse_settings(argv) -> Settings:
         path = getattr(args, name)
         if path and not os.path.isfile(path):
             raise UsageError(f"--{name.replace('_', '-')}: no such file {path}")
+    if args.checkpoint_dir is not None:
+        args.checkpoint_dir = checkpoint_dir(args.checkpoint_dir)
     return Settings(
         command=command, num_proc=num_proc, hosts=None if args.discovery_script else hosts,
         start_timeout=args.start_timeout, collective_timeout=args.collective_timeout,
@@ -154,7 +166,21 @@ def parse_settings(argv) -> Settings:
         cooldown_range=tuple(args.cooldown_range) if args.cooldown_range else None,
         elastic_timeout=args.elastic_timeout, liveness_timeout=args.liveness_timeout,
         preload=() if args.no_preload else tuple(_modules(args.preload)) if args.preload else DEFAULT_PRELOAD,
-        preload_first=bool(args.preload))
+        preload_first=bool(args.preload), checkpoint_dir=args.checkpoint_dir,
+        checkpoint_interval=args.checkpoint_interval, checkpoint_keep=args.checkpoint_keep)
+
+
+def checkpoint_dir(path: str) -> str:
+    """The checkpoint folder as an absolute path (remote workers use the same one), created
+    here if missing."""
+    path = os.path.abspath(os.path.expanduser(path))
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--checkpoint-dir: cannot create {path}: {e.strerror}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(f"--checkpoint-dir: {path} is not writable")
+    return path
 
 
 def _modules(text):

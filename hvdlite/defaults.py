@@ -8,3 +8,8 @@ COLLECTIVE_TIMEOUT = 30.0  # seconds a gloo collective waits for a peer (gloo's 
 EXIT_GRACE = 30.0  # seconds a worker that said it is exiting may take before it is killed
 STOP_GRACE = 3.0  # seconds between TERM and KILL when a worker is stopped
 BLACKLIST = "auto"  # which a failure takes out: "host", "slot", or "auto" (slot on one host)
+# Seconds between checkpoint writes: a total loss costs at most this much training (plus one
+# write), about what restarting a job costs anyway, while a large state is not rewritten at
+# disk speed all the time. 0 writes every commit.
+CHECKPOINT_INTERVAL = 10.0
+CHECKPOINT_KEEP = 2  # the newest checkpoint and one before it, should the newest be damaged

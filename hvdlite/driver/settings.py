@@ -38,6 +38,9 @@ class Settings:
     ssh_config: str = None
     preload: tuple = None  # modules a worker template imports; empty: no template
     preload_first: bool = False  # the first world's workers fork from it too (--preload)
+    checkpoint_dir: str = None  # absolute; None: commits live only in the workers' memory
+    checkpoint_interval: float = defaults.CHECKPOINT_INTERVAL
+    checkpoint_keep: int = defaults.CHECKPOINT_KEEP
     env: dict = field(default_factory=lambda: dict(os.environ))
 
     def __post_init__(self):

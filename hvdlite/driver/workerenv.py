@@ -21,8 +21,11 @@ def worker_env(settings, rendezvous: tuple, secret: str, worker: str, slot: str,
     threads = {"OMP_NUM_THREADS": "1"} if workers_on_host > 1 and "OMP_NUM_THREADS" not in base else {}
     mode = {env.ELASTIC: "1", env.HOROVOD_ELASTIC: "1",
             env.ELASTIC_TIMEOUT: str(settings.elastic_timeout)} if elastic else {}
+    durable = {env.CHECKPOINT_DIR: settings.checkpoint_dir,
+               env.CHECKPOINT_INTERVAL: str(settings.checkpoint_interval),
+               env.CHECKPOINT_KEEP: str(settings.checkpoint_keep)} if settings.checkpoint_dir else {}
     return {
-        **base, **threads, **(world.env() if world is not None else {}), **mode,
+        **base, **threads, **(world.env() if world is not None else {}), **mode, **durable,
         env.RENDEZVOUS_ADDR: addr, env.RENDEZVOUS_PORT: str(port), env.SECRET: secret,
         env.SLOT: slot, env.WORKER: worker,
         env.START_TIMEOUT: str(settings.start_timeout),

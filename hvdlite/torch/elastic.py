@@ -66,6 +66,19 @@ class TorchState(ObjectState):
         for handler in self._handlers.values():
             handler.restore()
 
+    def _snapshot(self):
+        commit, snapshot = super()._snapshot()
+        return commit, {**snapshot, "handlers": {name: h.saved() for name, h in self._handlers.items()}}
+
+    def _load_snapshot(self, commit, snapshot):
+        saved = snapshot.get("handlers", {})
+        if sorted(saved) != sorted(self._handlers):
+            raise RuntimeError(f"hvdlite: the checkpoint holds the objects {sorted(saved)}, this "
+                               f"script's TorchState holds {sorted(self._handlers)}")
+        for name, handler in self._handlers.items():
+            handler.load_saved(saved[name])
+        super()._load_snapshot(commit, snapshot)  # restores everything
+
     def sync(self):
         for handler in self._handlers.values():  # the same order on every rank
             handler.sync()

@@ -34,6 +34,15 @@ class StateHandler(abc.ABC):
     def sync(self):
         """Make the value equal rank 0's on every rank, in place (a collective)."""
 
+    def saved(self):
+        """What save() remembered, picklable, for a checkpoint: by default `self._saved`.
+        It must not change once saved (a background writer reads it)."""
+        return self._saved
+
+    def load_saved(self, saved):
+        """Take a checkpoint's saved(); restore() then puts it into the value."""
+        self._saved = saved
+
     def set_value(self, value):
         """The script assigned a new object to the attribute: hold it, and commit it as is."""
         self.value = value

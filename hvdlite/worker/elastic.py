@@ -16,6 +16,7 @@ import functools
 from dataclasses import dataclass
 from typing import Callable
 
+from hvdlite.worker import durable
 from hvdlite.worker.errors import HorovodInternalError, HostsUpdatedInterrupt
 from hvdlite.worker.session import session
 from hvdlite.worker.world import WorldInfo
@@ -54,6 +55,7 @@ class State:
         self._commits += 1
         self.save()
         session().commits = self._commits
+        durable.committed(self)
         self.check_host_updates()
 
     def check_host_updates(self):
@@ -69,6 +71,15 @@ class State:
         raise NotImplementedError
 
     def sync(self):
+        raise NotImplementedError
+
+    def _snapshot(self):
+        """(commit, what the last commit saved): shared, not copied; a commit replaces the
+        saved copies and never changes them, so a checkpoint writer can read them meanwhile."""
+        raise NotImplementedError
+
+    def _load_snapshot(self, commit, snapshot):
+        """Make a checkpoint's snapshot the last commit, and go back to it."""
         raise NotImplementedError
 
 
@@ -100,6 +111,17 @@ class ObjectState(State):
             setattr(self, name, value)
         self.save()
 
+    def _snapshot(self):
+        return self._saved_commits, {"values": self._saved}
+
+    def _load_snapshot(self, commit, snapshot):
+        values = snapshot["values"]
+        if sorted(values) != sorted(self._names):
+            raise RuntimeError(f"hvdlite: the checkpoint holds the state {sorted(values)}, this "
+                               f"script's state is {sorted(self._names)}")
+        self._saved, self._saved_commits = values, commit
+        self.restore()
+
 
 def run(func):
     """Run `func(state, ...)` until it returns, re-forming the world whenever it breaks."""
@@ -109,6 +131,7 @@ def run(func):
         backend.init()
         while True:
             try:
+                durable.catch_up(state)
                 state.sync()
                 return func(state, *args, **kwargs)
             except HorovodInternalError:

@@ -18,6 +18,9 @@ COLLECTIVE_TIMEOUT = "HVDLITE_COLLECTIVE_TIMEOUT"  # seconds
 LIVENESS_TIMEOUT = "HVDLITE_LIVENESS_TIMEOUT"  # seconds
 ELASTIC_TIMEOUT = "HVDLITE_ELASTIC_TIMEOUT"  # seconds a worker waits for a new world
 START_TIMEOUT = "HVDLITE_START_TIMEOUT"  # seconds to form the first world
+CHECKPOINT_DIR = "HVDLITE_CHECKPOINT_DIR"  # where rank 0 writes commits; unset: nowhere
+CHECKPOINT_INTERVAL = "HVDLITE_CHECKPOINT_INTERVAL"  # seconds between checkpoint writes
+CHECKPOINT_KEEP = "HVDLITE_CHECKPOINT_KEEP"  # checkpoints kept
 
 # Horovod's names for the same facts, for scripts written for horovodrun.
 HOROVOD = {RANK: "HOROVOD_RANK", SIZE: "HOROVOD_SIZE", LOCAL_RANK: "HOROVOD_LOCAL_RANK",
@@ -30,4 +33,4 @@ TORCH = {RANK: "RANK", SIZE: "WORLD_SIZE", LOCAL_RANK: "LOCAL_RANK", LOCAL_SIZE:
 # Who a worker is and where its driver listens: never inherited from an enclosing job.
 IDENTITY = (RANK, SIZE, LOCAL_RANK, LOCAL_SIZE, CROSS_RANK, CROSS_SIZE, HOSTNAME, RENDEZVOUS_ADDR,
             RENDEZVOUS_PORT, SECRET, ROUND, SLOT, WORKER, ELASTIC, HOROVOD_ELASTIC,
-            *HOROVOD.values(), *TORCH.values())
+            CHECKPOINT_DIR, CHECKPOINT_INTERVAL, CHECKPOINT_KEEP, *HOROVOD.values(), *TORCH.values())

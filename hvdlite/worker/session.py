@@ -14,7 +14,7 @@ import threading
 import time
 
 from hvdlite import defaults
-from hvdlite.worker import env
+from hvdlite.worker import durable, env
 from hvdlite.worker.kvclient import KVClient, KVError
 from hvdlite.worker.world import WorldInfo
 
@@ -79,10 +79,12 @@ class Session:
 
         A static job's worker has it in its environment. An elastic worker blocks in the
         driver's rendezvous until a round after `after_round` (None: any round) includes it;
-        that GET is the barrier that tells the driver the worker is ready.
+        that GET is the barrier that tells the driver the worker is ready. The commit it
+        reports is the newest it holds in memory (`commit`) or can read from --checkpoint-dir.
         """
         if not self.elastic:
             return WorldInfo.from_env(self.environ)
+        commit = max(commit, durable.available_commit())
         deadline = time.monotonic() + float(self.environ.get(env.ELASTIC_TIMEOUT, defaults.ELASTIC_TIMEOUT))
         query = {"worker": self.worker, "after": str(-1 if after_round is None else after_round),
                  "commit": str(commit)}

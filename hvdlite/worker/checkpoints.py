@@ -1,0 +1,223 @@
+"""Checkpoints on disk: one file per commit, written atomically, the newest K kept (torch-free).
+
+A checkpoint is `DIR/commit-<N>.ckpt`: a header naming the commit and the size of every part
+(the manifest of the file), a pickle of the state whose arrays and tensors are taken out of
+band, then their raw bytes. Raw bytes go to the file straight from the arrays' memory with the
+GIL released, and no checksum is computed over them: a writer thread costs the training
+thread little. A file is written under a temporary name, fsynced and renamed, so a crash at any
+point leaves either the complete file or none under a checkpoint's name; a reader also checks
+the sizes and the header's checksum, so a file damaged later is skipped, not half-loaded.
+
+Loading rebuilds torch tensors only if the file holds some: a numpy worker never imports torch.
+"""
+import io
+import os
+import pickle
+import re
+import socket
+import struct
+import sys
+import time
+import zlib
+
+MAGIC = b"HVDLCKP1"
+_HEADER = struct.Struct("<8sQQQI")  # magic, commit, pickle bytes, buffer count, crc32 (below)
+_COUNTS = struct.Struct("<QQQ")  # what the crc32 covers of the header: all but magic and itself
+_LENGTH = struct.Struct("<Q")
+_NAME = re.compile(r"^commit-(\d+)\.ckpt$")
+STALE_TEMP = 600.0  # seconds without a write after which another writer's temporary file is junk
+_CHUNK = 1 << 30  # bytes per write() call: Linux writes at most ~2 GB at once
+
+
+class CorruptCheckpoint(ValueError):
+    """The file is not a complete checkpoint."""
+
+
+def file_name(commit: int) -> str:
+    return f"commit-{commit:012d}.ckpt"
+
+
+def commit_of(name: str):
+    """The commit a checkpoint file name holds, or None for any other name."""
+    match = _NAME.match(name)
+    return int(match.group(1)) if match else None
+
+
+def to_prune(commits, keep: int) -> list:
+    """The commits to delete so that the newest `keep` remain."""
+    return sorted(commits, reverse=True)[max(keep, 1):]
+
+
+# ---- format -----------------------------------------------------------------------------
+def _tensor(dtype: str, shape: tuple, requires_grad: bool, data):
+    import torch
+    kind = getattr(torch, dtype)
+    if len(data) == 0:
+        tensor = torch.empty(shape, dtype=kind)
+    else:
+        tensor = torch.frombuffer(data, dtype=torch.uint8).view(kind).reshape(shape)
+    return tensor.requires_grad_(requires_grad)
+
+
+class _Pickler(pickle.Pickler):
+    def reducer_override(self, obj):
+        torch = sys.modules.get("torch")
+        # Plain dense CPU tensors go out of band as raw bytes; any other kind pickles as torch
+        # pickles it. numpy arrays go out of band by themselves (protocol 5).
+        if torch is not None and type(obj) is torch.Tensor and obj.layout == torch.strided \
+                and obj.device.type == "cpu" and not obj.is_quantized:
+            raw = obj.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+            return _tensor, (str(obj.dtype).split(".")[1], tuple(obj.shape), obj.requires_grad,
+                             pickle.PickleBuffer(raw))
+        return NotImplemented
+
+
+def dump(f, commit: int, state) -> None:
+    """Write `state` (any picklable object) as checkpoint `commit` to the binary file f."""
+    buffers = []
+    data = io.BytesIO()
+    _Pickler(data, protocol=5, buffer_callback=buffers.append).dump(state)
+    views = [b.raw() for b in buffers]
+    body = b"".join(_LENGTH.pack(v.nbytes) for v in views) + data.getbuffer()
+    counts = (commit, data.getbuffer().nbytes, len(views))
+    f.write(_HEADER.pack(MAGIC, *counts, zlib.crc32(_COUNTS.pack(*counts) + body)))
+    f.write(body)
+    for view in views:
+        for start in range(0, view.nbytes, _CHUNK):
+            _write_all(f, view[start:start + _CHUNK])
+
+
+def _write_all(f, view):
+    while view.nbytes:
+        view = view[f.write(view):]
+
+
+def _read_exactly(f, n: int):
+    data = bytearray(n)
+    view, got = memoryview(data), 0
+    while got < n:
+        k = f.readinto(view[got:])
+        if not k:
+            raise CorruptCheckpoint("the file ends early")
+        got += k
+    return data
+
+
+def _read_manifest(f, size: int):
+    """(commit, pickle length, buffer lengths) from the header; checks the file's size."""
+    head = f.read(_HEADER.size)
+    if len(head) < _HEADER.size:
+        raise CorruptCheckpoint("no header")
+    magic, commit, pickled, count, crc = _HEADER.unpack(head)
+    if magic != MAGIC:
+        raise CorruptCheckpoint("not an hvdlite checkpoint")
+    if _HEADER.size + count * _LENGTH.size + pickled > size:
+        raise CorruptCheckpoint("the file ends early")
+    lengths = [n for (n,) in _LENGTH.iter_unpack(_read_exactly(f, count * _LENGTH.size))] if count else []
+    if _HEADER.size + count * _LENGTH.size + pickled + sum(lengths) != size:
+        raise CorruptCheckpoint("the file's size does not match its header")
+    return commit, pickled, lengths, crc
+
+
+def read_commit(path: str) -> int:
+    """The commit of the checkpoint at path, checking only its header and size (cheap)."""
+    with open(path, "rb") as f:
+        return _read_manifest(f, os.fstat(f.fileno()).st_size)[0]
+
+
+def load(path: str):
+    """(commit, state) of the checkpoint at path; CorruptCheckpoint if it is not complete."""
+    with open(path, "rb", buffering=0) as f:
+        commit, pickled, lengths, crc = _read_manifest(f, os.fstat(f.fileno()).st_size)
+        data = _read_exactly(f, pickled)
+        covered = _COUNTS.pack(commit, pickled, len(lengths)) + b"".join(map(_LENGTH.pack, lengths))
+        if zlib.crc32(covered + data) != crc:
+            raise CorruptCheckpoint("the header's checksum does not match")
+        buffers = [_read_exactly(f, n) for n in lengths]
+    return commit, pickle.loads(data, buffers=buffers)
+
+
+# ---- a directory of checkpoints ---------------------------------------------------------
+def commits(directory: str) -> list:
+    """The commits of the checkpoint files in directory, newest first."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return sorted((c for c in map(commit_of, names) if c is not None), reverse=True)
+
+
+def newest_commit(directory: str) -> int:
+    """The commit of the newest complete-looking checkpoint in directory; 0 if none."""
+    for commit in commits(directory):
+        try:
+            if read_commit(os.path.join(directory, file_name(commit))) == commit:
+                return commit
+        except (OSError, CorruptCheckpoint):
+            continue
+    return 0
+
+
+def load_newest(directory: str, warn=None):
+    """(commit, path, state) of the newest checkpoint that loads, or None. Each file that
+    does not load is skipped, and said through warn(message)."""
+    for commit in commits(directory):
+        path = os.path.join(directory, file_name(commit))
+        try:
+            found, state = load(path)
+        except FileNotFoundError:
+            continue  # pruned meanwhile by a newer writer
+        except Exception as e:  # noqa: BLE001 - any damage: fall back to the next older one
+            if warn is not None:
+                warn(f"checkpoint {path} does not load ({type(e).__name__}: {e}); trying an older one")
+            continue
+        if found == commit:
+            return commit, path, state
+    return None
+
+
+def write(directory: str, commit: int, state, keep: int) -> str:
+    """Write checkpoint `commit` atomically, then delete all but the newest `keep`."""
+    os.makedirs(directory, exist_ok=True)
+    final = os.path.join(directory, file_name(commit))
+    temp = os.path.join(directory, f".{file_name(commit)}.{socket.gethostname()}.{os.getpid()}.tmp")
+    try:
+        with open(temp, "wb", buffering=0) as f:
+            dump(f, commit, state)
+            os.fsync(f.fileno())
+        os.replace(temp, final)
+    except BaseException:
+        _remove(temp)
+        raise
+    _fsync_dir(directory)
+    prune(directory, keep)
+    return final
+
+
+def prune(directory: str, keep: int, now=None) -> None:
+    for commit in to_prune(commits(directory), keep):
+        _remove(os.path.join(directory, file_name(commit)))
+    now = time.time() if now is None else now
+    for name in os.listdir(directory):
+        if name.endswith(".tmp") and name.startswith(".commit-"):
+            path = os.path.join(directory, name)
+            try:
+                if now - os.stat(path).st_mtime > STALE_TEMP:  # its writer died mid-write
+                    _remove(path)
+            except FileNotFoundError:
+                pass
+
+
+def _remove(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _fsync_dir(directory):
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

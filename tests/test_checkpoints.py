@@ -1,0 +1,193 @@
+"""Checkpoints without a job: the file format, the folder (atomic writes, pruning), the
+background writer, TorchState/ObjectState snapshots, and kill -9 of a writer mid-write."""
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from hvdlite.torch import elastic
+from hvdlite.worker import checkpoints, durable
+from hvdlite.worker.checkpoints import CorruptCheckpoint
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _write(path, commit, state):
+    with open(path, "wb") as f:
+        checkpoints.dump(f, commit, state)
+
+
+def test_tensors_arrays_and_plain_values_come_back_equal(tmp_path):
+    shared = torch.arange(6.0).reshape(2, 3)
+    state = {"t": torch.randn(3, 4), "tied": [shared, shared], "half": torch.ones(5, dtype=torch.bfloat16),
+             "empty": torch.empty(0, 3), "scalar": torch.tensor(7, dtype=torch.int64),
+             "strided": torch.arange(12.0).reshape(3, 4).t(), "grad": torch.ones(2, requires_grad=True),
+             "param": torch.nn.Parameter(torch.ones(2)), "np": np.arange(10, dtype=np.int16),
+             "fortran": np.asfortranarray(np.ones((3, 2))), "plain": {"epoch": 3, "seen": [1, 2]}}
+    _write(tmp_path / "c", 42, state)
+    commit, back = checkpoints.load(str(tmp_path / "c"))
+    assert commit == 42
+    for key in ("t", "half", "empty", "scalar", "strided", "grad", "param"):
+        assert back[key].dtype == state[key].dtype and torch.equal(back[key], state[key]), key
+    assert back["grad"].requires_grad and isinstance(back["param"], torch.nn.Parameter)
+    assert back["tied"][0] is back["tied"][1] and torch.equal(back["tied"][0], shared)
+    assert back["np"].dtype == np.int16 and (back["np"] == state["np"]).all()
+    assert (back["fortran"] == 1).all() and back["plain"] == state["plain"]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "extend", "flip_header", "flip_pickle"])
+def test_a_damaged_file_is_refused_and_the_next_older_one_loads(tmp_path, damage):
+    for commit in (1, 2):
+        checkpoints.write(str(tmp_path), commit, {"w": np.full(1000, commit)}, keep=5)
+    path = tmp_path / checkpoints.file_name(2)
+    data = bytearray(path.read_bytes())
+    if damage == "truncate":
+        data = data[:-10]
+    elif damage == "extend":
+        data += b"x"
+    else:
+        data[8 if damage == "flip_header" else 60] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptCheckpoint):
+        checkpoints.load(str(path))
+    warnings = []
+    commit, _, state = checkpoints.load_newest(str(tmp_path), warn=warnings.append)
+    assert commit == 1 and (state["w"] == 1).all()
+    assert len(warnings) == 1 and "does not load" in warnings[0]
+
+
+def test_the_newest_k_are_kept_and_only_stale_temporary_files_removed(tmp_path):
+    stale, fresh = tmp_path / ".commit-000000000009.ckpt.h.1.tmp", tmp_path / ".commit-000000000010.ckpt.h.2.tmp"
+    stale.write_bytes(b"x")
+    fresh.write_bytes(b"x")
+    old = time.time() - checkpoints.STALE_TEMP - 1
+    os.utime(stale, (old, old))
+    for commit in (3, 1, 5, 4):
+        checkpoints.write(str(tmp_path), commit, {"c": commit}, keep=2)
+    assert checkpoints.commits(str(tmp_path)) == [5, 4]
+    assert not stale.exists() and fresh.exists()
+    assert checkpoints.newest_commit(str(tmp_path)) == 5
+    assert checkpoints.newest_commit(str(tmp_path / "missing")) == 0
+
+
+def test_decisions():
+    assert checkpoints.to_prune([1, 5, 3, 4], 2) == [3, 1]
+    assert checkpoints.to_prune([1], 0) == []  # the newest is never deleted
+    assert checkpoints.commit_of(checkpoints.file_name(12)) == 12
+    assert checkpoints.commit_of(".commit-000000000012.ckpt.h.3.tmp") is None
+    assert durable.wait_before_write(10.0, None, 5.0) == 0.0
+    assert durable.wait_before_write(10.0, 8.0, 5.0) == 3.0
+    assert durable.wait_before_write(10.0, 2.0, 5.0) == 0.0
+
+
+def test_the_writer_writes_the_newest_commit_and_at_most_every_interval(tmp_path):
+    writer = durable.Writer(durable.Config(str(tmp_path), interval=0.5, keep=100))
+    start = time.monotonic()
+    for commit in range(1, 101):
+        writer.offer(commit, {"c": commit})
+        time.sleep(0.01)
+    assert writer.flush(10, forced=False)
+    written = checkpoints.commits(str(tmp_path))
+    assert written[0] == 100  # the newest always ends on disk
+    assert len(written) <= (time.monotonic() - start) / 0.5 + 1
+    writer.offer(101, {"c": 101})
+    assert writer.flush(10)  # forced: not held back by the interval
+    assert checkpoints.newest_commit(str(tmp_path)) == 101
+
+
+def test_a_write_error_is_said_once_and_training_goes_on(tmp_path, capfd):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    writer = durable.Writer(durable.Config(str(blocker / "sub"), interval=0, keep=2))
+    for commit in (1, 2):
+        writer.offer(commit, {"c": commit})
+        assert writer.flush(10)
+    err = capfd.readouterr().err
+    assert err.count("could not write checkpoint") == 1 and "training goes on" in err
+
+
+def _torch_objects():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    sampler = elastic.ElasticSampler(list(range(20)), seed=3)
+    return model, opt, sched, sampler
+
+
+def test_a_torch_state_snapshot_restores_every_object_in_place(tmp_path):
+    model, opt, sched, sampler = _torch_objects()
+    state = elastic.TorchState(model, opt, sched=sched, sampler=sampler, epoch=0, history=[])
+    for step in range(3):
+        opt.zero_grad()
+        model(torch.randn(5, 3)).pow(2).sum().backward()
+        opt.step()
+        sched.step()
+        sampler.record_indices(list(sampler)[:2])
+        state.epoch, state.history = step, state.history + [step]
+        state._commits += 1
+        state.save()  # what commit() does locally
+    commit, snapshot = state._snapshot()
+    checkpoints.write(str(tmp_path), commit, snapshot, keep=2)
+
+    model2, opt2, sched2, sampler2 = _torch_objects()  # a fresh process's objects
+    fresh = elastic.TorchState(model2, opt2, sched=sched2, sampler=sampler2, epoch=0, history=[])
+    found_commit, _, found = checkpoints.load_newest(str(tmp_path))
+    fresh._load_snapshot(found_commit, found)
+    assert fresh._commits == 3 and fresh.epoch == 2 and fresh.history == [0, 1, 2]
+    assert fresh.model is model2 and fresh.optimizer is opt2
+    for a, b in zip(model.state_dict().values(), model2.state_dict().values()):
+        assert torch.equal(a, b)
+    assert opt2.state_dict()["state"][0]["exp_avg"].equal(opt.state_dict()["state"][0]["exp_avg"])
+    assert sched2.last_epoch == 3 and list(sampler2) == list(sampler)
+
+
+def test_a_checkpoint_of_another_state_is_a_clear_error():
+    state = elastic.ObjectState(epoch=0)
+    with pytest.raises(RuntimeError, match=r"checkpoint holds the state \['step'\]"):
+        state._load_snapshot(1, {"values": {"step": 1}})
+
+
+WRITER = """
+import sys, numpy as np
+from hvdlite.worker import checkpoints
+directory, commit = sys.argv[1], int(sys.argv[2])
+print("writing", flush=True)
+while True:
+    commit += 1
+    # every array holds the commit number: a file mixing two commits would show it
+    checkpoints.write(directory, commit, {"commit": commit, "a": np.full(1 << 20, commit),
+                                          "b": [np.full(1000 * k, commit) for k in range(1, 20)]}, keep=3)
+"""
+
+
+def test_kill_9_during_writes_never_leaves_a_checkpoint_that_fails_or_mixes(tmp_path):
+    rng = random.Random(14)
+    directory, commit = str(tmp_path), 0
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    for trial in range(40):
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, directory, str(commit)], env=env,
+                                stdout=subprocess.PIPE, start_new_session=True)
+        try:
+            assert proc.stdout.readline() == b"writing\n"
+            time.sleep(rng.uniform(0.05, 0.3))  # a write takes ~0.04 s: kills land anywhere in one
+        finally:
+            proc.stdout.close()
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        found = checkpoints.commits(directory)
+        assert found, f"trial {trial}: nothing written"
+        for c in found:
+            loaded, state = checkpoints.load(os.path.join(directory, checkpoints.file_name(c)))
+            assert loaded == c == state["commit"], f"trial {trial}"
+            assert (state["a"] == c).all() and all((b == c).all() for b in state["b"]), f"trial {trial}"
+        assert len(found) <= 3 + 1  # a kill between rename and prune may leave one extra
+        commit = found[0]
+    leftovers = [n for n in os.listdir(directory) if n.endswith(".tmp")]
+    assert len(leftovers) <= 40  # junk of killed writes: removed once stale
