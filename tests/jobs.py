@@ -103,6 +103,17 @@ class Job:
         self.out.close()
         self.err.close()
 
+    def kill_everything(self):
+        """kill -9 of the driver and every process under it (workers, templates) at once."""
+        pids = _tree(self.proc.pid)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(10)
+        return pids
+
     def __enter__(self):
         return self
 
@@ -185,15 +196,20 @@ def steps_log(log_dir):
 
 
 def effective_steps(records):
-    """For each step, the records of its last attempt (the highest round that logged it)."""
+    """For each step, the records of its last attempt (the highest round that logged it, of the
+    latest run when a job was run again on its --checkpoint-dir)."""
     by_step = {}
     for r in records:
         by_step.setdefault(r["step"], []).append(r)
     result = {}
     for step, rs in sorted(by_step.items()):
-        last = max(r["round"] for r in rs)
-        result[step] = [r for r in rs if r["round"] == last]
+        last = max(_attempt(r) for r in rs)
+        result[step] = [r for r in rs if _attempt(r) == last]
     return result
+
+
+def _attempt(record):
+    return record.get("run", 0), record["round"]
 
 
 def sizes(records):

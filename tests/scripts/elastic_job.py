@@ -4,6 +4,7 @@ Every rank appends one JSON line per finished step to $LOG_DIR/steps.jsonl: step
 rank, slot, round and the dataset indices it trained on, so a test can replay the run and
 check that no committed step was lost or applied twice. Knobs (env): TOTAL_STEPS, STEP_SLEEP,
 BATCH, FAILS="slot:step,..." (that worker raises once at that step), RESIZE (resize.py),
+RUN (logged: which run of a job resumed from --checkpoint-dir wrote the record),
 DIE_CONNECTING=slot (that worker is killed once, right after publishing its gloo address for
 its second group, so that its peers are left waiting for it to connect), CONNECT_FAILS=slot
 (that worker's groups never connect).
@@ -28,6 +29,7 @@ BATCH = int(os.environ.get("BATCH", "2"))
 SLOT = os.environ[env.SLOT]
 DATASET = int(os.environ.get("DATASET", "64"))
 FAILS = os.environ.get("FAILS", "").split(",")
+RUN = int(os.environ.get("RUN", "0"))
 
 
 def log(record):
@@ -85,7 +87,7 @@ def train(state):
         torch.nn.functional.mse_loss(model(x), y).backward()
         optimizer.step()
         log({"step": state.step, "size": hvd.size(), "rank": hvd.rank(), "slot": SLOT,
-             "round": runtime.info().round, "epoch": state.sampler.epoch,
+             "round": runtime.info().round, "run": RUN, "epoch": state.sampler.epoch,
              "indices": indices, "pid": os.getpid(),
              # the whole world's batch, so that any one rank's record can replay the step
              "world": [share[state.sampler.local_done:][:BATCH] for share in state.sampler.shares]})

@@ -1,7 +1,7 @@
 """Elastic numpy training on hvdlite.numpy (pygloo, no torch), logged like elastic_job.py:
 one JSON line per finished step in $LOG_DIR/steps.jsonl, rank 0's progress in $LOG_DIR/progress,
 the final parameters in $LOG_DIR/final.<slot>.json. Knobs (env): TOTAL_STEPS, STEP_SLEEP, BATCH,
-RESIZE (resize.py).
+RESIZE (resize.py), RUN (logged, as in elastic_job.py).
 """
 import json
 import os
@@ -37,6 +37,7 @@ def train(state):
         with open(os.path.join(LOG_DIR, "steps.jsonl"), "a") as f:
             f.write(json.dumps({"step": state.step, "size": hvd.size(), "rank": hvd.rank(), "slot": SLOT,
                                 "round": hvd.elastic.BACKEND.info().round, "pid": os.getpid(),
+                                "run": int(os.environ.get("RUN", "0")),
                                 "world": world}) + "\n")
         state.cursor += hvd.size() * BATCH
         state.step += 1

@@ -1,0 +1,76 @@
+"""Durable commits through the CLI: kill -9 of the driver and every worker mid-run, then the
+same command again on the same --checkpoint-dir resumes and trains exactly what a run
+without faults trains. Real workers, real gloo, real kill -9."""
+import os
+import re
+import sys
+
+import pytest
+
+from jobs import (SCRIPTS, Job, check_training_continuous, effective_steps, job_env, progress,
+                  steps_log, wait_progress)
+from test_elastic import check_exactly_once_per_epoch
+from test_numpy_backend import JOB as NUMPY_JOB, check_training_continuous as check_numpy, needs_pygloo
+from hvdlite.worker import checkpoints
+
+JOB = [sys.executable, os.path.join(SCRIPTS, "elastic_job.py")]
+TOTAL = 40
+
+
+def crash_then_resume(tmp_path, args, at_step, **knobs):
+    """Run 1 until rank 0 committed `at_step`, kill -9 of everything; run 2 to the end.
+    Returns (commit on disk after the crash, last commit made before it, run 2's result)."""
+    ckpt = tmp_path / "ckpt"
+    flags = ["--checkpoint-dir", str(ckpt), "--checkpoint-interval", "0", *args]
+    (tmp_path / "run1").mkdir()
+    (tmp_path / "run2").mkdir()
+    with Job(flags, tmp_path / "run1", env=job_env(tmp_path, TOTAL_STEPS=TOTAL, RUN=1, **knobs)) as job:
+        wait_progress(job, tmp_path, at_step)
+        job.kill_everything()
+    made, written = progress(tmp_path), checkpoints.newest_commit(str(ckpt))
+    with Job(flags, tmp_path / "run2", env=job_env(tmp_path, TOTAL_STEPS=TOTAL, RUN=2, **knobs)) as job:
+        result = job.finish(120)
+    assert result.code == 0, result.stderr
+    return written, made, result
+
+
+def check_resumed(written, made, result, records):
+    # --checkpoint-interval 0: at most the commits made while the last write was under way
+    assert made - 3 <= written <= made
+    assert re.search(rf"\[0\]<stderr>:hvdlite: resumed from commit {written} \(", result.stdout + result.stderr)
+    second = [r["step"] for r in records if r["run"] == 2]
+    assert min(second) == written  # nothing before the checkpoint trained again
+    assert {r["run"] for rs in effective_steps(records).values() for r in rs} == {1, 2}
+
+
+@pytest.mark.parametrize("args", [
+    ["-H", "localhost:2", "--min-np", "1"],  # elastic
+    ["-np", "2"],  # static: hvd.elastic.run without discovery or --min-np
+])
+def test_kill_9_of_driver_and_workers_then_the_same_command_resumes(tmp_path, args):
+    written, made, result = crash_then_resume(tmp_path, [*args, *JOB], at_step=15, STEP_SLEEP=0.05)
+    records = check_training_continuous(tmp_path, TOTAL)
+    check_resumed(written, made, result, records)
+    check_exactly_once_per_epoch(records, dataset=64)
+
+
+@needs_pygloo
+def test_numpy_backend_resumes(tmp_path):
+    written, made, result = crash_then_resume(tmp_path, ["-H", "localhost:2", "--min-np", "1", *NUMPY_JOB],
+                                              at_step=15, STEP_SLEEP=0.05)
+    check_resumed(written, made, result, check_numpy(tmp_path, TOTAL))
+
+
+def test_a_finished_job_run_again_ends_at_once_with_its_result(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    flags = ["--checkpoint-dir", ckpt, "--checkpoint-interval", "30", "-np", "1", *JOB]
+    for run in (1, 2):
+        (tmp_path / f"run{run}").mkdir()
+        with Job(flags, tmp_path / f"run{run}", env=job_env(tmp_path, TOTAL_STEPS=10, RUN=run)) as job:
+            result = job.finish(90)
+        assert result.code == 0, result.stderr
+    # the interval held back every write but the first; the exit wrote the last commit
+    assert checkpoints.commits(ckpt) == [10, 1]
+    assert "resumed from commit 10" in result.stdout + result.stderr
+    assert {r["run"] for r in steps_log(tmp_path)} == {1}
+    check_training_continuous(tmp_path, 10)
