@@ -1,4 +1,5 @@
 """Bad input ends with one line on stderr and exit code 2, never a traceback."""
+import os
 import subprocess
 import sys
 
@@ -34,6 +35,9 @@ def hvdlite(*args, timeout=30):
     (["run", "-np", "1", "/nonexistent/train.py"], "training script not found"),
     (["run", "-np", "1", "missing.py"], "training script not found: missing.py"),
     (["run", "--blacklist", "rack", "--min-np", "1", "true"], "invalid choice"),
+    (["run", "-np", "1", "--checkpoint-interval", "-1", "true"], "must be non-negative"),
+    (["run", "-np", "1", "--checkpoint-keep", "0", "true"], "must be positive"),
+    (["run", "-np", "1", "--checkpoint-dir", "/proc/hvdlite-ckpt", "true"], "--checkpoint-dir: cannot create"),
 ])
 def test_bad_flags(args, message):
     r = hvdlite(*args)
@@ -69,6 +73,22 @@ def test_every_default_is_written_once():
         (defaults.START_TIMEOUT, defaults.LIVENESS_TIMEOUT, defaults.ELASTIC_TIMEOUT,
          defaults.DISCOVERY_TIMEOUT, defaults.DISCOVERY_INTERVAL, defaults.COLLECTIVE_TIMEOUT,
          defaults.BLACKLIST)
+
+
+def test_checkpoint_flags_reach_every_worker(tmp_path, monkeypatch):
+    from hvdlite import defaults
+    from hvdlite.driver.workerenv import worker_env
+    from hvdlite.worker import durable
+    monkeypatch.chdir(tmp_path)
+    s = parse_settings(["-np", "1", "--checkpoint-dir", "ckpt/a", "python", "-c", "pass"])
+    assert s.checkpoint_dir == str(tmp_path / "ckpt" / "a") and os.path.isdir(s.checkpoint_dir)
+    assert (s.checkpoint_interval, s.checkpoint_keep) == (defaults.CHECKPOINT_INTERVAL, defaults.CHECKPOINT_KEEP)
+    env = worker_env(s, ("127.0.0.1", 1), "secret", "localhost/0#1", "localhost/0", 1, None, False)
+    assert durable.config(env) == durable.Config(s.checkpoint_dir, defaults.CHECKPOINT_INTERVAL,
+                                                 defaults.CHECKPOINT_KEEP)
+    s.checkpoint_dir = None  # and nothing when not asked for, even from the driver's environment
+    s.env = {**s.env, "HVDLITE_CHECKPOINT_DIR": "/elsewhere"}
+    assert durable.config(worker_env(s, ("127.0.0.1", 1), "x", "w", "localhost/0", 1, None, False)) is None
 
 
 def test_horovodrun_spellings_are_accepted():

@@ -101,6 +101,21 @@ def test_new_worker_that_never_synced_does_not_count_as_holding_the_state():
     assert sim.core.round == 2, "a world of workers holding nothing must not form"
 
 
+def test_a_worker_that_can_read_a_checkpoint_holds_its_commit():
+    # As above, but with --checkpoint-dir: c reports the newest commit it can read from disk
+    # (5), so the job resumes from it instead of failing, and says what was lost.
+    sim, (a, b) = first_world([("a", 1), ("b", 1)])
+    sim.send(HostsFound((("a", 1), ("b", 1), ("c", 1))))
+    (c,) = sim.launched(sim.actions[-3:])
+    sim.ready(c, commit=5)
+    leave(sim, [a, b], commit=7)
+    sim.send(Exited(a, -9))
+    sim.send(Exited(b, -9))
+    sim.ready(c, after=2, commit=5)
+    assert sim.end() is None and sim.core.round == 3 and sim.world() == {"c/0": 0}
+    assert sim.logged("commit_lost") == [{"newest": 7, "resumed": 5}]
+
+
 def test_removal_reaches_a_member_waiting_after_the_round_it_left():
     sim, (a, b, c) = first_world([("a", 1), ("b", 1), ("c", 1)])
     sim.send(Exited(b, 1))  # b fails: the world breaks

@@ -83,6 +83,7 @@ class Writer:
         return True
 
     def _run(self):
+        _lowest_priority()
         while True:
             with self._cond:
                 while True:
@@ -106,6 +107,15 @@ class Writer:
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
+
+
+def _lowest_priority():
+    """Nice 19 for the calling thread (Linux schedules threads alone): the writer then uses
+    the CPU time training leaves idle rather than competing with the training threads."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):
+        pass  # not Linux, or not allowed: the writer runs at the worker's priority
 
 
 _writer = None
