@@ -19,8 +19,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _write(path, commit, state):
-    with open(path, "wb") as f:
-        checkpoints.dump(f, commit, state)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        checkpoints.dump(fd, commit, state)
+    finally:
+        os.close(fd)
 
 
 def test_tensors_arrays_and_plain_values_come_back_equal(tmp_path):

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from jobs import (SCRIPTS, Job, check_training_continuous, effective_steps, job_env, progress,
-                  steps_log, wait_progress)
+                  ssh_flags, steps_log, wait_progress)
 from test_elastic import check_exactly_once_per_epoch
 from test_numpy_backend import JOB as NUMPY_JOB, check_training_continuous as check_numpy, needs_pygloo
 from hvdlite.worker import checkpoints
@@ -17,8 +17,9 @@ JOB = [sys.executable, os.path.join(SCRIPTS, "elastic_job.py")]
 TOTAL = 40
 
 
-def crash_then_resume(tmp_path, args, at_step, **knobs):
-    """Run 1 until rank 0 committed `at_step`, kill -9 of everything; run 2 to the end.
+def crash_then_resume(tmp_path, args, at_step, kill_hosts=lambda: None, **knobs):
+    """Run 1 until rank 0 committed `at_step`, kill -9 of the driver, every process under it
+    and kill_hosts(); run 2 to the end.
     Returns (commit on disk after the crash, last commit made before it, run 2's result)."""
     ckpt = tmp_path / "ckpt"
     flags = ["--checkpoint-dir", str(ckpt), "--checkpoint-interval", "0", *args]
@@ -27,6 +28,7 @@ def crash_then_resume(tmp_path, args, at_step, **knobs):
     with Job(flags, tmp_path / "run1", env=job_env(tmp_path, TOTAL_STEPS=TOTAL, RUN=1, **knobs)) as job:
         wait_progress(job, tmp_path, at_step)
         job.kill_everything()
+        kill_hosts()
     made, written = progress(tmp_path), checkpoints.newest_commit(str(ckpt))
     with Job(flags, tmp_path / "run2", env=job_env(tmp_path, TOTAL_STEPS=TOTAL, RUN=2, **knobs)) as job:
         result = job.finish(120)
@@ -74,3 +76,22 @@ def test_a_finished_job_run_again_ends_at_once_with_its_result(tmp_path):
     assert "resumed from commit 10" in result.stdout + result.stderr
     assert {r["run"] for r in steps_log(tmp_path)} == {1}
     check_training_continuous(tmp_path, 10)
+
+
+def test_on_ssh_hosts_every_host_dying_with_the_driver_then_the_same_command_resumes(tmp_path, ssh_hosts):
+    # The test hosts share this machine's filesystem: the usual shared checkpoint folder.
+    hosts = ssh_hosts(2)
+    names = ["host-1", "host-2"]
+
+    def every_host_dies():
+        for name in names:
+            hosts.kill_all(name)
+        for name in names:
+            hosts.start(name)
+    written, made, result = crash_then_resume(
+        tmp_path, [*ssh_flags(hosts), "-H", "host-1:1,host-2:1", "--min-np", "1", *JOB], at_step=15,
+        kill_hosts=every_host_dies, STEP_SLEEP=0.05)
+    hosts.close()
+    records = check_training_continuous(tmp_path, TOTAL)
+    check_resumed(written, made, result, records)
+    check_exactly_once_per_epoch(records, dataset=64)
