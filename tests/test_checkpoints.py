@@ -87,6 +87,8 @@ def test_decisions():
     assert durable.wait_before_write(10.0, None, 5.0) == 0.0
     assert durable.wait_before_write(10.0, 8.0, 5.0) == 3.0
     assert durable.wait_before_write(10.0, 2.0, 5.0) == 0.0
+    assert durable.pause(cpu=0.03, elapsed=0.4, share=0.05) == pytest.approx(0.2)
+    assert durable.pause(cpu=0.03, elapsed=0.7, share=0.05) == 0.0
 
 
 def test_the_writer_writes_the_newest_commit_and_at_most_every_interval(tmp_path):

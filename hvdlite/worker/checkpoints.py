@@ -110,8 +110,8 @@ class _Blocks:
     O_DIRECT the bytes go from there to the disk without the page cache's copy, which costs
     the CPU several times more than copying into the staging buffer."""
 
-    def __init__(self, fd: int, direct: bool):
-        self.fd, self.direct, self.used = fd, direct, 0
+    def __init__(self, fd: int, direct: bool, pace):
+        self.fd, self.direct, self.pace, self.used = fd, direct, pace, 0
         self.stage = mmap.mmap(-1, _STAGE)
         self.view = memoryview(self.stage)
 
@@ -143,6 +143,7 @@ class _Blocks:
                 fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~os.O_DIRECT)
                 self.direct = False
         self.used = 0
+        self.pace()
 
     def close(self) -> None:
         self.pad()
@@ -151,9 +152,9 @@ class _Blocks:
         self.stage.close()
 
 
-def dump(fd: int, commit: int, state, direct=False) -> None:
+def dump(fd: int, commit: int, state, direct=False, pace=lambda: None) -> None:
     """Write `state` (any picklable object) as checkpoint `commit` to the file descriptor fd,
-    opened with O_DIRECT if `direct`."""
+    opened with O_DIRECT if `direct`; pace() is called after every block of writes."""
     buffers = []
     data = io.BytesIO()
     _Pickler(data, protocol=5, buffer_callback=buffers.append).dump(state)
@@ -161,7 +162,7 @@ def dump(fd: int, commit: int, state, direct=False) -> None:
     table = b"".join(_LENGTH.pack(v.nbytes) for v in views)
     counts = (commit, data.getbuffer().nbytes, len(views))
     crc = zlib.crc32(_COUNTS.pack(*counts) + table + data.getbuffer())
-    blocks = _Blocks(fd, direct)
+    blocks = _Blocks(fd, direct, pace)
     blocks.put(_HEADER.pack(MAGIC, *counts, crc) + table)
     blocks.put(data.getbuffer())
     for view in views:
@@ -258,7 +259,7 @@ def load_newest(directory: str, warn=None):
     return None
 
 
-def write(directory: str, commit: int, state, keep: int) -> str:
+def write(directory: str, commit: int, state, keep: int, pace=lambda: None) -> str:
     """Write checkpoint `commit` atomically, then delete all but the newest `keep`."""
     os.makedirs(directory, exist_ok=True)
     final = os.path.join(directory, file_name(commit))
@@ -266,7 +267,7 @@ def write(directory: str, commit: int, state, keep: int) -> str:
     try:
         fd, direct = _create(temp)
         try:
-            dump(fd, commit, state, direct)
+            dump(fd, commit, state, direct, pace)
             os.fsync(fd)
         finally:
             os.close(fd)
