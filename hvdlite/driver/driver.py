@@ -58,7 +58,7 @@ class Driver:
         self.lock = threading.Lock()  # guards heartbeats written by server threads
         self.updates = 0  # host updates announced to workers (elastic)
         self.broken = 0  # newest round seen to fall apart; its workers cut their connections
-        self.assign_handler = None  # elastic rendezvous: query -> (status, body)
+        self.assign_handler = None  # elastic rendezvous: query -> (status, body) or a Future of it
         self.last_liveness_check = time.monotonic()
         self.server = None
         self.ssh_settings = SSHSettings(
@@ -72,6 +72,7 @@ class Driver:
         addr = rendezvous_address(self.settings.bind_address, self.settings.network_interface, remote)
         self.server = KVServer(self.secret, bind=addr)
         self.server.add_route("/rdzv/", self.route)
+        self.server.set_heartbeat(self.heartbeat)
         self.server.start()
         self.log.debug(f"rendezvous server at {self.server.address[0]}:{self.server.address[1]}")
 
@@ -102,13 +103,17 @@ class Driver:
             pass
         self.events.put(("exit", worker.key, code))
 
+    def heartbeat(self, slot) -> bytes:
+        """A worker is alive: the answer tells it the host updates and the newest broken round."""
+        worker = self.workers.get(slot)
+        if worker is not None:
+            with self.lock:
+                worker.last_heartbeat = time.monotonic()
+        return json.dumps({"updates": self.updates, "broken": self.broken}).encode()
+
     def route(self, method, subpath, query, body):
         if subpath == "heartbeat" and method == "PUT":
-            worker = self.workers.get(query.get("slot"))
-            if worker is not None:
-                with self.lock:
-                    worker.last_heartbeat = time.monotonic()
-            return 200, json.dumps({"updates": self.updates, "broken": self.broken}).encode()
+            return 200, self.heartbeat(query.get("slot"))
         if subpath == "exiting" and method == "PUT":
             worker = self.workers.get(query.get("slot"))
             if worker is not None:

@@ -1,12 +1,13 @@
 """An elastic job: rounds of rendezvous over a changing set of hosts.
 
 Everything runs on the driver's main thread, one event at a time (worker ready, worker
-exit, discovery result), so the registry needs no locks; HTTP handler threads only post
-events and wait for their answer.
+exit, discovery result), so the registry needs no locks; the server's thread only posts
+events and hands back a Future of the answer, which the main thread completes.
 """
 import json
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import replace
 
 from hvdlite.discovery.hostset import diff, reorder
@@ -17,7 +18,6 @@ from hvdlite.driver.registry import Candidate, best_survivor, free_slots, plan_w
 from hvdlite.worker import env
 
 DISCOVERY_INTERVAL = 1.0
-ANSWER_WAIT = 50.0  # seconds a rendezvous GET blocks before the worker asks again
 PENDING, MEMBER, REMOVED, EXITED = "pending", "member", "removed", "exited"
 
 
@@ -35,7 +35,8 @@ class ElasticJob:
         self.state = {}  # slot key -> PENDING | MEMBER | REMOVED | EXITED
         self.ready = {}  # slot key -> (round it left, commits it holds)
         self.answers = {}  # slot key -> (round, JSON answer) for the waiting GET
-        self.answered = threading.Condition()
+        self.waiting = {}  # slot key -> (after, Future) of the GET waiting for an answer
+        self.answered = threading.Lock()  # answers and waiting: the server's thread reads them
         self.resets = 0
         self.succeeded = False
         self.first_failure = None
@@ -54,12 +55,20 @@ class ElasticJob:
             return 404, b"unknown slot"
         self.driver.events.put(("ready", key, after, commit))
         with self.answered:
-            found = self.answered.wait_for(
-                lambda: self.answers.get(key, (-1, None))[0] > after, timeout=ANSWER_WAIT)
-            return (200, self.answers[key][1]) if found else (408, b"no new world yet")
+            if self.answers.get(key, (-1, None))[0] > after:
+                return 200, self.answers[key][1]
+            future = Future()  # the server answers 408 and cancels it after its long-poll cap
+            self.waiting[key] = (after, future)
+            return future
 
     def _answer(self, key, payload: dict):
+        """Record a worker's answer and hand it to its waiting GET (hold self.answered)."""
         self.answers[key] = (self.round, json.dumps(payload).encode())
+        after, future = self.waiting.get(key, (None, None))
+        if future is not None and self.round > after:
+            del self.waiting[key]
+            if future.set_running_or_notify_cancel():
+                future.set_result((200, self.answers[key][1]))
 
     # ---- main loop ------------------------------------------------------------------
     def run(self) -> int:
@@ -224,7 +233,6 @@ class ElasticJob:
                 self.driver.workers[key].set_rank(slot.rank)
                 self.state[key] = MEMBER
                 self.ready.pop(key)
-            self.answered.notify_all()
         for key in list(self.ready):  # ready, but beyond --max-np
             self._remove(key)
         if self.members:  # everyone has left the last world: its bootstrap keys are garbage
@@ -293,7 +301,6 @@ class ElasticJob:
         with self.answered:
             if self.ready.pop(key, None) is not None:
                 self._answer(key, {"removed": True})
-                self.answered.notify_all()
                 return
         self.driver.stop_worker(key)
 

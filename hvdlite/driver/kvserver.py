@@ -152,11 +152,11 @@ class KVServer:
         self._loop_thread = None
         self._thread = None
         self._tcp, self._udp = _bind_pair(bind, port)
+        self._address = tuple(self._tcp.getsockname()[:2])
 
     @property
     def address(self):
-        host, port = self._tcp.getsockname()[:2]
-        return host, port
+        return self._address
 
     def start(self) -> None:
         ready = threading.Event()
@@ -467,7 +467,7 @@ class _Connection(asyncio.Protocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
-        self.deadline = time.monotonic() + self.server.auth_timeout
+        self.deadline = time.monotonic() + min(self.server.auth_timeout, self.server.idle_timeout)
 
     def connection_lost(self, exc):
         self.closed = True

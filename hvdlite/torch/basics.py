@@ -33,7 +33,7 @@ def join(after_round=None, commit=0) -> None:
 
 def _group(info: WorldInfo, abandoned):
     s = session()
-    store = KVStore(s.client, info.store_scope, _timeout(env.START_TIMEOUT, 30), abandoned)
+    store = KVStore(s.client, info.store_scope, _timeout(env.START_TIMEOUT, 30), abandoned, info.size)
     options = dist.ProcessGroupGloo._Options()
     options._devices = [dist.ProcessGroupGloo.create_device(hostname=s.local_address())]
     options._timeout = _timeout(env.COLLECTIVE_TIMEOUT, 30)
