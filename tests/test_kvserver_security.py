@@ -56,6 +56,8 @@ def test_forged_replayed_and_stale_requests_store_nothing(server):
     assert exchange(server, request("PUT", "/kv/sec/k", b"v", now=time.time() + 120))[0] == 403
     unsigned = b"PUT /kv/sec/k HTTP/1.1\r\nContent-Length: 1\r\n\r\nv"
     assert exchange(server, unsigned)[0] == 401
+    twice = request("PUT", "/kv/sec/k", b"v").replace(b"Content-Length", b"X-Hvdlite-Auth: x\r\nContent-Length")
+    assert exchange(server, twice)[0] == 401
     assert server.get("sec", "k") is None and server.get("sec", "x") is None
     assert exchange(server, good)[0] == 200
     server.delete("sec", "k")

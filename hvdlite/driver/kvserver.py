@@ -51,6 +51,7 @@ _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden"
             431: "Request Header Fields Too Large", 500: "Internal Server Error",
             503: "Service Unavailable"}
 _METHODS = ("GET", "PUT", "POST", "DELETE")
+_AUTH = kvproto.AUTH_HEADER.lower()
 
 
 class _BadRequest(Exception):
@@ -543,9 +544,11 @@ class _Connection(asyncio.Protocol):
             value = value.strip()
             if name == "content-length":
                 lengths.append(value)
+            elif name == _AUTH and name in headers:
+                headers[name] = ""  # two signatures: which one would count is anybody's guess
             headers.setdefault(name, value)
         # Authentication comes first: nothing about an unsigned request is worth an answer.
-        auth = headers.get(kvproto.AUTH_HEADER.lower())
+        auth = headers.get(_AUTH)
         refused = self.server._authenticate(method, target, auth and kvproto.parse_auth(auth))
         if refused:
             status, reason = refused
