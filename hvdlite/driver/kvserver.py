@@ -549,7 +549,8 @@ class _Connection(asyncio.Protocol):
             headers.setdefault(name, value)
         # Authentication comes first: nothing about an unsigned request is worth an answer.
         auth = headers.get(_AUTH)
-        refused = self.server._authenticate(method, target, auth and kvproto.parse_auth(auth))
+        fields = kvproto.parse_auth(auth) if auth else None
+        refused = self.server._authenticate(method, target, fields)
         if refused:
             status, reason = refused
             if reason == b"stale":
@@ -568,7 +569,7 @@ class _Connection(asyncio.Protocol):
         if headers.get("expect", "").lower() == "100-continue":
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         close = headers.get("connection", "").lower() == "close"
-        return method, target, kvproto.parse_auth(auth), length, close
+        return method, target, fields, length, close
 
     def _answer(self, method, target, body, close):
         server = self.server
