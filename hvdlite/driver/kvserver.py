@@ -496,7 +496,11 @@ class _Connection(asyncio.Protocol):
         self.buffer += data
         if self.pending is not None and len(self.buffer) > MAX_HEAD:
             return self._fail(400, b"requests pipelined behind a waiting one")
-        self._process()
+        try:
+            self._process()
+        except Exception as e:  # noqa: BLE001 - a bug here must cost one connection, loudly
+            if not self.closed:
+                self._fail(500, f"{type(e).__name__}: {e}".encode())
 
     def _process(self):
         while not self.closed and self.pending is None:
