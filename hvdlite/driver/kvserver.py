@@ -20,6 +20,7 @@ is dropped for a new one), and a body is read only after the head's signature ch
 a flood of them costs bounded memory and does not lock real workers out.
 """
 import asyncio
+import collections
 import errno
 import hashlib
 import heapq
@@ -42,6 +43,8 @@ AUTH_TIMEOUT = 5.0  # seconds a new connection has to send its first signed requ
 MAX_UNAUTHENTICATED = 512  # connections not yet authenticated; the oldest goes for a new one
 MAX_CONNECTIONS = 16384
 BACKLOG = 4096
+BULK = 256 * 1024  # an answer this big waits its turn while...
+BULK_BUDGET = 64 * 1024 * 1024  # ...big answers not yet taken by the kernel hold this much
 
 _PERCENT_OK = re.compile(r"(?:[^%]|%[0-9A-Fa-f]{2})*")
 _DIGITS = re.compile(r"[0-9]+")
@@ -146,6 +149,8 @@ class KVServer:
         self._routes = []  # (prefix, handler), longest prefix first
         self._heartbeat = None
         self._replays, self._senders = Replays(), Senders()
+        self._bulk = collections.deque()  # (connection, head, body, close) waiting to be written
+        self._bulk_bytes = 0  # big answers written but still in their connections' buffers
         self._connections = {}  # _Connection -> None, oldest first
         self._unauthenticated = {}  # the same, not authenticated yet
         self._stopped = False
@@ -415,6 +420,14 @@ class KVServer:
         self._connections.pop(conn, None)
         self._unauthenticated.pop(conn, None)
 
+    def _pump(self):
+        """Write waiting big answers while the budget allows (always at least one): a world's
+        snapshot answered to thousands of ranks at once must not be copied into memory whole."""
+        while self._bulk and (not self._bulk_bytes or self._bulk_bytes + len(self._bulk[0][2]) <= BULK_BUDGET):
+            conn, head, body, close = self._bulk.popleft()
+            if not conn.closed:
+                conn._send(head, body, close)
+
     def _authenticate(self, method, target, fields, body_sha_ok=True):
         """None if the signed head is good, else (status, reason). Remembers its nonce."""
         if fields is None:
@@ -455,6 +468,8 @@ class _Connection(asyncio.Protocol):
         self.authenticated = False
         self.deadline = None
         self.closed = False
+        self.queued = False  # a big answer waits for its turn: later requests wait behind it
+        self.held = 0  # bytes of big answers in this connection's buffer
 
     def connection_made(self, transport):
         self.transport = transport
@@ -469,11 +484,22 @@ class _Connection(asyncio.Protocol):
             except OSError:
                 pass
         self.deadline = time.monotonic() + min(self.server.auth_timeout, self.server.idle_timeout)
+        transport.set_write_buffer_limits(high=0)  # told when anything is buffered, and drained
 
     def connection_lost(self, exc):
         self.closed = True
         self.server._forget(self)
         self._drop_pending()
+        self.resume_writing()
+
+    def pause_writing(self):
+        pass  # resume_writing says when the buffer has drained
+
+    def resume_writing(self):
+        if self.held:
+            self.server._bulk_bytes -= self.held
+            self.held = 0
+            self.server._pump()
 
     def close(self):
         if not self.closed:
@@ -503,7 +529,7 @@ class _Connection(asyncio.Protocol):
                 self._fail(500, f"{type(e).__name__}: {e}".encode())
 
     def _process(self):
-        while not self.closed and self.pending is None:
+        while not self.closed and self.pending is None and not self.queued:
             if self.head is None:
                 end = self.buffer.find(b"\r\n\r\n")
                 if end < 0:
@@ -624,14 +650,32 @@ class _Connection(asyncio.Protocol):
         if close:
             extra += "Connection: close\r\n"
         head = f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
-        if len(body) < 65536:
-            self.transport.write(head.encode("latin-1") + body)
+        head = head.encode("latin-1")
+        if len(body) < BULK:
+            self.transport.write(head + body)
         else:
-            self.transport.writelines((head.encode("latin-1"), body))
+            self.queued = True
+            self.server._bulk.append((self, head, body, close))
+            return self.server._pump()
         if close:
             self.closed = True
             self.server._forget(self)
             self.transport.close()
+
+    def _send(self, head, body, close):
+        """Write a big answer whose turn came."""
+        self.queued = False
+        self.held += len(body)
+        self.server._bulk_bytes += len(body)
+        self.transport.writelines((head, body))
+        if not self.transport.get_write_buffer_size():
+            self.resume_writing()  # the kernel took it all at once
+        if close:
+            self.closed = True
+            self.server._forget(self)
+            self.transport.close()
+        else:
+            self._process()
 
     def _fail(self, status, reason, server_time=None):
         """Answer an error and close: the rest of the stream cannot be trusted."""
