@@ -40,9 +40,12 @@ MAX_NAME = 512
 MAX_WAIT = 60.0  # one long-poll or deferred route answer; clients loop for longer waits
 IDLE_TIMEOUT = 10.0  # seconds an idle kept-alive connection, or one request in transit, may take
 AUTH_TIMEOUT = 5.0  # seconds a new connection has to send its first signed request
-MAX_UNAUTHENTICATED = 512  # connections not yet authenticated; the oldest goes for a new one
+# Connections not yet authenticated; the oldest goes for a new one. Room for thousands of
+# workers connecting at once (a few KiB each), while a flood is bounded and cannot lock out.
+MAX_UNAUTHENTICATED = 4096
 MAX_CONNECTIONS = 16384
 BACKLOG = 4096
+UDP_BUFFER = 4 * 1024 * 1024
 BULK = 256 * 1024  # an answer this big waits its turn while...
 BULK_BUDGET = 64 * 1024 * 1024  # ...big answers not yet taken by the kernel hold this much
 
@@ -729,5 +732,9 @@ def _bind_pair(bind, port):
                 raise
             continue
         udp.setblocking(False)
+        try:  # thousands of workers' beats arrive in bursts; the kernel caps this at rmem_max
+            udp.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, UDP_BUFFER)
+        except OSError:
+            pass
         return tcp, udp
     raise OSError(errno.EADDRINUSE, "no free port for both TCP and UDP")
