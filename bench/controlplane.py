@@ -123,7 +123,7 @@ async def one_rank(port, slot, size, value, snapshots):
     assert status == 200, (status, body)
     rank = json.loads(body)["world"]["rank"]
     assert (await kv.request("PUT", f"/kv/{SCOPE}/0%2F{rank}", address(rank, value)))[0] == 200
-    status, snapshot = await kv.request("GET", f"/kv/{SCOPE}?count={size}&wait=60")
+    status, snapshot = await kv.request("GET", f"/kv/{SCOPE}?prefix=0%2F&count={size}&wait=60")
     assert status == 200, status
     # Every rank gets the same bytes: decode the first, compare the rest (the ranks share
     # this process; on real hosts each decodes its own).

@@ -163,18 +163,26 @@ def test_deferred_route_answers():
         srv.stop()
 
 
-def test_scope_snapshot_in_one_answer(server):
+def test_a_family_of_keys_in_one_answer(server):
     client = KVClient(*server.address, SECRET, timeout=5)
     got = {}
-    thread = threading.Thread(target=lambda: got.update(client.gather("snap", 3, timeout=5)))
+    thread = threading.Thread(target=lambda: got.update(client.gather("snap", "0/", 3, timeout=5)))
     thread.start()
     other = KVClient(*server.address, SECRET, timeout=5)
+    other.put("snap", "rank_0", b"not of the family")
     for rank in range(3):
         other.put("snap", f"0/{rank}", b"addr%d" % rank)
+        other.put("snap", f"0/{rank}0", b"not of the family either")
     thread.join(5)
     assert got == {"0/0": b"addr0", "0/1": b"addr1", "0/2": b"addr2"}
     with pytest.raises(TimeoutError):
-        client.gather("snap", 4, timeout=0.2)
+        client.gather("snap", "0/", 4, timeout=0.2)
+    other.put("snap", "0/1", b"changed")
+    other.delete("snap", "0/2")
+    with pytest.raises(TimeoutError):
+        client.gather("snap", "0/", 3, timeout=0.2)
+    other.put("snap", "0/2", b"back")
+    assert client.gather("snap", "0/", 3, timeout=1) == {"0/0": b"addr0", "0/1": b"changed", "0/2": b"back"}
 
 
 def test_unauthenticated_flood_is_bounded_and_locks_nobody_out():

@@ -8,8 +8,9 @@ Protocol, HTTP/1.1 with keep-alive; every request is signed (hvdlite.worker.kvpr
 - ``GET    /kv/<scope>/<key>?wait=S``   long-poll: 200 + value, 408 after min(S, 60) s, 503 on stop
 - ``DELETE /kv/<scope>/<key>``          -> 200, or 404
 - ``POST   /kv/<scope>/<key>?add=N``    atomic add on an ASCII decimal -> 200 + new value
-- ``GET    /kv/<scope>?count=N&wait=S`` once the scope holds N keys: all of them in one answer
-  (kvproto.encode_snapshot), so a rank reads its peers' addresses in one request, not N
+- ``GET    /kv/<scope>?prefix=P&count=N&wait=S``  once keys P0 .. P<N-1> all exist: those
+  keys in one answer (kvproto.encode_snapshot), so a rank reads its peers' addresses in one
+  request, not N (gloo names a rank's key by a prefix and the rank)
 
 Scope and key are percent-encoded path segments, 1..512 bytes once decoded (UTF-8). Routes
 added with ``add_route`` share the authentication and the limits. Heartbeats are signed UDP
@@ -37,6 +38,7 @@ from hvdlite.worker import kvproto
 MAX_BODY = kvproto.MAX_BODY
 MAX_HEAD = kvproto.MAX_HEAD
 MAX_NAME = 512
+MAX_FAMILY = 1 << 20  # keys one snapshot may wait for
 MAX_WAIT = 60.0  # one long-poll or deferred route answer; clients loop for longer waits
 IDLE_TIMEOUT = 10.0  # seconds an idle kept-alive connection, or one request in transit, may take
 AUTH_TIMEOUT = 5.0  # seconds a new connection has to send its first signed request
@@ -147,8 +149,7 @@ class KVServer:
         self._lock = threading.Lock()  # data, waiters: the driver's threads use them too
         self._data = {}  # scope -> {key: bytes}
         self._waiters = {}  # (scope, key) -> {token: callback(value or None)}
-        self._gathers = {}  # scope -> {token: (count, callback(snapshot or None))}
-        self._snapshots = {}  # scope -> encoded snapshot, until the scope changes
+        self._families = {}  # scope -> {(prefix, count): _Family}
         self._routes = []  # (prefix, handler), longest prefix first
         self._heartbeat = None
         self._replays, self._senders = Replays(), Senders()
@@ -205,8 +206,8 @@ class KVServer:
         self._beats.close()
         with self._lock:
             waiting = [cb for group in self._waiters.values() for cb in group.values()]
-            waiting += [cb for group in self._gathers.values() for _, cb in group.values()]
-            self._waiters, self._gathers = {}, {}
+            waiting += [cb for fams in self._families.values() for f in fams.values() for cb in f.waiters.values()]
+            self._waiters, self._families = {}, {}
         for callback in waiting:
             callback(None)  # answers 503: the server is stopping
         for conn in list(self._connections):
@@ -237,13 +238,16 @@ class KVServer:
             found = keys.pop(key, None) is not None
             if not keys:
                 self._data.pop(scope, None)
-            self._snapshots.pop(scope, None)
+            for family in self._families.get(scope, {}).values():
+                if found and family.member(key):
+                    family.present -= 1
+                    family.snapshot = None
             return found
 
     def delete_scope(self, scope: str) -> None:
         with self._lock:
             self._data.pop(scope, None)
-            self._snapshots.pop(scope, None)
+            self._families.pop(scope, None)
 
     def add(self, scope: str, key: str, amount: int) -> int:
         with self._lock:
@@ -258,29 +262,24 @@ class KVServer:
         """Store; returns the callbacks to run (outside the lock) and what to pass them."""
         with self._lock:
             keys = self._data.setdefault(scope, {})
+            new = key not in keys
             keys[key] = value
-            self._snapshots.pop(scope, None)
             woken = [(cb, value) for cb in self._waiters.pop((scope, key), {}).values()]
-            gathers = self._gathers.get(scope)
-            if gathers:
-                ready = [t for t, (count, _) in gathers.items() if count <= len(keys)]
-                if ready:
-                    snapshot = self._snapshot_locked(scope)
-                    woken += [(gathers.pop(t)[1], snapshot) for t in ready]
-                    if not gathers:
-                        del self._gathers[scope]
+            for family in self._families.get(scope, {}).values():
+                if not family.member(key):
+                    continue
+                family.snapshot = None
+                family.present += new
+                if family.complete() and family.waiters:
+                    snapshot = family.encode(keys)
+                    woken += [(cb, snapshot) for cb in family.waiters.values()]
+                    family.waiters = {}
             return woken
 
     @staticmethod
     def _notify(woken):
         for callback, value in woken:
             callback(value)
-
-    def _snapshot_locked(self, scope):
-        snapshot = self._snapshots.get(scope)
-        if snapshot is None:  # built once, then shared by every rank's answer
-            snapshot = self._snapshots[scope] = kvproto.encode_snapshot(self._data.get(scope, {}).items())
-        return snapshot
 
     def wait(self, scope: str, key: str, timeout: float):
         """The value once the key exists, or None after timeout seconds (or on stop)."""
@@ -307,13 +306,9 @@ class KVServer:
                 if not group:
                     del self._waiters[name]
 
-    def _forget_gather(self, scope, token):
+    def _forget_gather(self, family, token):
         with self._lock:
-            group = self._gathers.get(scope)
-            if group is not None:
-                group.pop(token, None)
-                if not group:
-                    del self._gathers[scope]
+            family.waiters.pop(token, None)
 
     def add_route(self, prefix: str, handler) -> None:
         """Serve ``prefix`` + subpath with handler(method, subpath, query, body).
@@ -393,20 +388,25 @@ class KVServer:
         return 405, b"method not allowed"
 
     def _gather(self, scope, query):
-        count = query.get("count", "0")
-        if not _DIGITS.fullmatch(count):
-            raise _BadRequest("count must be a number of keys")
+        count, prefix = query.get("count", ""), query.get("prefix", "")
+        if not _DIGITS.fullmatch(count) or int(count) > MAX_FAMILY:
+            raise _BadRequest(f"count must be a number of keys up to {MAX_FAMILY}")
         seconds = _seconds(query) if "wait" in query else 0.0
         token = object()
         with self._lock:
-            if len(self._data.get(scope, {})) >= int(count):
-                return 200, self._snapshot_locked(scope)
+            keys = self._data.get(scope, {})
+            families = self._families.setdefault(scope, {})
+            family = families.get((prefix, int(count)))
+            if family is None:  # shared by every rank asking: counted once, then kept up to date
+                family = families[prefix, int(count)] = _Family(prefix, int(count), keys)
+            if family.complete():
+                return 200, family.encode(keys)
             if "wait" not in query:
-                return 408, b"fewer keys than count"
+                return 408, b"not every key of the family is set"
             future = Future()
-            self._gathers.setdefault(scope, {})[token] = (int(count), lambda s: _resolve(
-                future, (200, s) if s is not None else (503, b"server stopping")))
-        return future, lambda: self._forget_gather(scope, token), seconds, b"scope not complete in time"
+            family.waiters[token] = lambda s: _resolve(
+                future, (200, s) if s is not None else (503, b"server stopping"))
+        return future, lambda: self._forget_gather(family, token), seconds, b"keys not all set in time"
 
     # -- connections (server thread) --------------------------------------------------------
 
@@ -443,6 +443,30 @@ class KVServer:
         if refused:
             return 403, refused.encode()
         return None
+
+
+class _Family:
+    """The keys prefix0 .. prefix<count-1> of a scope, as ranks wait for all of them."""
+
+    def __init__(self, prefix, count, keys):
+        self.prefix, self.count = prefix, count
+        self.present = sum(1 for i in range(count) if f"{prefix}{i}" in keys)
+        self.waiters = {}  # token -> callback(snapshot or None)
+        self.snapshot = None  # encoded once complete, shared by every answer
+
+    def member(self, key) -> bool:
+        rank = key[len(self.prefix):]
+        return key.startswith(self.prefix) and rank.isdigit() and str(int(rank)) == rank \
+            and int(rank) < self.count
+
+    def complete(self) -> bool:
+        return self.present == self.count
+
+    def encode(self, keys) -> bytes:
+        if self.snapshot is None:
+            names = (f"{self.prefix}{i}" for i in range(self.count))
+            self.snapshot = kvproto.encode_snapshot((name, keys[name]) for name in names)
+        return self.snapshot
 
 
 def _answered(answer) -> Future:

@@ -35,8 +35,7 @@ def join(after_round=None, commit=0) -> None:
 
 def _context(info: WorldInfo, abandoned):
     s = session()
-    # pygloo's connectFullMesh sets two keys per rank ("rank_<r>" and "<r>", measured).
-    kv = ScopeStore(s.client, info.store_scope, abandoned, expected_keys=2 * info.size)
+    kv = ScopeStore(s.client, info.store_scope, abandoned, peers=info.size)
     store = GlooStore(kv, float(s.environ.get(env.START_TIMEOUT, 30)))
     context = pygloo.rendezvous.Context(info.rank, info.size)
     device = pygloo.transport.tcp.CreateDevice(pygloo.transport.tcp.attr(s.local_address()))

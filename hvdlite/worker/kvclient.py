@@ -64,11 +64,11 @@ class KVClient:
         """The value once the key is set; TimeoutError if that takes over timeout seconds."""
         return self._long_poll(_kv_path(scope, key), {}, timeout, ("wait for", scope, key))
 
-    def gather(self, scope: str, count: int, timeout: float) -> dict:
-        """Every key of the scope once it holds `count` keys, in one answer; TimeoutError if
+    def gather(self, scope: str, prefix: str, count: int, timeout: float) -> dict:
+        """Keys prefix0 .. prefix<count-1> once all are set, in one answer; TimeoutError if
         that takes over timeout seconds."""
-        body = self._long_poll(f"/kv/{quote(scope, safe='')}", {"count": str(count)}, timeout,
-                               ("gather", scope, f"{count} keys"))
+        body = self._long_poll(f"/kv/{quote(scope, safe='')}", {"prefix": prefix, "count": str(count)},
+                               timeout, ("gather", scope, f"{prefix}0..{count - 1}"))
         return kvproto.decode_snapshot(body)
 
     def _long_poll(self, path, query, timeout, what):

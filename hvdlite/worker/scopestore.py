@@ -6,10 +6,10 @@ key names after a group is destroyed, so a reused scope hands a new group the pr
 round's addresses.
 
 Gloo's full mesh has every rank set one key, then wait for and get every rank's key: N^2
-requests for a world of N. Told how many keys the scope holds once every rank has set its
-own (`expected_keys`), the store instead fetches the whole scope in one request then, and
-answers gloo from that snapshot (a key not in it is still waited for on its own). That relies
-on gloo writing each key once per scope.
+requests for a world of N. Gloo names a rank's key by a prefix and the rank ("0/3" in
+torch, "rank_3" and "3" in pygloo); told the group's size (`peers`), the store fetches a whole
+family of keys (prefix0 .. prefix<N-1>) in one request once all are set, and answers gloo from
+that snapshot. That relies on gloo writing each key once per scope.
 """
 import time
 
@@ -24,11 +24,12 @@ class ScopeStore:
     Giving up raises `error` (the caller's library's store error)."""
 
     def __init__(self, client: KVClient, scope: str, abandoned=lambda: False, error=RuntimeError,
-                 expected_keys: int = 0):
+                 peers: int = 0):
         self.client, self.scope = client, scope
         self.abandoned, self.error = abandoned, error
-        self.expected_keys = expected_keys
-        self._known = {}  # key -> value from the scope's snapshot
+        self.peers = peers
+        self._known = {}  # key -> value from a family's snapshot
+        self._gathered = set()  # prefixes whose family was fetched
 
     def set(self, key: str, value) -> None:
         self.client.put(self.scope, key, value.encode("utf-8") if isinstance(value, str) else bytes(value))
@@ -56,13 +57,18 @@ class ScopeStore:
 
     def _wait_one(self, key: str, seconds: float, limit: float) -> bytes:
         deadline = time.monotonic() + seconds
-        gather = self.expected_keys and not self._known
+        prefix = key.rstrip("0123456789")
+        rank = key[len(prefix):]
+        # The first key of a family asked for brings every rank's.
+        gather = self.peers and rank.isdigit() and int(rank) < self.peers and prefix not in self._gathered
         while not self.abandoned():
             if key in self._known:
                 return self._known[key]
             try:
-                if gather:  # the first key asked for brings every rank's
-                    self._known = self.client.gather(self.scope, self.expected_keys, min(ABANDON_POLL, seconds))
+                if gather:
+                    self._known.update(self.client.gather(self.scope, prefix, self.peers,
+                                                          min(ABANDON_POLL, seconds)))
+                    self._gathered.add(prefix)
                     gather = False
                     continue
                 return self.client.wait(self.scope, key, min(ABANDON_POLL, seconds))
