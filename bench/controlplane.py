@@ -75,7 +75,7 @@ def serve(size: int) -> None:
             for rank, (slot, f) in enumerate(waiting):
                 f.set_result((200, json.dumps({"world": {"rank": rank, "size": size, "slot": slot}}).encode()))
         return future
-    driver = SimpleNamespace(workers={}, lock=threading.Lock(), updates=0, broken=0)
+    driver = SimpleNamespace(workers={}, lock=threading.Lock(), updates=0, broken=0, _beat_answer=(None, b""))
     for rank in range(size):
         driver.workers[f"sim/{rank}"] = SimpleNamespace(last_heartbeat=None)
     server.add_route("/rdzv/", rendezvous)

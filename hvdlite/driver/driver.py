@@ -58,6 +58,7 @@ class Driver:
         self.lock = threading.Lock()  # guards heartbeats written by server threads
         self.updates = 0  # host updates announced to workers (elastic)
         self.broken = 0  # newest round seen to fall apart; its workers cut their connections
+        self._beat_answer = (None, b"")  # ((updates, broken), its JSON)
         self.assign_handler = None  # elastic rendezvous: query -> (status, body) or a Future of it
         self.last_liveness_check = time.monotonic()
         self.server = None
@@ -104,16 +105,18 @@ class Driver:
         self.events.put(("exit", worker.key, code))
 
     def heartbeat(self, slot) -> bytes:
-        """A worker is alive: the answer tells it the host updates and the newest broken round."""
+        """A worker is alive (a heartbeat datagram, on the server's thread): the answer tells it
+        the host updates and the newest broken round."""
         worker = self.workers.get(slot)
         if worker is not None:
             with self.lock:
                 worker.last_heartbeat = time.monotonic()
-        return json.dumps({"updates": self.updates, "broken": self.broken}).encode()
+        state = (self.updates, self.broken)
+        if self._beat_answer[0] != state:  # thousands of beats a second share one answer
+            self._beat_answer = (state, json.dumps({"updates": state[0], "broken": state[1]}).encode())
+        return self._beat_answer[1]
 
     def route(self, method, subpath, query, body):
-        if subpath == "heartbeat" and method == "PUT":
-            return 200, self.heartbeat(query.get("slot"))
         if subpath == "exiting" and method == "PUT":
             worker = self.workers.get(query.get("slot"))
             if worker is not None:

@@ -48,6 +48,8 @@ MAX_UNAUTHENTICATED = 4096
 MAX_CONNECTIONS = 16384
 BACKLOG = 4096
 UDP_BUFFER = 4 * 1024 * 1024
+BEAT_POLL = 0.01  # seconds between reads of the heartbeat socket: a beat waits this at most
+MAX_BEATS_PER_POLL = 10000
 BULK = 256 * 1024  # an answer this big waits its turn while...
 BULK_BUDGET = 64 * 1024 * 1024  # ...big answers not yet taken by the kernel hold this much
 
@@ -181,9 +183,8 @@ class KVServer:
         self._loop_thread = threading.get_ident()
         self._listener = loop.run_until_complete(
             loop.create_server(lambda: _Connection(self), sock=self._tcp, backlog=BACKLOG))
-        self._beats, _ = loop.run_until_complete(
-            loop.create_datagram_endpoint(lambda: _Beats(self), sock=self._udp))
         loop.call_soon(self._sweep)
+        loop.call_soon(self._drain_beats)
         ready.set()
         loop.run_forever()
         loop.run_until_complete(loop.shutdown_asyncgens())
@@ -203,7 +204,7 @@ class KVServer:
 
     def _shutdown(self):
         self._listener.close()
-        self._beats.close()
+        self._udp.close()
         with self._lock:
             waiting = [cb for group in self._waiters.values() for cb in group.values()]
             waiting += [cb for fams in self._families.values() for f in fams.values() for cb in f.waiters.values()]
@@ -213,6 +214,40 @@ class KVServer:
         for conn in list(self._connections):
             conn.close()
         self._loop.call_soon(self._loop.stop)
+
+    def _drain_beats(self):
+        """Answer the heartbeat datagrams that came in since the last call, then sleep a little:
+        thousands of workers' beats cost one loop turn per BEAT_POLL, not one each."""
+        if self._stopped:
+            return
+        udp = self._udp
+        for _ in range(MAX_BEATS_PER_POLL):
+            try:
+                data, addr = udp.recvfrom(kvproto.MAX_DATAGRAM + 1)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:  # an ICMP error for a worker that went away; the socket is fine
+                continue
+            answer = self._beat(data)
+            if answer is not None:
+                try:
+                    udp.sendto(answer, addr)
+                except OSError:  # buffer full or unreachable: the worker beats again soon
+                    pass
+        self._loop.call_later(BEAT_POLL, self._drain_beats)
+
+    def _beat(self, data):
+        """The signed answer to a heartbeat datagram; None (unanswered) unless it is good."""
+        beat = kvproto.decode_beat(self._key, data)
+        if beat is None or self._heartbeat is None:
+            return None
+        mac, stamp, sender, counter, slot = beat
+        if self._senders.verdict(stamp, sender, counter, time.time()):
+            return None
+        try:
+            return kvproto.encode_beat_answer(self._key, mac, self._heartbeat(slot))
+        except Exception:  # noqa: BLE001 - no answer; the worker's liveness check decides
+            return None
 
     def _sweep(self):
         """Drop connections past their deadline; forget silent heartbeat senders."""
@@ -707,34 +742,6 @@ class _Connection(asyncio.Protocol):
     def _fail(self, status, reason, server_time=None):
         """Answer an error and close: the rest of the stream cannot be trusted."""
         self._write(status, reason, True, f"{kvproto.TIME_HEADER}: {server_time}\r\n" if server_time else "")
-
-
-class _Beats(asyncio.DatagramProtocol):
-    """Signed heartbeat datagrams; anything else is dropped unanswered."""
-
-    def __init__(self, server: KVServer):
-        self.server = server
-        self.transport = None
-
-    def connection_made(self, transport):
-        self.transport = transport
-
-    def datagram_received(self, data, addr):
-        server = self.server
-        beat = kvproto.decode_beat(server._key, data)
-        if beat is None or server._heartbeat is None:
-            return
-        mac, stamp, sender, counter, slot = beat
-        if server._senders.verdict(stamp, sender, counter, time.time()):
-            return
-        try:
-            answer = server._heartbeat(slot)
-        except Exception:  # noqa: BLE001 - no answer; the worker's liveness check decides
-            return
-        self.transport.sendto(kvproto.encode_beat_answer(server._key, mac, answer), addr)
-
-    def error_received(self, exc):
-        pass  # an ICMP error for a worker that went away
 
 
 def _bind_pair(bind, port):
