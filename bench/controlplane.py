@@ -117,8 +117,15 @@ class AsyncKV:
             self.parser.feed(data)
 
 
-async def one_rank(port, slot, size, value, snapshots):
+async def connected(port):
+    """A rank's connection, authenticated by a first request, as a worker's would be by the
+    time a world forms (TCPStore's ranks connect before the start too)."""
     kv = await AsyncKV.connect(port)
+    assert (await kv.request("GET", "/kv/hello/none"))[0] == 404
+    return kv
+
+
+async def one_rank(kv, slot, size, value, snapshots):
     status, body = await kv.request("GET", f"/rdzv/assign?slot={slot}")
     assert status == 200, (status, body)
     rank = json.loads(body)["world"]["rank"]
@@ -137,12 +144,15 @@ async def one_rank(port, slot, size, value, snapshots):
 
 
 async def ranks_main(port, first, count, size, value_bytes):
+    conns = []
+    for start in range(0, count, 256):  # in waves: a burst of thousands of SYNs on loopback
+        conns += await asyncio.gather(*(connected(port) for _ in range(min(256, count - start))))
     print("ready", flush=True)
     start = float(await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline))
     await asyncio.sleep(max(0.0, start - time.time()))
     snapshots = []
-    ends = await asyncio.gather(*(one_rank(port, f"sim/{first + i}", size, value_bytes, snapshots)
-                                  for i in range(count)))
+    ends = await asyncio.gather(*(one_rank(kv, f"sim/{first + i}", size, value_bytes, snapshots)
+                                  for i, kv in enumerate(conns)))
     print(json.dumps({"end": max(ends)}), flush=True)
     seconds = float(await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline))
     print(json.dumps(await heartbeats(port, first, count, seconds)), flush=True)
@@ -192,13 +202,18 @@ def tcpstore_ranks(port, first, count, size, value_bytes):
 
     import torch.distributed as dist
     keys = [f"0/{r}" for r in range(size)]
-    stores = [dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=300))
-              for _ in range(count)]
-    ends, errors = [], []
-    start_at = []
+    ends, errors, start_at = [], [], []
+    connected = threading.Barrier(count + 1)
     go = threading.Event()
 
-    def rank(store):
+    def rank():
+        try:  # every rank connects on its own thread: one by one, thousands take minutes
+            store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=300))
+        except Exception as e:  # noqa: BLE001 - reported
+            errors.append(repr(e))
+            connected.wait()
+            return
+        connected.wait()
         go.wait()
         time.sleep(max(0.0, start_at[0] - time.time()))
         try:
@@ -214,9 +229,10 @@ def tcpstore_ranks(port, first, count, size, value_bytes):
             ends.append(time.time())
         except Exception as e:  # noqa: BLE001 - reported
             errors.append(repr(e))
-    threads = [threading.Thread(target=rank, args=(s,), daemon=True) for s in stores]
+    threads = [threading.Thread(target=rank, daemon=True) for _ in range(count)]
     for t in threads:
         t.start()
+    connected.wait()
     print("ready", flush=True)
     start_at.append(float(sys.stdin.readline()))
     go.set()

@@ -31,7 +31,7 @@ def job_key(secret: str) -> bytes:
 
 def signature(key: bytes, method: str, target: str, body_sha: str, stamp: str, nonce: str) -> str:
     message = "\n".join((method, target, body_sha, stamp, nonce)).encode("utf-8", "surrogateescape")
-    return hmac.new(key, message, hashlib.sha256).hexdigest()
+    return hmac.digest(key, message, "sha256").hex()
 
 
 def auth_value(key: bytes, method: str, target: str, body: bytes, now: float, nonce: str = None) -> str:
