@@ -79,7 +79,7 @@ def serve(size: int) -> None:
     for rank in range(size):
         driver.workers[f"sim/{rank}"] = SimpleNamespace(last_heartbeat=None)
     server.add_route("/rdzv/", rendezvous)
-    server.set_heartbeat(lambda slot: Driver.heartbeat(driver, slot))
+    server.set_heartbeat(lambda query: Driver.heartbeat(driver, query))
     server.start()
     print(server.address[1], flush=True)
     sys.stdin.read()
@@ -182,7 +182,7 @@ async def heartbeats(port, first, count, seconds):
         tick = time.monotonic()
         counter += 1
         for i, (transport, beater) in enumerate(beaters):
-            datagram = kvproto.encode_beat(KEY, senders[i], counter, f"sim/{first + i}", time.time())
+            datagram = kvproto.encode_beat(KEY, senders[i], counter, f"slot=sim%2F{first + i}", time.time())
             beater.mac = datagram[:32]
             transport.sendto(datagram)
             sent += 1

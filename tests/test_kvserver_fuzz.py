@@ -126,9 +126,9 @@ def test_fuzzed_requests_get_4xx_and_change_nothing():
 
 def test_fuzzed_heartbeat_datagrams_are_never_answered():
     server = KVServer(SECRET)
-    server.set_heartbeat(lambda slot: b"alive")
+    server.set_heartbeat(lambda query: b"alive")
     server.start()
-    good = kvproto.encode_beat(KEY, b"s" * 8, 1, "h/0", time.time())
+    good = kvproto.encode_beat(KEY, b"s" * 8, 1, "slot=h%2F0", time.time())
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
             udp.connect(server.address)

@@ -93,21 +93,21 @@ def test_replays_and_senders_are_pure():
 
 
 def test_heartbeat_datagrams(server):
-    server.set_heartbeat(lambda slot: f"alive {slot}".encode())
+    server.set_heartbeat(lambda query: f"alive {query['slot']}".encode())
     client = KVClient(*server.address, SECRET, timeout=5)
     beats = Heartbeats(client, timeout=1.0)
-    assert beats.beat("h/1") == b"alive h/1"
+    assert beats.beat({"slot": "h/1"}) == b"alive h/1"
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
         udp.connect(server.address)
         udp.settimeout(0.5)
-        replay = kvproto.encode_beat(KEY, beats.sender, beats.counter, "h/1", time.time())
-        forged = kvproto.encode_beat(kvproto.job_key("wrong"), b"f" * 8, 1, "h/1", time.time())
-        stale = kvproto.encode_beat(KEY, b"s" * 8, 1, "h/1", time.time() - 120)
+        replay = kvproto.encode_beat(KEY, beats.sender, beats.counter, "slot=h/1", time.time())
+        forged = kvproto.encode_beat(kvproto.job_key("wrong"), b"f" * 8, 1, "slot=h/1", time.time())
+        stale = kvproto.encode_beat(KEY, b"s" * 8, 1, "slot=h/1", time.time() - 120)
         for datagram in (replay, forged, stale, b"garbage"):
             udp.send(datagram)
             with pytest.raises(socket.timeout):
                 udp.recv(2048)
-        fresh = kvproto.encode_beat(KEY, b"n" * 8, 1, "h/2", time.time())
+        fresh = kvproto.encode_beat(KEY, b"n" * 8, 1, "slot=h%2F2", time.time())
         udp.send(fresh)
         answer = udp.recv(2048)
         assert kvproto.decode_beat_answer(KEY, fresh[:32], answer) == b"alive h/2"
@@ -121,7 +121,7 @@ def test_heartbeat_to_nobody_returns_none():
     srv.stop()  # never started: the port is closed
     beats = Heartbeats(KVClient(*address, SECRET), timeout=0.3)
     started = time.monotonic()
-    assert beats.beat("h/0") is None
+    assert beats.beat({"slot": "h/0"}) is None
     assert time.monotonic() - started < 1.0
     beats.close()
 

@@ -104,10 +104,10 @@ class Driver:
             pass
         self.events.put(("exit", worker.key, code))
 
-    def heartbeat(self, slot) -> bytes:
+    def heartbeat(self, query) -> bytes:
         """A worker is alive (a heartbeat datagram, on the server's thread): the answer tells it
         the host updates and the newest broken round."""
-        worker = self.workers.get(slot)
+        worker = self.workers.get(query.get("slot"))
         if worker is not None:
             with self.lock:
                 worker.last_heartbeat = time.monotonic()

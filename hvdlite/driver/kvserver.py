@@ -241,11 +241,11 @@ class KVServer:
         beat = kvproto.decode_beat(self._key, data)
         if beat is None or self._heartbeat is None:
             return None
-        mac, stamp, sender, counter, slot = beat
+        mac, stamp, sender, counter, query = beat
         if self._senders.verdict(stamp, sender, counter, time.time()):
             return None
         try:
-            return kvproto.encode_beat_answer(self._key, mac, self._heartbeat(slot))
+            return kvproto.encode_beat_answer(self._key, mac, self._heartbeat(_parse_query(query)))
         except Exception:  # noqa: BLE001 - no answer; the worker's liveness check decides
             return None
 
@@ -359,8 +359,8 @@ class KVServer:
         self._routes = sorted(self._routes + [(prefix, handler)], key=lambda route: -len(route[0]))
 
     def set_heartbeat(self, handler) -> None:
-        """Answer heartbeat datagrams with handler(slot) -> bytes, on the server's thread
-        (it must not block)."""
+        """Answer heartbeat datagrams with handler(query) -> bytes, on the server's thread (it
+        must not block); query is the datagram's decoded query string, as a route gets it."""
         self._heartbeat = handler
 
     # -- dispatch (server thread) -----------------------------------------------------------

@@ -154,10 +154,11 @@ class Heartbeats:
         self.sock.connect((client.host, client.port))
         self.sender, self.counter = os.urandom(8), 0
 
-    def beat(self, slot: str):
-        """The driver's answer (bytes), or None if none came within the timeout."""
+    def beat(self, query: dict):
+        """Send `query` (what identifies this worker to the driver); the driver's answer
+        (bytes), or None if none came within the timeout."""
         self.counter += 1
-        datagram = kvproto.encode_beat(self.client.key, self.sender, self.counter, slot,
+        datagram = kvproto.encode_beat(self.client.key, self.sender, self.counter, urlencode(query),
                                        time.time() + self.client.offset)
         deadline = time.monotonic() + self.timeout
         try:

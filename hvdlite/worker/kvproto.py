@@ -127,7 +127,8 @@ def decode_snapshot(compressed: bytes) -> dict:
 
 
 # -- heartbeats: signed UDP datagrams on the server's port ----------------------------------
-# request:  signature(32) | b"hb" | time(8, double) | sender(8) | counter(8) | slot (UTF-8)
+# request:  signature(32) | b"hb" | time(8, double) | sender(8) | counter(8) | query (UTF-8,
+#           urlencoded, as a heartbeat request's query string)
 # answer:   HMAC(request signature + answer)(32) | answer (JSON)
 # A sender's counter only grows, so a replayed datagram is refused without remembering nonces.
 
@@ -135,13 +136,13 @@ _BEAT = struct.Struct("!2sd8sQ")
 MAX_DATAGRAM = 1400
 
 
-def encode_beat(key: bytes, sender: bytes, counter: int, slot: str, now: float) -> bytes:
-    message = _BEAT.pack(b"hb", now, sender, counter) + slot.encode("utf-8")
+def encode_beat(key: bytes, sender: bytes, counter: int, query: str, now: float) -> bytes:
+    message = _BEAT.pack(b"hb", now, sender, counter) + query.encode("utf-8")
     return hmac.digest(key, message, "sha256") + message
 
 
 def decode_beat(key: bytes, datagram: bytes):
-    """(signature, time, sender, counter, slot), or None unless signed with key and well-formed."""
+    """(signature, time, sender, counter, query), or None unless signed with key and well-formed."""
     if not 32 + _BEAT.size <= len(datagram) <= MAX_DATAGRAM:
         return None
     mac, message = datagram[:32], datagram[32:]

@@ -93,7 +93,7 @@ class Session:
     def _beat(self):
         last_contact = time.monotonic()
         while True:
-            body = self._beats.beat(self.slot)
+            body = self._beats.beat({"slot": self.slot})
             try:
                 if body is not None:
                     answer = json.loads(body)
