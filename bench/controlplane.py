@@ -283,10 +283,10 @@ def split(size, procs):
     return [(first, min(per, size - first)) for first in range(0, size, per)]
 
 
-def cpu_seconds(pid):
+def cpu_seconds(pid, user=True, system=True):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return (user * int(fields[11]) + system * int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def peak_rss_mb(pid):
@@ -314,13 +314,16 @@ def measure_hvdlite(size, procs, value_bytes, beat_seconds):
         ends = [json.loads(read_line(proc, 300))["end"] for proc in ranks]
         rendezvous = max(ends) - start
         before, t0 = cpu_seconds(server.pid), time.monotonic()
+        before_system = cpu_seconds(server.pid, user=False)
         for proc in ranks:
             proc.stdin.write(f"{beat_seconds}\n")
             proc.stdin.flush()
         beats = [json.loads(read_line(proc, beat_seconds + 60)) for proc in ranks]
-        cpu = (cpu_seconds(server.pid) - before) / (time.monotonic() - t0)
+        window = time.monotonic() - t0
+        cpu = (cpu_seconds(server.pid) - before) / window
+        system = (cpu_seconds(server.pid, user=False) - before_system) / window
         sent, answered = sum(b["sent"] for b in beats), sum(b["answered"] for b in beats)
-        return rendezvous, cpu, peak_rss_mb(server.pid), answered / max(sent, 1)
+        return rendezvous, cpu, system, peak_rss_mb(server.pid), answered / max(sent, 1)
     finally:
         stop(ranks + [server])
 
@@ -345,8 +348,9 @@ def measure_tcpstore(size, procs, value_bytes):
 
 
 def reform(sizes, python):
-    """kill -9 of one worker of a real numpy-backend job of each size -> every survivor's
-    first allreduce in the re-formed world (bench/elastic.py's trial)."""
+    """kill -9 of one worker of a real numpy-backend job of each size, once every rank has
+    done an allreduce -> every survivor's first allreduce in the re-formed world (bench/elastic.py's
+    trial)."""
     import random
     import tempfile
     sys.path.insert(0, os.path.join(ROOT, "bench"))
@@ -359,6 +363,10 @@ def reform(sizes, python):
                    "-H", f"localhost:{n}", "--min-np", "1", "--blacklist-cooldown-range", "1", "1",
                    python, script], env_extra={"PYTHONPATH": ROOT, "MALLOC_ARENA_MAX": "2"}, folder=folder)
         try:
+            # A world at work, every rank through an allreduce: a kill while pygloo is still
+            # connecting the mesh is another matter.
+            run.wait(lambda: sum(any(size == n for *_, size in rows) for rows in run.completions().values()) >= n,
+                     60 + 3 * n)
             trial = kill_trial(run, n, random.Random(n))
             out[n] = trial[0] if trial else None
         finally:
@@ -368,7 +376,7 @@ def reform(sizes, python):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 1024, 4096])
+    p.add_argument("--sizes", type=int, nargs="*", default=[64, 256, 1024, 4096])
     p.add_argument("--procs", type=int, default=2, help="processes the simulated ranks share")
     p.add_argument("--value-bytes", type=int, default=154)
     p.add_argument("--beat-seconds", type=float, default=5.0)
@@ -378,14 +386,16 @@ def main():
     args = p.parse_args()
     raise_fd_limit()
     for size in args.sizes:
-        rendezvous, cpu, rss, answered = measure_hvdlite(size, args.procs, args.value_bytes, args.beat_seconds)
+        rendezvous, cpu, system, rss, answered = measure_hvdlite(size, args.procs, args.value_bytes,
+                                                                 args.beat_seconds)
         try:
             tcp = "skipped" if args.no_tcpstore else measure_tcpstore(size, args.procs, args.value_bytes)
         except RuntimeError as e:  # the baseline did not make it; our numbers still count
             tcp = f"failed({e})"
         tcp = f"{tcp:.3f}" if isinstance(tcp, float) else tcp
         print(f"ranks={size} rendezvous_s={rendezvous:.3f} tcpstore_s={tcp} heartbeat_cpu={cpu:.3f} "
-              f"rss_mb={rss:.0f}  (heartbeats answered {answered:.1%})", flush=True)
+              f"rss_mb={rss:.0f}  (heartbeats answered {answered:.1%}; kernel share of heartbeat_cpu "
+              f"{system:.3f}: on loopback the driver's sends also deliver to its clients)", flush=True)
     if args.reform:
         times = reform(args.reform, args.worker_python)
         print("re-form after kill -9 (numpy backend, real processes): " + "  ".join(
