@@ -1,14 +1,22 @@
-"""Elastic recovery on this machine, against torchrun measured in the same run.
+"""Elastic recovery and joining on this machine, against baselines measured in the same run.
 
-    python bench/elastic.py [--trials 20] [--sizes 2 4 8] [--baseline-trials 3]
+    python bench/elastic.py [--sections kill join start] [--trials 20] [--sizes 2 4 8]
+                            [--baseline-trials 3] [--join-trials 5] [--join-sizes 2 8]
 
-Prints, from real jobs on localhost:
+Prints, from real jobs on localhost (section "kill"):
 - kill -9 of a worker -> the survivors' next completed allreduce (per trial the latest
   survivor to resume): median and max over --trials kills (target max <= 1 s);
 - a slot coming back -> the new worker's first completed allreduce, from its launch
   (target <= 3 s), and the survivors' stall while it joins;
 - kill -9 recovery at several world sizes;
 - torchrun (c10d rendezvous, --max-restarts) on the same kill, and the ratio.
+Section "join", with a Horovod-style script (init, model, DistributedOptimizer, elastic.run),
+plain launches (--no-preload) against workers forked from a preloaded template (--preload):
+- a slot added to discovery -> the new worker's first step at the new size, and the ratio to
+  a fresh python importing torch and building an SGD optimizer (target <= 0.5x, <= 1.0 s);
+- the survivors' stall while it joins, growing to 2 and to 8 ranks (target <= 0.2 s).
+Section "start": `hvdlite run -np 2` start -> first allreduce, against torchrun on the same
+script (target <= 0.5x).
 """
 import argparse
 import glob
@@ -25,6 +33,11 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LOOP = os.path.join(HERE, "scripts", "allreduce_loop.py")
+STYLE = os.path.join(HERE, "scripts", "horovod_style.py")
+FRESH = "import torch; torch.optim.SGD(torch.nn.Linear(4, 4).parameters(), lr=0.1)"
+# How workers start: always fresh, the default (fresh first world, joins fork from the template
+# warmed meanwhile), or every worker from the template (--preload).
+MODES = {"plain": ["--no-preload"], "default": [], "template": ["--preload", "torch,torch.optim,torch._dynamo,hvdlite.torch"]}
 
 
 class Run:
@@ -132,19 +145,24 @@ def kill_trial(run, n, rng):
     return recovery, join, max(gaps) if gaps else None
 
 
-def hvdlite_trials(n, trials, rng):
-    run = start_hvdlite(n)
+def repeat(run, trial, trials, label):
+    """Up to `trials` results of trial() on one job, then the job closed."""
     results = []
     try:
         for _ in range(trials):
-            r = kill_trial(run, n, rng)
+            r = trial()
             if r is None:
-                print(f"  (size {n}: a trial did not complete; see {run.dir})", flush=True)
+                print(f"  ({label}: a trial did not complete; see {run.dir})", flush=True)
                 break
             results.append(r)
     finally:
         run.close()
     return results
+
+
+def hvdlite_trials(n, trials, rng):
+    run = start_hvdlite(n)
+    return repeat(run, lambda: kill_trial(run, n, rng), trials, f"size {n}")
 
 
 def torchrun_trials(trials):
@@ -175,6 +193,133 @@ def torchrun_trials(trials):
     return times
 
 
+def fresh_python():
+    """Seconds a fresh interpreter takes to import torch and build an SGD optimizer."""
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-c", FRESH], check=True, timeout=120)
+    return time.monotonic() - start
+
+
+def start_growing(n, mode):
+    """An elastic job of the Horovod-style script on n local slots, discovery in a file."""
+    folder = tempfile.mkdtemp(prefix="hvdlite-bench-")
+    hosts = os.path.join(folder, "hosts")
+    with open(hosts, "w") as f:
+        f.write(f"localhost:{n}\n")
+    discover = os.path.join(folder, "discover.sh")
+    with open(discover, "w") as f:
+        f.write(f"#!/bin/sh\ncat {hosts}\n")
+    os.chmod(discover, 0o755)
+    run = Run([sys.executable, "-m", "hvdlite.cli", "run", "--event-log",
+               os.path.join(folder, "events.jsonl"), "--min-np", "1", "--max-np", "16",
+               "--host-discovery-script", discover, *MODES[mode], sys.executable, STYLE],
+              folder=folder)
+    return run, hosts
+
+
+def set_slots(hosts, n):
+    with open(hosts + ".new", "w") as f:
+        f.write(f"localhost:{n}\n")
+    os.replace(hosts + ".new", hosts)
+    return time.time()
+
+
+def join_trial(run, hosts, n):
+    """World of n-1, a slot added: (slot added -> newcomer's first step at size n,
+    newcomer's process start -> that step, survivors' longest gap between steps), or None."""
+    if not run.wait(lambda: (members(run) or {}).get("size") == n - 1, 120):
+        return None
+    old = members(run)
+    survivors = [pid_of(run, s) for s in old["members"]]
+    time.sleep(0.5)
+    added = set_slots(hosts, n)
+
+    def newcomer():
+        starts = [e for e in run.events() if e["event"] == "worker_start" and e["time"] > added - 1]
+        return starts[-1] if starts else None
+
+    def first_step():
+        new = newcomer()
+        steps = [t for t, _, _, size in run.completions().get(new["pid"], []) if size == n] if new else []
+        return min(steps) if steps else None
+
+    if not run.wait(lambda: first_step() is not None, 120):
+        return None
+    first = first_step()
+    run.wait(lambda: all(any(t >= first - 0.001 for t, *_ in run.completions().get(pid, []))
+                         for pid in survivors), 30)
+    gaps = []
+    for pid in survivors:
+        times = sorted(t for t, *_ in run.completions().get(pid, []))
+        after = [i for i, t in enumerate(times) if t >= first - 0.001]
+        if after and after[0] > 0:
+            gaps.append(times[after[0]] - times[after[0] - 1])
+    joined_round, new = members(run)["round"], newcomer()
+    set_slots(hosts, n - 1)
+    # The driver keys workers by slot: a slot coming back before its last worker has exited
+    # would be credited with that worker's exit, so wait for it to be gone.
+    run.wait(lambda: (members(run) or {}).get("size") == n - 1 and members(run)["round"] > joined_round
+             and not os.path.exists(f"/proc/{new['pid']}"), 60)
+    return first - added, first - new["time"], max(gaps) if gaps else None
+
+
+def join_trials(n, trials, mode):
+    run, hosts = start_growing(n - 1, mode)
+    return repeat(run, lambda: join_trial(run, hosts, n), trials, f"{mode}, growing to {n}")
+
+
+def start_trial(launcher):
+    """Seconds from launching a 2-worker job of the Horovod-style script to the later of the
+    two ranks' first step."""
+    started = time.time()
+    if launcher == "torchrun":
+        run = Run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   "--nproc-per-node", "2", STYLE], {"BASELINE": "torchrun", "OMP_NUM_THREADS": "1"})
+    else:
+        run = Run([sys.executable, "-m", "hvdlite.cli", "run", "-np", "2", *MODES[launcher],
+                   sys.executable, STYLE])
+    try:
+        if not run.wait(lambda: len([c for c in run.completions().values() if c]) >= 2, 120):
+            return None
+        return max(min(t for t, *_ in c) for c in run.completions().values() if c) - started
+    finally:
+        run.close()
+
+
+def ratio(ours, theirs):
+    ours, theirs = [v for v in ours if v is not None], [v for v in theirs if v is not None]
+    if not ours or not theirs:
+        return "no data"
+    return f"{statistics.median(ours) / statistics.median(theirs):.2f}x"
+
+
+def join_section(args):
+    print("joining, Horovod-style script (init, model, DistributedOptimizer, elastic.run)", flush=True)
+    fresh = []
+    for n in args.join_sizes:
+        for mode in MODES:
+            fresh.append(fresh_python())
+            results = join_trials(n, args.join_trials, mode)
+            fresh.append(fresh_python())
+            joins = [r[0] for r in results]
+            print(f"  {mode:8s} growing to {n}: slot added -> first step at {n}: {summary(joins)}"
+                  f" ({ratio(joins, fresh)} of a fresh python); from process start "
+                  f"{summary(r[1] for r in results)}; survivors' stall {summary(r[2] for r in results)}",
+                  flush=True)
+    print(f"  fresh python importing torch + building SGD: {summary(fresh)}")
+
+
+def start_section(args):
+    print("start of `hvdlite run -np 2` -> first allreduce, Horovod-style script", flush=True)
+    times = {launcher: [] for launcher in ("torchrun", *MODES)}
+    for _ in range(args.start_trials):
+        for launcher in times:  # interleaved, so that load changes hit every launcher alike
+            times[launcher].append(start_trial(launcher))
+    for launcher, values in times.items():
+        versus = "" if launcher == "torchrun" else f" ({ratio(values, times['torchrun'])} of torchrun)"
+        print(f"  {launcher:8s} {summary(values)}{versus}", flush=True)
+
+
 def summary(values):
     values = [v for v in values if v is not None]
     if not values:
@@ -182,13 +327,7 @@ def summary(values):
     return f"median {statistics.median(values):.3f} s, max {max(values):.3f} s (n={len(values)})"
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--trials", type=int, default=20)
-    p.add_argument("--sizes", type=int, nargs="*", default=[2, 4, 8])
-    p.add_argument("--size-trials", type=int, default=3)
-    p.add_argument("--baseline-trials", type=int, default=3)
-    args = p.parse_args()
+def kill_section(args):
     rng = random.Random(0)
     print(f"hvdlite, 3 workers on localhost, {args.trials} kill -9 trials", flush=True)
     results = hvdlite_trials(3, args.trials, rng)
@@ -207,6 +346,25 @@ def main():
     if ours and theirs:
         print(f"recovery, torchrun median / hvdlite median: "
               f"{statistics.median(theirs) / statistics.median(ours):.1f}x")
+
+
+SECTIONS = {"kill": kill_section, "join": join_section, "start": start_section}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--sections", nargs="*", choices=SECTIONS, default=list(SECTIONS))
+    p.add_argument("--trials", type=int, default=20)
+    p.add_argument("--sizes", type=int, nargs="*", default=[2, 4, 8])
+    p.add_argument("--size-trials", type=int, default=3)
+    p.add_argument("--baseline-trials", type=int, default=3)
+    p.add_argument("--join-trials", type=int, default=5)
+    p.add_argument("--join-sizes", type=int, nargs="*", default=[2, 8])
+    p.add_argument("--start-trials", type=int, default=3)
+    args = p.parse_args()
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
+    for name in args.sections:
+        SECTIONS[name](args)
 
 
 if __name__ == "__main__":

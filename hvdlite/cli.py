@@ -1,44 +1,17 @@
 """`hvdlite run`: command-line flags -> Settings -> driver."""
 import argparse
+import math
 import os
+import re
+import shlex
 import shutil
 import sys
-from dataclasses import dataclass, field
 
-from hvdlite.driver.hosts import HostSpecError, parse_hostfile, parse_hosts
-
-
-class UsageError(Exception):
-    """Bad flags or an impossible request; shown as one line, exit code 2."""
-
-
-@dataclass
-class Settings:
-    command: list
-    num_proc: int = None
-    hosts: list = None  # [(name, slots)] in order, None in elastic mode
-    start_timeout: float = 30.0
-    liveness_timeout: float = 5.0
-    event_log: str = None
-    elastic: bool = False
-    min_np: int = None
-    max_np: int = None
-    slots_per_host: int = None
-    discovery_script: str = None
-    discovery_timeout: float = 10.0
-    reset_limit: int = None
-    cooldown_range: tuple = None
-    elastic_timeout: float = 600.0
-    output_dir: str = None
-    verbose: bool = False
-    log_level: str = "INFO"
-    network_interface: str = None
-    bind_address: str = None
-    ssh_port: int = None
-    ssh_identity_file: str = None
-    ssh_accept_unknown_hosts: bool = False
-    ssh_config: str = None
-    env: dict = field(default_factory=lambda: dict(os.environ))
+from hvdlite import defaults
+from hvdlite.template import DEFAULT_PRELOAD
+from hvdlite.discovery.hostspec import parse_hostfile, parse_hosts
+from hvdlite.driver.settings import Settings
+from hvdlite.errors import HvdliteError, UsageError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,6 +25,8 @@ def _positive(kind):
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
         if value <= 0:
             raise argparse.ArgumentTypeError(f"must be positive, got {text}")
         return value
@@ -64,6 +39,10 @@ def _non_negative_int(text):
     return int(text)
 
 
+def _seconds(default, what):
+    return dict(type=_positive(float), default=default, help=f"{what} (default {default:g})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="hvdlite run", description="Launch a data-parallel training job.")
     p.add_argument("-np", "--num-proc", type=_positive(int), dest="num_proc",
@@ -71,8 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     hosts = p.add_mutually_exclusive_group()
     hosts.add_argument("-H", "--hosts", help="hosts and slots, e.g. h1:2,h2:4 (default localhost:NP)")
     hosts.add_argument("--hostfile", help="file of 'host slots=N' lines; '#' starts a comment")
-    p.add_argument("--start-timeout", type=_positive(float), default=30.0,
-                   help="seconds for all workers to start and meet (default 30)")
+    p.add_argument("--start-timeout", **_seconds(defaults.START_TIMEOUT,
+                                                 "seconds for a worker to start and meet the others"))
+    p.add_argument("--gloo-timeout-seconds", dest="collective_timeout",
+                   **_seconds(defaults.COLLECTIVE_TIMEOUT, "seconds a collective waits for a peer"))
     p.add_argument("--output-filename", dest="output_dir",
                    help="also write each rank's output to DIR/rank.N/stdout|stderr")
     p.add_argument("--verbose", action="store_true", help="print what the driver does")
@@ -80,34 +61,51 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
                    help="INFO prints an elastic job's events, WARNING and above only errors, "
                         "DEBUG also the driver's details")
-    p.add_argument("--network-interface", help="serve the rendezvous on this interface's address")
+    p.add_argument("--network-interfaces", "--network-interface", dest="network_interfaces",
+                   help="serve the rendezvous on the first of these interfaces (comma list) "
+                        "that has an IPv4 address")
     p.add_argument("--rendezvous-addr", dest="bind_address",
-                   help="serve the rendezvous on this address (default: loopback for local jobs)")
+                   help="serve the rendezvous on this address (default: loopback for a job on "
+                        "this machine only, else every interface)")
     p.add_argument("-p", "--ssh-port", type=_positive(int), help="SSH port of remote hosts")
     p.add_argument("-i", "--ssh-identity-file", help="SSH private key for remote hosts")
     p.add_argument("--ssh-accept-unknown-hosts", action="store_true",
                    help="accept SSH host keys missing from known_hosts (default: reject them)")
     p.add_argument("--ssh-config", help="OpenSSH client config to read (default ~/.ssh/config)")
     p.add_argument("--event-log", help="append the driver's events to FILE as JSON lines")
+    preload = p.add_mutually_exclusive_group()
+    preload.add_argument("--preload", metavar="MODULES",
+                         help="comma list of modules a per-host template imports once; every local "
+                              "worker forks from it (default: " + ",".join(DEFAULT_PRELOAD) +
+                              ", for workers that join a running job)")
+    preload.add_argument("--no-preload", action="store_true",
+                         help="start every worker as a fresh process")
     e = p.add_argument_group("elastic mode (on with --host-discovery-script or --min-np)")
-    e.add_argument("--min-np", type=_positive(int), help="fewest workers to train with (default -np)")
-    e.add_argument("--max-np", type=_positive(int), help="most workers to train with (default: all slots)")
-    e.add_argument("--slots-per-host", type=_positive(int),
+    e.add_argument("--min-np", "--min-num-proc", type=_positive(int), dest="min_np",
+                   help="fewest workers to train with (default -np)")
+    e.add_argument("--max-np", "--max-num-proc", type=_positive(int), dest="max_np",
+                   help="most workers to train with (default: all slots)")
+    e.add_argument("--slots-per-host", "--slots", type=_positive(int), dest="slots_per_host",
                    help="slots of a discovered host listed without ':slots'")
     e.add_argument("--host-discovery-script", dest="discovery_script",
-                   help="command printing the current hosts, 'host:slots' per line; run every second")
-    e.add_argument("--discovery-timeout", type=_positive(float), default=10.0,
-                   help="seconds before a discovery run is killed and counted as failed (default 10)")
+                   help="command printing the current hosts, 'host:slots' per line")
+    e.add_argument("--discovery-interval", **_seconds(defaults.DISCOVERY_INTERVAL,
+                                                      "seconds between runs of the discovery script"))
+    e.add_argument("--discovery-timeout", **_seconds(
+        defaults.DISCOVERY_TIMEOUT, "seconds before a discovery run is killed and counted as failed"))
     e.add_argument("--reset-limit", type=_non_negative_int,
                    help="fail the job when the world would re-form more often than this")
     e.add_argument("--blacklist-cooldown-range", nargs=2, type=_positive(float), metavar=("MIN", "MAX"),
                    dest="cooldown_range",
                    help="seconds a failed host or slot sits out (grows per failure); default: forever")
-    e.add_argument("--elastic-timeout", type=_positive(float), default=600.0,
-                   help="seconds to wait for --min-np workers before failing (default 600)")
-    e.add_argument("--liveness-timeout", type=_positive(float), default=5.0,
-                   help="seconds of heartbeat silence after which a worker is killed as hung, and "
-                        "a worker that cannot reach the driver exits (default 5)")
+    e.add_argument("--blacklist", choices=["auto", "host", "slot"], default=defaults.BLACKLIST,
+                   help="what a failed worker takes out: its host (Horovod's rule), its slot, or "
+                        "auto: the slot when the job runs on one host, else the host (default auto)")
+    e.add_argument("--elastic-timeout", **_seconds(defaults.ELASTIC_TIMEOUT,
+                                                   "seconds to wait for --min-np workers before failing"))
+    e.add_argument("--liveness-timeout", **_seconds(
+        defaults.LIVENESS_TIMEOUT, "seconds of heartbeat silence after which a worker is killed as "
+                                   "hung, and a worker that cannot reach the driver exits"))
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command")
     return p
 
@@ -116,7 +114,7 @@ def parse_settings(argv) -> Settings:
     args = build_parser().parse_args(argv)
     if not args.command:
         raise UsageError("no training command given, e.g. `hvdlite run -np 2 python train.py`")
-    _check_command(args.command)
+    command = training_command(args.command)
     elastic = bool(args.discovery_script or args.min_np)
     min_np = args.min_np or args.num_proc or 1
     if args.max_np is not None and min_np > args.max_np:
@@ -125,15 +123,12 @@ def parse_settings(argv) -> Settings:
         raise UsageError("use either --host-discovery-script or -H/--hostfile, not both")
     if args.cooldown_range and args.cooldown_range[0] > args.cooldown_range[1]:
         raise UsageError("--blacklist-cooldown-range: MIN is larger than MAX")
-    try:
-        if args.hosts:
-            hosts = parse_hosts(args.hosts)
-        elif args.hostfile:
-            hosts = parse_hostfile(args.hostfile)
-        else:
-            hosts = [("localhost", args.num_proc or args.max_np or min_np)]
-    except HostSpecError as e:
-        raise UsageError(str(e)) from None
+    if args.hosts:
+        hosts = parse_hosts(args.hosts)
+    elif args.hostfile:
+        hosts = parse_hostfile(args.hostfile)
+    else:
+        hosts = [("localhost", args.num_proc or args.max_np or min_np)]
     slots = sum(n for _, n in hosts)
     num_proc = args.num_proc or slots
     if not args.discovery_script and max(num_proc if not elastic else min_np, 1) > slots:
@@ -144,33 +139,70 @@ def parse_settings(argv) -> Settings:
         if path and not os.path.isfile(path):
             raise UsageError(f"--{name.replace('_', '-')}: no such file {path}")
     return Settings(
-        command=args.command, num_proc=num_proc, hosts=hosts, start_timeout=args.start_timeout,
+        command=command, num_proc=num_proc, hosts=None if args.discovery_script else hosts,
+        start_timeout=args.start_timeout, collective_timeout=args.collective_timeout,
         output_dir=args.output_dir, verbose=args.verbose, log_level=args.log_level,
-        network_interface=args.network_interface, bind_address=args.bind_address,
+        network_interfaces=args.network_interfaces.split(",") if args.network_interfaces else None,
+        bind_address=args.bind_address,
         ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,
         ssh_accept_unknown_hosts=args.ssh_accept_unknown_hosts, ssh_config=args.ssh_config,
         event_log=args.event_log,
         elastic=elastic, min_np=min_np, max_np=args.max_np, slots_per_host=args.slots_per_host,
-        discovery_script=args.discovery_script, discovery_timeout=args.discovery_timeout,
-        reset_limit=args.reset_limit,
+        discovery_script=discovery_command(args.discovery_script) if args.discovery_script else None,
+        discovery_timeout=args.discovery_timeout, discovery_interval=args.discovery_interval,
+        reset_limit=args.reset_limit, blacklist=args.blacklist,
         cooldown_range=tuple(args.cooldown_range) if args.cooldown_range else None,
-        elastic_timeout=args.elastic_timeout, liveness_timeout=args.liveness_timeout)
+        elastic_timeout=args.elastic_timeout, liveness_timeout=args.liveness_timeout,
+        preload=() if args.no_preload else tuple(_modules(args.preload)) if args.preload else DEFAULT_PRELOAD,
+        preload_first=bool(args.preload))
 
 
-def _check_command(command):
+def _modules(text):
+    modules = [m.strip() for m in text.split(",") if m.strip()]
+    if not modules:
+        raise UsageError("--preload: name at least one module, e.g. --preload torch,numpy")
+    return modules
+
+
+def training_command(command) -> list:
+    """The command as the workers run it. A first word naming a .py file runs it with the
+    driver's Python (the same interpreter path on remote hosts)."""
     program = command[0]
+    if program.endswith(".py") and shutil.which(program) is None:
+        if not os.path.isfile(program):
+            raise UsageError(f"training script not found: {program}")
+        return [sys.executable, *command]
     if os.sep in program:
         if not os.path.isfile(program):
             raise UsageError(f"training command not found: {program}")
         if not os.access(program, os.X_OK):
-            raise UsageError(f"training command is not executable: {program}")
+            raise UsageError(f"training command is not executable: {program}; "
+                             f"run it as `python {program}` or `chmod +x {program}`")
     elif shutil.which(program) is None:
+        if os.path.isfile(program):
+            raise UsageError(f"{program} is in this folder, not on PATH: write ./{program}")
         raise UsageError(f"training command not found on PATH: {program}")
     # `python script.py`: a missing script would only fail inside every worker.
     if os.path.basename(program).startswith("python") and len(command) > 1:
         script = command[1]
         if not script.startswith("-") and not os.path.isfile(script):
             raise UsageError(f"training script not found: {script}")
+    return list(command)
+
+
+def discovery_command(script: str) -> str:
+    """The discovery command line, its first word found in the current folder when it names a
+    file there rather than a program on PATH (`discover.sh` as well as `./discover.sh`)."""
+    first = re.match(r"\s*(\S+)", script)
+    if first is None:
+        raise UsageError("--host-discovery-script is empty")
+    word = first.group(1)
+    if os.sep in word or shutil.which(word) is not None or not os.path.isfile(word):
+        return script
+    if not os.access(word, os.X_OK):
+        raise UsageError(f"host discovery script {word} is not executable: run `chmod +x {word}` "
+                         f"or pass `--host-discovery-script 'sh {word}'`")
+    return shlex.quote(os.path.abspath(word)) + script[first.end():]
 
 
 USAGE = "usage: hvdlite run [flags] COMMAND..., see `hvdlite run --help`"
@@ -186,10 +218,10 @@ def main(argv=None) -> int:
         return 2
     try:
         settings = parse_settings(argv[1:])
-    except UsageError as e:
+    except HvdliteError as e:
         print(f"hvdlite run: error: {e}", file=sys.stderr)
-        return 2
-    from hvdlite.driver.driver import run
+        return e.exit_code
+    from hvdlite.driver.job import run
     return run(settings)
 
 

@@ -117,9 +117,12 @@ def run_trial(seed, log_dir, hosts=None, total=60, faults=3, bound=150):
             if kind == "hosts":
                 continue  # discovery applies it by itself at that step
             job.wait_for(lambda _: progress(log_dir) >= step or job.proc.poll() is not None, bound)
-            # Never take out the last running member: that is a failed job, not a fault.
+            # Never take out the last holder of the training state: that is a lost job, not a
+            # fault. Two running members, and the world has trained a step since it formed
+            # (so every member finished syncing from rank 0 and holds the state).
             try:
-                job.wait_for(lambda _: len(_running_workers(job, hosts)) >= 2, 15)
+                job.wait_for(lambda events: len(_running_workers(job, hosts)) >= 2
+                             and _trained_since_formed(events, log_dir), 15)
             except AssertionError:
                 continue
             slot, pid = rng.choice(_running_workers(job, hosts))
@@ -159,6 +162,11 @@ def _partition_until_evicted(job, hosts, slot, bound):
         job.wait_for(evicted, bound)
     finally:
         hosts.heal(_host(slot))
+
+
+def _trained_since_formed(events, log_dir):
+    rounds = [e for e in events if e["event"] == "round_complete"]
+    return bool(rounds) and progress(log_dir) > rounds[-1]["commit"]
 
 
 def _running_workers(job, hosts):

@@ -1,4 +1,4 @@
-from hvdlite.driver.assignment import assign
+from hvdlite.driver.decisions.assignment import assign
 
 
 def table(slots):

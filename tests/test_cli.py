@@ -28,6 +28,12 @@ def hvdlite(*args, timeout=30):
     (["run", "--blacklist-cooldown-range", "5", "1", "--min-np", "1", "true"], "MIN is larger"),
     (["run", "--host-discovery-script", "x.sh", "-H", "a:1", "true"], "not both"),
     (["frobnicate"], "unknown command"),
+    (["run", "--min-np", "1", "--liveness-timeout", "nan", "true"], "must be a finite number"),
+    (["run", "--min-np", "1", "--start-timeout", "inf", "true"], "must be a finite number"),
+    (["run", "-np", "1", "--gloo-timeout-seconds=-inf", "true"], "must be a finite number"),
+    (["run", "-np", "1", "/nonexistent/train.py"], "training script not found"),
+    (["run", "-np", "1", "missing.py"], "training script not found: missing.py"),
+    (["run", "--blacklist", "rack", "--min-np", "1", "true"], "invalid choice"),
 ])
 def test_bad_flags(args, message):
     r = hvdlite(*args)
@@ -53,3 +59,33 @@ def test_defaults():
 def test_help_exits_zero():
     r = hvdlite("run", "--help")
     assert r.returncode == 0 and "--host-discovery-script" in r.stdout
+
+
+def test_every_default_is_written_once():
+    from hvdlite import defaults
+    s = parse_settings(["--min-np", "1", "python", "-c", "pass"])
+    assert (s.start_timeout, s.liveness_timeout, s.elastic_timeout, s.discovery_timeout,
+            s.discovery_interval, s.collective_timeout, s.blacklist) == \
+        (defaults.START_TIMEOUT, defaults.LIVENESS_TIMEOUT, defaults.ELASTIC_TIMEOUT,
+         defaults.DISCOVERY_TIMEOUT, defaults.DISCOVERY_INTERVAL, defaults.COLLECTIVE_TIMEOUT,
+         defaults.BLACKLIST)
+
+
+def test_horovodrun_spellings_are_accepted():
+    s = parse_settings(["--min-num-proc", "2", "--max-num-proc", "4", "--gloo-timeout-seconds", "7",
+                        "--network-interfaces", "lo,eth0", "python", "-c", "pass"])
+    assert (s.min_np, s.max_np, s.collective_timeout, s.network_interfaces) == (2, 4, 7.0, ["lo", "eth0"])
+
+
+def test_a_py_file_runs_with_the_drivers_python_and_scripts_are_found_here(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("pass\n")
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho localhost:1\n")
+    s = parse_settings(["--min-np", "1", "train.py", "--lr", "1"])
+    assert s.command == [sys.executable, "train.py", "--lr", "1"]
+    r = hvdlite("run", "--host-discovery-script", "discover.sh", "train.py")
+    assert r.returncode == 2 and "chmod +x discover.sh" in r.stderr  # not executable yet
+    script.chmod(0o755)
+    s = parse_settings(["--host-discovery-script", "discover.sh --fast", "train.py"])
+    assert s.discovery_script == f"{script} --fast"

@@ -1,7 +1,7 @@
 """Pure decisions of the elastic driver, driven without processes."""
 from hvdlite.discovery.hostset import diff, reorder
-from hvdlite.driver.blacklist import Blacklist
-from hvdlite.driver.registry import Candidate, best_survivor, free_slots, plan_world
+from hvdlite.driver.decisions.blacklist import Blacklist
+from hvdlite.driver.decisions.plan import Candidate, best_holder, free_slots, plan_world, prospective_places
 
 
 def test_cooldown_grows_and_is_clamped():
@@ -40,25 +40,36 @@ def test_reorder_keeps_survivors_first():
 
 
 def ranks(plan):
-    return {key: slot.rank for key, slot in plan}
+    return {key.split("#")[0]: slot.rank for key, slot in plan}
 
 
-def test_rank0_is_the_survivor_with_newest_commit():
-    plan = plan_world([("a", 2), ("b", 2)], [
-        Candidate("a/0", "a", 5, 0), Candidate("a/1", "a", 5, 1),
-        Candidate("b/0", "b", 6, 2), Candidate("b/1", "b", 0, None)])
+def c(slot, commit, previous_rank=None):
+    return Candidate(slot + "#1", slot, slot.split("/")[0], commit, previous_rank)
+
+
+def test_rank0_holds_the_newest_commit():
+    plan = plan_world([("a", 2), ("b", 2)], [c("a/0", 5, 0), c("a/1", 5, 1), c("b/0", 6, 2), c("b/1", 0)])
     assert ranks(plan) == {"b/0": 0, "b/1": 1, "a/0": 2, "a/1": 3}
 
 
-def test_new_worker_is_never_rank0_while_a_survivor_exists():
-    plan = plan_world([("new", 1), ("old", 1)], [
-        Candidate("new/0", "new", 0, None), Candidate("old/0", "old", 3, 1)])
+def test_a_new_worker_holding_nothing_is_never_rank0():
+    plan = plan_world([("new", 1), ("old", 1)], [c("new/0", 0), c("old/0", 3, 1)])
     assert ranks(plan) == {"old/0": 0, "new/0": 1}
 
 
+def test_first_world_follows_host_order_not_the_alphabet():
+    plan = plan_world([("localhost", 2), ("127.0.0.1", 2)],
+                      [c("127.0.0.1/0", 0), c("127.0.0.1/1", 0), c("localhost/1", 0), c("localhost/0", 0)])
+    assert ranks(plan) == {"localhost/0": 0, "localhost/1": 1, "127.0.0.1/0": 2, "127.0.0.1/1": 3}
+
+
+def test_slots_are_ordered_by_number_not_as_text():
+    plan = plan_world([("h", 12)], [c("h/10", 0), c("h/2", 0), c("h/1", 0)])
+    assert ranks(plan) == {"h/1": 0, "h/2": 1, "h/10": 2}
+
+
 def test_plan_respects_max_np_and_keeps_old_rank_order():
-    plan = plan_world([("a", 3)], [Candidate("a/2", "a", 4, 0), Candidate("a/0", "a", 4, 1),
-                                   Candidate("a/1", "a", 0, None)], max_np=2)
+    plan = plan_world([("a", 3)], [c("a/2", 4, 0), c("a/0", 4, 1), c("a/1", 0)], max_np=2)
     assert ranks(plan) == {"a/2": 0, "a/0": 1}
     assert [s.local_rank for _, s in plan] == [0, 1]
 
@@ -69,6 +80,13 @@ def test_free_slots_skips_occupied_and_blocked():
     assert free_slots([("a", 3), ("b", 1)], set(), blocked, limit=1) == ["a/0"]
 
 
-def test_best_survivor_has_the_newest_commit_then_the_lowest_rank():
-    assert best_survivor([Candidate("a/0", "a", 3, 0), Candidate("b/0", "b", 4, 2),
-                          Candidate("b/1", "b", 4, 1), Candidate("c/0", "c", 9, None)]).key == "b/1"
+def test_best_holder_has_the_newest_commit_then_the_lowest_rank():
+    hosts = [("a", 1), ("b", 2), ("c", 1)]
+    assert best_holder(hosts, [c("a/0", 3, 0), c("b/0", 4, 2), c("b/1", 4, 1), c("c/0", 9)]).slot == "c/0"
+    assert best_holder(hosts, [c("a/0", 3, 0), c("b/0", 4, 2), c("b/1", 4, 1)]).slot == "b/1"
+
+
+def test_prospective_places_skip_blocked_slots_and_hosts():
+    places = prospective_places([("a", 3), ("b", 1), ("c", 1)], {"a/1", "b"}.__contains__)
+    assert {slot: (p.rank, p.local_rank, p.size) for slot, p in places.items()} == \
+        {"a/0": (0, 0, 3), "a/2": (1, 1, 3), "c/0": (2, 0, 3)}

@@ -33,8 +33,8 @@ def test_scale_up_then_down_moves_rank0_to_a_survivor(tmp_path):
 
 
 @pytest.mark.parametrize("hosts, victim, blacklisted", [
-    # several "hosts" on this machine: the host whose only worker died goes out
-    ("127.0.0.1:1,127.0.0.2:1,127.0.0.3:1", "127.0.0.3/0", ["127.0.0.3/0", "127.0.0.3"]),
+    # several hosts (names of this machine): the dead worker's host goes out, as in Horovod
+    ("127.0.0.1:1,127.0.0.2:1,127.0.0.3:1", "127.0.0.3/0", ["127.0.0.3"]),
     # one host: only the dead worker's slot goes out, its other workers go on
     ("localhost:3", "localhost/1", ["localhost/1"]),
 ])
@@ -70,7 +70,7 @@ def test_exception_in_one_worker_leaves_the_others_training(tmp_path):
     assert r.code == 0, r.stderr
     check_training_continuous(tmp_path, 20)
     assert "injected failure at step 5" in r.stdout + r.stderr
-    assert [e["key"] for e in r.of("blacklisted")] == ["127.0.0.2/0", "127.0.0.2"]
+    assert [e["key"] for e in r.of("blacklisted")] == ["127.0.0.2"]
 
 
 @pytest.mark.parametrize("victim", ["127.0.0.1/0", "127.0.0.2/0"])
@@ -180,3 +180,15 @@ def test_later_discovery_failures_and_hangs_are_retried(tmp_path):
     assert any("exited with code 1" in e for e in errors)
     assert any("timed out" in e for e in errors)
     assert sizes(steps_log(tmp_path)) == [2]
+
+
+def test_a_group_that_cannot_connect_is_said_and_given_up(tmp_path):
+    r = run_job(["-H", "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1", "--min-np", "1", *JOB], tmp_path,
+                timeout=90, env=job_env(tmp_path, TOTAL_STEPS=10, CONNECT_FAILS="127.0.0.3/0"))
+    assert r.code == 0, r.stderr
+    said = [line for line in r.stdout.splitlines() if line.startswith("[") and "could not connect" in line] + \
+        [line for line in r.stderr.splitlines() if "could not connect: Connection refused" in line]
+    assert len([s for s in said if "trying the next world" in s]) == 2, said
+    assert [e["code"] for e in r.of("worker_exit") if e["slot"] == "127.0.0.3/0"] == [1]
+    assert [e["key"] for e in r.of("blacklisted")] == ["127.0.0.3"]
+    assert sizes(check_training_continuous(tmp_path, 10)) == [2]

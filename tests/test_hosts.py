@@ -1,6 +1,6 @@
 import pytest
 
-from hvdlite.driver.hosts import HostSpecError, parse_discovery_output, parse_hostfile, parse_hosts
+from hvdlite.discovery.hostspec import HostSpecError, parse_discovery_output, parse_hostfile, parse_hosts
 
 
 def test_parse_hosts():

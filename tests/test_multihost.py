@@ -98,3 +98,38 @@ def test_unreachable_host_at_start_is_a_clear_error(tmp_path, hosts):
     assert last.startswith("hvdlite: error:") and "no-such-host.invalid" in last
     assert "Traceback" not in r.stderr and time.monotonic() - start < 30
     assert not job_procs(hosts, "host-1")
+
+
+def test_a_host_discovered_later_reaches_a_job_that_started_local_only(tmp_path, hosts):
+    # No --rendezvous-addr: the first hosts are all local, yet host-1 joins later and must
+    # reach the rendezvous, and the local worker's gloo address must be reachable from it.
+    schedule = [[0, ["localhost:1"]], [5, ["localhost:1", "host-1:1"]]]
+    r = run_job(["--ssh-config", hosts.ssh_config, *discovery(tmp_path, schedule), "--min-np", "1",
+                 *JOB], tmp_path, env=job_env(tmp_path, TOTAL_STEPS=30, STEP_SLEEP=0.1, RESIZE="15:2"))
+    assert r.code == 0, r.stderr
+    assert sizes(check_training_continuous(tmp_path, 30)) == [1, 2]
+    assert not r.of("blacklisted")
+
+
+def test_an_unreachable_host_does_not_hold_up_recovery(tmp_path, hosts):
+    # host-3 drops every packet: connecting to it takes the SSH connect timeout (10 s). That
+    # happens on a launch thread, so a kill -9 meanwhile re-forms the world at once.
+    skip_without_partitions(hosts)
+    schedule = [[0, ["host-1:1", "host-2:1"]], [5, ["host-1:1", "host-2:1", "host-3:1"]]]
+    hosts.partition("host-3")
+    try:
+        with Job([*ssh_flags(hosts), *discovery(tmp_path, schedule), "--min-np", "1", *JOB],
+                 tmp_path, env=job_env(tmp_path, TOTAL_STEPS=60, STEP_SLEEP=0.1)) as job:
+            job.wait_for(lambda events: any(e["event"] == "hosts_changed" and "host-3" in e["added"]
+                                            for e in events), 60)
+            wait_progress(job, tmp_path, 8)
+            victim = [e for e in job.events() if e["event"] == "worker_start" and e["slot"] == "host-2/0"]
+            seconds, world = next_world(job, lambda: hosts.run("host-2", ["kill", "-9", str(victim[0]["pid"])]))
+            launch_failed = [e for e in job.events() if e["event"] == "launch_failed"]
+            r = job.finish(120)
+    finally:
+        hosts.heal("host-3")
+    assert r.code == 0, r.stderr
+    assert world["size"] == 1 and seconds < 5  # not after the 10 s connect
+    assert not launch_failed, "the kill was handled only after host-3's connect gave up"
+    assert [e["key"] for e in r.of("blacklisted")] == ["host-2", "host-3"]

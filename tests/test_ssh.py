@@ -11,7 +11,8 @@ import time
 import pytest
 
 from hvdlite.driver.output import RankOutput
-from hvdlite.driver.ssh import LOST, SSHError, SSHHost, SSHSettings, is_local
+from hvdlite.driver.launchers.locality import is_local
+from hvdlite.driver.launchers.ssh import LOST, SSHError, SSHHost, SSHSettings, launch
 from jobs import skip_without_partitions
 
 PY = sys.executable  # absolute: no PATH or pyenv shims needed on the hosts
@@ -62,7 +63,7 @@ def test_env_cwd_output_and_no_secret_on_command_lines(hosts, host1, tmp_path, c
         time.sleep(30)  # {marker}
         """)
     cwd = str(tmp_path)
-    worker = host1.launch([PY, "-c", code], env, cwd, RankOutput("3"))
+    worker = launch(host1, [PY, "-c", code], env, cwd, RankOutput("3"))
     try:
         assert worker.skipped_env == ["bad-name"]
         deadline = time.monotonic() + 10
@@ -101,7 +102,7 @@ def test_stop_kills_a_tree_that_ignores_hup_and_term(hosts, host1):
         subprocess.Popen([sys.executable, "-c", child, "{marker}"])
         time.sleep(60)  # {marker}
         """)
-    worker = host1.launch([PY, "-c", code], {}, "/", RankOutput("0"))
+    worker = launch(host1, [PY, "-c", code], {}, "/", RankOutput("0"))
     deadline = time.monotonic() + 10
     while len(remote_procs(hosts, "host-1", marker)) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -115,11 +116,11 @@ def test_stop_kills_a_tree_that_ignores_hup_and_term(hosts, host1):
 
 
 def test_exit_codes_and_signal_death(host1):
-    ok = host1.launch([PY, "-c", "pass"], {}, "/", RankOutput("0"))
-    seven = host1.launch([PY, "-c", "import sys; sys.exit(7)"], {}, "/", RankOutput("1"))
-    killed = host1.launch([PY, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+    ok = launch(host1, [PY, "-c", "pass"], {}, "/", RankOutput("0"))
+    seven = launch(host1, [PY, "-c", "import sys; sys.exit(7)"], {}, "/", RankOutput("1"))
+    killed = launch(host1, [PY, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
                           {}, "/", RankOutput("2"))
-    missing = host1.launch(["/nonexistent/worker"], {}, "/", RankOutput("3"))
+    missing = launch(host1, ["/nonexistent/worker"], {}, "/", RankOutput("3"))
     assert ok.wait(10) == 0
     assert seven.wait(10) == 7
     assert killed.wait(10) == -signal.SIGKILL
@@ -130,7 +131,7 @@ def test_exit_codes_and_signal_death(host1):
 
 
 def test_bad_working_directory_fails_the_worker(host1, capsys):
-    w = host1.launch([PY, "-c", "pass"], {}, "/nonexistent-dir", RankOutput("4"))
+    w = launch(host1, [PY, "-c", "pass"], {}, "/nonexistent-dir", RankOutput("4"))
     assert w.wait(10) not in (0, None)
     w.finish_output()
     assert "nonexistent-dir" in capsys.readouterr().err
@@ -197,7 +198,7 @@ def test_dns_failure():
     """Resolved inside a fresh network namespace without interfaces, so no query leaves the box."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("needs root and unshare for a network namespace without DNS")
-    code = ("from hvdlite.driver.ssh import SSHHost, SSHSettings, SSHError\n"
+    code = ("from hvdlite.driver.launchers.ssh import SSHHost, SSHSettings, SSHError\n"
             "try:\n"
             "    SSHHost('no-such-host.invalid', SSHSettings(ssh_config=None, connect_timeout=3)).connect()\n"
             "except SSHError as e:\n"
@@ -213,7 +214,7 @@ def test_partition_fails_the_worker_within_seconds(hosts, tmp_path):
     skip_without_partitions(hosts)
     host = SSHHost("host-2", SSHSettings(ssh_config=hosts.ssh_config, connect_timeout=5))
     marker = "partitioned-" + os.urandom(4).hex()
-    worker = host.launch([PY, "-c", f"import time; print('up', flush=True); time.sleep(60)  # {marker}"],
+    worker = launch(host, [PY, "-c", f"import time; print('up', flush=True); time.sleep(60)  # {marker}"],
                          {}, "/", RankOutput("0"))
     try:
         assert worker.wait(0.5) is None
@@ -240,7 +241,7 @@ def test_partition_fails_the_worker_within_seconds(hosts, tmp_path):
 def test_more_slots_than_sshd_max_sessions_and_host_death(ssh_hosts):
     hosts = ssh_hosts(1, sshd_options={"MaxSessions": 2})
     host = SSHHost("host-1", SSHSettings(ssh_config=hosts.ssh_config, connect_timeout=5))
-    workers = [host.launch([PY, "-c", "import time; time.sleep(60)  # maxsessions"], {}, "/", RankOutput(str(i)))
+    workers = [launch(host, [PY, "-c", "import time; time.sleep(60)  # maxsessions"], {}, "/", RankOutput(str(i)))
                for i in range(3)]
     assert len({w.channel.get_transport() for w in workers}) == 2
     assert all(w.poll() is None for w in workers)
@@ -250,9 +251,9 @@ def test_more_slots_than_sshd_max_sessions_and_host_death(ssh_hosts):
         assert w.wait(5) == LOST
         assert "lost the SSH connection" in w.error
     with pytest.raises(SSHError, match="refused"):
-        host.launch(["true"], {}, "/", RankOutput("x"))
+        launch(host, ["true"], {}, "/", RankOutput("x"))
     hosts.start("host-1")
-    assert host.launch(["true"], {}, "/", RankOutput("y")).wait(10) == 0
+    assert launch(host, ["true"], {}, "/", RankOutput("y")).wait(10) == 0
     host.close()
     hosts.close()
 

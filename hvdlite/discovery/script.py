@@ -1,15 +1,18 @@
 """Running the host discovery script once: bounded in time and output, errors as one line."""
 import os
+import selectors
 import signal
 import subprocess
-import threading
+import time
 
-from hvdlite.driver.hosts import HostSpecError, parse_discovery_output
+from hvdlite.discovery.hostspec import HostSpecError, parse_discovery_output
+from hvdlite.errors import HvdliteError
 
 MAX_OUTPUT = 1 << 20  # bytes; a listing of hosts is never near this
+DRAIN = 0.5  # seconds to read what is left once the script ended: an escaped child may hold the pipe
 
 
-class DiscoveryError(Exception):
+class DiscoveryError(HvdliteError):
     """The script failed, hung or printed something unusable; the message says which."""
 
 
@@ -17,21 +20,10 @@ def discover(script: str, timeout: float, default_slots=None):
     """Run `script` (a shell command line) and return its hosts as [(name, slots)]."""
     proc = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    out, err = bytearray(), bytearray()
-    readers = [threading.Thread(target=_read, args=(proc.stdout, out), daemon=True),
-               threading.Thread(target=_read, args=(proc.stderr, err), daemon=True)]
-    for r in readers:
-        r.start()
     try:
-        code = proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        code = None
+        out, err, code = _collect(proc, timeout)
     finally:
         _kill_group(proc)
-        for r in readers:
-            r.join(2)
-        proc.stdout.close()
-        proc.stderr.close()
     if code is None:
         raise DiscoveryError(f"host discovery script timed out after {timeout:g} s and was killed")
     if code != 0:
@@ -50,11 +42,41 @@ def discover(script: str, timeout: float, default_slots=None):
         raise DiscoveryError(f"host discovery script: {e}") from None
 
 
-def _read(pipe, sink: bytearray):
-    # Keep one byte past the limit so the caller can tell the output was too large.
-    while chunk := pipe.read1(65536) if hasattr(pipe, "read1") else pipe.read(65536):
-        if len(sink) <= MAX_OUTPUT:
-            sink.extend(chunk[:MAX_OUTPUT + 1 - len(sink)])
+def _collect(proc, timeout):
+    """(stdout, stderr, exit code or None on timeout), never blocking past the deadlines:
+    reads both pipes without threads, and stops reading DRAIN seconds after the script ended
+    even if a child it left behind keeps the pipes open."""
+    out, err = bytearray(), bytearray()
+    sinks = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
+    deadline = time.monotonic() + timeout
+    code = None
+    with selectors.DefaultSelector() as sel:
+        for fd in sinks:
+            os.set_blocking(fd, False)
+            sel.register(fd, selectors.EVENT_READ)
+        while sel.get_map():
+            if code is None:
+                code = proc.poll()
+                if code is not None:
+                    deadline = min(deadline, time.monotonic() + DRAIN)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            for key, _ in sel.select(min(left, 0.05)):
+                chunk = os.read(key.fd, 65536)
+                sink = sinks[key.fd]
+                if not chunk:
+                    sel.unregister(key.fd)
+                elif len(sink) <= MAX_OUTPUT:  # one byte past the limit tells it was too large
+                    sink.extend(chunk[:MAX_OUTPUT + 1 - len(sink)])
+    if code is None:  # both pipes closed (or the deadline passed) before the script ended
+        try:
+            code = proc.wait(max(deadline - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            pass
+    proc.stdout.close()
+    proc.stderr.close()
+    return bytes(out), bytes(err), code
 
 
 def _kill_group(proc):

@@ -10,17 +10,23 @@ def forwarded(driver_env: dict) -> dict:
             and not k.endswith("CUDA_VISIBLE_DEVICES")}
 
 
-def worker_env(base: dict, rendezvous: tuple, secret: str, settings, slot_key: str,
-               workers_on_host: int) -> dict:
+def worker_env(settings, rendezvous: tuple, secret: str, worker: str, slot: str,
+               workers_on_host: int, world, elastic: bool) -> dict:
+    """`world` is the worker's place (WorldInfo) as known at launch: the static job's, or for an
+    elastic worker the world the current hosts would form, as Horovod announces it."""
+    base = forwarded(settings.env)
     addr, port = rendezvous
     # Several workers on one host, each with torch's default thread count, spin on each
     # other's cores and starve gloo; one thread each, as torchrun does, unless the user chose.
     threads = {"OMP_NUM_THREADS": "1"} if workers_on_host > 1 and "OMP_NUM_THREADS" not in base else {}
+    mode = {env.ELASTIC: "1", env.HOROVOD_ELASTIC: "1",
+            env.ELASTIC_TIMEOUT: str(settings.elastic_timeout)} if elastic else {}
     return {
-        **base, **threads,
+        **base, **threads, **(world.env() if world is not None else {}), **mode,
         env.RENDEZVOUS_ADDR: addr, env.RENDEZVOUS_PORT: str(port), env.SECRET: secret,
-        env.SLOT: slot_key,
+        env.SLOT: slot, env.WORKER: worker,
         env.START_TIMEOUT: str(settings.start_timeout),
         env.LIVENESS_TIMEOUT: str(settings.liveness_timeout),
+        env.COLLECTIVE_TIMEOUT: str(settings.collective_timeout),
         "PYTHONUNBUFFERED": "1",
     }

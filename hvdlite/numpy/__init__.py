@@ -5,8 +5,8 @@ Needs no torch; pygloo has wheels for CPython 3.8-3.10 only.
 from hvdlite.numpy.basics import (  # noqa: F401
     abort, cross_rank, cross_size, init, is_initialized, local_rank, local_size, rank, shutdown, size)
 from hvdlite.numpy.ops import (  # noqa: F401
-    Adasum, Average, Max, Min, Product, Sum, allgather, allgather_object, allreduce, barrier,
-    broadcast, broadcast_object)
+    Adasum, Average, Max, Min, Product, Sum, add_process_set, allgather, allgather_object,
+    allreduce, alltoall, barrier, broadcast, broadcast_object, join, reducescatter)
 from hvdlite.worker.errors import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
 from hvdlite.worker.runtime import NotInitializedError  # noqa: F401
 from hvdlite.numpy import elastic  # noqa: F401,E402

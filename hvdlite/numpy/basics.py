@@ -4,6 +4,7 @@ import atexit
 import pygloo
 
 from hvdlite.numpy.store import GlooStore
+from hvdlite import defaults
 from hvdlite.worker import env, vouch
 from hvdlite.worker.links import Links
 from hvdlite.worker.runtime import Runtime
@@ -36,7 +37,7 @@ def join(after_round=None, commit=0) -> None:
 def _context(info: WorldInfo, abandoned):
     s = session()
     kv = ScopeStore(s.client, info.store_scope, abandoned, peers=info.size)
-    store = GlooStore(kv, float(s.environ.get(env.START_TIMEOUT, 30)))
+    store = GlooStore(kv, float(s.environ.get(env.START_TIMEOUT, defaults.START_TIMEOUT)))
     context = pygloo.rendezvous.Context(info.rank, info.size)
     device = pygloo.transport.tcp.CreateDevice(pygloo.transport.tcp.attr(s.local_address()))
     context.connectFullMesh(pygloo.rendezvous.CustomStore(store), device)

@@ -10,7 +10,7 @@ import pygloo
 from hvdlite.numpy.basics import runtime
 from hvdlite.worker import objects
 from hvdlite.worker.errors import HorovodInternalError
-from hvdlite.worker.reduceops import Adasum, Average, Max, Min, Product, Sum, resolve  # noqa: F401
+from hvdlite.worker.reduceops import Adasum, Average, Max, Min, Product, Sum, resolve, shares  # noqa: F401
 
 _GLOO_OPS = {Average: pygloo.ReduceOp.SUM, Sum: pygloo.ReduceOp.SUM, Min: pygloo.ReduceOp.MIN,
              Max: pygloo.ReduceOp.MAX, Product: pygloo.ReduceOp.PRODUCT}
@@ -42,18 +42,61 @@ def allreduce(array, average=None, name=None, op=None):
     """The element-wise reduction of every rank's array (same shape and dtype on all ranks);
     Average by default, integers averaged rounding toward zero as in Horovod."""
     op = resolve(op, average)
+    if op == Adasum:
+        raise NotImplementedError("hvdlite.numpy has no Adasum; the torch backend (hvdlite.torch) has")
     array = _array(array)
     out = np.empty_like(array)
     if array.size == 0:  # gloo refuses empty buffers; every rank has the same shape
         return out
     _call(pygloo.allreduce, array.ctypes.data, out.ctypes.data, array.size, _TYPES[array.dtype],
           _GLOO_OPS[op])
-    if op != Average:
-        return out
-    n = runtime.info().size
+    return _average(out, runtime.info().size) if op == Average else out
+
+
+def _average(out, n):
+    """out / n; integers rounding toward zero, as in Horovod."""
     if np.issubdtype(out.dtype, np.floating):
         return out / out.dtype.type(n)
     return (np.abs(out) // n * np.sign(out)).astype(out.dtype)
+
+
+def _scale(array, factor):
+    """array * factor in its own dtype (integers scaled in double and truncated, as Horovod)."""
+    if factor == 1:
+        return array
+    return (array * factor).astype(array.dtype)
+
+
+def reducescatter(array, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0):
+    """Reduce every rank's array and return this rank's share of the first dimension (as even
+    as possible, the first ranks one row more); Average or Sum."""
+    if op not in (Average, Sum):
+        raise ValueError("reducescatter reduces with op=Average or op=Sum only")
+    array = _array(array)
+    if array.ndim == 0:
+        raise ValueError("reducescatter needs an array with at least one dimension")
+    info = runtime.info()
+    counts, row = shares(array.shape[0], info.size), int(np.prod(array.shape[1:]))
+    send = np.ascontiguousarray(_scale(array, prescale_factor))
+    out = np.empty_like(send)  # gloo writes this rank's share at the start
+    if array.size:
+        _call(pygloo.reduce_scatter, send.ctypes.data, out.ctypes.data, send.size,
+              [c * row for c in counts], _TYPES[send.dtype], pygloo.ReduceOp.SUM)
+    mine = _scale(out[:counts[info.rank]], postscale_factor)
+    return _average(mine, info.size) if op == Average else mine
+
+
+def _torch_only(name):
+    def unsupported(*args, **kwargs):
+        raise NotImplementedError(f"hvdlite.numpy has no {name} (pygloo lacks it); the torch "
+                                  f"backend (hvdlite.torch) has")
+    unsupported.__name__ = name
+    return unsupported
+
+
+alltoall = _torch_only("alltoall")
+join = _torch_only("join")
+add_process_set = _torch_only("process sets")
 
 
 def broadcast(array, root_rank, name=None):

@@ -1,13 +1,9 @@
-"""init / shutdown and the rank queries of the Horovod-compatible face."""
+"""init / shutdown, the rank queries and the capability queries of the Horovod-compatible face."""
 import atexit
-import threading
-from datetime import timedelta
+import warnings
 
-import torch.distributed as dist
-
-from hvdlite.torch import runtime
-from hvdlite.torch.store import KVStore
-from hvdlite.worker import env
+from hvdlite.torch import gloo, runtime
+from hvdlite.torch.processsets import add_process_set
 from hvdlite.worker.links import Links
 from hvdlite.worker.session import session
 from hvdlite.worker.world import WorldInfo
@@ -15,14 +11,17 @@ from hvdlite.worker.world import WorldInfo
 _links = Links()  # the current group's gloo connections
 
 
-def _timeout(name: str, default: float) -> timedelta:
-    return timedelta(seconds=float(session().environ.get(name, default)))
-
-
-def init() -> None:
-    """Join the world this worker is assigned to at launch."""
+def init(comm=None, process_sets=None) -> None:
+    """Join the world this worker is assigned to at launch. `process_sets`: ProcessSets or
+    rank lists to add (sets can also be added later); "dynamic" is accepted and changes
+    nothing. `comm` (an MPI communicator in Horovod) must be None."""
+    if comm is not None:
+        raise ValueError("hvdlite runs on gloo: init(comm=...) takes no MPI communicator")
     if not runtime.is_initialized():
         join()
+    if process_sets is not None and process_sets != "dynamic":
+        for process_set in process_sets:
+            add_process_set(process_set)
 
 
 def join(after_round=None, commit=0) -> None:
@@ -32,12 +31,7 @@ def join(after_round=None, commit=0) -> None:
 
 
 def _group(info: WorldInfo, abandoned):
-    s = session()
-    store = KVStore(s.client, info.store_scope, _timeout(env.START_TIMEOUT, 30), abandoned, info.size)
-    options = dist.ProcessGroupGloo._Options()
-    options._devices = [dist.ProcessGroupGloo.create_device(hostname=s.local_address())]
-    options._timeout = _timeout(env.COLLECTIVE_TIMEOUT, 30)
-    return dist.ProcessGroupGloo(store, info.rank, info.size, options)
+    return gloo.connect(info.store_scope, info.rank, info.size, abandoned)
 
 
 abort = _links.cut  # fail every pending and future collective of the group, here and on peers
@@ -48,14 +42,8 @@ def shutdown() -> None:
     _links.forget()
     pg = runtime.deactivate()
     if pg is not None:
-        # The group's destructor waits for its pending work, which a hung peer never ends:
-        # let it run on a thread of its own rather than block the reset.
-        threading.Thread(target=_release, args=([pg],), daemon=True).start()
+        gloo.release(pg)
         del pg
-
-
-def _release(holder: list) -> None:
-    holder.clear()
 
 
 def _destroy_at_exit() -> None:
@@ -93,3 +81,43 @@ def cross_rank() -> int:
 
 def cross_size() -> int:
     return runtime.info().cross_size
+
+
+def is_homogeneous() -> bool:
+    """True when every host runs the same number of workers (as Horovod's)."""
+    info = runtime.info()
+    return info.size == info.local_size * info.cross_size
+
+
+# What this build has: gloo on the CPU, nothing else.
+def gloo_enabled() -> bool:
+    return True
+
+
+gloo_built = gloo_enabled
+
+
+def mpi_enabled() -> bool:
+    return False
+
+
+mpi_built = nccl_built = cuda_built = rocm_built = ddl_built = ccl_built = mpi_enabled
+
+
+def mpi_threads_supported() -> bool:
+    return False
+
+
+_timeline_warned = []
+
+
+def start_timeline(file_path, mark_cycles=False) -> None:
+    """Accepted; hvdlite records no timeline yet (says so once)."""
+    if not _timeline_warned:
+        _timeline_warned.append(True)
+        warnings.warn("hvdlite records no timeline yet: start_timeline/stop_timeline do nothing",
+                      stacklevel=2)
+
+
+def stop_timeline() -> None:
+    start_timeline(None)

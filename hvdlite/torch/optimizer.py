@@ -9,6 +9,7 @@ import torch
 
 from hvdlite.torch import ops, runtime
 from hvdlite.torch.compression import Compression
+from hvdlite.torch.processsets import global_process_set
 
 FUSION_THRESHOLD_ENV = "HVDLITE_FUSION_THRESHOLD"
 DEFAULT_FUSION_THRESHOLD = 64 * 1024 * 1024  # bytes, as Horovod's HOROVOD_FUSION_THRESHOLD
@@ -34,6 +35,25 @@ def _fusion_buckets(tensors, threshold):
         bucket.append(tensor)
         open_buckets[tensor.dtype] = (bucket, used + _nbytes(tensor))
     return buckets
+
+
+def _groups_as_buckets(params, num_groups, groups):
+    """Buckets as Horovod's num_groups (that many contiguous groups of the parameters, in
+    backward order) or groups (lists of parameters; the others one bucket each); None when
+    neither is given (fusion by size)."""
+    if isinstance(groups, int):  # Horovod 0.28 takes a group count here too
+        groups, num_groups = None, groups
+    if groups is not None:
+        listed = [list(group) for group in groups]
+        ids = {id(p) for group in listed for p in group}
+        known = {id(p) for p in params}
+        if not ids <= known:
+            raise ValueError("groups lists parameters the optimizer does not hold")
+        return [g for g in listed if g] + [[p] for p in params if id(p) not in ids]
+    if num_groups:
+        per = -(-len(params) // num_groups)
+        return [params[i:i + per] for i in range(0, len(params), per)]
+    return None
 
 
 def _broadcast_tensors(tensors, root_rank) -> None:
@@ -108,12 +128,13 @@ class _GradientReducer:
     """
 
     def __init__(self, params, compression, backward_passes_per_step, op, prescale, postscale,
-                 sparse_as_dense):
+                 sparse_as_dense, buckets=None, process_set=global_process_set):
         self.compression, self.op = compression, op
         self.prescale, self.postscale = prescale, postscale
         self.passes, self.sparse_as_dense = backward_passes_per_step, sparse_as_dense
+        self.process_set = process_set
         # Backward produces gradients roughly from the last parameter to the first.
-        self.buckets = _fusion_buckets(list(reversed(params)), fusion_threshold())
+        self.buckets = buckets or _fusion_buckets(list(reversed(params)), fusion_threshold())
         self.bucket_of = {p: i for i, bucket in enumerate(self.buckets) for p in bucket}
         self.skip_synchronize = False
         self.synchronized = False
@@ -166,7 +187,8 @@ class _GradientReducer:
             flags = torch.tensor([p.grad is not None for p in bucket], dtype=compressed[0][0].dtype)
             handle = ops.grouped_allreduce_async_(
                 [c for c, _ in compressed] + [flags], op=self.op,
-                prescale_factor=self.prescale, postscale_factor=self.postscale)
+                prescale_factor=self.prescale, postscale_factor=self.postscale,
+                process_set=self.process_set)
             self.started.append((bucket, compressed, flags, handle))
 
     def _local_grad(self, p):
@@ -207,6 +229,15 @@ class _DistributedOptimizer:
     def synchronize(self):
         """Finish averaging the gradients now (e.g. to clip them before step())."""
         self._hvd_reducer.synchronize()
+
+    def set_backward_passes_per_step(self, passes):
+        """Change how many backward passes accumulate locally before gradients are reduced."""
+        if passes < 1:
+            raise ValueError("backward_passes_per_step must be at least 1")
+        if self._hvd_reducer.in_flight():
+            raise AssertionError("set_backward_passes_per_step() during a step: call step() first")
+        self._hvd_reducer.passes = passes
+        self._hvd_reducer._reset()
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -251,16 +282,18 @@ def _check_names(named_parameters, params):
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=ops.Average, gradient_predivide_factor=1.0,
-                         num_groups=0, groups=None, sparse_as_dense=False):
-    """Wrap `optimizer` so step() first averages the gradients across ranks.
+                         num_groups=0, groups=None, sparse_as_dense=False,
+                         process_set=global_process_set):
+    """Wrap `optimizer` so step() first averages the gradients across ranks (of process_set).
 
     The result is `optimizer` itself seen through a subclass of its class, sharing its
     attributes: isinstance checks, param_groups and state_dict() work unchanged. Every rank
-    must build its optimizer with the same parameters in the same order. `num_groups` and
-    `groups` are accepted for Horovod compatibility; fusion follows HVDLITE_FUSION_THRESHOLD.
+    must build its optimizer with the same parameters in the same order. Gradients are reduced
+    in fused buckets: `num_groups` or `groups` as in Horovod, else by HVDLITE_FUSION_THRESHOLD.
     """
     if op not in (ops.Average, ops.Sum):
-        raise ValueError("DistributedOptimizer reduces gradients with op=Average or op=Sum only")
+        raise ValueError("DistributedOptimizer reduces gradients with op=Average or op=Sum only "
+                         "(Horovod's Adasum optimizer is not implemented)")
     if gradient_predivide_factor != 1.0 and op != ops.Average:
         raise ValueError("gradient_predivide_factor needs op=Average")
     if backward_passes_per_step < 1:
@@ -278,5 +311,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     wrapped._hvd_reducer = _GradientReducer(
         params, compression, backward_passes_per_step, op,
         prescale=1.0 / gradient_predivide_factor, postscale=gradient_predivide_factor,
-        sparse_as_dense=sparse_as_dense)
+        sparse_as_dense=sparse_as_dense, process_set=process_set,
+        buckets=_groups_as_buckets(list(reversed(params)), num_groups, groups))
     return wrapped

@@ -38,7 +38,9 @@ class State:
     backend: Backend = None  # set by the backend's subclass
 
     def __init__(self):
-        self.commits = 0  # how many commits this state holds; rank 0 holds the most
+        # How many commits this state holds; rank 0 of a new world holds the most. Private:
+        # a State reserves no public attribute names (a script may have its own `commits`).
+        self._commits = 0
         self._reset_callbacks = []
 
     def register_reset_callbacks(self, callbacks):
@@ -49,8 +51,9 @@ class State:
             callback()
 
     def commit(self):
-        self.commits += 1
+        self._commits += 1
         self.save()
+        session().commits = self._commits
         self.check_host_updates()
 
     def check_host_updates(self):
@@ -84,15 +87,15 @@ class ObjectState(State):
 
     def save(self):
         self._saved = copy.deepcopy(self._values())
-        self._saved_commits = self.commits
+        self._saved_commits = self._commits
 
     def restore(self):
         for name, value in copy.deepcopy(self._saved).items():
             setattr(self, name, value)
-        self.commits = self._saved_commits
+        self._commits = self._saved_commits
 
     def sync(self):
-        values, self.commits = self.backend.broadcast_object((self._values(), self.commits), 0)
+        values, self._commits = self.backend.broadcast_object((self._values(), self._commits), 0)
         for name, value in values.items():
             setattr(self, name, value)
         self.save()
@@ -121,5 +124,5 @@ def _reset(state, backend):
     """Leave this world and join the next one; a worker left out exits cleanly."""
     finished = backend.info().round
     backend.shutdown()
-    backend.join(finished, state.commits)
+    backend.join(finished, state._commits)
     state.on_reset()

@@ -12,13 +12,22 @@ RENDEZVOUS_PORT = "HVDLITE_RENDEZVOUS_PORT"
 SECRET = "HVDLITE_SECRET"
 ROUND = "HVDLITE_ROUND"  # rendezvous round the initial assignment belongs to
 SLOT = "HVDLITE_SLOT"  # stable identity of the worker's slot, "host/index"
+WORKER = "HVDLITE_WORKER_ID"  # this launch of the slot, "host/index#generation"
 ELASTIC = "HVDLITE_ELASTIC"
 COLLECTIVE_TIMEOUT = "HVDLITE_COLLECTIVE_TIMEOUT"  # seconds
 LIVENESS_TIMEOUT = "HVDLITE_LIVENESS_TIMEOUT"  # seconds
 ELASTIC_TIMEOUT = "HVDLITE_ELASTIC_TIMEOUT"  # seconds a worker waits for a new world
 START_TIMEOUT = "HVDLITE_START_TIMEOUT"  # seconds to form the first world
 
+# Horovod's names for the same facts, for scripts written for horovodrun.
+HOROVOD = {RANK: "HOROVOD_RANK", SIZE: "HOROVOD_SIZE", LOCAL_RANK: "HOROVOD_LOCAL_RANK",
+           LOCAL_SIZE: "HOROVOD_LOCAL_SIZE", CROSS_RANK: "HOROVOD_CROSS_RANK",
+           CROSS_SIZE: "HOROVOD_CROSS_SIZE", HOSTNAME: "HOROVOD_HOSTNAME"}
+HOROVOD_ELASTIC = "HOROVOD_ELASTIC"
+# torch's names, for scripts that read them
+TORCH = {RANK: "RANK", SIZE: "WORLD_SIZE", LOCAL_RANK: "LOCAL_RANK", LOCAL_SIZE: "LOCAL_WORLD_SIZE"}
+
 # Who a worker is and where its driver listens: never inherited from an enclosing job.
 IDENTITY = (RANK, SIZE, LOCAL_RANK, LOCAL_SIZE, CROSS_RANK, CROSS_SIZE, HOSTNAME, RENDEZVOUS_ADDR,
-            RENDEZVOUS_PORT, SECRET, ROUND, SLOT, ELASTIC,
-            "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+            RENDEZVOUS_PORT, SECRET, ROUND, SLOT, WORKER, ELASTIC, HOROVOD_ELASTIC,
+            *HOROVOD.values(), *TORCH.values())

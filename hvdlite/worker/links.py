@@ -4,11 +4,17 @@ Cutting is the one way to unblock a stuck gloo collective (see sockets.py). It h
 abort() after a failed collective, and from the heartbeat thread as soon as the driver says
 the group's round fell apart, so that no survivor waits for a gloo timeout.
 """
+import sys
 import threading
 
 from hvdlite.worker import sockets
 
 CONNECT_POLL = 0.2  # seconds between checks whether the round being connected was given up
+CONNECT_ATTEMPTS = 3  # worlds in a row whose group failed to connect before the worker gives up
+
+
+class RoundAbandoned(RuntimeError):
+    """The driver gave the round up while its group connected (a peer died): try the next."""
 
 
 def broken(round_number, newest_broken) -> bool:
@@ -26,16 +32,27 @@ class Links:
         WorldInfo and connect(info, abandoned), the group; `abandoned()` tells the group's
         store that the driver gave the round up. From now on the driver's word that a round
         broke cuts the group's connections. An elastic worker whose world fails while its group
-        connects (a peer died) moves on to the next world."""
+        connects (a peer died) moves on to the next world; one whose group cannot connect for
+        another reason (a firewall between hosts, say) says why on stderr, tries the next world,
+        and fails after CONNECT_ATTEMPTS such worlds in a row."""
         session.on_round_broken = self.on_round_broken
+        failures = 0
         while True:
             info = session.assignment(after_round, commit)
             try:
                 return info, self._connect(info, session, connect)
-            except RuntimeError:
+            except RoundAbandoned:
                 if not session.elastic:
                     raise
-                after_round = info.round
+            except RuntimeError as e:
+                failures += 1
+                why = f"the group of round {info.round} (rank {info.rank} of {info.size}) could " \
+                      f"not connect: {_first_line(e)}"
+                if not session.elastic or failures >= CONNECT_ATTEMPTS:
+                    raise RuntimeError(f"hvdlite: {why}") from e
+                sys.stderr.write(f"hvdlite: {why}; trying the next world\n")
+                sys.stderr.flush()
+            after_round = info.round
 
     def _connect(self, info, session, connect):
         """connect(info, abandoned), which forms the group's connections; remember the sockets
@@ -61,8 +78,11 @@ class Links:
         while helper.is_alive():
             helper.join(CONNECT_POLL)
             if helper.is_alive() and abandoned():
-                raise RuntimeError(f"hvdlite: round {info.round} fell apart while its group connected")
+                raise RoundAbandoned(f"hvdlite: round {info.round} fell apart while its group connected")
         if "error" in outcome:
+            if abandoned():  # the group's store saw it first
+                raise RoundAbandoned(f"hvdlite: round {info.round} fell apart while its group "
+                                     f"connected") from outcome["error"]
             raise outcome["error"]
         fds = sockets.tcp_fds(sockets.opened_since(before), exclude_peer=(session.addr, session.port))
         with self._lock:
@@ -87,3 +107,8 @@ class Links:
     def forget(self) -> None:
         with self._lock:
             self._round, self._fds = None, set()
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

@@ -11,8 +11,11 @@ def resolve(op, average) -> int:
         raise ValueError("give either op or the legacy average flag, not both")
     if op is None:
         op = Average if average is None or average else Sum
-    if op == Adasum:
-        raise NotImplementedError("hvdlite does not implement Adasum; use Average")
-    if op not in (Average, Sum, Min, Max, Product):
+    if op not in (Average, Sum, Adasum, Min, Max, Product):
         raise ValueError(f"unknown reduction op {op!r}")
     return op
+
+
+def shares(rows, size) -> list:
+    """Rows of each rank in a reducescatter: as even as possible, the first ranks one more."""
+    return [rows // size + (1 if r < rows % size else 0) for r in range(size)]

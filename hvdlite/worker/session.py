@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 
+from hvdlite import defaults
 from hvdlite.worker import env
 from hvdlite.worker.kvclient import Heartbeats, KVClient
 from hvdlite.worker.world import WorldInfo
@@ -39,13 +40,15 @@ class Session:
             raise RuntimeError(
                 f"hvdlite: {e.args[0]} is not set; start this script with `hvdlite run`") from None
         self.environ = environ
-        self.slot = environ.get(env.SLOT, "")
+        self.worker = environ.get(env.WORKER, "")  # this launch's incarnation id
         self.elastic = environ.get(env.ELASTIC) == "1"
-        self.liveness_timeout = float(environ.get(env.LIVENESS_TIMEOUT, "10"))
+        self.liveness_timeout = float(environ.get(env.LIVENESS_TIMEOUT, defaults.LIVENESS_TIMEOUT))
         self.client = KVClient(self.addr, self.port, secret)
         # Signed datagrams with a short timeout: cheap for the driver at thousands of workers,
         # and a partition is noticed within the liveness timeout.
         self._beats = Heartbeats(self.client, timeout=HEARTBEAT_TIMEOUT)
+        self.commits = 0  # commits the training state holds, told to the driver in heartbeats
+        self.device_address = None  # where to bind gloo, when the driver says
         self.updates = 0  # host updates announced by the driver, as last heard
         self.broken = 0  # newest round the driver saw fall apart, as last heard
         self.on_round_broken = None  # callback(round), called on every heartbeat answer
@@ -57,12 +60,16 @@ class Session:
         # Interpreter teardown (a full garbage collection of torch) can hold the GIL for
         # seconds, silencing the heartbeat: tell the driver this is an exit, not a hang.
         try:
-            self.client.request("PUT", "/rdzv/exiting", query={"slot": self.slot}, timeout=2)
+            self.client.request("PUT", "/rdzv/exiting", query={"worker": self.worker}, timeout=2)
         except Exception:  # noqa: BLE001 - the driver may be gone; exiting regardless
             pass
 
     def local_address(self) -> str:
-        """The address of this host on the route to the driver: peers reach us there too."""
+        """The address peers reach this worker at: the one the driver named for the current
+        world (a local worker of a world with remote members), else this host's address on the
+        route to the driver."""
+        if self.device_address:
+            return self.device_address
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.connect((self.addr, self.port))
             return s.getsockname()[0]
@@ -76,8 +83,8 @@ class Session:
         """
         if not self.elastic:
             return WorldInfo.from_env(self.environ)
-        deadline = time.monotonic() + float(self.environ.get(env.ELASTIC_TIMEOUT, "600"))
-        query = {"slot": self.slot, "after": str(-1 if after_round is None else after_round),
+        deadline = time.monotonic() + float(self.environ.get(env.ELASTIC_TIMEOUT, defaults.ELASTIC_TIMEOUT))
+        query = {"worker": self.worker, "after": str(-1 if after_round is None else after_round),
                  "commit": str(commit)}
         while time.monotonic() < deadline:
             status, body = self.client.request("GET", "/rdzv/assign", query=query, timeout=70)
@@ -85,7 +92,10 @@ class Session:
                 answer = json.loads(body)
                 if answer.get("removed"):
                     raise Removed()
-                return WorldInfo(**answer["world"])
+                info = WorldInfo(**answer["world"])
+                self.device_address = answer.get("device_address")
+                self.environ.update(info.env())  # scripts reading HOROVOD_RANK see the new world
+                return info
             if status != 408:
                 raise RuntimeError(f"hvdlite: rendezvous failed: HTTP {status} {body[:200]!r}")
         raise TimeoutError("hvdlite: no new world was formed within the elastic timeout")
@@ -93,7 +103,7 @@ class Session:
     def _beat(self):
         last_contact = time.monotonic()
         while True:
-            body = self._beats.beat({"slot": self.slot})
+            body = self._beats.beat({"worker": self.worker, "commit": str(self.commits)})
             try:
                 if body is not None:
                     answer = json.loads(body)

@@ -103,7 +103,7 @@ def main(pid: int, channel_fd: int) -> None:
     environ = os.environ
     beats = Heartbeats(KVClient(environ[env.RENDEZVOUS_ADDR], int(environ[env.RENDEZVOUS_PORT]),
                                 environ[env.SECRET]), timeout=HEARTBEAT_TIMEOUT)
-    query = {"slot": environ.get(env.SLOT, "")}
+    query = {"worker": environ.get(env.WORKER, "")}
     channel = socket.socket(fileno=channel_fd)
     held = _Held()
     while os.getppid() == pid:

@@ -39,13 +39,12 @@ class WorldInfo:
         return asdict(self)
 
     def env(self) -> dict:
-        """The variables that hand this place to a static job's worker."""
-        return {
+        """The variables that hand this place to a worker: hvdlite's, Horovod's and torch's names."""
+        ours = {
             env.HOSTNAME: self.hostname, env.RANK: str(self.rank), env.SIZE: str(self.size),
             env.LOCAL_RANK: str(self.local_rank), env.LOCAL_SIZE: str(self.local_size),
             env.CROSS_RANK: str(self.cross_rank), env.CROSS_SIZE: str(self.cross_size),
-            env.ROUND: str(self.round),
-            # torch's own names, for scripts that read them
-            "RANK": str(self.rank), "WORLD_SIZE": str(self.size),
-            "LOCAL_RANK": str(self.local_rank), "LOCAL_WORLD_SIZE": str(self.local_size),
         }
+        return {**ours, env.ROUND: str(self.round),
+                **{env.HOROVOD[k]: v for k, v in ours.items()},
+                **{name: ours[k] for k, name in env.TORCH.items()}}

@@ -5,7 +5,8 @@ rank, slot, round and the dataset indices it trained on, so a test can replay th
 check that no committed step was lost or applied twice. Knobs (env): TOTAL_STEPS, STEP_SLEEP,
 BATCH, FAILS="slot:step,..." (that worker raises once at that step), RESIZE (resize.py),
 DIE_CONNECTING=slot (that worker is killed once, right after publishing its gloo address for
-its second group, so that its peers are left waiting for it to connect).
+its second group, so that its peers are left waiting for it to connect), CONNECT_FAILS=slot
+(that worker's groups never connect).
 """
 import json
 import os
@@ -53,6 +54,13 @@ if os.environ.get("DIE_CONNECTING") == SLOT:
         if len(scopes) == 2 and once("died-connecting"):
             os.kill(os.getpid(), signal.SIGKILL)
     KVStore.set = publish_then_die
+
+if os.environ.get("CONNECT_FAILS") == SLOT:  # as if a firewall stood between this host and the others
+    from hvdlite.torch import basics
+
+    def refuse(info, abandoned):
+        raise RuntimeError("Connection refused")
+    basics._group = refuse
 
 hvd.init()
 torch.manual_seed(0)

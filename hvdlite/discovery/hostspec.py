@@ -1,10 +1,12 @@
 """Parsing of host lists: -H, --hostfile and discovery output."""
 import re
 
+from hvdlite.errors import UsageError
+
 _NAME = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+$")
 
 
-class HostSpecError(ValueError):
+class HostSpecError(UsageError):
     """A host specification that cannot be used; the message is shown to the user as is."""
 
 

@@ -8,6 +8,7 @@ from hvdlite.driver.output import RankOutput
 
 
 class LocalWorker:
+    started = "process"  # how the worker was started, for the event log
     def __init__(self, command, env: dict, output: RankOutput, cwd=None):
         self.output = output
         # A new session makes the worker the leader of its own process group, so stop()

@@ -1,0 +1,10 @@
+"""Every default of hvdlite, once: the driver's settings and the workers both read them here."""
+START_TIMEOUT = 30.0  # seconds for a worker to start and meet the others
+LIVENESS_TIMEOUT = 5.0  # seconds of heartbeat silence that mean a worker (or the driver) is gone
+ELASTIC_TIMEOUT = 600.0  # seconds an elastic job waits for --min-np workers
+DISCOVERY_TIMEOUT = 10.0  # seconds one run of the host discovery script may take
+DISCOVERY_INTERVAL = 1.0  # seconds between runs of the host discovery script
+COLLECTIVE_TIMEOUT = 30.0  # seconds a gloo collective waits for a peer (gloo's own default)
+EXIT_GRACE = 30.0  # seconds a worker that said it is exiting may take before it is killed
+STOP_GRACE = 3.0  # seconds between TERM and KILL when a worker is stopped
+BLACKLIST = "auto"  # which a failure takes out: "host", "slot", or "auto" (slot on one host)

@@ -1,0 +1,116 @@
+"""What the elastic core hears (events) and what it asks the executor to do (actions).
+
+Workers are named by incarnation id, "host/index#generation": every launch of a slot is a
+new incarnation, so whatever an earlier process of the slot still says changes nothing.
+"""
+from dataclasses import dataclass, field
+from typing import Optional
+
+from hvdlite.worker.world import WorldInfo
+
+
+# ---- events -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HostsFound:
+    hosts: tuple  # ((name, slots), ...) in the order discovery listed them
+
+
+@dataclass(frozen=True)
+class DiscoveryFailed:
+    error: str
+
+
+@dataclass(frozen=True)
+class Launched:
+    worker: str
+    pid: int
+    started: str = "process"  # how: "process", "template" (forked, preloaded) or "ssh"
+
+
+@dataclass(frozen=True)
+class LaunchFailed:
+    worker: str
+    error: str
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The worker waits in the rendezvous for a world formed after round `after`
+    (-1: any), holding `commit` commits of training state."""
+    worker: str
+    after: int
+    commit: int
+
+
+@dataclass(frozen=True)
+class Heartbeats:
+    beats: tuple  # ((worker, commits it holds), ...) heard since the last batch
+
+
+@dataclass(frozen=True)
+class Exiting:
+    """The worker said it is exiting: interpreter teardown may silence its heartbeat."""
+    worker: str
+
+
+@dataclass(frozen=True)
+class Exited:
+    worker: str
+    code: int  # exit status, minus the signal number for a signal death
+    error: Optional[str] = None  # why, when the launcher knows more (a lost SSH connection)
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passed: timeouts, cooldowns and liveness are due for a check."""
+
+
+# ---- actions ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Launch:
+    worker: str
+    slot: str
+    host: str
+    slots_on_host: int
+    world: Optional[WorldInfo]  # the place Horovod would announce at launch; None beyond max-np
+    joining: bool = False  # the job runs already: a join or a replacement, not the first world
+
+
+@dataclass(frozen=True)
+class Stop:
+    worker: str
+    grace: float  # seconds between TERM and KILL
+
+
+@dataclass(frozen=True)
+class Answer:
+    """Answer the worker's rendezvous request (now, or its next one)."""
+    worker: str
+    status: int
+    body: dict
+    rank: Optional[int] = None  # its rank in the world the answer gives, for output labels
+
+
+@dataclass(frozen=True)
+class Publish:
+    """What heartbeat answers tell workers: host updates announced, newest broken round."""
+    updates: int
+    broken: int
+
+
+@dataclass(frozen=True)
+class Log:
+    event: str
+    fields: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DropScope:
+    """A world everyone left: its gloo bootstrap keys are garbage."""
+    scope: str
+
+
+@dataclass(frozen=True)
+class EndJob:
+    code: int
+    error: Optional[str] = None

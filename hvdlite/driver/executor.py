@@ -1,0 +1,130 @@
+"""Performs the elastic core's actions: launches and stops workers, answers the rendezvous,
+writes the event log. Launches run on a thread pool and report back as events, so a slow
+host (SSH connect, name lookup) never holds up a decision."""
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from hvdlite.driver.decisions.messages import (
+    Answer, DropScope, EndJob, Exited, Launch, Launched, LaunchFailed, Log, Publish, Stop)
+from hvdlite.driver.network import ANY, advertised_address
+from hvdlite.driver.output import RankOutput
+from hvdlite.driver.workerenv import worker_env
+
+LAUNCH_THREADS = 32  # hosts started at once
+
+
+class Executor:
+    def __init__(self, settings, log, launchers, server, rendezvous, secret, post, elastic=True):
+        self.settings, self.log, self.launchers = settings, log, launchers
+        self.server, self.rendezvous, self.secret = server, rendezvous, secret
+        self.post, self.elastic = post, elastic
+        self.handles = {}  # worker -> launched handle
+        self.outputs = {}  # worker -> RankOutput
+        self._host_of = {}  # worker -> host it was launched on
+        self._stop_when_started = {}  # worker -> grace: stopped while its launch was under way
+        self._remote_routes = {}  # remote host -> this machine's address on the route to it
+        # Workers join a running job only through discovery or a cooldown's end: then warm
+        # the templates once the first world formed (its imports are done).
+        self._warmed = not (settings.discovery_script or settings.cooldown_range)
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(LAUNCH_THREADS, thread_name_prefix="hvdlite-launch")
+        self._handlers = {Launch: self._launch, Stop: self._stop, Answer: self._answer,
+                          Publish: self._publish, Log: self._log, DropScope: self._drop_scope}
+
+    def apply(self, actions):
+        """Perform the actions; returns the EndJob among them, if any."""
+        end = None
+        for action in actions:
+            if isinstance(action, EndJob):
+                end = action
+            else:
+                self._handlers[type(action)](action)
+        return end
+
+    # ---- launching ----------------------------------------------------------------------
+    def _launch(self, a: Launch):
+        label = str(a.world.rank) if a.world is not None and not self.elastic else a.slot
+        folder = None if not self.elastic else "slot." + a.slot.replace("/", ".")
+        self.outputs[a.worker] = RankOutput(label, self.settings.output_dir, folder)
+        self._host_of[a.worker] = a.host
+        self._pool.submit(self._start, a)
+
+    def _start(self, a: Launch):
+        try:
+            local = self.launchers.is_local(a.host)
+            addr = advertised_address(self.server.address[0], local, lambda: self.launchers.route_to(a.host))
+            if not local:
+                with self._lock:
+                    self._remote_routes[a.host] = addr
+            env = worker_env(self.settings, (addr, self.server.address[1]), self.secret,
+                             a.worker, a.slot, a.slots_on_host, a.world, self.elastic)
+            handle = self.launchers.launch(a.host, env, self.outputs[a.worker], a.joining)
+        except Exception as e:  # noqa: BLE001 - every launcher error is the host's failure
+            self.post(LaunchFailed(a.worker, _one_line(e)))
+            return
+        with self._lock:
+            self.handles[a.worker] = handle
+            grace = self._stop_when_started.pop(a.worker, None)
+        self.post(Launched(a.worker, handle.pid, handle.started))
+        if grace is not None:
+            handle.stop(grace)
+        while (code := handle.wait(1.0)) is None:
+            pass
+        self.post(Exited(a.worker, code, getattr(handle, "error", None)))
+
+    def _stop(self, a: Stop):
+        with self._lock:
+            handle = self.handles.get(a.worker)
+            if handle is None:
+                self._stop_when_started[a.worker] = a.grace
+                return
+        threading.Thread(target=handle.stop, args=(a.grace,), daemon=True,
+                         name=f"hvdlite-stop-{a.worker}").start()
+
+    def stop_all(self):
+        """Stop every worker still running, in parallel, and flush their output."""
+        with self._lock:
+            handles = list(self.handles.values())
+            self._stop_when_started = {w: 0.0 for w in self.outputs if w not in self.handles}
+        running = [h for h in handles if h.poll() is None]
+        threads = [threading.Thread(target=h.stop, daemon=True) for h in running]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(15)
+        for h in handles:
+            h.finish_output()
+        self._pool.shutdown(wait=False)
+
+    # ---- the rest -----------------------------------------------------------------------
+    def _answer(self, a: Answer):
+        if "world" in a.body and not self._warmed:
+            self._warmed = True
+            self.launchers.warm()
+        if a.rank is not None and a.worker in self.outputs:
+            self.outputs[a.worker].label = str(a.rank)
+        self.rendezvous.answer(a.worker, a.status, self._with_device_address(a))
+
+    def _with_device_address(self, a: Answer) -> dict:
+        """A local worker told the loopback address must still bind gloo where the world's
+        remote members reach it: on this machine's address on the route to one of them."""
+        with self._lock:
+            routes = [self._remote_routes[h] for h in a.body.get("hosts", ()) if h in self._remote_routes]
+            local = self._host_of.get(a.worker) not in self._remote_routes
+        if routes and local and self.server.address[0] == ANY:
+            return {**a.body, "device_address": routes[0]}
+        return a.body
+
+    def _publish(self, a: Publish):
+        self.rendezvous.publish(a.updates, a.broken)
+
+    def _log(self, a: Log):
+        self.log.emit(a.event, **a.fields)
+
+    def _drop_scope(self, a: DropScope):
+        self.server.delete_scope(a.scope)
+
+
+def _one_line(error: Exception) -> str:
+    text = str(error).strip() or type(error).__name__
+    return text.splitlines()[0] if not isinstance(error, OSError) else f"{type(error).__name__}: {text}"

@@ -1,0 +1,170 @@
+"""`hvdlite run` after the flags: serve the rendezvous, run the job's decisions, end cleanly.
+
+The decision thread (this one) takes one event at a time from a queue, hands it to the
+elastic core (decisions/core.py) and has the executor perform the actions it returns. HTTP
+handler threads, launch threads and the discovery thread only post events.
+"""
+import queue
+import secrets
+import signal
+import threading
+import time
+
+from hvdlite.discovery.script import DiscoveryError
+from hvdlite.discovery.sources import FixedHosts, ScriptHosts
+from hvdlite.driver.decisions.assignment import assign
+from hvdlite.driver.decisions.core import ElasticCore, Policy, describe_exit
+from hvdlite.driver.decisions.messages import (
+    DiscoveryFailed, Exited, Heartbeats, HostsFound, Launch, Launched, LaunchFailed, Tick)
+from hvdlite.driver.eventlog import EventLog
+from hvdlite.driver.executor import Executor
+from hvdlite.driver.kvserver import KVServer
+from hvdlite.driver.launchers import Launchers
+from hvdlite.driver.network import bind_address
+from hvdlite.driver.rendezvous import Rendezvous
+from hvdlite.errors import HvdliteError, JobError
+
+EXIT_SIGNALLED = {signal.SIGINT: 130, signal.SIGTERM: 143}
+TICK = 0.1  # seconds between timer events
+
+
+class Job:
+    def __init__(self, settings, log: EventLog):
+        self.settings, self.log = settings, log
+        self.events = queue.Queue()
+        self.secret = secrets.token_urlsafe(32)
+        self.launchers = Launchers(settings)
+        self.rendezvous = Rendezvous(self.events.put)
+        self.server = None
+        self.executor = None
+        self.stopping = threading.Event()
+
+    def start_server(self, remote_possible: bool):
+        addr = bind_address(self.settings.bind_address, self.settings.network_interfaces, remote_possible)
+        self.server = KVServer(self.secret, bind=addr)
+        self.server.add_route("/rdzv/", self.rendezvous.route)
+        self.server.set_heartbeat(self.rendezvous.heartbeat)
+        self.server.start()
+        self.log.debug(f"rendezvous server at {self.server.address[0]}:{self.server.address[1]}")
+        self.executor = Executor(self.settings, self.log, self.launchers, self.server,
+                                 self.rendezvous, self.secret, self.events.put, self.settings.elastic)
+
+    def next_event(self, timeout):
+        try:
+            return self.events.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    # ---- elastic ---------------------------------------------------------------------
+    def run_elastic(self) -> int:
+        s = self.settings
+        source = ScriptHosts(s.discovery_script, s.discovery_timeout, s.slots_per_host) \
+            if s.discovery_script else FixedHosts(s.hosts)
+        first = source.read()  # a first failure is fatal (DiscoveryError)
+        self.start_server(source.changes or any(not self.launchers.is_local(h) for h, _ in first))
+        if source.changes:
+            threading.Thread(target=self._poll_hosts, args=(source,), daemon=True,
+                             name="hvdlite-discovery").start()
+        core = ElasticCore(Policy(
+            min_np=s.min_np, max_np=s.max_np, reset_limit=s.reset_limit,
+            elastic_timeout=s.elastic_timeout, start_timeout=s.start_timeout,
+            liveness_timeout=s.liveness_timeout, cooldown_range=s.cooldown_range,
+            blacklist=s.blacklist))
+        event, last_tick = HostsFound(tuple(first)), time.monotonic()
+        while True:
+            now = time.monotonic()
+            actions = core.handle(event, now) if event is not None else []
+            beats = self.rendezvous.drain_heartbeats()
+            if beats:
+                actions += core.handle(Heartbeats(beats), now)
+            if now - last_tick >= TICK:
+                last_tick = now
+                actions += core.handle(Tick(), now)
+            end = self.executor.apply(actions)
+            if end is not None:
+                if end.error:
+                    self.log.error(end.error)  # the core logged job_end already
+                return end.code
+            event = self.next_event(TICK)
+
+    def _poll_hosts(self, source):
+        # Never dies: a failing, hanging or crashing discovery run is reported and retried.
+        while not self.stopping.wait(self.settings.discovery_interval):
+            try:
+                self.events.put(HostsFound(tuple(source.read())))
+            except DiscoveryError as e:
+                self.events.put(DiscoveryFailed(str(e)))
+            except Exception as e:  # noqa: BLE001 - reported, then the next run is tried
+                self.events.put(DiscoveryFailed(f"{type(e).__name__}: {e}"))
+
+    # ---- static ----------------------------------------------------------------------
+    def run_static(self) -> int:
+        s = self.settings
+        self.start_server(any(not self.launchers.is_local(h) for h, _ in s.hosts))
+        places = assign(s.hosts, s.num_proc)
+        running = {}
+        for place in places:
+            slot = f"{place.hostname}/{place.local_rank}"
+            running[f"{slot}#1"] = place
+            self.executor.apply([Launch(f"{slot}#1", slot, place.hostname, place.local_size, place)])
+        while running:
+            event = self.next_event(TICK)
+            self.rendezvous.drain_heartbeats()
+            if isinstance(event, Launched):
+                self.log.emit("worker_start", slot=event.worker.split("#")[0], worker=event.worker,
+                              rank=running[event.worker].rank, pid=event.pid, started=event.started)
+            elif isinstance(event, LaunchFailed):
+                raise JobError(f"rank {running[event.worker].rank} could not be launched: {event.error}")
+            elif isinstance(event, Exited):
+                place = running.pop(event.worker)
+                self.log.emit("worker_exit", slot=event.worker.split("#")[0], worker=event.worker,
+                              rank=place.rank, code=event.code)
+                if event.code != 0:
+                    why = f" ({event.error})" if event.error else ""
+                    raise JobError(f"rank {place.rank} on {place.hostname} {describe_exit(event.code)}"
+                                   f"{why}; stopping the job")
+        self.log.emit("job_end", result="success")
+        return 0
+
+    def close(self):
+        self.stopping.set()
+        if self.executor is not None:
+            self.executor.stop_all()
+        self.launchers.close()
+        self.rendezvous.close()
+        if self.server is not None:
+            self.server.stop()
+
+
+class _Signalled(Exception):
+    def __init__(self, signum):
+        self.signum = signum
+
+
+def run(settings) -> int:
+    # --log-level WARNING and above silences the event lines; DEBUG adds the driver's details.
+    level = settings.log_level
+    log = EventLog(settings.event_log, on_console=settings.elastic and level in ("DEBUG", "INFO"),
+                   verbose=settings.verbose or level == "DEBUG")
+    job = Job(settings, log)
+
+    def on_signal(signum, frame):
+        raise _Signalled(signum)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in EXIT_SIGNALLED}
+    try:
+        return job.run_elastic() if settings.elastic else job.run_static()
+    except _Signalled as e:
+        log.emit("job_end", result="interrupted", signal=signal.Signals(e.signum).name)
+        return EXIT_SIGNALLED[e.signum]
+    except HvdliteError as e:
+        log.emit("job_end", result="failure", reason=str(e))
+        log.error(str(e))
+        return e.exit_code
+    finally:
+        for sig in EXIT_SIGNALLED:
+            signal.signal(sig, signal.SIG_IGN)
+        job.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        log.close()

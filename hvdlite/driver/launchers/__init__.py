@@ -1,0 +1,69 @@
+"""Starting a worker on a host: a local subprocess when the host is this machine, else SSH.
+
+Launches run on the executor's threads, never on the decision thread: name lookups, SSH
+connects and remote start-up can take seconds.
+"""
+import os
+import threading
+
+from hvdlite.driver.launchers import ssh
+from hvdlite.driver.launchers.local import LocalWorker
+from hvdlite.driver.launchers.locality import is_local
+from hvdlite.driver.launchers.template import Templates
+from hvdlite.driver.network import route_address
+
+
+class Launchers:
+    def __init__(self, settings):
+        self.command = settings.command
+        self.ssh_settings = ssh.SSHSettings(
+            port=settings.ssh_port, identity_file=settings.ssh_identity_file,
+            accept_unknown_hosts=settings.ssh_accept_unknown_hosts,
+            **({"ssh_config": settings.ssh_config} if settings.ssh_config else {}))
+        self._remote = {}  # hostname -> SSHHost, one connection per remote host
+        self._lock = threading.Lock()
+        # Local workers that join a running job fork from a template that imported torch
+        # already (all local workers with --preload); the first ones start plainly: on a host
+        # with no more workers than cores they import in parallel as fast.
+        self._templates = Templates(settings.preload) if settings.preload else None
+        self._preload_first = settings.preload_first
+        self._warm_env = None  # a local worker's environment, to start the template with
+
+    def is_local(self, hostname) -> bool:
+        return is_local(hostname, self.ssh_settings.ssh_config)
+
+    def route_to(self, hostname) -> str:
+        """This machine's address on the route to a remote host (its ssh HostName)."""
+        return route_address(ssh.host_config(hostname, self.ssh_settings).address)
+
+    def launch(self, hostname, env: dict, output, joining: bool):
+        """A started worker: a handle with pid, poll, wait, signal_group, stop, finish_output.
+        `joining`: the job runs already (a join or a replacement), not its first world."""
+        if not self.is_local(hostname):
+            return ssh.launch(self._host(hostname), self.command, env, os.getcwd(), output)
+        if self._templates and (joining or self._preload_first):
+            return self._templates.spawn(self.command, env, os.getcwd(), output)
+        with self._lock:
+            self._warm_env = self._warm_env or env
+        return LocalWorker(self.command, env, output)
+
+    def warm(self):
+        """Start this host's template in the background, so that the next join forks from it."""
+        with self._lock:
+            env = self._warm_env
+        if self._templates and env is not None:
+            threading.Thread(target=self._templates.warm, args=(self.command, env, os.getcwd()),
+                             daemon=True, name="hvdlite-template-warm").start()
+
+    def _host(self, hostname):
+        with self._lock:
+            if hostname not in self._remote:
+                self._remote[hostname] = ssh.SSHHost(hostname, self.ssh_settings)
+            return self._remote[hostname]
+
+    def close(self):
+        with self._lock:
+            for host in self._remote.values():
+                host.close()
+        if self._templates:
+            self._templates.close()

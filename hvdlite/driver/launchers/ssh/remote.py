@@ -1,0 +1,179 @@
+"""A worker process on a remote host, started over an SSHHost's connection."""
+import re
+import shlex
+import signal
+import socket
+import threading
+import time
+
+import paramiko
+
+from hvdlite.driver.launchers.ssh.connection import SSHHost, _sh, _signal_code
+from hvdlite.driver.launchers.ssh.config import SSHError
+from hvdlite.driver.output import RankOutput
+
+LOST = 255  # exit code of a worker whose connection ended before its exit status arrived
+_PGID_MARK = "__hvdlite_pgid__"
+_ENV_END = "__hvdlite_env_end"
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Read-only in bash (when /bin/sh is bash): exporting them would end the remote shell.
+_SHELL_READONLY = {"BASHOPTS", "BASH_VERSINFO", "EUID", "PPID", "SHELLOPTS", "UID"}
+
+
+def launch(host: SSHHost, command, env: dict, cwd: str, output: RankOutput) -> "RemoteWorker":
+    """Start `command` (argv) in `cwd` on the host with `env` exported; returns once the
+    remote process runs (its process group is known)."""
+    chan = host._open_channel()
+    exports, skipped = [], []
+    for name, value in env.items():
+        if _NAME.match(name) and name not in _SHELL_READONLY:
+            exports.append(f"export {name}={shlex.quote(str(value))}\n")
+        else:
+            skipped.append(name)
+    payload = ("".join(exports) + f"{_ENV_END}=1\n").encode()
+    script = (f'IFS= read -r __hvdlite_n || exit 97; eval "$(head -c "$__hvdlite_n")" || exit 97; '
+              f'[ "${_ENV_END}" = 1 ] || {{ echo "hvdlite: incomplete environment from the driver" >&2; exit 97; }}; '
+              f'unset __hvdlite_n {_ENV_END}; echo "{_PGID_MARK} $$"; '
+              f'cd -- {shlex.quote(cwd)} && exec {" ".join(shlex.quote(str(a)) for a in command)} </dev/null')
+    worker = RemoteWorker(host, chan, output, skipped)
+    try:
+        chan.exec_command(_sh(script))
+        worker._start_pumps()
+        chan.sendall(f"{len(payload)}\n".encode() + payload)
+        chan.shutdown_write()
+    except (paramiko.SSHException, OSError, EOFError) as e:
+        chan.close()
+        raise SSHError(f"cannot start a worker on {host.hostname}: {e}") from None
+    worker._await_start(host.settings.connect_timeout)
+    return worker
+
+
+class RemoteWorker:
+    """A worker process on a remote host; same methods as LocalWorker."""
+    started = "ssh"
+
+    def __init__(self, host: SSHHost, channel: paramiko.Channel, output: RankOutput, skipped_env):
+        self.host = host
+        self.hostname = host.hostname
+        self.channel = channel
+        self.output = output
+        self.skipped_env = skipped_env  # names a shell cannot export: not forwarded
+        self.pgid = None
+        self.error = None               # why the worker counts as failed without exit status
+        self._started = threading.Event()
+        self._early_stderr = []
+        self._pumps = []
+        self._code = None
+
+    @property
+    def pid(self) -> int:
+        """The remote process group id (= pid of the worker's top process)."""
+        return self.pgid
+
+    # -- output --
+    def _start_pumps(self):
+        for stream, fileobj in (("stdout", self.channel.makefile("rb")),
+                                ("stderr", self.channel.makefile_stderr("rb"))):
+            t = threading.Thread(target=self._pump, args=(stream, fileobj), daemon=True,
+                                 name=f"ssh-output-{self.output.label}-{stream}")
+            t.start()
+            self._pumps.append(t)
+
+    def _pump(self, stream, fileobj):
+        try:
+            for raw in iter(fileobj.readline, b""):
+                text = raw.decode("utf-8", "replace")
+                if not self._started.is_set():
+                    if stream == "stdout" and text.startswith(_PGID_MARK + " "):
+                        try:
+                            self.pgid = int(text.split()[1])
+                        except (IndexError, ValueError):
+                            pass
+                        self._started.set()
+                        continue
+                    if stream == "stderr":
+                        self._early_stderr.append(text.rstrip("\n"))
+                self.output.line(stream, text)
+        except (OSError, EOFError, paramiko.SSHException):
+            pass
+        finally:
+            if stream == "stdout":
+                self._started.set()  # ended before the marker: launch reports it
+
+    def _await_start(self, timeout):
+        if not self._started.wait(timeout):
+            self.channel.close()
+            raise SSHError(f"worker on {self.hostname} did not start within {timeout:g} s")
+        if self.pgid is None:
+            code = self.wait(5.0)
+            for t in self._pumps:
+                t.join(1.0)
+            why = "; ".join(self._early_stderr[-3:]) or self.error or f"exit code {code}"
+            raise SSHError(f"worker on {self.hostname} failed to start: {why}")
+
+    def finish_output(self, timeout: float = 2.0) -> None:
+        deadline = time.monotonic() + timeout
+        for pump in self._pumps:
+            pump.join(max(0.0, deadline - time.monotonic()))
+
+    # -- status --
+    def poll(self):
+        """Exit code, minus the signal number for a signal death, LOST (255) when the connection
+        ended first, or None while running."""
+        if self._code is not None:
+            return self._code
+        chan = self.channel
+        if chan.exit_status != -1 and chan.status_event.is_set():
+            self._code = chan.exit_status
+        elif (code := _signal_code(chan)) is not None:
+            self._code = code
+        elif chan.closed:
+            transport = chan.get_transport()
+            cause = getattr(transport, "saved_exception", None) if transport else None
+            if isinstance(cause, (socket.timeout, TimeoutError)) or getattr(cause, "errno", None) == 110:
+                why = f"no answer for {self.host.settings.dead_after:g} s (network partition or host down)"
+            elif cause is not None:
+                why = str(cause) or type(cause).__name__
+            else:
+                why = "the server closed it"
+            self.error = f"lost the SSH connection to {self.hostname}: {why}"
+            self._code = LOST
+        return self._code
+
+    def wait(self, timeout: float):
+        """Exit code (see poll), or None if still running after `timeout` seconds."""
+        deadline = time.monotonic() + (timeout or 0)
+        while (code := self.poll()) is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            # set on exit status, exit signal (our hook) or close: then poll() has the code
+            self.channel.status_event.wait(left)
+        return code
+
+    def signal_group(self, sig) -> None:
+        """Send `sig` to the remote process group (best effort, like LocalWorker)."""
+        if self.pgid is not None:
+            try:
+                self.host.run(f"kill -s {signal.Signals(sig).name[3:]} -- -{int(self.pgid)} 2>/dev/null; exit 0")
+            except SSHError:
+                pass
+
+    def stop(self, grace: float = 3.0) -> None:
+        """TERM the remote process group, KILL it after `grace` seconds (or at once when the
+        top process already exited, to end children it left behind)."""
+        if self.pgid is not None:
+            g = int(self.pgid)
+            ticks = max(0, int(grace / 0.05))
+            # `kill -s SIG -- -PGID`: the form dash, bash and /bin/kill all accept
+            script = (f'kill -s TERM -- -{g} 2>/dev/null || exit 0; i=0; '
+                      f'while [ $i -lt {ticks} ] && kill -s 0 -- -{g} 2>/dev/null; do sleep 0.05; i=$((i+1)); done; '
+                      f'kill -s KILL -- -{g} 2>/dev/null; exit 0')
+            try:
+                self.host.run(script, timeout=grace + self.host.settings.connect_timeout)
+            except SSHError as e:
+                self.error = self.error or f"could not stop the worker on {self.hostname}: {e}"
+        if self.wait(5.0) is None:
+            self.channel.close()
+            self.poll()
+        self.finish_output()

@@ -1,0 +1,88 @@
+"""The driver's rendezvous endpoints on the KV server, at the edge of the elastic core.
+
+- GET /rdzv/assign?worker=ID&after=R&commit=C: the worker waits for its place in a world
+  formed after round R (the barrier); becomes a Ready event, answered by an Answer action.
+- heartbeat datagrams {worker, commit} (signed UDP on the server's port): liveness, answered
+  at once with what the core published (host updates announced, newest broken round).
+  Heartbeats reach the core in batches, not one event each.
+- PUT /rdzv/exiting?worker=ID: the worker is exiting; becomes an Exiting event.
+"""
+import json
+import threading
+from concurrent.futures import Future, InvalidStateError
+
+from hvdlite.driver.decisions.messages import Exiting, Ready
+
+class Rendezvous:
+    def __init__(self, post):
+        self._post = post  # hands an event to the decision thread
+        self._lock = threading.Lock()
+        self._waiting = {}  # worker -> Future of its pending assign request
+        self._beats = {}  # worker -> commits, heard since the last drain
+        self._published = json.dumps({"updates": 0, "broken": 0}).encode()
+
+    def route(self, method, subpath, query, body):
+        worker = query.get("worker")
+        if not worker:
+            return 400, b"expected worker=<id>"
+        if subpath == "assign" and method == "GET":
+            try:
+                after, commit = int(query["after"]), int(query.get("commit", 0))
+            except (KeyError, ValueError):
+                return 400, b"expected after and commit as integers"
+            return self._assign(worker, after, commit)
+        if subpath == "exiting" and method == "PUT":
+            self._post(Exiting(worker))
+            return 200, b""
+        return 404, b"unknown rendezvous endpoint"
+
+    def heartbeat(self, query) -> bytes:
+        """A heartbeat datagram (the server checked its signature): note it, answer at once."""
+        worker = query.get("worker")
+        try:
+            commit = int(query.get("commit", 0))
+        except ValueError:
+            commit = 0
+        with self._lock:
+            if worker:
+                self._beats[worker] = commit
+            return self._published
+
+    def _assign(self, worker, after, commit):
+        answer = Future()
+        with self._lock:
+            earlier = self._waiting.get(worker)
+            self._waiting[worker] = answer
+        if earlier is not None:
+            _settle(earlier, (408, b"superseded by a newer request"))
+        self._post(Ready(worker, after, commit))
+        return answer  # the server answers when it is settled, or 408 at its long-poll cap
+
+    def answer(self, worker, status, body: dict):
+        """Answer the worker's pending request; without one the core answers its next."""
+        with self._lock:
+            pending = self._waiting.pop(worker, None)
+        if pending is not None:
+            _settle(pending, (status, json.dumps(body).encode()))
+
+    def publish(self, updates, broken):
+        with self._lock:
+            self._published = json.dumps({"updates": updates, "broken": broken}).encode()
+
+    def drain_heartbeats(self) -> tuple:
+        with self._lock:
+            beats, self._beats = self._beats, {}
+        return tuple(beats.items())
+
+    def close(self):
+        with self._lock:
+            pending, self._waiting = list(self._waiting.values()), {}
+        for future in pending:
+            _settle(future, (503, b"the job is over"))
+
+
+def _settle(future, answer):
+    try:
+        future.set_result(answer)
+    except InvalidStateError:  # cancelled or answered meanwhile
+        pass

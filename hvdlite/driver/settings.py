@@ -1,0 +1,49 @@
+"""What a job was asked to do: every knob of `hvdlite run`, with its default (hvdlite.defaults)."""
+import math
+import os
+from dataclasses import dataclass, field, fields
+
+from hvdlite import defaults
+from hvdlite.errors import UsageError
+
+
+@dataclass
+class Settings:
+    command: list
+    num_proc: int = None
+    hosts: list = None  # [(name, slots)] in order; None with a discovery script
+    start_timeout: float = defaults.START_TIMEOUT
+    liveness_timeout: float = defaults.LIVENESS_TIMEOUT
+    collective_timeout: float = defaults.COLLECTIVE_TIMEOUT
+    event_log: str = None
+    elastic: bool = False
+    min_np: int = None
+    max_np: int = None
+    slots_per_host: int = None
+    discovery_script: str = None
+    discovery_timeout: float = defaults.DISCOVERY_TIMEOUT
+    discovery_interval: float = defaults.DISCOVERY_INTERVAL
+    reset_limit: int = None
+    cooldown_range: tuple = None
+    blacklist: str = defaults.BLACKLIST
+    elastic_timeout: float = defaults.ELASTIC_TIMEOUT
+    output_dir: str = None
+    verbose: bool = False
+    log_level: str = "INFO"
+    network_interfaces: list = None
+    bind_address: str = None
+    ssh_port: int = None
+    ssh_identity_file: str = None
+    ssh_accept_unknown_hosts: bool = False
+    ssh_config: str = None
+    preload: tuple = None  # modules a worker template imports; empty: no template
+    preload_first: bool = False  # the first world's workers fork from it too (--preload)
+    env: dict = field(default_factory=lambda: dict(os.environ))
+
+    def __post_init__(self):
+        for f in fields(self):
+            value = getattr(self, f.name)
+            numbers = value if f.name == "cooldown_range" and value else [value]
+            for number in numbers:
+                if isinstance(number, float) and not math.isfinite(number):
+                    raise UsageError(f"--{f.name.replace('_', '-')} must be a finite number, got {number}")

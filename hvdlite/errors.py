@@ -1,0 +1,15 @@
+"""The errors that end `hvdlite run`: each is one line for the user and has an exit code."""
+
+
+class HvdliteError(Exception):
+    """Ends the command with this one-line message and `exit_code`."""
+    exit_code = 1
+
+
+class UsageError(HvdliteError):
+    """Bad flags or an impossible request."""
+    exit_code = 2
+
+
+class JobError(HvdliteError):
+    """The job cannot go on."""

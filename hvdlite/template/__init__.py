@@ -1,0 +1,8 @@
+"""Preloaded worker templates: a process per host and interpreter that has imported torch
+(and what --preload names) and forks workers on request, so a joining worker skips the
+seconds of `import torch`. `python -m hvdlite.template` is the template (server.py, child.py),
+hvdlite.driver.launchers.template the driver's side, wire.py their frames, command.py which commands it can run.
+"""
+# torch._dynamo is what the first optimizer imports (~1.5 s); modules not installed on the
+# worker's interpreter (torch under the numpy backend) are skipped.
+DEFAULT_PRELOAD = ("torch", "torch.optim", "torch._dynamo", "hvdlite.torch", "numpy", "hvdlite.numpy")

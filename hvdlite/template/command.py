@@ -1,0 +1,76 @@
+"""Which worker commands a template can run, decided without processes.
+
+A template is a running interpreter; it can stand in for `PYTHON script.py args` and
+`PYTHON -m module args` (optionally with -u) when PYTHON is that same interpreter and the
+environment variables Python reads at startup are the ones it started with.
+"""
+import os
+import re
+import shutil
+
+# Read by the interpreter before any user code runs, so a forked child cannot change them.
+_STARTUP_NAMES = ("LANG", "LC_ALL", "LC_CTYPE")
+_APPLIED_AFTER_FORK = ("PYTHONUNBUFFERED",)
+_PYTHON_NAME = re.compile(r"python[0-9.]*$")
+
+
+class Refused(Exception):
+    """The template cannot run this command; a plain launch can."""
+
+
+def resolve(program: str, env: dict, cwd: str):
+    """The absolute path a plain launch of `program` would run, or None."""
+    if os.sep in program:
+        return os.path.abspath(os.path.join(cwd, program))
+    found = shutil.which(program, path=env.get("PATH", os.defpath))
+    return os.path.abspath(found) if found else None
+
+
+def startup_env(env: dict) -> dict:
+    return {k: v for k, v in env.items()
+            if (k.startswith("PYTHON") and k not in _APPLIED_AFTER_FORK) or k in _STARTUP_NAMES}
+
+
+def interpreter(argv, env: dict, cwd: str) -> str:
+    """The python a template for this command must run on; Refused if it is none."""
+    if not argv:
+        raise Refused("empty command")
+    path = resolve(argv[0], env, cwd)
+    if path is None or not _PYTHON_NAME.match(os.path.basename(path)):
+        raise Refused(f"{argv[0]} is not a python interpreter")
+    return path
+
+
+def same_interpreter(path: str, executable: str) -> bool:
+    """Same program in the same directory: a venv's python is a symlink to the base one but
+    runs with the venv's packages, so the file alone does not tell."""
+    if path == executable:
+        return True
+    try:
+        return os.path.dirname(path) == os.path.dirname(executable) and os.path.samefile(path, executable)
+    except OSError:
+        return False
+
+
+def plan(argv, env: dict, cwd: str, executable: str, started_env: dict):
+    """(kind, target, args, unbuffered) for a template child: kind "path" runs the script
+    `target` as __main__, "module" the module `target`. Refused with a reason otherwise."""
+    path = interpreter(argv, env, cwd)
+    if not same_interpreter(path, executable):
+        raise Refused(f"{argv[0]} is another interpreter than the template's {executable}")
+    if startup_env(env) != startup_env(started_env):
+        raise Refused("python startup variables differ from the template's")
+    if not os.path.isdir(cwd):
+        raise Refused(f"no directory {cwd}")
+    rest, unbuffered = list(argv[1:]), False
+    while rest and rest[0] == "-u":
+        rest, unbuffered = rest[1:], True
+    if not rest:
+        raise Refused("an interactive interpreter")
+    if rest[0] == "-m":
+        if len(rest) < 2:
+            raise Refused("-m without a module")
+        return "module", rest[1], rest[2:], unbuffered
+    if rest[0].startswith("-"):
+        raise Refused(f"interpreter option {rest[0]}")
+    return "path", rest[0], rest[1:], unbuffered

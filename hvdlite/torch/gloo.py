@@ -1,0 +1,34 @@
+"""Building a gloo process group over the driver's KV store: the world's, and process sets'."""
+import threading
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from hvdlite import defaults
+from hvdlite.torch.store import KVStore
+from hvdlite.worker import env
+from hvdlite.worker.session import session
+
+
+def _timeout(name: str, default: float) -> timedelta:
+    return timedelta(seconds=float(session().environ.get(name, default)))
+
+
+def connect(scope: str, rank: int, size: int, abandoned=lambda: False):
+    """A gloo group of `size` ranks bootstrapped under KV `scope` (a fresh one per group: gloo
+    never deletes its keys). The collective timeout is set explicitly: a group made with
+    torch's new_group would not inherit it."""
+    s = session()
+    store = KVStore(s.client, scope, _timeout(env.START_TIMEOUT, defaults.START_TIMEOUT), abandoned, size)
+    options = dist.ProcessGroupGloo._Options()
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=s.local_address())]
+    options._timeout = _timeout(env.COLLECTIVE_TIMEOUT, defaults.COLLECTIVE_TIMEOUT)
+    return dist.ProcessGroupGloo(store, rank, size, options)
+
+
+def release(group) -> None:
+    """Drop a group without waiting: its destructor waits for its pending work, which a hung
+    peer never ends, so it runs on a thread of its own."""
+    holder = [group]
+    del group
+    threading.Thread(target=holder.clear, daemon=True).start()

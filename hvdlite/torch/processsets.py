@@ -1,0 +1,94 @@
+"""Process sets: collectives on a subset of the ranks, as Horovod's.
+
+A set is its list of ranks; its gloo group is built lazily, on the first collective of the set
+in the current world, under a KV scope derived from the world's (so a new world, or a set
+removed and added again, never reads an old group's addresses). After an elastic reset a set
+keeps its ranks that still exist in the new world and gets a new group there.
+"""
+from hvdlite.torch import gloo, runtime
+
+
+class ProcessSet:
+    """ProcessSet([0, 2]): the ranks a collective's process_set= argument runs on."""
+
+    def __init__(self, ranks):
+        self.ranks = None if ranks is None else sorted({int(r) for r in ranks})
+        self.process_set_id = None
+        self._world, self._group = None, None
+
+    def _members(self, size):
+        return list(range(size)) if self.ranks is None else [r for r in self.ranks if r < size]
+
+    def size(self) -> int:
+        return len(self._members(runtime.info().size))
+
+    def rank(self) -> int:
+        """This process's rank within the set, -1 if the set does not include it."""
+        info = runtime.info()
+        members = self._members(info.size)
+        return members.index(info.rank) if info.rank in members else -1
+
+    def included(self) -> bool:
+        return self.rank() >= 0
+
+    def global_rank(self, set_rank: int) -> int:
+        return self._members(runtime.info().size)[set_rank]
+
+    def set_rank(self, global_rank: int, what="rank") -> int:
+        """The set's own rank of a world rank (e.g. a broadcast's root)."""
+        members = self._members(runtime.info().size)
+        if global_rank not in members:
+            raise ValueError(f"{what} {global_rank} is not in the process set {members}")
+        return members.index(global_rank)
+
+    def group(self):
+        """The gloo group of this set in the current world (built on first use)."""
+        if self.ranks is None:
+            return runtime.process_group()
+        info = runtime.info()
+        if self._world is not info:
+            members = self._members(info.size)
+            if info.rank not in members:
+                raise ValueError(f"this process (rank {info.rank}) is not in the process set {members}")
+            scope = f"{info.store_scope}.set.{self.process_set_id}.{'-'.join(map(str, members))}"
+            if self._group is not None:
+                gloo.release(self._group)
+            self._group = gloo.connect(scope, members.index(info.rank), len(members))
+            self._world = info
+        return self._group
+
+    def __repr__(self):
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+
+global_process_set = ProcessSet(None)
+global_process_set.process_set_id = 0
+_sets = {0: global_process_set}
+_next_id = [1]
+
+
+def add_process_set(process_set):
+    """Register a ProcessSet (or a list of ranks); every rank must add the same sets in the
+    same order. Returns the registered set."""
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    if process_set.process_set_id is not None:
+        raise ValueError(f"{process_set} was added already")
+    if any(s.ranks == process_set.ranks for s in _sets.values()):
+        raise ValueError(f"a process set with ranks {process_set.ranks} exists already")
+    process_set.process_set_id = _next_id[0]
+    _next_id[0] += 1
+    _sets[process_set.process_set_id] = process_set
+    return process_set
+
+
+def remove_process_set(process_set) -> bool:
+    """Unregister a set; False for the global set or one not registered."""
+    if process_set is global_process_set or _sets.get(process_set.process_set_id) is not process_set:
+        return False
+    del _sets[process_set.process_set_id]
+    process_set.process_set_id = None
+    if process_set._group is not None:
+        gloo.release(process_set._group)
+    process_set._world = process_set._group = None
+    return True

@@ -1,0 +1,67 @@
+"""ElasticSampler: an epoch's samples split among a world that may change mid-epoch."""
+import math
+
+import torch
+
+from hvdlite.torch import basics
+
+
+class ElasticSampler(torch.utils.data.Sampler):
+    """Splits an epoch's not yet processed samples among the current world.
+
+    Ranks step in lockstep, so after each rank consumed k samples of its share, the world has
+    consumed the first k * size samples of the split (shares are interleaved). That lets every
+    rank, and so any survivor, know what the whole world processed, including dead ranks.
+    """
+
+    def __init__(self, dataset, shuffle=True, seed=0):
+        self.dataset, self.shuffle, self.seed = dataset, shuffle, seed
+        self.epoch = 0
+        self.processed = []  # this epoch's samples finished before the current split
+        self.local_done = 0  # samples this rank consumed since the current split
+        self.reset()
+
+    def set_epoch(self, epoch):
+        """Start `epoch`; calling it again for the current epoch (after a reset) keeps progress."""
+        if epoch != self.epoch:
+            self.epoch, self.processed, self.local_done = epoch, [], 0
+            self.reset()
+
+    def record_batch(self, batch_idx, batch_size):
+        """Record that this rank finished batches 0..batch_idx of the current split."""
+        self.local_done = min((batch_idx + 1) * batch_size, len(self.indices))
+
+    def record_indices(self, indices):
+        self.local_done += len(indices)
+
+    def reset(self):
+        """Re-split the remaining samples of the epoch for the current world."""
+        self.size, self.rank = (basics.size(), basics.rank()) if basics.is_initialized() else (1, 0)
+        done = set(self.processed)
+        self.remaining = [i for i in self._order() if i not in done]
+        per_rank = math.ceil(len(self.remaining) / self.size) if self.remaining else 0
+        padded = (self.remaining * self.size)[:per_rank * self.size]  # repeat to split evenly
+        self.shares = [padded[r::self.size] for r in range(self.size)]  # every rank's share
+        self.indices = self.shares[self.rank]
+        self.local_done = 0
+
+    def _order(self):
+        if not self.shuffle:
+            return list(range(len(self.dataset)))
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        return torch.randperm(len(self.dataset), generator=generator).tolist()
+
+    def state_dict(self):
+        consumed = self.remaining[:self.local_done * self.size]
+        return {"epoch": self.epoch, "processed": self.processed + consumed}
+
+    def load_state_dict(self, state):
+        self.epoch, self.processed = state["epoch"], list(state["processed"])
+        self.reset()
+
+    def __iter__(self):
+        return iter(self.indices[self.local_done:])
+
+    def __len__(self):
+        return len(self.indices) - self.local_done

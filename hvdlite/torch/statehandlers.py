@@ -1,0 +1,101 @@
+"""State handlers: how TorchState saves, restores and syncs each kind of object it holds.
+
+A handler keeps the very object the script holds and works on it in place (load_state_dict),
+so the script's own references stay valid across commits, rollbacks and syncs. The registry
+maps types to handler classes, first match wins; set_handler_registry() replaces it, as in
+Horovod, and register_handler() puts a user type in front.
+"""
+import abc
+import copy
+
+import torch
+from torch.optim import lr_scheduler
+
+from hvdlite.torch import ops
+from hvdlite.torch.optimizer import broadcast_optimizer_state, broadcast_parameters
+from hvdlite.torch.sampler import ElasticSampler
+
+
+class StateHandler(abc.ABC):
+    """Subclass and implement save, restore and sync for `self.value`."""
+
+    def __init__(self, value):
+        self.value = value
+
+    @abc.abstractmethod
+    def save(self):
+        """Remember the value's current state (commit)."""
+
+    @abc.abstractmethod
+    def restore(self):
+        """Put the value back to the remembered state, in place."""
+
+    @abc.abstractmethod
+    def sync(self):
+        """Make the value equal rank 0's on every rank, in place (a collective)."""
+
+    def set_value(self, value):
+        """The script assigned a new object to the attribute: hold it, and commit it as is."""
+        self.value = value
+        self.save()
+
+
+class StateDictHandler(StateHandler):
+    """Any object with state_dict()/load_state_dict(); synced as one pickled object."""
+
+    def save(self):
+        self._saved = copy.deepcopy(self.value.state_dict())
+
+    def restore(self):
+        self.value.load_state_dict(copy.deepcopy(self._saved))
+
+    def sync(self):
+        self.value.load_state_dict(ops.broadcast_object(self.value.state_dict(), root_rank=0))
+
+
+class ModelStateHandler(StateDictHandler):
+    def sync(self):
+        broadcast_parameters(self.value.state_dict(), root_rank=0)  # tensors in fused broadcasts
+
+
+class OptimizerStateHandler(StateDictHandler):
+    def sync(self):
+        broadcast_optimizer_state(self.value, root_rank=0)
+
+
+class SamplerStateHandler(StateDictHandler):
+    def save(self):
+        self._saved = self.value.state_dict()  # fresh lists already: no deep copy needed
+
+
+# Every scheduler of torch 2.x derives from LRScheduler (Horovod 0.28 names only the old
+# _LRScheduler and so misses them).
+_handler_registry = [
+    (torch.nn.Module, ModelStateHandler),
+    (torch.optim.Optimizer, OptimizerStateHandler),
+    (lr_scheduler.LRScheduler, StateDictHandler),
+    (ElasticSampler, SamplerStateHandler),
+]
+
+
+def get_handler_registry():
+    """The (type, handler class) pairs TorchState consults, in order."""
+    return list(_handler_registry)
+
+
+def set_handler_registry(registry):
+    global _handler_registry
+    _handler_registry = [(kind, handler) for kind, handler in registry]
+
+
+def register_handler(kind, handler):
+    """Handle instances of `kind` with `handler` (a StateHandler subclass), before all others."""
+    set_handler_registry([(kind, handler)] + [(k, h) for k, h in _handler_registry if k is not kind])
+
+
+def handler_for(value):
+    """A handler for `value`, or None if it is a plain value (deep-copied by ObjectState)."""
+    for kind, handler in _handler_registry:
+        if isinstance(value, kind):
+            return handler(value)
+    return None

@@ -1,0 +1,54 @@
+"""The API's decisions as pure functions: Adasum arithmetic, reducescatter shares, optimizer
+groups, what a joined rank contributes."""
+import pytest
+import torch
+
+from hvdlite.torch import adasum, ops
+from hvdlite.torch.optimizer import _groups_as_buckets
+from hvdlite.worker.reduceops import shares
+
+
+def test_adasum_adds_orthogonal_and_keeps_parallel_gradients():
+    a, b = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 2.0])
+    assert torch.equal(adasum.combine(a, b), torch.tensor([1.0, 2.0]))
+    assert torch.allclose(adasum.combine(a * 3, a * 3), a * 3)  # equal: kept, not doubled
+    assert torch.equal(adasum.combine(a, torch.zeros(2)), a)  # a zero vector changes nothing
+    c, d = torch.tensor([1.0, 1.0]), torch.tensor([1.0, 0.0])
+    # dot 1, |c|^2 2, |d|^2 1: (1 - 1/4) c + (1 - 1/2) d
+    assert torch.allclose(adasum.combine(c, d), torch.tensor([1.25, 0.75]))
+    assert adasum.combine(c.half(), d.half()).dtype == torch.float16
+
+
+def test_adasum_tree_pairs_neighbours_first():
+    v = [torch.tensor([float(i + 1), float(i % 2)]) for i in range(4)]
+    c = adasum.combine
+    assert torch.allclose(adasum.reduce(v), c(c(v[0], v[1]), c(v[2], v[3])))
+    assert torch.allclose(adasum.reduce(v[:3]), c(c(v[0], v[1]), v[2]))
+    assert torch.equal(adasum.reduce(v[:1]), v[0])
+
+
+@pytest.mark.parametrize("rows, size, counts", [(7, 3, [3, 2, 2]), (6, 3, [2, 2, 2]), (1, 3, [1, 0, 0]),
+                                                (0, 2, [0, 0])])
+def test_reducescatter_shares_give_the_first_ranks_one_row_more(rows, size, counts):
+    assert shares(rows, size) == counts
+
+
+def test_optimizer_groups_become_buckets():
+    params = [torch.nn.Parameter(torch.zeros(1)) for _ in range(5)]
+    assert _groups_as_buckets(params, 0, None) is None
+    assert _groups_as_buckets(params, 2, None) == [params[:3], params[3:]]
+    assert _groups_as_buckets(params, 0, 5) == [[p] for p in params]
+    buckets = _groups_as_buckets(params, 0, [[params[4], params[0]]])
+    assert buckets == [[params[4], params[0]], [params[1]], [params[2]], [params[3]]]
+    with pytest.raises(ValueError, match="does not hold"):
+        _groups_as_buckets(params, 0, [[torch.nn.Parameter(torch.zeros(1))]])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.uint8, torch.bool])
+def test_a_joined_rank_contributes_the_identity_of_the_op(dtype):
+    x = torch.tensor([0, 1, 1], dtype=dtype)
+    for op, reduce in ((ops.Sum, torch.add), (ops.Min, torch.minimum), (ops.Max, torch.maximum),
+                       (ops.Product, torch.mul)):
+        if dtype == torch.bool and op == ops.Sum:
+            reduce = torch.logical_or
+        assert torch.equal(reduce(x, ops._identity(op, dtype, 3)), x)

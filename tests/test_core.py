@@ -1,0 +1,290 @@
+"""The elastic core driven by hand-written event sequences: no processes, threads or clock.
+
+One sequence per defect the core once had and per Horovod rule it follows.
+"""
+from hvdlite.driver.decisions.core import ElasticCore, Phase, Policy
+from hvdlite.driver.decisions.messages import (
+    Answer, EndJob, Exited, Heartbeats, HostsFound, Launch, Launched, LaunchFailed, Log, Publish,
+    Ready, Stop, Tick)
+
+
+class Sim:
+    """Feeds events to a core at a fake time and remembers every action."""
+
+    def __init__(self, hosts, **policy):
+        self.core = ElasticCore(Policy(**policy), rng=lambda: 0.0)
+        self.now = 0.0
+        self.actions = []
+        self.pids = 100
+        self.send(HostsFound(tuple(hosts)))
+
+    def send(self, event, after=0.01):
+        self.now += after
+        out = self.core.handle(event, self.now)
+        self.actions += out
+        return out
+
+    def launched(self, out=None):
+        """Start every worker the last actions launched; returns their ids."""
+        ids = [a.worker for a in (out if out is not None else self.actions) if isinstance(a, Launch)]
+        for worker in ids:
+            self.pids += 1
+            self.send(Launched(worker, self.pids))
+        return ids
+
+    def ready(self, worker, after=-1, commit=0):
+        return self.send(Ready(worker, after, commit))
+
+    def world(self):
+        return {self.core.workers[w].slot: p.rank for w, p in self.core.world.items()}
+
+    def logged(self, event):
+        return [a.fields for a in self.actions if isinstance(a, Log) and a.event == event]
+
+    def end(self):
+        ends = [a for a in self.actions if isinstance(a, EndJob)]
+        return ends[-1] if ends else None
+
+
+def answers(out, worker):
+    return [a.body for a in out if isinstance(a, Answer) and a.worker == worker]
+
+
+def first_world(hosts, **policy):
+    """A core whose first world formed with every slot of `hosts`; returns (sim, ids)."""
+    sim = Sim(hosts, **policy)
+    ids = sim.launched()
+    for worker in ids:
+        sim.ready(worker)
+    assert sim.core.round == 1
+    return sim, ids
+
+
+def leave(sim, ids, commit=5):
+    """Every id leaves the current world for the rendezvous, holding `commit`."""
+    for worker in ids:
+        sim.ready(worker, after=sim.core.round, commit=commit)
+
+
+# ---- defects ------------------------------------------------------------------------------
+def test_exit_of_a_slots_earlier_process_changes_nothing():
+    sim, (a, b) = first_world([("a", 1), ("b", 1)])
+    sim.send(HostsFound((("a", 1), ("b", 1), ("c", 1))))
+    (c1,) = sim.launched(sim.actions[-3:])
+    sim.send(HostsFound((("a", 1), ("b", 1))))  # c vanishes for one poll ...
+    assert Stop(c1, 3.0) in sim.actions
+    out = sim.send(HostsFound((("a", 1), ("b", 1), ("c", 1))))  # ... and comes back
+    assert not [x for x in out if isinstance(x, Launch)], "relaunched while its old process runs"
+    sim.send(Exited(c1, 0))  # the old process ends cleanly: not the job's success
+    assert sim.end() is None and not sim.core.succeeded
+    (c2,) = sim.launched(sim.actions[-2:])
+    assert c2 == "c/0#2"
+    before = sim.core.workers[c2].phase
+    assert answers(sim.send(Ready(c1, -1, 0)), c1) == [{"removed": True}]
+    sim.send(Exited(c1, 1))  # told twice, and with a failure: still nothing
+    sim.send(Heartbeats(((c1, 9),)))
+    assert sim.core.workers[c2].phase is before and not sim.logged("blacklisted")
+
+
+def test_new_worker_that_never_synced_does_not_count_as_holding_the_state():
+    sim, (a, b) = first_world([("a", 1), ("b", 1)])
+    sim.send(HostsFound((("a", 1), ("b", 1), ("c", 1))))
+    (c,) = sim.launched(sim.actions[-3:])
+    sim.ready(c)
+    leave(sim, [a, b], commit=7)  # the host update: world 2 is a, b and the new c
+    assert sim.core.round == 2 and sim.world()["a/0"] == 0
+    sim.send(Exited(a, -9))  # the holders die during the first sync
+    sim.send(Exited(b, -9))
+    sim.ready(c, after=2, commit=0)  # c's sync failed: it holds nothing
+    end = sim.end()
+    assert end is not None and end.code == 1 and "training state is gone (last commit 7)" in end.error
+    assert sim.core.round == 2, "a world of workers holding nothing must not form"
+
+
+def test_removal_reaches_a_member_waiting_after_the_round_it_left():
+    sim, (a, b, c) = first_world([("a", 1), ("b", 1), ("c", 1)])
+    sim.send(Exited(b, 1))  # b fails: the world breaks
+    out = sim.ready(a, after=1, commit=9)  # a leaves round 1 and waits
+    assert not answers(out, a)
+    out = sim.send(Exited(c, 0))  # meanwhile c finished: the job succeeded
+    assert answers(out, a) == [{"removed": True}]
+    assert answers(sim.ready(a, after=1, commit=9), a) == [{"removed": True}]  # asked again
+    sim.send(Exited(a, 0))
+    assert sim.end() == EndJob(0)
+
+
+def test_a_lost_answer_is_given_again():
+    sim = Sim([("a", 1)])
+    (a,) = sim.launched()
+    first = answers(sim.ready(a), a)
+    assert first and "world" in first[0]
+    assert answers(sim.ready(a), a) == first  # the request timed out before it arrived
+
+
+def test_launches_are_actions_and_a_failed_launch_blacklists_its_host():
+    sim = Sim([("a", 1), ("b", 1)])
+    launches = [x for x in sim.actions if isinstance(x, Launch)]
+    assert [x.worker for x in launches] == ["a/0#1", "b/0#1"]
+    sim.send(Launched("a/0#1", 1))
+    sim.send(LaunchFailed("b/0#1", "SSH connection to b port 22 refused"))
+    assert sim.logged("blacklisted") == [{"key": "b", "cooldown": "permanent"}]
+    sim.ready("a/0#1")
+    assert sim.world() == {"a/0": 0}
+
+
+def test_heartbeat_silence_kills_a_worker_and_breaks_its_world():
+    sim, (a, b) = first_world([("a", 1), ("b", 1)], liveness_timeout=5.0)
+    sim.send(Heartbeats(((a, 1), (b, 1))))
+    for _ in range(40):
+        sim.send(Heartbeats(((a, 1),)), after=0.2)
+        sim.send(Tick(), after=0.0)
+    assert Stop(b, 0.0) in sim.actions
+    assert sim.logged("worker_unresponsive")[0]["worker"] == b
+    assert Publish(0, 1) in sim.actions  # round 1 broken: the members cut their connections
+
+
+def test_a_starved_driver_does_not_blame_the_workers():
+    sim, (a,) = first_world([("a", 1)], liveness_timeout=5.0)
+    sim.send(Heartbeats(((a, 1),)))
+    sim.send(Tick(), after=0.1)
+    sim.send(Tick(), after=8.0)  # the driver was not running for 8 s
+    assert not sim.logged("worker_unresponsive")
+
+
+# ---- Horovod's rules ----------------------------------------------------------------------
+def test_a_failure_blacklists_its_host_on_a_multi_host_job():
+    sim, (a0, a1, b0, b1) = first_world([("a", 2), ("b", 2)])
+    sim.send(Exited(b0, -9))
+    assert sim.logged("blacklisted") == [{"key": "b", "cooldown": "permanent"}]
+    leave(sim, [a0, a1, b1])
+    assert sim.world() == {"a/0": 0, "a/1": 1}  # b's healthy worker went out with its host
+    assert answers(sim.actions, b1)[-1] == {"removed": True}
+
+
+def test_a_failure_on_every_host_ends_the_job():
+    sim, (a, b) = first_world([("a", 1), ("b", 1)])
+    sim.send(Exited(b, 1))
+    leave(sim, [a])
+    sim.send(Exited(a, 1))
+    assert sim.end().code == 1
+
+
+def test_all_hosts_blacklisted_while_a_worker_lives_ends_the_job():
+    sim, (a0, a1, b0, b1) = first_world([("a", 2), ("b", 2)])
+    sim.send(Exited(b0, 1))
+    sim.send(Exited(a0, 1))
+    assert sim.end().error == "all hosts are blacklisted"
+
+
+def test_a_single_host_job_sidelines_only_the_failed_slot():
+    sim, (s0, s1, s2) = first_world([("localhost", 3)])
+    sim.send(Exited(s1, -9))
+    assert sim.logged("blacklisted") == [{"key": "localhost/1", "cooldown": "permanent"}]
+    leave(sim, [s0, s2])
+    assert sim.world() == {"localhost/0": 0, "localhost/2": 1}
+
+
+def test_the_rule_can_be_chosen():
+    sim, ids = first_world([("localhost", 2)], blacklist="host")
+    sim.send(Exited(ids[0], 1))
+    assert sim.logged("blacklisted")[0]["key"] == "localhost"
+    sim, ids = first_world([("a", 1), ("b", 1)], blacklist="slot")
+    sim.send(Exited(ids[1], 1))
+    assert [f["key"] for f in sim.logged("blacklisted")] == ["b/0", "b"]  # b had one worker
+
+
+def test_first_world_ranks_follow_host_order():
+    sim = Sim([("localhost", 2), ("127.0.0.1", 2)])
+    ids = sim.launched()
+    for worker in reversed(ids):
+        sim.ready(worker)
+    assert sim.world() == {"localhost/0": 0, "localhost/1": 1, "127.0.0.1/0": 2, "127.0.0.1/1": 3}
+
+
+def test_later_worlds_keep_survivors_order_and_put_new_hosts_last():
+    sim, (a, b, c) = first_world([("c", 1), ("a", 1), ("b", 1)])
+    sim.send(HostsFound((("a", 1), ("b", 1), ("c", 1), ("d", 1))))
+    (d,) = sim.launched(sim.actions[-3:])
+    sim.ready(d)
+    leave(sim, [a, b, c])
+    assert sim.world() == {"c/0": 0, "a/0": 1, "b/0": 2, "d/0": 3}
+
+
+def test_launch_tells_the_place_horovod_would_announce():
+    sim = Sim([("a", 2), ("b", 1)], max_np=2)
+    places = {x.slot: (x.world.rank, x.world.size, x.world.local_rank) for x in sim.actions
+              if isinstance(x, Launch)}
+    assert places == {"a/0": (0, 2, 0), "a/1": (1, 2, 1)}
+
+
+def test_rank0_of_every_new_world_holds_the_newest_commit():
+    sim, (a, b, c) = first_world([("a", 1), ("b", 1), ("c", 1)])
+    sim.send(Exited(a, -9))
+    sim.ready(b, after=1, commit=4)
+    sim.ready(c, after=1, commit=5)
+    assert sim.world() == {"c/0": 0, "b/0": 1}
+    assert sim.logged("round_complete")[-1]["commit"] == 5
+
+
+def test_losing_the_newest_commit_is_said():
+    sim, (a, b) = first_world([("a", 1), ("b", 1)])
+    leave(sim, [a, b], commit=3)  # world 2 at commit 3
+    sim.send(HostsFound((("a", 1), ("b", 1), ("c", 1))))
+    (c,) = sim.launched(sim.actions[-3:])
+    sim.ready(c)
+    sim.ready(a, after=2, commit=8)
+    sim.send(Exited(a, -9))  # the only holder of commit 8 dies before the world forms
+    sim.ready(b, after=2, commit=6)
+    assert sim.logged("commit_lost") == [{"newest": 8, "resumed": 6}]
+    assert sim.world() == {"b/0": 0, "c/0": 1}
+
+
+def test_slots_beyond_max_np_are_not_launched_and_cause_no_reset():
+    sim, ids = first_world([("a", 1), ("b", 1)], max_np=2)
+    out = sim.send(HostsFound((("a", 1), ("b", 1), ("c", 2))))
+    assert not [x for x in out if isinstance(x, Launch)] and sim.core.updates == 0
+
+
+def test_below_min_np_the_job_waits_then_fails():
+    sim, (a, b) = first_world([("a", 1), ("b", 1)], min_np=2, elastic_timeout=3.0)
+    sim.send(Exited(b, -9))
+    leave(sim, [a])
+    assert sim.logged("waiting_for_workers") and sim.end() is None
+    sim.send(Tick(), after=0.5)
+    for _ in range(8):
+        sim.send(Tick(), after=0.5)
+    assert "fewer than --min-np 2 workers" in sim.end().error
+
+
+def test_reset_limit():
+    sim, (a, b, c) = first_world([("a", 1), ("b", 1), ("c", 1)], reset_limit=1)
+    sim.send(Exited(c, 1))
+    leave(sim, [a, b])
+    assert sim.core.round == 2
+    sim.send(Exited(b, 1))
+    leave(sim, [a])
+    assert "reset limit 1 reached" in sim.end().error
+
+
+def test_cooldown_brings_a_host_back():
+    sim, (a, b) = first_world([("a", 1), ("b", 1)], cooldown_range=(1.0, 2.0))
+    sim.send(Exited(b, 1))
+    leave(sim, [a])
+    assert sim.world() == {"a/0": 0}
+    out = sim.send(Tick(), after=1.5)
+    assert sim.logged("whitelisted") == [{"key": "b"}]
+    assert [x.worker for x in out if isinstance(x, Launch)] == ["b/0#2"]
+
+
+def test_state_is_handed_over_before_its_last_holder_leaves():
+    sim, (a, b) = first_world([("a", 1), ("b", 1)])
+    sim.send(HostsFound((("b", 1), ("c", 1))))  # a is going away
+    (c,) = sim.launched(sim.actions[-3:])
+    sim.send(Exited(b, -9))
+    sim.ready(c)
+    sim.ready(a, after=1, commit=4)
+    assert sim.world() == {"a/0": 0, "c/0": 1}  # a stays until c has synced from it
+    assert sim.core.updates >= 2  # and the handover is announced, so the world re-forms
+    leave(sim, [a, c], commit=4)
+    assert sim.world() == {"c/0": 0}
+    assert sim.core.workers[a].phase is Phase.LEAVING

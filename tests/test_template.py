@@ -1,0 +1,388 @@
+"""Preloaded worker templates (issue 12): a worker forked by a template behaves like one
+started plainly. Real template processes, real forks, real signals."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from hvdlite.driver.launchers.local import LocalWorker
+from hvdlite.driver.launchers.template import Templates, TemplateWorker
+from hvdlite.driver.output import RankOutput
+from hvdlite.template.command import Refused, plan
+from jobs import SCRIPTS, check_training_continuous, discovery, job_env, run_job, sizes
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PYGLOO_PYTHON = os.environ.get("HVDLITE_PYGLOO_PYTHON", os.path.join(ROOT, ".venv-pygloo", "bin", "python"))
+needs_pygloo = pytest.mark.skipif(not os.path.exists(PYGLOO_PYTHON),
+                                  reason=f"no pygloo venv at {PYGLOO_PYTHON}")
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+ELASTIC_JOB = [sys.executable, os.path.join(SCRIPTS, "elastic_job.py")]
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+def state(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def parent(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def wait_until(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out: {what}")
+        time.sleep(0.02)
+
+
+def kill_group(pid):
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class Spawner:
+    """Spawns workers from `templates` in a test's folder; ends every worker it spawned."""
+
+    def __init__(self, templates, said, tmp_path):
+        self.templates, self.said, self.tmp_path = templates, said, tmp_path
+        self.handles = []
+
+    def script(self, name, text):
+        path = self.tmp_path / name
+        path.write_text(textwrap.dedent(text))
+        return str(path)
+
+    def spawn(self, command, env=None, cwd=None, label="0"):
+        handle = self.templates.spawn(command, env or ENV, cwd or str(self.tmp_path), RankOutput(label))
+        self.handles.append(handle)
+        return handle
+
+    def template_pids(self):
+        return [t.pid for t in self.templates.templates.values()]
+
+    def close(self):
+        for handle in self.handles:
+            kill_group(handle.pid)
+
+
+@pytest.fixture(scope="module")
+def shared_templates():
+    """One set of templates (torch preloaded: ~5 s, more on a busy machine) for the module."""
+    said = []
+    templates = Templates(say=said.append)
+    try:
+        yield templates, said
+    finally:
+        templates.close(kill=True)
+
+
+@pytest.fixture
+def spawner(shared_templates, tmp_path):
+    s = Spawner(*shared_templates, tmp_path)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture
+def own_spawner(tmp_path):
+    """Templates of the test's own, light to preload, for tests that kill them."""
+    said = []
+    s = Spawner(Templates(("json",), say=said.append), said, tmp_path)
+    try:
+        yield s
+    finally:
+        s.close()
+        s.templates.close(kill=True)
+
+
+def finished(handle, capsys, timeout=60):
+    code = handle.wait(timeout)
+    assert code is not None, "worker did not exit"
+    handle.finish_output()
+    return code, capsys.readouterr()
+
+
+# ---- decisions, without processes -----------------------------------------------------
+
+def test_plan_runs_scripts_and_modules_of_the_same_interpreter(tmp_path):
+    env, cwd = dict(ENV), str(tmp_path)
+    assert plan([sys.executable, "t.py", "a"], env, cwd, sys.executable, env) == \
+        ("path", "t.py", ["a"], False)
+    assert plan([sys.executable, "-u", "-m", "m", "b"], env, cwd, sys.executable, env) == \
+        ("module", "m", ["b"], True)
+    refusals = {
+        ("/bin/sh", "-c", "x"): "not a python",
+        (sys.executable, "-c", "x"): "interpreter option -c",
+        (sys.executable,): "interactive",
+        (sys.executable, "-m"): "-m without a module",
+        (PYGLOO_PYTHON, "t.py"): "another interpreter",
+    }
+    for argv, reason in refusals.items():
+        with pytest.raises(Refused, match=reason):
+            plan(list(argv), env, cwd, sys.executable, env)
+    with pytest.raises(Refused, match="startup variables"):
+        plan([sys.executable, "t.py"], {**env, "PYTHONPATH": "/elsewhere"}, cwd, sys.executable, env)
+    with pytest.raises(Refused, match="no directory"):
+        plan([sys.executable, "t.py"], env, str(tmp_path / "missing"), sys.executable, env)
+
+
+def test_preload_flags():
+    from hvdlite.cli import parse_settings
+    from hvdlite.template import DEFAULT_PRELOAD
+    default = parse_settings(["--min-np", "1", sys.executable, "-c", "pass"])
+    assert (default.preload, default.preload_first) == (DEFAULT_PRELOAD, False)  # joins only
+    chosen = parse_settings(["--preload", "torch, numpy,", "-np", "1", sys.executable, "-c", "pass"])
+    assert (chosen.preload, chosen.preload_first) == (("torch", "numpy"), True)
+    assert parse_settings(["--no-preload", "-np", "1", sys.executable, "-c", "pass"]).preload == ()
+
+
+# ---- workers from a template ------------------------------------------------------------
+
+def test_worker_looks_like_a_plain_launch(spawner, capsys):
+    script = spawner.script("look.py", """
+        import os, sys, torch
+        print("argv", sys.argv[1:], "cwd", os.getcwd(), "path0", sys.path[0])
+        print("env", os.environ.get("ONLY_HERE"), os.environ.get("FIRST_ONLY"))
+        print("leader", os.getpgrp() == os.getpid() == os.getsid(0))
+        print("fds", sorted(int(f) for f in os.listdir("/proc/self/fd")))
+        print("stdin", repr(sys.stdin.read()))
+        print("threads", len(os.listdir("/proc/self/task")))
+        print("oops", file=sys.stderr)
+        sys.exit(3)
+    """)
+    workdir = spawner.tmp_path / "work"
+    workdir.mkdir()
+    first = spawner.spawn([sys.executable, script, "x"], {**ENV, "FIRST_ONLY": "1"})
+    assert finished(first, capsys)[0] == 3
+    handle = spawner.spawn([sys.executable, script, "a b", "c"], {**ENV, "ONLY_HERE": "yes"}, str(workdir))
+    assert isinstance(handle, TemplateWorker)
+    assert parent(handle.pid) in spawner.template_pids()  # forked, not launched plainly
+    code, out = finished(handle, capsys)
+    assert code == 3
+    lines = out.out.splitlines()
+    assert lines[0] == f"[0]<stdout>:argv ['a b', 'c'] cwd {workdir} path0 {spawner.tmp_path}"
+    assert lines[1:] == ["[0]<stdout>:env yes None", "[0]<stdout>:leader True",
+                         "[0]<stdout>:fds [0, 1, 2, 3]",  # 3: the listing itself
+                         "[0]<stdout>:stdin ''", "[0]<stdout>:threads 1"]
+    assert out.err == "[0]<stderr>:oops\n"
+
+
+def test_module_mode_and_uncaught_exception(spawner, capsys):
+    spawner.script("mod_main.py", """
+        import sys
+        print("argv0", sys.argv[0].endswith("mod_main.py"), sys.argv[1:])
+        def fail():
+            raise ValueError("bad input")
+        fail()
+    """)
+    handle = spawner.spawn([sys.executable, "-m", "mod_main", "z"])
+    code, out = finished(handle, capsys)
+    assert code == 1
+    assert out.out == "[0]<stdout>:argv0 True ['z']\n"
+    err = out.err.splitlines()
+    assert err[0] == "[0]<stderr>:Traceback (most recent call last):"
+    assert "mod_main.py" in err[1]  # the user's code first, none of the template's frames
+    assert err[-1] == "[0]<stderr>:ValueError: bad input"
+    assert "hvdlite" not in out.err
+
+
+def test_missing_script_exits_2_as_python_does(spawner, capsys):
+    code, out = finished(spawner.spawn([sys.executable, "missing.py"]), capsys)
+    assert code == 2
+    assert "can't open file" in out.err and "missing.py" in out.err
+
+
+def test_kill_9_and_sigstop(spawner, capsys):
+    script = spawner.script("sleep.py", "import time\nprint('up', flush=True)\ntime.sleep(300)\n")
+    handle = spawner.spawn([sys.executable, script])
+    wait_until(lambda: "up" in capsys.readouterr().out, 30, "worker up")
+    handle.signal_group(signal.SIGSTOP)
+    wait_until(lambda: state(handle.pid) == "T", 10, "worker stopped")
+    assert handle.poll() is None and handle.wait(0.3) is None
+    handle.signal_group(signal.SIGCONT)
+    os.kill(handle.pid, signal.SIGKILL)
+    assert handle.wait(10) == -signal.SIGKILL
+
+
+def test_stop_ends_the_process_group_with_the_workers_children(spawner, capsys):
+    script = spawner.script("tree.py", """
+        import signal, subprocess, sys, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stop() must fall back to KILL
+        child = subprocess.Popen(["sleep", "300"])
+        print("child", child.pid, flush=True)
+        time.sleep(300)
+    """)
+    handle = spawner.spawn([sys.executable, script])
+    seen = []
+    wait_until(lambda: seen.append(capsys.readouterr().out) or "child" in "".join(seen), 30, "child up")
+    grandchild = int("".join(seen).split("child ")[1].split()[0])
+    assert alive(grandchild)
+    start = time.monotonic()
+    handle.stop(grace=0.5)
+    assert handle.poll() == -signal.SIGKILL and time.monotonic() - start < 10
+    wait_until(lambda: not alive(grandchild), 10, "the worker's child gone")
+
+
+def test_children_get_their_own_random_state(spawner, capsys):
+    script = spawner.script("rand.py", "import random, numpy\nprint(random.random(), numpy.random.rand())\n")
+    handles = [spawner.spawn([sys.executable, script], label=str(i)) for i in range(2)]
+    for handle in handles:
+        assert handle.wait(60) == 0
+        handle.finish_output()
+    lines = sorted(capsys.readouterr().out.splitlines())
+    assert [line[:12] for line in lines] == ["[0]<stdout>:", "[1]<stdout>:"]
+    assert len(set(line[12:] for line in lines)) == 2
+    assert all(isinstance(h, TemplateWorker) for h in handles)
+
+
+def test_commands_a_template_cannot_run_start_plainly_said_once(spawner, capsys):
+    for _ in range(2):
+        handle = spawner.spawn(["/bin/sh", "-c", "echo plain; exit 4"])
+        assert type(handle) is LocalWorker
+        code, out = finished(handle, capsys)
+        assert code == 4 and out.out == "[0]<stdout>:plain\n"
+    assert len([line for line in spawner.said if "/bin/sh is not a python interpreter" in line]) == 1
+
+
+@pytest.mark.parametrize("module, reason", [
+    ("import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n",
+     "preloading started Python threads"),
+    ("raise RuntimeError('broken at import')\n", "preloading failed: RuntimeError: broken at import"),
+    # a torch op at import starts torch's OpenMP pool, which does not stop for fork
+    ("import torch\ntorch.set_num_threads(2)\ntorch.ones(1 << 22).add_(1)\n",
+     "native threads that keep running across fork"),
+])
+def test_unusable_preload_falls_back_to_plain_launches_said_once(tmp_path, capsys, module, reason):
+    (tmp_path / "badmod.py").write_text(module)
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    said = []
+    templates = Templates(("badmod",), say=said.append)
+    try:
+        for _ in range(2):
+            handle = templates.spawn([sys.executable, "-m", "json.tool", "--help"], env,
+                                     str(tmp_path), RankOutput("0"))
+            assert type(handle) is LocalWorker
+            assert handle.wait(60) == 0
+            handle.finish_output()
+    finally:
+        templates.close(kill=True)
+    assert len(said) == 1 and reason in said[0], said
+
+
+def test_template_death_kills_its_workers_and_the_next_spawn_restarts_it(own_spawner):
+    spawner = own_spawner
+    script = spawner.script("sleep.py", "import time\ntime.sleep(300)\n")
+    handle = spawner.spawn([sys.executable, script])
+    (template_pid,) = spawner.template_pids()
+    os.kill(template_pid, signal.SIGKILL)
+    assert handle.wait(15) == -signal.SIGKILL
+    assert not alive(handle.pid)
+    again = spawner.spawn([sys.executable, script])
+    assert isinstance(again, TemplateWorker)
+    assert spawner.template_pids() != [template_pid]
+    again.stop(grace=1)
+    assert again.poll() in (-signal.SIGTERM, -signal.SIGKILL)
+
+
+DRIVER = """
+import os, sys, time
+from hvdlite.driver.output import RankOutput
+from hvdlite.driver.launchers.template import Templates
+t = Templates(("json",))
+h = t.spawn([sys.executable, sys.argv[1]], dict(os.environ), os.getcwd(), RankOutput("0"))
+print(h.pid, t.templates[next(iter(t.templates))].pid, flush=True)
+time.sleep(300)
+"""
+
+
+def test_workers_outlive_a_killed_driver_as_plain_ones_do(tmp_path):
+    """Driver death: the template forks no more but waits for its workers, which end on
+    their own (hvdlite workers when they lose the driver), then exits."""
+    marker = tmp_path / "done"
+    worker = tmp_path / "worker.py"
+    worker.write_text(f"import time\ntime.sleep(2)\nopen({str(marker)!r}, 'w').close()\n")
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(worker)], stdout=subprocess.PIPE,
+                              env=ENV, start_new_session=True, text=True)
+    pids = []
+    try:
+        pids = [int(p) for p in driver.stdout.readline().split()]
+        assert len(pids) == 2, "driver did not start a worker"
+        worker_pid, template_pid = pids
+        driver.kill()
+        driver.wait(10)
+        assert alive(worker_pid) and alive(template_pid)
+        wait_until(marker.exists, 30, "the worker finished after its driver died")
+        wait_until(lambda: not alive(template_pid), 30, "template exited after its last worker")
+    finally:
+        for pid in [driver.pid, *pids]:
+            kill_group(pid)
+        driver.wait(10)
+        driver.stdout.close()
+
+
+@needs_pygloo
+def test_numpy_backend_worker_comes_from_a_template_on_its_own_interpreter(spawner, capsys):
+    script = spawner.script("np.py", """
+        import sys, hvdlite.numpy
+        print(sys.executable, sys.prefix, "torch" in sys.modules)
+    """)
+    handle = spawner.spawn([PYGLOO_PYTHON, script])
+    assert isinstance(handle, TemplateWorker)
+    with open(f"/proc/{parent(handle.pid)}/cmdline") as f:
+        assert f.read().split("\0")[0] == PYGLOO_PYTHON
+    code, out = finished(handle, capsys)
+    assert code == 0, out.err
+    assert out.out == f"[0]<stdout>:{PYGLOO_PYTHON} {os.path.dirname(os.path.dirname(PYGLOO_PYTHON))} False\n"
+
+
+# ---- a whole job through the driver -------------------------------------------------------
+
+PARENT = "import os\nprint('parent', open(f'/proc/{os.getppid()}/cmdline').read().split(chr(0))[1:3])\n"
+
+
+@pytest.mark.parametrize("python, check", [
+    (sys.executable, "static_check.py"),
+    pytest.param(PYGLOO_PYTHON, "numpy_check.py", marks=needs_pygloo),
+])
+def test_static_job_with_preloading(tmp_path, python, check):
+    script = tmp_path / "check.py"
+    script.write_text(PARENT + open(os.path.join(SCRIPTS, check)).read())
+    r = run_job(["-np", "2", "--preload", "torch,numpy", python, str(script)], tmp_path)
+    assert r.code == 0, r.stderr
+    for k in range(2):
+        assert f"[{k}]<stdout>:OK {k}" in r.stdout
+        assert f"[{k}]<stdout>:parent ['-m', 'hvdlite.template']" in r.stdout
+    assert "without a preloaded template" not in r.stderr
+
+
+def test_elastic_job_grows_and_shrinks_with_preloading(tmp_path):
+    schedule = [[0, ["127.0.0.1:1", "127.0.0.2:1"]],
+                [8, ["127.0.0.1:1", "127.0.0.2:1", "127.0.0.3:1"]],
+                [24, ["127.0.0.2:1", "127.0.0.3:1"]]]
+    # By default the first world starts plainly and the joining worker forks from the
+    # template warmed meanwhile.
+    r = run_job([*discovery(tmp_path, schedule), "--min-np", "1", *ELASTIC_JOB], tmp_path,
+                env=job_env(tmp_path, TOTAL_STEPS=40, STEP_SLEEP=0.1, RESIZE="20:3,30:2"))
+    assert r.code == 0, r.stderr
+    assert sizes(check_training_continuous(tmp_path, 40)) == [2, 3, 2]
+    assert "without a preloaded template" not in r.stderr
+    assert {e["slot"]: e["started"] for e in r.of("worker_start")} == \
+        {"127.0.0.1/0": "process", "127.0.0.2/0": "process", "127.0.0.3/0": "template"}
