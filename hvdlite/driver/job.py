@@ -43,6 +43,7 @@ class Job:
         addr = bind_address(self.settings.bind_address, self.settings.network_interfaces, remote_possible)
         self.server = KVServer(self.secret, bind=addr)
         self.server.add_route("/rdzv/", self.rendezvous.route)
+        self.server.set_heartbeat(self.rendezvous.heartbeat)
         self.server.start()
         self.log.debug(f"rendezvous server at {self.server.address[0]}:{self.server.address[1]}")
         self.executor = Executor(self.settings, self.log, self.launchers, self.server,
