@@ -79,7 +79,12 @@ def status_line(s: Summary, now: float, width: int = 120) -> str:
     parts.append(f"{v.resets} resets")
     if s.last_event is not None:
         parts.append(f"last event {_ago(now - s.last_event)} ago")
-    return ("hvdlite: " + " | ".join(parts))[:width]
+    line = "hvdlite: " + parts[0]
+    for part in parts[1:]:  # what does not fit the terminal is left off, whole
+        if len(line) + 3 + len(part) > width:
+            break
+        line += " | " + part
+    return line
 
 
 def _ago(seconds: float) -> str:

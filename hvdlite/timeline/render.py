@@ -5,14 +5,14 @@ from hvdlite.timeline.story import Story
 
 WIDTH = 1200
 LEFT = 170  # lane labels
-RIGHT = 30
+RIGHT = 60
 TOP = 40  # title
 SIZE_H = 120  # world size chart
 LANE_H = 24
 LANE_GAP = 6
 AXIS_H = 30
 COLOURS = {"joining": "#f2a93b", "member": "#2f9e44", "blacklisted": "#495057",
-           "failure": "#e03131", "exit": "#1c7ed6", "hosts": "#7048e8", "broken": "#e03131",
+           "failure": "#e03131", "exit": "#1c7ed6", "hosts": "#7048e8", "broken": "#adb5bd",
            "recovery": "#ffe3e3", "size": "#1c7ed6"}
 
 STYLE = """

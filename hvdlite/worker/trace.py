@@ -29,7 +29,9 @@ class Recorder:
         os.makedirs(parts_dir(path), exist_ok=True)
         self.path = path
         self.part = os.path.join(parts_dir(path), worker.replace("/", "_").replace("#", "_") + ".jsonl")
-        self._file = open(self.part, "a", encoding="utf-8")
+        # A line each write (a few microseconds; a collective takes hundreds): a worker
+        # killed by SIGKILL leaves all it did in the trace.
+        self._file = open(self.part, "a", encoding="utf-8", buffering=1)
         self._pid = os.getpid()
         self._busy = []  # lane -> in use
         self._lock = threading.Lock()
