@@ -219,8 +219,8 @@ def discovery_command(script: str) -> str:
     return shlex.quote(os.path.abspath(word)) + script[first.end():]
 
 
-USAGE = ("usage: hvdlite run [flags] COMMAND..., see `hvdlite run --help`\n"
-         "       hvdlite timeline EVENTS.jsonl -o timeline.html")
+USAGE = ("usage: hvdlite run [flags] COMMAND..., see `hvdlite run --help`; "
+         "hvdlite timeline EVENTS.jsonl -o timeline.html")
 
 
 def main(argv=None) -> int:
