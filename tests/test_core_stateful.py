@@ -296,6 +296,7 @@ class ElasticJob(RuleBasedStateMachine):
                 elif proc.waiting is None and (proc.round != self.core.round or self.must_leave(proc)):
                     proc.waiting = -1 if proc.round is None else proc.round
                     self.send(Ready(proc.worker, proc.waiting, proc.commit), dt=0.01)
+            self.syncs_from_rank0(set())  # every world starts with a sync from rank 0
             members = self.members()
             if members and not any(p.waiting is not None for p in self.procs.values() if p.alive):
                 members[0].alive = False  # training is done

@@ -50,6 +50,7 @@ class Job:
         addr = bind_address(self.settings.bind_address, self.settings.network_interfaces, remote_possible)
         self.server = KVServer(self.secret, bind=addr)
         self.server.add_route("/rdzv/", self.rendezvous.route)
+        self.server.set_heartbeat(self.rendezvous.heartbeat)
         self.server.start()
         self.log.debug(f"rendezvous server at {self.server.address[0]}:{self.server.address[1]}")
         if self.settings.metrics_port:
@@ -92,11 +93,13 @@ class Job:
             beats = self.rendezvous.drain_heartbeats()
             if beats:
                 actions += core.handle(Heartbeats(beats), now)
-            if now - last_tick >= TICK:
+            ticked = now - last_tick >= TICK
+            if ticked:
                 last_tick = now
                 actions += core.handle(Tick(), now)
             end = self.executor.apply(actions)
-            self.stats.on_view(core.view(), time.time())
+            if ticked or end is not None:
+                self.stats.on_view(core.view(), time.time())
             if end is not None:
                 if end.error:
                     self.log.error(end.error)  # the core logged job_end already
