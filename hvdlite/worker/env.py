@@ -18,6 +18,7 @@ COLLECTIVE_TIMEOUT = "HVDLITE_COLLECTIVE_TIMEOUT"  # seconds
 LIVENESS_TIMEOUT = "HVDLITE_LIVENESS_TIMEOUT"  # seconds
 ELASTIC_TIMEOUT = "HVDLITE_ELASTIC_TIMEOUT"  # seconds a worker waits for a new world
 START_TIMEOUT = "HVDLITE_START_TIMEOUT"  # seconds to form the first world
+TIMELINE = "HVDLITE_TIMELINE"  # collective trace file (--timeline-filename); unset: none
 
 # Horovod's names for the same facts, for scripts written for horovodrun.
 HOROVOD = {RANK: "HOROVOD_RANK", SIZE: "HOROVOD_SIZE", LOCAL_RANK: "HOROVOD_LOCAL_RANK",

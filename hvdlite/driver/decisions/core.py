@@ -77,6 +77,18 @@ class Incarnation:
         return f"rank {self.rank}" if self.rank is not None else f"worker {self.slot}"
 
 
+@dataclass(frozen=True)
+class JobView:
+    """What the job looks like now, for status lines and metrics (read-only)."""
+    round: int
+    world_size: int
+    target_size: int  # the world the usable slots would form (capped by --max-np)
+    commit: int  # newest commit a member of the current world reported
+    joining: int  # workers started or waiting that are not in the current world
+    blacklisted_slots: int  # slots of the current hosts sitting out
+    resets: int
+
+
 class JobFailed(Exception):
     """Raised inside the core to end the job; handle() turns it into EndJob(1, message)."""
 
@@ -107,6 +119,7 @@ class ElasticCore:
         self.short_since = None  # when the job started waiting for --min-np workers
         self.announced = frozenset()  # joiners the last host update was announced for
         self.last_tick = None
+        self.disrupted = None  # (time, why) the current world was first told to re-form
         self._now, self._out = 0.0, []
         self._handlers = {HostsFound: self._on_hosts, DiscoveryFailed: self._on_discovery_failed,
                           Launched: self._on_launched, LaunchFailed: self._on_launch_failed,
@@ -135,6 +148,14 @@ class ElasticCore:
             self._emit(Log("job_end", {"result": "failure", "reason": str(e)}))
             self._end(1, str(e))
         return self._out
+
+    def view(self) -> JobView:
+        members = [self.workers[w] for w in self.world if self.workers[w].alive]
+        slots = [f"{h}/{i}" for h, n in self.hosts for i in range(n)]
+        usable = sum(1 for slot in slots if not self._blacklisted(slot))
+        return JobView(self.round, len(members), min(usable, self.policy.max_np or usable),
+                       max((inc.commit for inc in members), default=0), len(self.joiners),
+                       len(slots) - usable, self.resets)
 
     def _emit(self, action):
         self._out.append(action)
@@ -345,6 +366,10 @@ class ElasticCore:
         if self.round >= 1:
             self.resets += 1
         old_round, self.round = self.round, self.round + 1
+        reformed = {}
+        if self.disrupted is not None:  # how long the job went without a world to train in
+            reformed = {"reformed_in": round(self._now - self.disrupted[0], 3), "cause": self.disrupted[1]}
+            self.disrupted = None
         self.short_since, self.announced, self.commit_high = None, frozenset(), commit
         world = {}
         hosts = sorted({place.hostname for _, place in plan})
@@ -367,7 +392,8 @@ class ElasticCore:
         if leaving and len(world) > len(leaving):
             self._announce(f"state handed over, slots removed: {leaving}")
         self._log("round_complete", round=self.round, size=len(world), resets=self.resets,
-                  commit=commit, members={self.workers[w].slot: p.rank for w, p in world.items()})
+                  commit=commit, members={self.workers[w].slot: p.rank for w, p in world.items()},
+                  **reformed)
 
     # ---- helpers ----------------------------------------------------------------------
     def _live(self):
@@ -391,14 +417,20 @@ class ElasticCore:
 
     def _announce(self, reason):
         self.updates += 1
+        self._disrupt("hosts updated")
         self._log("hosts_updated", updates=self.updates, reason=reason)
         self._emit(Publish(self.updates, self.broken))
 
     def _mark_broken(self):
         if self.round and self.broken < self.round:
             self.broken = self.round
+            self._disrupt("failure")
             self._log("round_broken", round=self.round)
             self._emit(Publish(self.updates, self.broken))
+
+    def _disrupt(self, why):
+        if self.round and self.disrupted is None:
+            self.disrupted = (self._now, why)
 
     def _answer_removed(self, worker):
         self._emit(Answer(worker, 200, REMOVED))
