@@ -2,8 +2,8 @@
 
 Starts the driver's KV server in a process of its own, parks 1024 long-poll waiters on it,
 then measures, while they wait:
-- raw throughput: client processes sending small PUT/GET requests on kept-alive connections
-  (target >= 5000 requests/s on this 2-core machine, clients included);
+- raw throughput: client processes sending small signed PUT/GET requests on kept-alive
+  connections (target >= 5000 requests/s on this 2-core machine, clients included);
 - library throughput: hvdlite's KVClient (set/get) against torch's TCPStore, the store torchrun
   uses, with the same client processes in the same run; prints the ratio.
 Finally one PUT releases the waiters and every one must get the value.
@@ -18,7 +18,6 @@ import time
 
 SECRET = "bench-secret"
 WAITERS = 1024
-AUTH = f"X-Hvdlite-Secret: {SECRET}\r\n".encode()
 
 SERVER = f"""
 import sys
@@ -45,14 +44,18 @@ def read_response(sock, buf=b""):
     return int(head.split(b" ", 2)[1]), rest[:length], rest[length:]
 
 
+def signed(method, target, body=b""):
+    from hvdlite.worker import kvproto
+    return kvproto.encode_request(kvproto.job_key(SECRET), method, target, body)
+
+
 def raw_client(port, seconds, worker, result):
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    put = (f"PUT /kv/load/k{worker} HTTP/1.1\r\nContent-Length: 8\r\n").encode() + AUTH + b"\r\n12345678"
-    get = f"GET /kv/load/k{worker} HTTP/1.1\r\n".encode() + AUTH + b"\r\n"
+    target = f"/kv/load/k{worker}"
     done, buf, deadline = 0, b"", time.monotonic() + seconds
     while time.monotonic() < deadline:
-        for request in (put, get):
+        for request in (signed("PUT", target, b"12345678"), signed("GET", target)):  # a nonce each
             sock.sendall(request)
             status, _, buf = read_response(sock, buf)
             assert status == 200, status
@@ -97,11 +100,10 @@ def rss_mb(pid):
 
 
 def park_waiters(port):
-    request = b"GET /kv/park/go?wait=60 HTTP/1.1\r\n" + AUTH + b"\r\n"
     socks = []
     for _ in range(WAITERS):
         s = socket.create_connection(("127.0.0.1", port), timeout=90)
-        s.sendall(request)
+        s.sendall(signed("GET", "/kv/park/go?wait=60"))
         socks.append(s)
     return socks
 
@@ -132,7 +134,7 @@ def main():
 
         start = time.monotonic()
         release = socket.create_connection(("127.0.0.1", port))
-        release.sendall(b"PUT /kv/park/go HTTP/1.1\r\nContent-Length: 2\r\n" + AUTH + b"\r\ngo")
+        release.sendall(signed("PUT", "/kv/park/go", b"go"))
         assert read_response(release)[0] == 200
         answered = sum(read_response(s)[:2] == (200, b"go") for s in waiters)
         print(f"released {answered}/{WAITERS} waiters in {time.monotonic() - start:.2f} s; "

@@ -39,6 +39,12 @@ def _non_negative_int(text):
     return int(text)
 
 
+def _port(text):
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"expected a port number 1-65535, got {text!r}")
+    return int(text)
+
+
 def _seconds(default, what):
     return dict(type=_positive(float), default=default, help=f"{what} (default {default:g})")
 
@@ -72,7 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ssh-accept-unknown-hosts", action="store_true",
                    help="accept SSH host keys missing from known_hosts (default: reject them)")
     p.add_argument("--ssh-config", help="OpenSSH client config to read (default ~/.ssh/config)")
-    p.add_argument("--event-log", help="append the driver's events to FILE as JSON lines")
+    p.add_argument("--event-log", help="append the driver's events to FILE as JSON lines "
+                                       "(`hvdlite timeline FILE` draws them)")
+    p.add_argument("--metrics-port", type=_port, help="serve Prometheus metrics at "
+                                                      "http://ADDR:PORT/metrics while the job runs")
+    p.add_argument("--metrics-addr", help="address the metrics are served on (default: where the "
+                                          "rendezvous is served)")
+    p.add_argument("--timeline-filename", help="write every rank's collectives and resets to FILE "
+                                               "as a Chrome trace (chrome://tracing, Perfetto)")
     c = p.add_argument_group("durable commits")
     c.add_argument("--checkpoint-dir", metavar="DIR",
                    help="rank 0 writes the newest commit here in the background; the same "
@@ -158,7 +171,8 @@ def parse_settings(argv) -> Settings:
         bind_address=args.bind_address,
         ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,
         ssh_accept_unknown_hosts=args.ssh_accept_unknown_hosts, ssh_config=args.ssh_config,
-        event_log=args.event_log,
+        event_log=args.event_log, metrics_port=args.metrics_port, metrics_addr=args.metrics_addr,
+        timeline_filename=os.path.abspath(args.timeline_filename) if args.timeline_filename else None,
         elastic=elastic, min_np=min_np, max_np=args.max_np, slots_per_host=args.slots_per_host,
         discovery_script=discovery_command(args.discovery_script) if args.discovery_script else None,
         discovery_timeout=args.discovery_timeout, discovery_interval=args.discovery_interval,
@@ -231,7 +245,8 @@ def discovery_command(script: str) -> str:
     return shlex.quote(os.path.abspath(word)) + script[first.end():]
 
 
-USAGE = "usage: hvdlite run [flags] COMMAND..., see `hvdlite run --help`"
+USAGE = ("usage: hvdlite run [flags] COMMAND..., see `hvdlite run --help`; "
+         "hvdlite timeline EVENTS.jsonl -o timeline.html")
 
 
 def main(argv=None) -> int:
@@ -239,6 +254,9 @@ def main(argv=None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE if not argv else build_parser().format_help())
         return 0 if argv else 2
+    if argv[0] == "timeline":
+        from hvdlite.timeline.command import main as timeline
+        return timeline(argv[1:])
     if argv[0] != "run":
         print(f"hvdlite: error: unknown command {argv[0]!r}; {USAGE}", file=sys.stderr)
         return 2

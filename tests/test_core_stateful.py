@@ -272,12 +272,12 @@ class ElasticJob(RuleBasedStateMachine):
         live = [i.slot for i in self.core.workers.values() if i.alive]
         assert len(live) == len(set(live)), f"two live processes on one slot: {live}"
 
-    def must_leave(self, proc):
-        """A member leaves its world when it broke (its connections are cut) or when a host
+    def must_leave(self):
+        """Members leave their world when it broke (their connections are cut) or when a host
         update was announced after it formed (HostsUpdatedInterrupt at the next commit)."""
-        place = self.core.world.get(proc.worker)
+        places = list(self.core.world.values())
         return self.core.broken >= self.core.round or (
-            place is not None and self.core.updates > place.updates)
+            bool(places) and self.core.updates > places[0].updates)
 
     def teardown(self):
         """Let every worker cooperate: the job must end, and a success answers everyone."""
@@ -293,9 +293,14 @@ class ElasticJob(RuleBasedStateMachine):
                 elif proc.exit_code is not None:
                     proc.alive = False
                     self.send(Exited(proc.worker, proc.exit_code), dt=0.01)
-                elif proc.waiting is None and (proc.round != self.core.round or self.must_leave(proc)):
+                elif proc.waiting is None and proc.round != self.core.round:
                     proc.waiting = -1 if proc.round is None else proc.round
                     self.send(Ready(proc.worker, proc.waiting, proc.commit), dt=0.01)
+            # Every world starts with a sync from rank 0, a collective all members finish
+            # before any of them commits, which is where a host update is noticed.
+            self.syncs_from_rank0(set())
+            if self.must_leave():
+                self.world_leaves_together()
             members = self.members()
             if members and not any(p.waiting is not None for p in self.procs.values() if p.alive):
                 members[0].alive = False  # training is done

@@ -7,9 +7,11 @@ import time
 import pytest
 
 from hvdlite.driver.kvserver import KVServer
+from hvdlite.worker import kvproto
 from hvdlite.worker.kvclient import KVClient, KVError
 
 SECRET = "s3cret"
+KEY = kvproto.job_key(SECRET)
 
 
 
@@ -19,10 +21,18 @@ def client(server):
     return KVClient(*server.address, SECRET, timeout=5.0)
 
 
+def signed(method, target, body=b""):
+    """The X-Hvdlite-Auth header line of a fresh signed request."""
+    return f"{kvproto.AUTH_HEADER}: {kvproto.auth_value(KEY, method, target, body, time.time())}\r\n".encode()
+
+
 def http_request(server, method, target, body=b"", headers=None):
+    """Through the stdlib's HTTP client: signed unless headers are given."""
+    if headers is None:
+        headers = {kvproto.AUTH_HEADER: kvproto.auth_value(KEY, method, target, body, time.time())}
     conn = http.client.HTTPConnection(*server.address, timeout=5)
     try:
-        conn.request(method, target, body, headers if headers is not None else {"X-Hvdlite-Secret": SECRET})
+        conn.request(method, target, body, headers)
         response = conn.getresponse()
         return response.status, response.read()
     finally:
@@ -50,7 +60,7 @@ def assert_serves(server):
 
 def test_auth_required(server):
     assert http_request(server, "PUT", "/kv/a/b", b"v", headers={})[0] == 401
-    assert http_request(server, "PUT", "/kv/a/b", b"v", headers={"X-Hvdlite-Secret": "wrong"})[0] == 403
+    assert http_request(server, "PUT", "/kv/a/b", b"v", headers={"X-Hvdlite-Secret": SECRET})[0] == 401
     assert server.get("a", "b") is None
     with pytest.raises(KVError) as err:
         KVClient(*server.address, "wrong", timeout=5.0).put("a", "b", b"v")
@@ -114,32 +124,39 @@ def test_add_is_atomic(server, client):
     assert err.value.status == 400
 
 
-AUTH = b"X-Hvdlite-Secret: " + SECRET.encode() + b"\r\n"
-
-
-@pytest.mark.parametrize("request_bytes, status", [
-    (b"\x00\xff garbage line with too many words\r\n\r\n", 400),
-    (b"PUT /kv/a/b HTTP/1.1\r\n" + AUTH + b"Content-Length: abc\r\n\r\n", 400),
-    (b"PUT /kv/a/b HTTP/1.1\r\n" + AUTH + b"Content-Length: -1\r\n\r\n", 400),
-    (b"PUT /kv/a/b HTTP/1.1\r\n" + AUTH + b"Content-Length: 1000000000\r\n\r\n", 413),
-    (b"PATCH /kv/a/b HTTP/1.1\r\n" + AUTH + b"\r\n", 405),
-    (b"GET /kv/a/%zz HTTP/1.1\r\n" + AUTH + b"\r\n", 400),
-    (b"GET /kv/a/%ff HTTP/1.1\r\n" + AUTH + b"\r\n", 400),
-    (b"GET /kv/a/ HTTP/1.1\r\n" + AUTH + b"\r\n", 400),
-    (b"GET /kv/a/" + b"k" * 513 + b" HTTP/1.1\r\n" + AUTH + b"\r\n", 400),
-    (b"GET /kv/a/b?wait=soon HTTP/1.1\r\n" + AUTH + b"\r\n", 400),
-    (b"POST /kv/a/b?add=x HTTP/1.1\r\n" + AUTH + b"\r\n", 400),
-    (b"GET /nowhere HTTP/1.1\r\n" + AUTH + b"\r\n", 404),
+@pytest.mark.parametrize("method, target, headers, status", [
+    ("PUT", "/kv/a/b", b"Content-Length: abc\r\n", 400),
+    ("PUT", "/kv/a/b", b"Content-Length: -1\r\n", 400),
+    ("PUT", "/kv/a/b", b"Content-Length: 1000000000\r\n", 413),
+    ("PUT", "/kv/a/b", b"Transfer-Encoding: chunked\r\n", 400),
+    ("PATCH", "/kv/a/b", b"", 405),
+    ("GET", "/kv/a/%zz", b"", 400),
+    ("GET", "/kv/a/%ff", b"", 400),
+    ("GET", "/kv/a/", b"", 400),
+    ("GET", "/kv/a/" + "k" * 513, b"", 400),
+    ("GET", "/kv/a/b?wait=soon", b"", 400),
+    ("GET", "/kv/a?prefix=0&count=x", b"", 400),
+    ("POST", "/kv/a/b?add=x", b"", 400),
+    ("GET", "/nowhere", b"", 404),
 ])
-def test_malformed_requests(server, request_bytes, status):
-    assert raw_exchange(server, request_bytes)[0] == status
+def test_malformed_requests(server, method, target, headers, status):
+    request = f"{method} {target} HTTP/1.1\r\n".encode() + signed(method, target) + headers + b"\r\n"
+    assert raw_exchange(server, request)[0] == status
+    assert server.get("a", "b") is None
+    assert_serves(server)
+
+
+def test_garbage_is_refused(server):
+    assert raw_exchange(server, b"\x00\xff garbage line with too many words\r\n\r\n")[0] == 400
+    assert raw_exchange(server, b"GET /kv/a/b HTTP/1.1\r\n" + b"X: " + b"y" * 20000)[0] == 431
     assert server.get("a", "b") is None
     assert_serves(server)
 
 
 def test_oversized_body_is_not_read(server):
     with socket.create_connection(server.address, timeout=5) as sock:
-        sock.sendall(b"PUT /kv/a/b HTTP/1.1\r\n" + AUTH + b"Content-Length: 67108865\r\n\r\n" + b"x" * 1024)
+        sock.sendall(b"PUT /kv/a/b HTTP/1.1\r\n" + signed("PUT", "/kv/a/b", b"x")
+                     + b"Content-Length: 67108865\r\n\r\n" + b"x" * 1024)
         assert read_response(sock)[0] == 413
         sock.settimeout(2)
         while sock.recv(65536):  # the server closes instead of draining 64 MiB
@@ -152,7 +169,7 @@ def test_slow_client_is_dropped_and_blocks_nobody():
     srv.start()
     try:
         with socket.create_connection(srv.address, timeout=5) as slow:
-            slow.sendall(b"PUT /kv/a/b HTTP/1.1\r\nX-Hvd")
+            slow.sendall(b"PUT /kv/a/b HTTP/1.1\r\nX-Hvdlite-Au")
             started = time.monotonic()
             assert_serves(srv)
             assert time.monotonic() - started < 0.4
@@ -177,12 +194,12 @@ def test_long_poll_outlives_idle_timeout():
 
 def test_many_blocked_waiters(server):
     count = 1024
-    request = b"GET /kv/many/key?wait=20 HTTP/1.1\r\n" + AUTH + b"\r\n"
+    target = "/kv/many/key?wait=20"
     sockets = []
     try:
         for _ in range(count):
             sock = socket.create_connection(server.address, timeout=10)
-            sock.sendall(request)
+            sock.sendall(f"GET {target} HTTP/1.1\r\n".encode() + signed("GET", target) + b"\r\n")
             sockets.append(sock)
         time.sleep(0.2)
         server.put("many", "key", b"go")

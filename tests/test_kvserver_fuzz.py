@@ -1,5 +1,6 @@
-"""The KV server under attack: fuzzed requests, wrong secrets and slow clients never crash it,
-never change its data, and never stop it from serving a real worker meanwhile."""
+"""The KV server under attack: fuzzed requests, forged or mangled signatures, fuzzed heartbeat
+datagrams and slow clients never crash it, never change its data, and never stop it from
+serving a real worker meanwhile."""
 import copy
 import socket
 import threading
@@ -8,19 +9,37 @@ import time
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from hvdlite.driver.kvserver import KVServer
+from hvdlite.worker import kvproto
 from hvdlite.worker.kvclient import KVClient
 
 SECRET = "fuzz-secret"
+KEY = kvproto.job_key(SECRET)
 METHODS = st.sampled_from(["GET", "PUT", "POST", "DELETE", "HEAD", "PATCH", "OPTIONS", "G\x00T", ""])
 PATHS = st.one_of(
     st.sampled_from(["/kv/s/k", "/kv/s/k?wait=0.01", "/kv/s/k?add=x", "/kv/s", "/kv//k", "/rdzv/x",
                      "/kv/%zz/k", "/kv/s/k?%", "/../../etc/passwd", "*", "/kv/s/" + "a" * 600]),
     st.text(min_size=0, max_size=80).map(lambda t: "/" + t))
 HEADERS = st.lists(st.sampled_from([
-    "X-Hvdlite-Secret: wrong", "X-Hvdlite-Secret: ", "Content-Length: -1",
+    "X-Hvdlite-Secret: " + SECRET, "X-Hvdlite-Auth: ", "X-Hvdlite-Auth: 1:2:3:4", "Content-Length: -1",
     "Content-Length: 99999999999", "Content-Length: abc", "Transfer-Encoding: chunked",
     "Expect: 100-continue", "Connection: close", "X-Junk: \x01\x02"]), max_size=3)
 BODIES = st.one_of(st.binary(max_size=64), st.just(b""), st.just(b"\xff" * 5000))
+# How the request is signed: properly, with another key, too old, or by a signature that was
+# mangled in one character (None: not at all).
+SIGNING = st.one_of(st.none(), st.sampled_from(["good", "wrong key", "stale"]),
+                    st.integers(min_value=0, max_value=200))
+
+
+def auth_header(signing, method, path, body):
+    if signing is None:
+        return []
+    key = kvproto.job_key("wrong") if signing == "wrong key" else KEY
+    now = time.time() - (600 if signing == "stale" else 0)
+    value = kvproto.auth_value(key, method, path, body, now)
+    if isinstance(signing, int):
+        at = signing % len(value)
+        value = value[:at] + ("0" if value[at] != "0" else "1") + value[at + 1:]
+    return [f"{kvproto.AUTH_HEADER}: {value}"]
 
 
 def raw_request(server, data: bytes) -> bytes:
@@ -80,17 +99,19 @@ def test_fuzzed_requests_get_4xx_and_change_nothing():
 
         @settings(max_examples=300, deadline=None, derandomize=True,
                   suppress_health_check=list(HealthCheck))
-        @given(METHODS, PATHS, HEADERS, BODIES, st.booleans())
-        def attack(method, path, headers, body, with_secret):
-            lines = [f"{method} {path} HTTP/1.1", "Host: x", *headers]
-            if with_secret:
-                lines.append("X-Hvdlite-Secret: " + SECRET)
+        @given(METHODS, PATHS, HEADERS, BODIES, SIGNING)
+        def attack(method, path, headers, body, signing):
+            # Signed as sent: latin-1 is how the server reads the request line.
+            path = path.encode("latin-1", "replace").decode("latin-1")
+            lines = [f"{method} {path} HTTP/1.1", "Host: x", *auth_header(signing, method, path, body),
+                     *headers]
             if not any(h.startswith("Content-Length") for h in headers):
                 lines.append(f"Content-Length: {len(body)}")
             data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1", "replace") + body
             status = status_of(raw_request(server, data))
             assert status is None or status < 500 or status == 503, status
-            if not with_secret or any("wrong" in h or h.endswith(": ") for h in headers):
+            if signing != "good" or any(h.startswith("X-Hvdlite-Auth") for h in headers):
+                assert status != 200
                 assert server._data["guarded"] == before
 
         attack()
@@ -100,6 +121,38 @@ def test_fuzzed_requests_get_4xx_and_change_nothing():
     finally:
         worker.stop.set()
         worker.thread.join(10)
+        server.stop()
+
+
+def test_fuzzed_heartbeat_datagrams_are_never_answered():
+    server = KVServer(SECRET)
+    server.set_heartbeat(lambda query: b"alive")
+    server.start()
+    good = kvproto.encode_beat(KEY, b"s" * 8, 1, "slot=h%2F0", time.time())
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            udp.connect(server.address)
+            udp.settimeout(0.05)
+
+            @settings(max_examples=300, deadline=None, derandomize=True,
+                      suppress_health_check=list(HealthCheck))
+            @given(st.one_of(st.binary(max_size=1500),
+                             st.tuples(st.integers(0, len(good) - 1), st.integers(1, 255)).map(
+                                 lambda flip: good[:flip[0]] + bytes([good[flip[0]] ^ flip[1]])
+                                 + good[flip[0] + 1:])))
+            def attack(datagram):
+                udp.send(datagram)
+                try:
+                    answer = udp.recv(2048)
+                except socket.timeout:
+                    return
+                raise AssertionError(f"answered a bad datagram: {answer!r}")
+
+            attack()
+            udp.settimeout(2)
+            udp.send(good)  # the real one still is
+            assert kvproto.decode_beat_answer(KEY, good[:32], udp.recv(2048)) == b"alive"
+    finally:
         server.stop()
 
 
@@ -116,7 +169,7 @@ def test_slow_clients_do_not_stop_real_ones():
         before = rss_kb()
         for _ in range(50):  # slowloris: half a request each, then silence
             s = socket.create_connection(server.address, timeout=5)
-            s.sendall(b"PUT /kv/s/k HTTP/1.1\r\nX-Hvdlite-Secret: " + SECRET.encode())
+            s.sendall(b"PUT /kv/s/k HTTP/1.1\r\nX-Hvdlite-Auth: 1")
             slow.append(s)
         client = KVClient(*server.address, SECRET, timeout=5)
         start = time.monotonic()

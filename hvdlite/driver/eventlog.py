@@ -1,20 +1,22 @@
-"""The driver's event log: one JSON object per line in --event-log, one line on the console."""
+"""The driver's event log: one JSON object per line in --event-log, one sentence on the console."""
 import json
-import sys
 import threading
 import time
 
+from hvdlite.driver.sentences import sentence
+from hvdlite.driver.terminal import TERMINAL
 
 
 class EventLog:
-    """Events go to the file always, and to the console when `on_console` (elastic jobs, where
-    a job that changes shape should say so) or `verbose`."""
+    """Events go to the file always, to the console when `on_console` (elastic jobs, where
+    a job that changes shape should say so) or `verbose`, and to every listener
+    (`listener(event, fields, time)`)."""
 
-    def __init__(self, path=None, on_console=True, verbose=False, console=sys.stderr):
+    def __init__(self, path=None, on_console=True, verbose=False, listeners=()):
         self._file = open(path, "a", encoding="utf-8") if path else None
-        self._console = console
         self._on_console = on_console or verbose
         self._verbose = verbose
+        self._listeners = list(listeners)
         self._lock = threading.Lock()
 
     def emit(self, event: str, **fields) -> None:
@@ -23,22 +25,18 @@ class EventLog:
             if self._file:
                 self._file.write(json.dumps(record, default=str) + "\n")
                 self._file.flush()
+            for listener in self._listeners:
+                listener(event, fields, record["time"])
             if self._on_console:
-                details = " ".join(f"{k}={v}" for k, v in fields.items())
-                self._console.write(f"hvdlite: {event} {details}\n".replace(" \n", "\n"))
-                self._console.flush()
+                TERMINAL.write("stderr", f"hvdlite: {sentence(event, fields)}")
 
     def error(self, message: str) -> None:
         """The one line that says why the job failed; always on the console."""
-        with self._lock:
-            self._console.write(f"hvdlite: error: {message}\n")
-            self._console.flush()
+        TERMINAL.write("stderr", f"hvdlite: error: {message}")
 
     def debug(self, message: str) -> None:
         if self._verbose:
-            with self._lock:
-                self._console.write(f"hvdlite: {message}\n")
-                self._console.flush()
+            TERMINAL.write("stderr", f"hvdlite: {message}")
 
     def close(self) -> None:
         if self._file:

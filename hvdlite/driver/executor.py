@@ -11,6 +11,7 @@ from hvdlite.driver.output import RankOutput
 from hvdlite.driver.workerenv import worker_env
 
 LAUNCH_THREADS = 32  # hosts started at once
+OUTPUT_DRAIN = 5.0  # seconds at the job's end for the last lines of each worker to be printed
 
 
 class Executor:
@@ -92,8 +93,8 @@ class Executor:
             t.start()
         for t in threads:
             t.join(15)
-        for h in handles:
-            h.finish_output()
+        for h in handles:  # the processes ended: their pipes close, what is left is lines
+            h.finish_output(OUTPUT_DRAIN)
         self._pool.shutdown(wait=False)
 
     # ---- the rest -----------------------------------------------------------------------

@@ -6,6 +6,7 @@ handler threads, launch threads and the discovery thread only post events.
 """
 import queue
 import secrets
+import shutil
 import signal
 import threading
 import time
@@ -18,10 +19,14 @@ from hvdlite.driver.decisions.messages import (
     DiscoveryFailed, Exited, Heartbeats, HostsFound, Launch, Launched, LaunchFailed, Tick)
 from hvdlite.driver.eventlog import EventLog
 from hvdlite.driver.executor import Executor
+from hvdlite.driver.jobstats import JobStats, status_line
 from hvdlite.driver.kvserver import KVServer
 from hvdlite.driver.launchers import Launchers
+from hvdlite.driver.metrics import MetricsServer
 from hvdlite.driver.network import bind_address
 from hvdlite.driver.rendezvous import Rendezvous
+from hvdlite.driver.terminal import StatusKeeper, is_tty
+from hvdlite.worker.trace import discard_parts, merge_parts
 from hvdlite.errors import HvdliteError, JobError
 
 EXIT_SIGNALLED = {signal.SIGINT: 130, signal.SIGTERM: 143}
@@ -29,8 +34,10 @@ TICK = 0.1  # seconds between timer events
 
 
 class Job:
-    def __init__(self, settings, log: EventLog):
+    def __init__(self, settings, log: EventLog, stats=None):
         self.settings, self.log = settings, log
+        self.stats = stats or JobStats()
+        self.metrics = None
         self.events = queue.Queue()
         self.secret = secrets.token_urlsafe(32)
         self.launchers = Launchers(settings)
@@ -43,8 +50,18 @@ class Job:
         addr = bind_address(self.settings.bind_address, self.settings.network_interfaces, remote_possible)
         self.server = KVServer(self.secret, bind=addr)
         self.server.add_route("/rdzv/", self.rendezvous.route)
+        self.server.set_heartbeat(self.rendezvous.heartbeat)
         self.server.start()
         self.log.debug(f"rendezvous server at {self.server.address[0]}:{self.server.address[1]}")
+        if self.settings.metrics_port:
+            where = self.settings.metrics_addr or self.server.address[0]
+            try:
+                self.metrics = MetricsServer(self.stats, where, self.settings.metrics_port)
+            except OSError as e:
+                raise JobError(f"--metrics-port: cannot serve metrics on {where}:"
+                               f"{self.settings.metrics_port}: {e.strerror or e}") from None
+            self.metrics.start()
+            self.log.debug(f"metrics at http://{where}:{self.metrics.address[1]}/metrics")
         self.executor = Executor(self.settings, self.log, self.launchers, self.server,
                                  self.rendezvous, self.secret, self.events.put, self.settings.elastic)
 
@@ -76,10 +93,13 @@ class Job:
             beats = self.rendezvous.drain_heartbeats()
             if beats:
                 actions += core.handle(Heartbeats(beats), now)
-            if now - last_tick >= TICK:
+            ticked = now - last_tick >= TICK
+            if ticked:
                 last_tick = now
                 actions += core.handle(Tick(), now)
             end = self.executor.apply(actions)
+            if ticked or end is not None:
+                self.stats.on_view(core.view(), time.time())
             if end is not None:
                 if end.error:
                     self.log.error(end.error)  # the core logged job_end already
@@ -129,6 +149,10 @@ class Job:
         self.stopping.set()
         if self.executor is not None:
             self.executor.stop_all()
+        if self.metrics is not None:
+            self.metrics.stop()
+        if self.settings.timeline_filename:
+            merge_parts(self.settings.timeline_filename)
         self.launchers.close()
         self.rendezvous.close()
         if self.server is not None:
@@ -143,9 +167,17 @@ class _Signalled(Exception):
 def run(settings) -> int:
     # --log-level WARNING and above silences the event lines; DEBUG adds the driver's details.
     level = settings.log_level
-    log = EventLog(settings.event_log, on_console=settings.elastic and level in ("DEBUG", "INFO"),
-                   verbose=settings.verbose or level == "DEBUG")
-    job = Job(settings, log)
+    stats = JobStats()
+    on_console = settings.elastic and level in ("DEBUG", "INFO")
+    log = EventLog(settings.event_log, on_console=on_console,
+                   verbose=settings.verbose or level == "DEBUG", listeners=[stats.on_event])
+    job = Job(settings, log, stats)
+    if settings.timeline_filename:
+        discard_parts(settings.timeline_filename)  # an earlier job's
+    # On a terminal, an elastic job's state stays in view under its events.
+    status = StatusKeeper(lambda: status_line(stats.summary(), time.time(),
+                                              shutil.get_terminal_size().columns - 1)).start() \
+        if on_console and is_tty() else None
 
     def on_signal(signum, frame):
         raise _Signalled(signum)
@@ -164,6 +196,8 @@ def run(settings) -> int:
         for sig in EXIT_SIGNALLED:
             signal.signal(sig, signal.SIG_IGN)
         job.close()
+        if status is not None:
+            status.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         log.close()

@@ -1,9 +1,8 @@
 """Worker output: each line prefixed with the worker's rank, optionally teed to files."""
 import os
-import sys
 import threading
 
-_console_lock = threading.Lock()
+from hvdlite.driver.terminal import TERMINAL
 
 
 class RankOutput:
@@ -23,12 +22,7 @@ class RankOutput:
                            for name in ("stdout", "stderr")}
 
     def line(self, stream: str, text: str) -> None:
-        console = sys.stdout if stream == "stdout" else sys.stderr
-        with _console_lock:
-            console.write(f"[{self.label}]<{stream}>:{text}")
-            if not text.endswith("\n"):
-                console.write("\n")
-            console.flush()
+        TERMINAL.write(stream, f"[{self.label}]<{stream}>:{text}")
         if stream in self._files:
             self._files[stream].write(text)
             self._files[stream].flush()

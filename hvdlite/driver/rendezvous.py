@@ -2,19 +2,16 @@
 
 - GET /rdzv/assign?worker=ID&after=R&commit=C: the worker waits for its place in a world
   formed after round R (the barrier); becomes a Ready event, answered by an Answer action.
-- PUT /rdzv/heartbeat?worker=ID&commit=C: liveness; answered at once with what the core
-  published (host updates announced, newest broken round). Heartbeats reach the core in
-  batches, not one event each.
+- heartbeat datagrams {worker, commit} (signed UDP on the server's port): liveness, answered
+  at once with what the core published (host updates announced, newest broken round).
+  Heartbeats reach the core in batches, not one event each.
 - PUT /rdzv/exiting?worker=ID: the worker is exiting; becomes an Exiting event.
 """
 import json
 import threading
-from concurrent.futures import Future, InvalidStateError, TimeoutError as FutureTimeout
+from concurrent.futures import Future, InvalidStateError
 
 from hvdlite.driver.decisions.messages import Exiting, Ready
-
-ANSWER_WAIT = 50.0  # seconds an assign request is held before the worker is told to ask again
-
 
 class Rendezvous:
     def __init__(self, post):
@@ -34,18 +31,22 @@ class Rendezvous:
             except (KeyError, ValueError):
                 return 400, b"expected after and commit as integers"
             return self._assign(worker, after, commit)
-        if subpath == "heartbeat" and method == "PUT":
-            try:
-                commit = int(query.get("commit", 0))
-            except ValueError:
-                return 400, b"expected commit as an integer"
-            with self._lock:
-                self._beats[worker] = commit
-                return 200, self._published
         if subpath == "exiting" and method == "PUT":
             self._post(Exiting(worker))
             return 200, b""
         return 404, b"unknown rendezvous endpoint"
+
+    def heartbeat(self, query) -> bytes:
+        """A heartbeat datagram (the server checked its signature): note it, answer at once."""
+        worker = query.get("worker")
+        try:
+            commit = int(query.get("commit", 0))
+        except ValueError:
+            commit = 0
+        with self._lock:
+            if worker:
+                self._beats[worker] = commit
+            return self._published
 
     def _assign(self, worker, after, commit):
         answer = Future()
@@ -55,14 +56,7 @@ class Rendezvous:
         if earlier is not None:
             _settle(earlier, (408, b"superseded by a newer request"))
         self._post(Ready(worker, after, commit))
-        try:
-            return answer.result(ANSWER_WAIT)
-        except FutureTimeout:
-            return 408, b"no new world yet"
-        finally:
-            with self._lock:
-                if self._waiting.get(worker) is answer:
-                    del self._waiting[worker]
+        return answer  # the server answers when it is settled, or 408 at its long-poll cap
 
     def answer(self, worker, status, body: dict):
         """Answer the worker's pending request; without one the core answers its next."""

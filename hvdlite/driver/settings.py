@@ -36,6 +36,9 @@ class Settings:
     ssh_identity_file: str = None
     ssh_accept_unknown_hosts: bool = False
     ssh_config: str = None
+    metrics_port: int = None
+    metrics_addr: str = None  # default: where the rendezvous binds
+    timeline_filename: str = None  # per-rank collective trace (Chrome trace JSON)
     preload: tuple = None  # modules a worker template imports; empty: no template
     preload_first: bool = False  # the first world's workers fork from it too (--preload)
     checkpoint_dir: str = None  # absolute; None: commits live only in the workers' memory

@@ -31,5 +31,6 @@ def worker_env(settings, rendezvous: tuple, secret: str, worker: str, slot: str,
         env.START_TIMEOUT: str(settings.start_timeout),
         env.LIVENESS_TIMEOUT: str(settings.liveness_timeout),
         env.COLLECTIVE_TIMEOUT: str(settings.collective_timeout),
+        **({env.TIMELINE: settings.timeline_filename} if settings.timeline_filename else {}),
         "PYTHONUNBUFFERED": "1",
     }

@@ -36,7 +36,7 @@ def join(after_round=None, commit=0) -> None:
 
 def _context(info: WorldInfo, abandoned):
     s = session()
-    kv = ScopeStore(s.client, info.store_scope, abandoned)
+    kv = ScopeStore(s.client, info.store_scope, abandoned, peers=info.size)
     store = GlooStore(kv, float(s.environ.get(env.START_TIMEOUT, defaults.START_TIMEOUT)))
     context = pygloo.rendezvous.Context(info.rank, info.size)
     device = pygloo.transport.tcp.CreateDevice(pygloo.transport.tcp.attr(s.local_address()))

@@ -1,9 +1,10 @@
 """init / shutdown, the rank queries and the capability queries of the Horovod-compatible face."""
 import atexit
-import warnings
+import os
 
 from hvdlite.torch import gloo, runtime
 from hvdlite.torch.processsets import add_process_set
+from hvdlite.worker import env, trace
 from hvdlite.worker.links import Links
 from hvdlite.worker.session import session
 from hvdlite.worker.world import WorldInfo
@@ -17,6 +18,8 @@ def init(comm=None, process_sets=None) -> None:
     nothing. `comm` (an MPI communicator in Horovod) must be None."""
     if comm is not None:
         raise ValueError("hvdlite runs on gloo: init(comm=...) takes no MPI communicator")
+    if os.environ.get(env.TIMELINE) and trace.recorder() is None:
+        start_timeline(os.environ[env.TIMELINE])
     if not runtime.is_initialized():
         join()
     if process_sets is not None and process_sets != "dynamic":
@@ -26,7 +29,13 @@ def init(comm=None, process_sets=None) -> None:
 
 def join(after_round=None, commit=0) -> None:
     """Join the next world the driver assigns this worker (see Links.join)."""
-    info, pg = _links.join(session(), _group, after_round, commit)
+    end = trace.span("rendezvous", after_round=after_round, commit=commit)
+    try:
+        info, pg = _links.join(session(), _group, after_round, commit)
+    except BaseException:
+        end(failed=True)
+        raise
+    end(round=info.round, rank=info.rank, size=info.size)
     runtime.activate(pg, info)
 
 
@@ -34,7 +43,10 @@ def _group(info: WorldInfo, abandoned):
     return gloo.connect(info.store_scope, info.rank, info.size, abandoned)
 
 
-abort = _links.cut  # fail every pending and future collective of the group, here and on peers
+def abort() -> None:
+    """Fail every pending and future collective of the group, here and on its peers."""
+    trace.instant("world broke")
+    _links.cut()
 
 
 def shutdown() -> None:
@@ -108,16 +120,16 @@ def mpi_threads_supported() -> bool:
     return False
 
 
-_timeline_warned = []
-
-
 def start_timeline(file_path, mark_cycles=False) -> None:
-    """Accepted; hvdlite records no timeline yet (says so once)."""
-    if not _timeline_warned:
-        _timeline_warned.append(True)
-        warnings.warn("hvdlite records no timeline yet: start_timeline/stop_timeline do nothing",
-                      stacklevel=2)
+    """Record this rank's collectives and resets for a Chrome trace at `file_path` (written
+    by stop_timeline(), with the events of every rank that recorded for the same path on
+    this host). `mark_cycles` is accepted: hvdlite has no cycles to mark."""
+    trace.start(file_path, os.environ.get(env.WORKER) or f"pid{os.getpid()}")
 
 
 def stop_timeline() -> None:
-    start_timeline(None)
+    """Stop recording and (re)write the trace file from every rank's part recorded so far;
+    the parts stay beside it (FILE.parts/) for ranks that stop later."""
+    path = trace.stop()
+    if path is not None:
+        trace.merge_parts(path, remove=False)

@@ -19,7 +19,7 @@ def connect(scope: str, rank: int, size: int, abandoned=lambda: False):
     never deletes its keys). The collective timeout is set explicitly: a group made with
     torch's new_group would not inherit it."""
     s = session()
-    store = KVStore(s.client, scope, _timeout(env.START_TIMEOUT, defaults.START_TIMEOUT), abandoned)
+    store = KVStore(s.client, scope, _timeout(env.START_TIMEOUT, defaults.START_TIMEOUT), abandoned, size)
     options = dist.ProcessGroupGloo._Options()
     options._devices = [dist.ProcessGroupGloo.create_device(hostname=s.local_address())]
     options._timeout = _timeout(env.COLLECTIVE_TIMEOUT, defaults.COLLECTIVE_TIMEOUT)

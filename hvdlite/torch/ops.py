@@ -5,6 +5,7 @@ not carry gradients (Horovod's ops are differentiable; hvdlite's are not). A col
 fails because the world broke raises HorovodInternalError, which elastic training recovers from.
 `name=` is accepted everywhere and unused: ranks match collectives by their order.
 """
+import functools
 import os
 
 import torch
@@ -14,7 +15,7 @@ from torch._C._distributed_c10d import AllgatherOptions  # not re-exported by to
 from hvdlite.torch import adasum, runtime
 from hvdlite.torch.compression import Compression
 from hvdlite.torch.processsets import global_process_set
-from hvdlite.worker import objects
+from hvdlite.worker import objects, trace
 from hvdlite.worker.errors import HorovodInternalError
 from hvdlite.worker.reduceops import Adasum, Average, Max, Min, Product, Sum, resolve, shares  # noqa: F401
 
@@ -30,6 +31,7 @@ class Handle:
     def __init__(self, works, finish):
         self._works, self._finish = works, finish
         self._done, self._result = False, None
+        self.ended = None  # ends its span in the collective trace, when one is recorded
 
     def poll(self) -> bool:
         return all(work.is_completed() for work in self._works)
@@ -38,9 +40,14 @@ class Handle:
 
     def wait(self):
         if not self._done:
-            for work in self._works:
-                _wait(work)
-            self._result, self._done = self._finish(), True
+            try:
+                for work in self._works:
+                    _wait(work)
+                self._result, self._done = self._finish(), True
+            finally:
+                if self.ended is not None:
+                    self.ended(**({} if self._done else {"failed": True}))
+                    self.ended = None
         return self._result
 
 
@@ -55,6 +62,39 @@ def _wait(work) -> None:
     except RuntimeError as e:
         # gloo reports a dead, hung or cut-off peer as a plain RuntimeError.
         raise HorovodInternalError(str(e)) from e
+
+
+def _traced(name):
+    """Record each call as a span of the collective trace, from issue to the handle's wait
+    (only while hvdlite.worker.trace records)."""
+    def wrap(issue):
+        @functools.wraps(issue)
+        def traced(*args, **kwargs):
+            if trace.recorder() is None:
+                return issue(*args, **kwargs)
+            info = runtime.info()
+            end = trace.span(name, bytes=_nbytes(args), rank=info.rank, size=info.size, round=info.round)
+            try:
+                out = issue(*args, **kwargs)
+            except BaseException:
+                end(failed=True)
+                raise
+            if isinstance(out, Handle):
+                out.ended = end
+            else:
+                end()
+            return out
+        return traced
+    return wrap
+
+
+def _nbytes(args) -> int:
+    """Bytes of the tensors a collective was given (its first tensor or list of tensors)."""
+    for arg in args:
+        tensors = [arg] if torch.is_tensor(arg) else arg if isinstance(arg, (list, tuple)) else []
+        if tensors and all(torch.is_tensor(t) for t in tensors):
+            return sum(t.numel() * t.element_size() for t in tensors)
+    return 0
 
 
 def synchronize(handle: Handle):
@@ -172,6 +212,7 @@ def _allreduce_options(op):
     return options
 
 
+@_traced("allreduce")
 def _allreduce_async(tensors, result, average, op, prescale_factor, postscale_factor,
                      process_set) -> Handle:
     op = resolve(op, average)
@@ -285,6 +326,7 @@ def sparse_allreduce_async(tensor, name=None, op=Average, process_set=global_pro
         "sparse_as_dense=True to DistributedOptimizer")
 
 
+@_traced("join")
 def join(device=-1) -> int:
     """This rank has no more data: answer the other ranks' allreduces on the global set with
     zeros (the op's identity for Min, Max and Product) until every rank joined. Returns the
@@ -318,6 +360,7 @@ def _identity(op, dtype, numel):
     return torch.full((numel,), 1 if op == Product else 0, dtype=dtype)
 
 
+@_traced("broadcast")
 def _broadcast_async(tensors, result, root_rank, process_set) -> Handle:
     pg = process_set.group()
     if not 0 <= root_rank < runtime.info().size:
@@ -368,6 +411,7 @@ def _gather_equal(pg, tensor):
     return out
 
 
+@_traced("allgather")
 def _allgather_async(tensor, process_set) -> Handle:
     """A Handle whose result is every rank's tensor, in rank order; first dimensions may
     differ between ranks. The shapes are exchanged at the call, the data in the background."""
@@ -413,6 +457,7 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
     return grouped_allgather_async(tensors, name, process_set).wait()
 
 
+@_traced("alltoall")
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> Handle:
     """Send rows splits[i] (in order) of `tensor` to rank i of the set; the result is the rows
     received from every rank, in rank order, and, when splits are given, how many came from
@@ -451,6 +496,7 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     return alltoall_async(tensor, splits, name, process_set).wait()
 
 
+@_traced("reducescatter")
 def _reducescatter_async(tensors, op, prescale_factor, postscale_factor, process_set) -> Handle:
     op = Average if op is None else op
     if op not in (Average, Sum):
@@ -539,5 +585,6 @@ def allgather_object(obj, name=None, process_set=global_process_set):
     return [_from_bytes_tensor(part) for part in parts]
 
 
+@_traced("barrier")
 def barrier(process_set=global_process_set):
     _wait(process_set.group().barrier(dist.BarrierOptions()))

@@ -21,6 +21,7 @@ START_TIMEOUT = "HVDLITE_START_TIMEOUT"  # seconds to form the first world
 CHECKPOINT_DIR = "HVDLITE_CHECKPOINT_DIR"  # where rank 0 writes commits; unset: nowhere
 CHECKPOINT_INTERVAL = "HVDLITE_CHECKPOINT_INTERVAL"  # seconds between checkpoint writes
 CHECKPOINT_KEEP = "HVDLITE_CHECKPOINT_KEEP"  # checkpoints kept
+TIMELINE = "HVDLITE_TIMELINE"  # collective trace file (--timeline-filename); unset: none
 
 # Horovod's names for the same facts, for scripts written for horovodrun.
 HOROVOD = {RANK: "HOROVOD_RANK", SIZE: "HOROVOD_SIZE", LOCAL_RANK: "HOROVOD_LOCAL_RANK",

@@ -1,13 +1,15 @@
-"""Client of the driver's KV server (hvdlite.driver.kvserver): one keep-alive connection per thread."""
-import http.client
+"""Client of the driver's KV server (hvdlite.driver.kvserver): one keep-alive connection per
+thread, every request signed (hvdlite.worker.kvproto); heartbeats as signed datagrams."""
+import os
 import socket
 import threading
 import time
 from urllib.parse import quote, urlencode
 
-SECRET_HEADER = "X-Hvdlite-Secret"
+from hvdlite.worker import kvproto
+
 _POLL = 30.0  # one long-poll request; under the server's 60 s cap
-MAX_BODY = 64 * 1024 * 1024  # the server's limit; it answers 413 and drops the connection
+MAX_BODY = kvproto.MAX_BODY  # the server answers 413 and drops the connection
 
 
 class KVError(RuntimeError):
@@ -18,17 +20,36 @@ class KVError(RuntimeError):
         self.status = status
 
 
-class _Connection(http.client.HTTPConnection):
-    def connect(self):
-        super().connect()
+class _Connection:
+    def __init__(self, host, port, timeout):
+        self.sock = socket.create_connection((host, port), timeout=timeout)
         # Without it Nagle + delayed ACK add ~44 ms to every request.
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.parser = kvproto.ResponseParser()
+        self.used = False
+
+    def exchange(self, request: bytes, timeout: float):
+        self.sock.settimeout(timeout)
+        self.sock.sendall(request)
+        while True:
+            answer = self.parser.next()
+            if answer is not None:
+                self.used = True
+                return answer
+            data = self.sock.recv(1 << 20)
+            if not data:
+                raise ConnectionResetError("connection closed by the server")
+            self.parser.feed(data)
+
+    def close(self):
+        self.sock.close()
 
 
 class KVClient:
     def __init__(self, host: str, port: int, secret: str, timeout: float = 30.0):
         self.host, self.port, self.timeout = host, port, timeout
-        self._secret = secret
+        self.key = kvproto.job_key(secret)
+        self.offset = 0.0  # the server's clock minus ours, learnt when it refused our time
         self._local = threading.local()
 
     def put(self, scope: str, key: str, value: bytes) -> None:
@@ -41,16 +62,26 @@ class KVClient:
 
     def wait(self, scope: str, key: str, timeout: float) -> bytes:
         """The value once the key is set; TimeoutError if that takes over timeout seconds."""
+        return self._long_poll(_kv_path(scope, key), {}, timeout, ("wait for", scope, key))
+
+    def gather(self, scope: str, prefix: str, count: int, timeout: float) -> dict:
+        """Keys prefix0 .. prefix<count-1> once all are set, in one answer; TimeoutError if
+        that takes over timeout seconds."""
+        body = self._long_poll(f"/kv/{quote(scope, safe='')}", {"prefix": prefix, "count": str(count)},
+                               timeout, ("gather", scope, f"{prefix}0..{count - 1}"))
+        return kvproto.decode_snapshot(body)
+
+    def _long_poll(self, path, query, timeout, what):
         deadline = time.monotonic() + timeout
         while True:
             poll = min(max(deadline - time.monotonic(), 0.0), _POLL)
-            answer = self.request("GET", _kv_path(scope, key), query={"wait": f"{poll:.3f}"},
+            answer = self.request("GET", path, query={**query, "wait": f"{poll:.3f}"},
                                   timeout=poll + self.timeout)
-            status, body = self._expect(("wait for", scope, key), answer, 200, 408)
+            status, body = self._expect(what, answer, 200, 408)
             if status == 200:
                 return body
             if time.monotonic() >= deadline:
-                raise TimeoutError(f"key {scope}/{key} not set within {timeout:g} s "
+                raise TimeoutError(f"{what[0]} {what[1]}/{what[2]}: not done within {timeout:g} s "
                                    f"(KV server {self.host}:{self.port})")
 
     def delete(self, scope: str, key: str) -> bool:
@@ -62,47 +93,47 @@ class KVClient:
         return int(self._expect(("add to", scope, key), answer, 200)[1])
 
     def request(self, method: str, path: str, body: bytes = b"", query=None, timeout=None):
-        """Send one request; returns (status, body). Raises KVError on 401/403/5xx and
+        """Send one signed request; returns (status, body). Raises KVError on 401/403/5xx and
         ConnectionError when the server cannot be reached or does not answer."""
         if len(body) > MAX_BODY:
             raise ValueError(f"request body of {len(body)} bytes is over the KV server's 64 MiB limit")
         target = path + ("?" + urlencode(query) if query else "")
-        headers = {SECRET_HEADER: self._secret, "Content-Length": str(len(body))}
-        for retry in (False, True):
-            conn = self._connection()
-            reused = conn.sock is not None
+        body = bytes(body)
+        retried = set()
+        while True:
+            conn = getattr(self._local, "conn", None)
+            reused = conn is not None and conn.used
             try:
-                if not reused:
-                    conn.connect()
-                conn.sock.settimeout(self.timeout if timeout is None else timeout)
-                conn.request(method, target, body, headers)
-                response = conn.getresponse()
-                data = response.read()
-            except (OSError, http.client.HTTPException) as e:
-                conn.close()
+                if conn is None:
+                    conn = self._local.conn = _Connection(self.host, self.port, self.timeout)
+                request = kvproto.encode_request(self.key, method, target, body, self.offset)
+                status, headers, data = conn.exchange(request, self.timeout if timeout is None else timeout)
+            except (OSError, ValueError) as e:
+                self.close()
                 # A kept-alive connection the server closed while idle: the request never ran.
-                if reused and not retry and isinstance(e, ConnectionError):
+                if reused and "reconnect" not in retried and isinstance(e, ConnectionError):
+                    retried.add("reconnect")
                     continue
                 raise ConnectionError(f"KV server {self.host}:{self.port}: {method} {path} failed: "
                                       f"{type(e).__name__}: {e}") from e
-            if response.will_close:
-                conn.close()
-            if response.status in (401, 403) or response.status >= 500:
-                raise KVError(response.status, f"KV server {self.host}:{self.port} answered {method} {path} "
-                                                f"with {response.status}: {_text(data)}")
-            return response.status, data
+            if headers.get("connection", "").lower() == "close":
+                self.close()
+            server_time = headers.get(kvproto.TIME_HEADER.lower())
+            if status == 403 and server_time and "clock" not in retried:
+                retried.add("clock")  # our clock is off: sign with the server's time instead
+                self.offset = float(server_time) - time.time()
+                continue
+            if status in (401, 403) or status >= 500:
+                raise KVError(status, f"KV server {self.host}:{self.port} answered {method} {path} "
+                                      f"with {status}: {_text(data)}")
+            return status, data
 
     def close(self) -> None:
         """Close this thread's connection (other threads' close when they end)."""
         conn = getattr(self._local, "conn", None)
         if conn is not None:
+            self._local.conn = None
             conn.close()
-
-    def _connection(self) -> _Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._local.conn = _Connection(self.host, self.port, timeout=self.timeout)
-        return conn
 
     def _expect(self, what, answer, *statuses):
         status, body = answer
@@ -111,6 +142,41 @@ class KVClient:
             raise KVError(status, f"KV server {self.host}:{self.port}: {verb} {scope}/{key} "
                                   f"answered {status}: {_text(body)}")
         return answer
+
+
+class Heartbeats:
+    """Signed heartbeat datagrams to the KV server's port, each answered by the driver."""
+
+    def __init__(self, client: KVClient, timeout: float):
+        self.client, self.timeout = client, timeout
+        family = socket.AF_INET6 if ":" in client.host else socket.AF_INET
+        self.sock = socket.socket(family, socket.SOCK_DGRAM)
+        self.sock.connect((client.host, client.port))
+        self.sender, self.counter = os.urandom(8), 0
+
+    def beat(self, query: dict):
+        """Send `query` (what identifies this worker to the driver); the driver's answer
+        (bytes), or None if none came within the timeout."""
+        self.counter += 1
+        datagram = kvproto.encode_beat(self.client.key, self.sender, self.counter, urlencode(query),
+                                       time.time() + self.client.offset)
+        deadline = time.monotonic() + self.timeout
+        try:
+            self.sock.send(datagram)
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self.sock.settimeout(left)
+                answer = kvproto.decode_beat_answer(self.client.key, datagram[:32],
+                                                    self.sock.recv(kvproto.MAX_DATAGRAM))
+                if answer is not None:  # else a late answer to an earlier beat, or forged
+                    return answer
+        except OSError:  # timeout, or ICMP unreachable: no driver there
+            return None
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 def _kv_path(scope: str, key: str) -> str:

@@ -4,6 +4,12 @@
 Use a fresh scope for every group you build: gloo never deletes its keys and restarts its
 key names after a group is destroyed, so a reused scope hands a new group the previous
 round's addresses.
+
+Gloo's full mesh has every rank set one key, then wait for and get every rank's key: N^2
+requests for a world of N. Gloo names a rank's key by a prefix and the rank ("0/3" in
+torch, "rank_3" and "3" in pygloo); told the group's size (`peers`), the store fetches a whole
+family of keys (prefix0 .. prefix<N-1>) in one request once all are set, and answers gloo from
+that snapshot. That relies on gloo writing each key once per scope.
 """
 import time
 
@@ -17,9 +23,13 @@ class ScopeStore:
     apart (a peer died before publishing its address), so waiting out the timeout is useless.
     Giving up raises `error` (the caller's library's store error)."""
 
-    def __init__(self, client: KVClient, scope: str, abandoned=lambda: False, error=RuntimeError):
+    def __init__(self, client: KVClient, scope: str, abandoned=lambda: False, error=RuntimeError,
+                 peers: int = 0):
         self.client, self.scope = client, scope
         self.abandoned, self.error = abandoned, error
+        self.peers = peers
+        self._known = {}  # key -> value from a family's snapshot
+        self._gathered = set()  # prefixes whose family was fetched
 
     def set(self, key: str, value) -> None:
         self.client.put(self.scope, key, value.encode("utf-8") if isinstance(value, str) else bytes(value))
@@ -35,18 +45,32 @@ class ScopeStore:
             self._wait_one(key, max(deadline - time.monotonic(), 0.0), seconds)
 
     def check(self, keys) -> bool:
-        return all(self.client.get(self.scope, key) is not None for key in keys)
+        return all(key in self._known or self.client.get(self.scope, key) is not None for key in keys)
 
     def add(self, key: str, amount: int) -> int:
+        self._known.pop(key, None)
         return self.client.add(self.scope, key, amount)
 
     def delete(self, key: str) -> bool:
+        self._known.pop(key, None)
         return self.client.delete(self.scope, key)
 
     def _wait_one(self, key: str, seconds: float, limit: float) -> bytes:
         deadline = time.monotonic() + seconds
+        prefix = key.rstrip("0123456789")
+        rank = key[len(prefix):]
+        # The first key of a family asked for brings every rank's.
+        gather = self.peers and rank.isdigit() and int(rank) < self.peers and prefix not in self._gathered
         while not self.abandoned():
+            if key in self._known:
+                return self._known[key]
             try:
+                if gather:
+                    self._known.update(self.client.gather(self.scope, prefix, self.peers,
+                                                          min(ABANDON_POLL, seconds)))
+                    self._gathered.add(prefix)
+                    gather = False
+                    continue
                 return self.client.wait(self.scope, key, min(ABANDON_POLL, seconds))
             except TimeoutError:
                 seconds = deadline - time.monotonic()

@@ -24,7 +24,7 @@ import sys
 import time
 
 from hvdlite.worker import env, sockets
-from hvdlite.worker.kvclient import KVClient, KVError
+from hvdlite.worker.kvclient import Heartbeats, KVClient
 from hvdlite.worker.links import broken
 from hvdlite.worker.session import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
 
@@ -101,19 +101,19 @@ def main(pid: int, channel_fd: int) -> None:
     if os.getppid() != pid:
         return
     environ = os.environ
-    client = KVClient(environ[env.RENDEZVOUS_ADDR], int(environ[env.RENDEZVOUS_PORT]),
-                      environ[env.SECRET], timeout=HEARTBEAT_TIMEOUT)
+    beats = Heartbeats(KVClient(environ[env.RENDEZVOUS_ADDR], int(environ[env.RENDEZVOUS_PORT]),
+                                environ[env.SECRET]), timeout=HEARTBEAT_TIMEOUT)
     query = {"worker": environ.get(env.WORKER, "")}
     channel = socket.socket(fileno=channel_fd)
     held = _Held()
     while os.getppid() == pid:
         held.receive(channel)
         if _running(pid):
+            body = beats.beat(query)
             try:
-                status, body = client.request("PUT", "/rdzv/heartbeat", query=query)
-                if status == 200:
+                if body is not None:
                     held.cut_if_broken(json.loads(body)["broken"])
-            except (OSError, ValueError, KeyError, KVError):
+            except (ValueError, KeyError):
                 pass  # no contact this time; the worker's own liveness check decides
         time.sleep(HEARTBEAT_INTERVAL)
 

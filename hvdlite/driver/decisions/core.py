@@ -77,6 +77,18 @@ class Incarnation:
         return f"rank {self.rank}" if self.rank is not None else f"worker {self.slot}"
 
 
+@dataclass(frozen=True)
+class JobView:
+    """What the job looks like now, for status lines and metrics (read-only)."""
+    round: int
+    world_size: int
+    target_size: int  # the world the usable slots would form (capped by --max-np)
+    commit: int  # newest commit a member of the current world reported
+    joining: int  # workers started or waiting that are not in the current world
+    blacklisted_slots: int  # slots of the current hosts sitting out
+    resets: int
+
+
 class JobFailed(Exception):
     """Raised inside the core to end the job; handle() turns it into EndJob(1, message)."""
 
@@ -86,8 +98,14 @@ class ElasticCore:
         self.policy = policy
         self.blacklist = Blacklist(policy.cooldown_range, rng)
         self.hosts = []  # [(name, slots)]: survivors in their old order, new hosts last
+        self.slots_of = {}  # name -> slots, of self.hosts
         self.hosts_known = False
-        self.workers = {}  # incarnation id -> Incarnation
+        self.workers = {}  # incarnation id -> Incarnation, every one ever launched
+        # Indexes that keep each event's work small at thousands of workers:
+        self.phases = {p: {} for p in Phase if p is not Phase.GONE}  # phase -> {id: Incarnation}
+        self.staying = set()  # members of the current world that have not left it
+        self.joiners = {}  # live incarnations not in a world yet (not leaving): id -> Incarnation
+        self.hosts_dirty = False  # hosts or blacklist changed: is every host blacklisted now?
         self.launches = {}  # slot -> how many times it was launched
         self.round = 0  # the current world's number; 0 before the first
         self.world = {}  # incarnation id -> WorldInfo in the current world
@@ -101,6 +119,7 @@ class ElasticCore:
         self.short_since = None  # when the job started waiting for --min-np workers
         self.announced = frozenset()  # joiners the last host update was announced for
         self.last_tick = None
+        self.disrupted = None  # (time, why) the current world was first told to re-form
         self._now, self._out = 0.0, []
         self._handlers = {HostsFound: self._on_hosts, DiscoveryFailed: self._on_discovery_failed,
                           Launched: self._on_launched, LaunchFailed: self._on_launch_failed,
@@ -122,11 +141,21 @@ class ElasticCore:
             return self._out
         try:
             self._handlers[type(event)](event)
-            self._decide()
+            # Only these can free a slot (exits, host changes, cooldowns): the others need
+            # no search for free slots.
+            self._decide(grow=isinstance(event, (HostsFound, Exited, LaunchFailed, Tick)))
         except JobFailed as e:
             self._emit(Log("job_end", {"result": "failure", "reason": str(e)}))
             self._end(1, str(e))
         return self._out
+
+    def view(self) -> JobView:
+        members = [self.workers[w] for w in self.world if self.workers[w].alive]
+        slots = [f"{h}/{i}" for h, n in self.hosts for i in range(n)]
+        usable = sum(1 for slot in slots if not self._blacklisted(slot))
+        return JobView(self.round, len(members), min(usable, self.policy.max_np or usable),
+                       max((inc.commit for inc in members), default=0), len(self.joiners),
+                       len(slots) - usable, self.resets)
 
     def _emit(self, action):
         self._out.append(action)
@@ -145,6 +174,8 @@ class ElasticCore:
         if change.kind is None:
             return
         self.hosts = reorder(self.hosts, list(event.hosts))
+        self.slots_of = dict(self.hosts)
+        self.hosts_dirty = True
         self._log("hosts_changed", kind=change.kind, added=list(change.added),
                   removed=list(change.removed), hosts=[f"{h}:{n}" for h, n in self.hosts])
         gone = sorted(self.workers[w].slot for w in self.world
@@ -168,7 +199,7 @@ class ElasticCore:
         inc = self._current(event.worker)
         if inc is None:
             return
-        inc.phase = Phase.GONE
+        self._set_phase(inc, Phase.GONE)
         self._log("launch_failed", slot=inc.slot, worker=inc.id, error=event.error)
         if self.first_failure is None:
             self.first_failure = f"{inc.name} on {inc.host} could not be launched: {event.error}"
@@ -181,9 +212,11 @@ class ElasticCore:
         if inc.answer is not None and inc.answer[0] > event.after:
             # Its last answer got lost (the request timed out): give it again.
             return self._emit(Answer(inc.id, 200, inc.answer[1], inc.rank))
-        inc.phase, inc.after, inc.commit = Phase.WAITING, max(event.after, 0), event.commit
+        self._set_phase(inc, Phase.WAITING)
+        inc.after, inc.commit = max(event.after, 0), event.commit
         self.commit_high = max(self.commit_high, event.commit)
         if inc.id in self.world and event.after >= self.round:
+            self.staying.discard(inc.id)
             self._mark_broken()  # a member left its world: the others must not wait for it
 
     def _on_heartbeats(self, event: Heartbeats):
@@ -203,7 +236,9 @@ class ElasticCore:
         inc = self._current(event.worker)
         if inc is None:
             return  # an earlier process of the slot, or told twice
-        was, inc.phase = inc.phase, Phase.GONE
+        was = inc.phase
+        self._set_phase(inc, Phase.GONE)
+        self.staying.discard(inc.id)
         fields = {"removed": True} if was is Phase.LEAVING else {}
         if event.error:
             fields["error"] = event.error
@@ -231,6 +266,7 @@ class ElasticCore:
         self.last_tick = now
         for key in self.blacklist.expire(now):
             self._log("whitelisted", key=key)
+            self.hosts_dirty = True
         for inc in self._live():
             if inc.killed is not None or inc.pid is None:
                 continue
@@ -244,59 +280,65 @@ class ElasticCore:
                 self._kill(inc, "worker_start_timeout", f"not ready within {p.start_timeout:g} s")
 
     # ---- decisions after every event ----------------------------------------------------
-    def _decide(self):
-        live = self._live()
+    def _decide(self, grow: bool):
         if self.succeeded:
-            for inc in live:
+            for inc in self._live():
                 if inc.phase in (Phase.STARTING, Phase.WAITING):
                     self._remove(inc)
-            if not self._live():
+            if not self._any_live():
                 self._log("job_end", result="success", resets=self.resets)
                 self._end(0)
             return
-        if not live and self.first_failure is not None:
+        if not self._any_live() and self.first_failure is not None:
             raise JobFailed(f"all workers failed; first: {self.first_failure}")
-        if self.hosts and all(self.blacklist.permanent(h) for h, _ in self.hosts):
-            raise JobFailed("all hosts are blacklisted")
-        self._grow()
+        if self.hosts_dirty:
+            self.hosts_dirty = False
+            if self.hosts and all(self.blacklist.permanent(h) for h, _ in self.hosts):
+                raise JobFailed("all hosts are blacklisted")
+        if grow:
+            self._grow()
+        self._announce_joiners()
         self._maybe_form()
 
     def _grow(self):
         if not self.hosts_known:
             return
         live = self._live()
-        active = [inc for inc in live if inc.phase is not Phase.LEAVING]
-        limit = (self.policy.max_np or 1 << 30) - len(active)
+        limit = (self.policy.max_np or 1 << 30) - (len(live) - len(self.phases[Phase.LEAVING]))
         # A slot whose earlier process is still ending is not free yet.
         occupied = {inc.slot for inc in live}
-        for slot in free_slots(self.hosts, occupied, self._blocked, limit):
-            self._launch(slot)
-        joining = frozenset(inc.id for inc in self._live()
-                            if inc.id not in self.world and inc.phase in (Phase.STARTING, Phase.WAITING))
-        if self.round and joining and joining != self.announced \
-                and all(self.workers[w].phase is Phase.WAITING for w in joining):
+        free = free_slots(self.hosts, occupied, self._blocked, limit)
+        places = prospective_places(self.hosts, self._blocked, self.policy.max_np) if free else {}
+        for slot in free:
+            self._launch(slot, places.get(slot))
+
+    def _announce_joiners(self):
+        """Once every worker launched for a running job waits to join, tell the members."""
+        if not self.round or not self.joiners:
+            return
+        joining = frozenset(self.joiners)
+        if joining != self.announced \
+                and all(inc.phase is Phase.WAITING for inc in self.joiners.values()):
             self.announced = joining
             self._announce(f"workers ready to join: {sorted(self.workers[w].slot for w in joining)}")
 
-    def _launch(self, slot):
+    def _launch(self, slot, place):
         n = self.launches.get(slot, 0) + 1
         self.launches[slot] = n
         host = host_of(slot)
         inc = Incarnation(f"{slot}#{n}", slot, host, launched_at=self._now)
         self.workers[inc.id] = inc
-        place = prospective_places(self.hosts, self._blocked, self.policy.max_np).get(slot)
-        self._emit(Launch(inc.id, slot, host, dict(self.hosts)[host], place, joining=self.round > 0))
+        self.phases[Phase.STARTING][inc.id] = inc
+        self.joiners[inc.id] = inc
+        self._emit(Launch(inc.id, slot, host, self.slots_of[host], place, joining=self.round > 0))
 
     def _maybe_form(self):
-        live = self._live()
-        waiting = [inc for inc in live if inc.phase is Phase.WAITING]
         if self.round == 0:
-            if any(inc.phase is Phase.STARTING for inc in live):
+            if self.phases[Phase.STARTING]:
                 return  # the first world waits for every launched worker (start timeout)
-        elif any(self.workers[w].alive and not (self.workers[w].phase is Phase.WAITING
-                                                and self.workers[w].after >= self.round)
-                 for w in self.world):
+        elif self.staying:
             return  # a member is still in the current world
+        waiting = list(self.phases[Phase.WAITING].values())
         candidates = [Candidate(inc.id, inc.slot, inc.host, inc.commit,
                                 self.world[inc.id].rank if inc.id in self.world else None)
                       for inc in waiting]
@@ -324,13 +366,19 @@ class ElasticCore:
         if self.round >= 1:
             self.resets += 1
         old_round, self.round = self.round, self.round + 1
+        reformed = {}
+        if self.disrupted is not None:  # how long the job went without a world to train in
+            reformed = {"reformed_in": round(self._now - self.disrupted[0], 3), "cause": self.disrupted[1]}
+            self.disrupted = None
         self.short_since, self.announced, self.commit_high = None, frozenset(), commit
         world = {}
         hosts = sorted({place.hostname for _, place in plan})
         for worker, place in plan:
             inc = self.workers[worker]
             world[worker] = replace(place, round=self.round, updates=self.updates)
-            inc.phase, inc.rank = Phase.TRAINING, place.rank
+            self._set_phase(inc, Phase.TRAINING)
+            self.joiners.pop(worker, None)
+            inc.rank = place.rank
             inc.answer = (self.round, {"world": world[worker].to_dict(), "hosts": hosts})
             self._emit(Answer(worker, 200, inc.answer[1], place.rank))
         for c in candidates:
@@ -338,17 +386,30 @@ class ElasticCore:
                 self._remove(self.workers[c.worker])
         if old_round:
             self._emit(DropScope(f"gloo.{old_round}"))
-        self.world = world
+        self.world, self.staying = world, set(world)
         leaving = sorted(self.workers[w].slot for w in world
                          if not self._usable(self.workers[w].slot))
         if leaving and len(world) > len(leaving):
             self._announce(f"state handed over, slots removed: {leaving}")
         self._log("round_complete", round=self.round, size=len(world), resets=self.resets,
-                  commit=commit, members={self.workers[w].slot: p.rank for w, p in world.items()})
+                  commit=commit, members={self.workers[w].slot: p.rank for w, p in world.items()},
+                  **reformed)
 
     # ---- helpers ----------------------------------------------------------------------
     def _live(self):
-        return [inc for inc in self.workers.values() if inc.alive]
+        return [inc for phase in self.phases.values() for inc in phase.values()]
+
+    def _any_live(self):
+        return any(self.phases.values())
+
+    def _set_phase(self, inc, phase):
+        if inc.phase is not Phase.GONE:
+            del self.phases[inc.phase][inc.id]
+        if phase is not Phase.GONE:
+            self.phases[phase][inc.id] = inc
+        if phase in (Phase.LEAVING, Phase.GONE):
+            self.joiners.pop(inc.id, None)
+        inc.phase = phase
 
     def _current(self, worker) -> Optional[Incarnation]:
         inc = self.workers.get(worker)
@@ -356,21 +417,28 @@ class ElasticCore:
 
     def _announce(self, reason):
         self.updates += 1
+        self._disrupt("hosts updated")
         self._log("hosts_updated", updates=self.updates, reason=reason)
         self._emit(Publish(self.updates, self.broken))
 
     def _mark_broken(self):
         if self.round and self.broken < self.round:
             self.broken = self.round
+            self._disrupt("failure")
             self._log("round_broken", round=self.round)
             self._emit(Publish(self.updates, self.broken))
+
+    def _disrupt(self, why):
+        if self.round and self.disrupted is None:
+            self.disrupted = (self._now, why)
 
     def _answer_removed(self, worker):
         self._emit(Answer(worker, 200, REMOVED))
 
     def _remove(self, inc: Incarnation):
         """Take a worker out of the job: a waiting one is told so and exits 0, others are stopped."""
-        was, inc.phase = inc.phase, Phase.LEAVING
+        was = inc.phase
+        self._set_phase(inc, Phase.LEAVING)
         if was is Phase.WAITING:
             self._answer_removed(inc.id)
         else:
@@ -393,7 +461,7 @@ class ElasticCore:
 
     def _slot_exists(self, slot):
         host, index = slot.rsplit("/", 1)
-        return int(index) < dict(self.hosts).get(host, 0)
+        return int(index) < self.slots_of.get(host, 0)
 
     def _blocked(self, key):
         return self.blacklist.blocked(key, self._now)
@@ -417,6 +485,7 @@ class ElasticCore:
 
     def _blacklist(self, key):
         until = self.blacklist.add(key, self._now)
+        self.hosts_dirty = True
         self._log("blacklisted", key=key,
                   cooldown="permanent" if until is None else f"{until - self._now:.1f}s")
 

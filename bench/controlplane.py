@@ -1,0 +1,419 @@
+"""The driver's control plane at scale, against torch's TCPStore in the same run:
+
+    python bench/controlplane.py [--sizes 64 256 1024 4096] [--procs 2] [--reform 4 16 32]
+
+For each size N, one line `ranks=N rendezvous_s=X tcpstore_s=Y heartbeat_cpu=Z rss_mb=W`:
+- rendezvous_s: N simulated ranks (asyncio, many per process, signing and framing through
+  hvdlite.worker.kvproto like real workers) each ask the driver's rendezvous route for their
+  place (answered once all N asked, as the driver's barrier does), set their gloo address
+  (--value-bytes, default 154: what torch 2.13's gloo sets per rank without its N-dependent
+  part) and read every rank's, as gloo's full mesh asks, in one scope snapshot (ScopeStore);
+  from the start signal to the last rank holding all N addresses.
+- tcpstore_s: the same exchange over torch's TCPStore (libuv), threads for ranks, with the
+  best calls it offers: add+wait for the barrier, set, wait(all keys), multi_get(all keys).
+- heartbeat_cpu: the driver's CPU (fraction of one core) while N simulated workers heartbeat
+  every 0.5 s as Session does (signed datagrams), answered by hvdlite's Driver.heartbeat;
+- rss_mb: the driver process's peak RSS.
+Then kill -9 re-form times of real numpy-backend jobs (--reform sizes; /work/main/.venv-pygloo
+or --worker-python): from the kill to the survivors' first allreduce in the new world.
+"""
+import argparse
+import asyncio
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from types import SimpleNamespace
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from hvdlite.worker import kvproto  # noqa: E402
+
+SECRET = "controlplane-bench"
+KEY = kvproto.job_key(SECRET)
+SCOPE = "gloo.1"
+# What torch 2.13's gloo sets for a rank (captured), less its trailing per-peer counters:
+# a sockaddr with the rank's port, padding, and a few per-process fields.
+ADDRESS = bytes.fromhex(
+    "0200000000000000766d8800000000000000020094e57f00000100000000000000000000000000000000"
+    "0000000000000000000000000000000000000000000000000000000000000000000000000000000000000000"
+    "00000000000000000000000000000000000000759f02a2d2ceea000000000000000080ffffffffffffff0b00"
+    "0000000000000062db978c0d7f0000ffffffffffffffff0000000000000000")
+
+
+def address(rank: int, size_bytes: int) -> bytes:
+    """A realistic value for one rank: its own port and per-process fields."""
+    value = bytearray(ADDRESS)
+    value[18:20] = (20000 + rank % 40000).to_bytes(2, "big")
+    value[128:136] = os.urandom(8)
+    value[-24:-16] = os.urandom(8)
+    return bytes(value[:size_bytes]) + bytes(max(0, size_bytes - len(value)))
+BEAT_INTERVAL = 0.5  # hvdlite.worker.session.HEARTBEAT_INTERVAL
+
+
+# -- the driver's side: its KV server, a rendezvous barrier and the real heartbeat handler --
+
+def serve(size: int) -> None:
+    from concurrent.futures import Future
+
+    from hvdlite.driver.driver import Driver
+    from hvdlite.driver.kvserver import KVServer
+    raise_fd_limit()
+    server = KVServer(SECRET)
+    waiting = []
+
+    def rendezvous(method, subpath, query, body):
+        future = Future()
+        waiting.append((query["slot"], future))
+        if len(waiting) == size:  # the barrier: every rank asked; answer all
+            for rank, (slot, f) in enumerate(waiting):
+                f.set_result((200, json.dumps({"world": {"rank": rank, "size": size, "slot": slot}}).encode()))
+        return future
+    driver = SimpleNamespace(workers={}, lock=threading.Lock(), updates=0, broken=0, _beat_answer=(None, b""))
+    for rank in range(size):
+        driver.workers[f"sim/{rank}"] = SimpleNamespace(last_heartbeat=None)
+    server.add_route("/rdzv/", rendezvous)
+    server.set_heartbeat(lambda query: Driver.heartbeat(driver, query))
+    server.start()
+    print(server.address[1], flush=True)
+    sys.stdin.read()
+    server.stop()
+
+
+# -- simulated ranks ------------------------------------------------------------------------
+
+class AsyncKV:
+    """One rank's connection, speaking the protocol through kvproto as KVClient does."""
+
+    def __init__(self, reader, writer):
+        self.reader, self.writer = reader, writer
+        self.parser = kvproto.ResponseParser()
+
+    @classmethod
+    async def connect(cls, port):
+        # By address: open_connection("127.0.0.1") would resolve it in a small thread pool,
+        # thousands of times over.
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+        return cls(*await asyncio.open_connection(sock=sock, limit=1 << 22))
+
+    async def request(self, method, target, body=b""):
+        self.writer.write(kvproto.encode_request(KEY, method, target, body))
+        while True:
+            answer = self.parser.next()
+            if answer is not None:
+                return answer[0], answer[2]
+            data = await self.reader.read(1 << 20)
+            if not data:
+                raise ConnectionError("server closed the connection")
+            self.parser.feed(data)
+
+
+async def connected(port):
+    """A rank's connection, authenticated by a first request, as a worker's would be by the
+    time a world forms (TCPStore's ranks connect before the start too)."""
+    kv = await AsyncKV.connect(port)
+    assert (await kv.request("GET", "/kv/hello/none"))[0] == 404
+    return kv
+
+
+async def one_rank(kv, slot, size, value, snapshots):
+    status, body = await kv.request("GET", f"/rdzv/assign?slot={slot}")
+    assert status == 200, (status, body)
+    rank = json.loads(body)["world"]["rank"]
+    assert (await kv.request("PUT", f"/kv/{SCOPE}/0%2F{rank}", address(rank, value)))[0] == 200
+    status, snapshot = await kv.request("GET", f"/kv/{SCOPE}?prefix=0%2F&count={size}&wait=60")
+    assert status == 200, status
+    # Every rank gets the same bytes: decode the first, compare the rest (the ranks share
+    # this process; on real hosts each decodes its own).
+    if not snapshots:
+        keys = kvproto.decode_snapshot(snapshot)
+        assert sorted(keys) == sorted(f"0/{r}" for r in range(size)), "snapshot incomplete"
+        snapshots.append(snapshot)
+    assert snapshot == snapshots[0], "ranks disagree on the addresses"
+    kv.writer.close()
+    return time.time()
+
+
+async def ranks_main(port, first, count, size, value_bytes):
+    conns = []
+    for start in range(0, count, 256):  # in waves: a burst of thousands of SYNs on loopback
+        conns += await asyncio.gather(*(connected(port) for _ in range(min(256, count - start))))
+    print("ready", flush=True)
+    start = float(await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline))
+    await asyncio.sleep(max(0.0, start - time.time()))
+    snapshots = []
+    ends = await asyncio.gather(*(one_rank(kv, f"sim/{first + i}", size, value_bytes, snapshots)
+                                  for i, kv in enumerate(conns)))
+    print(json.dumps({"end": max(ends)}), flush=True)
+    seconds = float(await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline))
+    print(json.dumps(await heartbeats(port, first, count, seconds)), flush=True)
+
+
+class _Beater(asyncio.DatagramProtocol):
+    """One simulated worker's socket, as Heartbeats: counts answers to its latest beat."""
+
+    def __init__(self):
+        self.mac, self.answered = None, 0
+
+    def datagram_received(self, data, addr):
+        if self.mac is not None and kvproto.decode_beat_answer(KEY, self.mac, data) is not None:
+            self.mac = None
+            self.answered += 1
+
+
+async def heartbeats(port, first, count, seconds):
+    """`count` workers beat every 0.5 s for `seconds`, each from its own socket and sender."""
+    loop = asyncio.get_running_loop()
+    beaters = [await loop.create_datagram_endpoint(_Beater, remote_addr=("127.0.0.1", port))
+               for _ in range(count)]
+    senders = [os.urandom(8) for _ in range(count)]
+    sent, counter, deadline = 0, 0, time.monotonic() + seconds
+    gap = BEAT_INTERVAL / count  # workers are not in step: spread their beats over the interval
+    while time.monotonic() < deadline:
+        tick = time.monotonic()
+        counter += 1
+        for i, (transport, beater) in enumerate(beaters):
+            datagram = kvproto.encode_beat(KEY, senders[i], counter, f"slot=sim%2F{first + i}", time.time())
+            beater.mac = datagram[:32]
+            transport.sendto(datagram)
+            sent += 1
+            if i % 64 == 63:
+                await asyncio.sleep(max(0.0, tick + (i + 1) * gap - time.monotonic()))
+        await asyncio.sleep(max(0.0, BEAT_INTERVAL - (time.monotonic() - tick)))
+    await asyncio.sleep(0.2)
+    for transport, _ in beaters:
+        transport.close()
+    return {"sent": sent, "answered": sum(b.answered for _, b in beaters)}
+
+
+# -- the baseline: torch's TCPStore ---------------------------------------------------------
+
+def tcpstore_ranks(port, first, count, size, value_bytes):
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    keys = [f"0/{r}" for r in range(size)]
+    ends, errors, start_at = [], [], []
+    connected = threading.Barrier(count + 1)
+    go = threading.Event()
+    connecting = threading.Semaphore(256)  # in waves, as the hvdlite ranks connect
+
+    def rank():
+        try:  # every rank connects on its own thread: one by one, thousands take minutes
+            with connecting:
+                store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=300))
+        except Exception as e:  # noqa: BLE001 - reported
+            errors.append(repr(e))
+            connected.wait()
+            return
+        connected.wait()
+        go.wait()
+        time.sleep(max(0.0, start_at[0] - time.time()))
+        try:
+            me = store.add("arrived", 1) - 1  # the barrier, as c10d's rendezvous builds it
+            if me == size - 1:
+                store.set("go", b"1")
+            store.wait(["go"])
+            value = address(me, value_bytes)
+            store.set(keys[me], value)
+            store.wait(keys)
+            got = store.multi_get(keys)
+            assert len(got) == size and got[me] == value
+            ends.append(time.time())
+        except Exception as e:  # noqa: BLE001 - reported
+            errors.append(repr(e))
+    threads = [threading.Thread(target=rank, daemon=True) for _ in range(count)]
+    for t in threads:
+        t.start()
+    connected.wait()
+    print("ready", flush=True)
+    start_at.append(float(sys.stdin.readline()))
+    go.set()
+    for t in threads:
+        t.join(600)
+    print(json.dumps({"end": max(ends) if ends else None, "errors": errors[:3]}), flush=True)
+    sys.stdin.readline()
+    os._exit(0)
+
+
+# -- orchestration --------------------------------------------------------------------------
+
+def raise_fd_limit():
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def spawn(*args):
+    return subprocess.Popen([sys.executable, os.path.abspath(__file__), *map(str, args)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": ROOT})
+
+
+def read_line(proc, timeout):
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    line = proc.stdout.readline() if ready else ""
+    if not line:
+        raise RuntimeError(f"process {proc.args[2:]} gave no answer within {timeout:g} s")
+    return line.strip()
+
+
+def stop(procs):
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                proc.stdin.close()
+                proc.wait(10)
+            except (OSError, subprocess.TimeoutExpired):
+                proc.kill()
+                proc.wait(10)
+
+
+def split(size, procs):
+    per = -(-size // procs)
+    return [(first, min(per, size - first)) for first in range(0, size, per)]
+
+
+def cpu_seconds(pid, user=True, system=True):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (user * int(fields[11]) + system * int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss_mb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return int(f.read().split("VmHWM:")[1].split()[0]) / 1024
+
+
+def start_all(ranks, timeout):
+    for proc in ranks:
+        assert read_line(proc, timeout) == "ready"
+    start = time.time() + 0.3
+    for proc in ranks:
+        proc.stdin.write(f"{start}\n")
+        proc.stdin.flush()
+    return start
+
+
+def measure_hvdlite(size, procs, value_bytes, beat_seconds):
+    server = spawn("serve", size)
+    ranks = []
+    try:
+        port = int(read_line(server, 30))
+        ranks = [spawn("ranks", port, first, count, size, value_bytes) for first, count in split(size, procs)]
+        start = start_all(ranks, 120)
+        ends = [json.loads(read_line(proc, 300))["end"] for proc in ranks]
+        rendezvous = max(ends) - start
+        before, t0 = cpu_seconds(server.pid), time.monotonic()
+        before_system = cpu_seconds(server.pid, user=False)
+        for proc in ranks:
+            proc.stdin.write(f"{beat_seconds}\n")
+            proc.stdin.flush()
+        beats = [json.loads(read_line(proc, beat_seconds + 60)) for proc in ranks]
+        window = time.monotonic() - t0
+        cpu = (cpu_seconds(server.pid) - before) / window
+        system = (cpu_seconds(server.pid, user=False) - before_system) / window
+        sent, answered = sum(b["sent"] for b in beats), sum(b["answered"] for b in beats)
+        return rendezvous, cpu, system, peak_rss_mb(server.pid), answered / max(sent, 1)
+    finally:
+        stop(ranks + [server])
+
+
+def measure_tcpstore(size, procs, value_bytes):
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=300), use_libuv=True)
+    ranks = [spawn("tcpstore", master.port, first, count, size, value_bytes) for first, count in split(size, procs)]
+    try:
+        start = start_all(ranks, 300)
+        results = [json.loads(read_line(proc, 600)) for proc in ranks]
+        errors = [e for r in results for e in r["errors"]]
+        if errors or any(r["end"] is None for r in results):
+            return f"failed:{errors[:1]}"
+        return max(r["end"] for r in results) - start
+    finally:
+        stop(ranks)
+        del master
+
+
+def reform(sizes, python):
+    """kill -9 of one worker of a real numpy-backend job of each size, once every rank has
+    done an allreduce -> every survivor's first allreduce in the re-formed world (bench/elastic.py's
+    trial)."""
+    import random
+    import tempfile
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    from elastic import Run, kill_trial
+    script = os.path.join(ROOT, "bench", "scripts", "allreduce_loop_numpy.py")
+    out = {}
+    for n in sizes:
+        folder = tempfile.mkdtemp(prefix="hvdlite-bench-")
+        run = Run([sys.executable, "-m", "hvdlite.cli", "run", "--event-log", os.path.join(folder, "events.jsonl"),
+                   "-H", f"localhost:{n}", "--min-np", "1", "--blacklist-cooldown-range", "1", "1",
+                   python, script], env_extra={"PYTHONPATH": ROOT, "MALLOC_ARENA_MAX": "2"}, folder=folder)
+        try:
+            # A world at work, every rank through an allreduce: a kill while pygloo is still
+            # connecting the mesh is another matter.
+            run.wait(lambda: sum(any(size == n for *_, size in rows) for rows in run.completions().values()) >= n,
+                     60 + 3 * n)
+            trial = kill_trial(run, n, random.Random(n))
+            out[n] = trial[0] if trial else None
+        finally:
+            run.close()
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--sizes", type=int, nargs="*", default=[64, 256, 1024, 4096])
+    p.add_argument("--procs", type=int, default=2, help="processes the simulated ranks share")
+    p.add_argument("--value-bytes", type=int, default=154)
+    p.add_argument("--beat-seconds", type=float, default=5.0)
+    p.add_argument("--no-tcpstore", action="store_true")
+    p.add_argument("--reform", type=int, nargs="*", default=[4, 16, 32])
+    p.add_argument("--worker-python", default="/work/main/.venv-pygloo/bin/python")
+    args = p.parse_args()
+    raise_fd_limit()
+    for size in args.sizes:
+        rendezvous, cpu, system, rss, answered = measure_hvdlite(size, args.procs, args.value_bytes,
+                                                                 args.beat_seconds)
+        try:
+            tcp = "skipped" if args.no_tcpstore else measure_tcpstore(size, args.procs, args.value_bytes)
+        except RuntimeError as e:  # the baseline did not make it; our numbers still count
+            tcp = f"failed({e})"
+        tcp = f"{tcp:.3f}" if isinstance(tcp, float) else tcp
+        print(f"ranks={size} rendezvous_s={rendezvous:.3f} tcpstore_s={tcp} heartbeat_cpu={cpu:.3f} "
+              f"rss_mb={rss:.0f}  (heartbeats answered {answered:.1%}; kernel share of heartbeat_cpu "
+              f"{system:.3f}: on loopback the driver's sends also deliver to its clients)", flush=True)
+    if args.reform:
+        times = reform(args.reform, args.worker_python)
+        print("re-form after kill -9 (numpy backend, real processes): " + "  ".join(
+            f"{n} ranks {t:.3f} s" if t is not None else f"{n} ranks FAILED" for n, t in times.items()))
+        if times.get(min(times)) and times.get(max(times)):
+            print(f"ratio {max(times)} / {min(times)} ranks: {times[max(times)] / times[min(times)]:.2f}x "
+                  f"(target <= 2x)")
+
+
+if __name__ == "__main__":
+    role = sys.argv[1] if len(sys.argv) > 1 else ""
+    if role == "serve":
+        serve(int(sys.argv[2]))
+    elif role == "ranks":
+        raise_fd_limit()
+        asyncio.run(ranks_main(*(int(a) for a in sys.argv[2:7])))
+    elif role == "tcpstore":
+        raise_fd_limit()
+        tcpstore_ranks(*(int(a) for a in sys.argv[2:7]))
+    else:
+        main()

@@ -1,0 +1,131 @@
+"""What the event log says happened, per slot and over time (pure: records in, Story out).
+
+A slot's lane: `joining` from its worker's start until a world takes it in (starting up and
+waiting in the rendezvous: the log does not tell the two apart), `member` while it is in a
+world, then its exit. Blacklisting is drawn over the lanes of the slots it takes out.
+"""
+import signal
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass
+class Segment:
+    start: float
+    end: Optional[float]  # None: still open at the end of the log
+    state: str  # "joining", "member" or "blacklisted"
+    label: str = ""
+
+
+@dataclass
+class Mark:
+    time: float
+    kind: str  # "start", "exit", "failure", "hosts", "broken"
+    label: str
+    slot: Optional[str] = None  # None: the whole job
+
+
+@dataclass
+class Story:
+    start: float
+    end: float
+    slots: list  # lane order: by host as first seen, then slot index
+    segments: dict = field(default_factory=dict)  # slot -> [Segment]
+    marks: list = field(default_factory=list)
+    sizes: list = field(default_factory=list)  # [(time, world size)], a step function
+    recoveries: list = field(default_factory=list)  # [(start, end, cause)]
+    result: str = ""
+
+    @property
+    def failures(self) -> int:
+        return sum(1 for m in self.marks if m.kind == "failure")
+
+
+def exit_label(code: int) -> str:
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit {code}"
+
+
+def _slot_order(slot):
+    host, _, index = slot.rpartition("/")
+    return host, int(index) if index.isdigit() else 0
+
+
+def build(records) -> Story:
+    """The story of the records (event log lines as dicts, in order of time)."""
+    records = [r for r in records if isinstance(r.get("time"), (int, float)) and "event" in r]
+    if not records:
+        raise ValueError("the event log has no events")
+    story = Story(start=records[0]["time"], end=records[-1]["time"], slots=[])
+    hosts = []  # in order of appearance
+    member = set()
+    blacklisted = {}  # key -> segments opened for it
+
+    def lane(slot):
+        if slot not in story.segments:
+            story.segments[slot] = []
+            host = _slot_order(slot)[0]
+            if host not in hosts:
+                hosts.append(host)
+        return story.segments[slot]
+
+    def close(slot, t, states=("joining", "member")):
+        for seg in story.segments.get(slot, []):
+            if seg.end is None and seg.state in states:
+                seg.end = t
+
+    for r in records:
+        t, event = r["time"], r["event"]
+        slot = r.get("slot")
+        if event == "worker_start" and slot:
+            close(slot, t)
+            lane(slot).append(Segment(t, None, "joining"))
+            story.marks.append(Mark(t, "start", f"started ({r.get('started', 'process')})", slot))
+        elif event == "round_complete":
+            members = r.get("members", {})
+            for s, rank in members.items():
+                close(s, t)
+                lane(s).append(Segment(t, None, "member", f"rank {rank}"))
+            for s in member - set(members):
+                close(s, t)
+                lane(s).append(Segment(t, None, "joining"))
+            member = set(members)
+            story.sizes.append((t, r.get("size", len(members))))
+            if r.get("reformed_in") is not None:
+                story.recoveries.append((t - r["reformed_in"], t, r.get("cause", "")))
+        elif event == "worker_exit" and slot:
+            close(slot, t)
+            member.discard(slot)
+            code = r.get("code", 0)
+            failed = code != 0 and not r.get("removed")
+            label = "removed" if r.get("removed") else exit_label(code)
+            story.marks.append(Mark(t, "failure" if failed else "exit", label, slot))
+            lane(slot)
+        elif event == "launch_failed" and slot:
+            close(slot, t)
+            story.marks.append(Mark(t, "failure", f"launch failed: {r.get('error', '')}", slot))
+        elif event == "worker_unresponsive" and slot:
+            story.marks.append(Mark(t, "broken", "unresponsive", slot))
+        elif event == "round_broken":
+            story.marks.append(Mark(t, "broken", f"world {r.get('round')} broke"))
+        elif event == "hosts_changed":
+            change = [f"+{h}" for h in r.get("added", [])] + [f"-{h}" for h in r.get("removed", [])]
+            story.marks.append(Mark(t, "hosts", " ".join(change) or r.get("kind", "hosts")))
+        elif event == "blacklisted" and r.get("key"):
+            blacklisted.setdefault(r["key"], []).append(Segment(t, None, "blacklisted", r.get("cooldown", "")))
+        elif event == "whitelisted" and r.get("key"):
+            for seg in blacklisted.get(r["key"], []):
+                if seg.end is None:
+                    seg.end = t
+        elif event == "job_end":
+            story.result = r.get("result", "")
+    story.slots = sorted(story.segments, key=lambda s: (hosts.index(_slot_order(s)[0]), _slot_order(s)[1]))
+    for key, segs in blacklisted.items():
+        covered = [s for s in story.slots if s == key or _slot_order(s)[0] == key]
+        for s in covered:
+            story.segments[s].extend(Segment(b.start, b.end, b.state, b.label) for b in segs)
+    return story

@@ -1,0 +1,169 @@
+"""The wire format of the driver's KV server, shared by the server, the blocking client and
+light asyncio clients (torch-free, no I/O): request signing, HTTP framing, scope snapshots
+and heartbeat datagrams.
+
+No secret crosses the network. A request carries one header,
+``X-Hvdlite-Auth: <time>:<nonce>:<sha256 of body>:<signature>``, the signature being
+HMAC-SHA256 with the job's secret over method, target (path and query), body hash, time and
+nonce. The server checks the signature before it reads a body, refuses a time outside
++-SKEW of its clock, and each nonce once.
+"""
+import hashlib
+import hmac
+import math
+import os
+import struct
+import time
+import zlib
+
+AUTH_HEADER = "X-Hvdlite-Auth"
+TIME_HEADER = "X-Hvdlite-Time"  # the server's clock, sent with a refusal for clock skew
+SKEW = 30.0  # seconds a request's time may differ from the server's clock
+MAX_BODY = 64 * 1024 * 1024
+MAX_HEAD = 16 * 1024  # request or response line plus headers
+EMPTY_SHA = hashlib.sha256(b"").hexdigest()
+_LEN = struct.Struct("!I")
+
+
+def job_key(secret: str) -> bytes:
+    return secret.encode("utf-8")
+
+
+def signature(key: bytes, method: str, target: str, body_sha: str, stamp: str, nonce: str) -> str:
+    message = "\n".join((method, target, body_sha, stamp, nonce)).encode("utf-8", "surrogateescape")
+    return hmac.digest(key, message, "sha256").hex()
+
+
+def auth_value(key: bytes, method: str, target: str, body: bytes, now: float, nonce: str = None) -> str:
+    body_sha = hashlib.sha256(body).hexdigest() if body else EMPTY_SHA
+    stamp = f"{now:.3f}"
+    nonce = nonce or os.urandom(12).hex()
+    return ":".join((stamp, nonce, body_sha, signature(key, method, target, body_sha, stamp, nonce)))
+
+
+def parse_auth(value: str):
+    """(stamp, nonce, body_sha, signature) or None when malformed."""
+    parts = value.split(":")
+    if len(parts) != 4 or not (0 < len(parts[1]) <= 64 and len(parts[2]) == 64 and len(parts[3]) == 64):
+        return None
+    try:
+        if not math.isfinite(float(parts[0])):
+            return None
+    except ValueError:
+        return None
+    return tuple(parts)
+
+
+def encode_request(key: bytes, method: str, target: str, body: bytes = b"", offset: float = 0.0) -> bytes:
+    """One signed HTTP/1.1 request; `offset` corrects this host's clock to the server's."""
+    auth = auth_value(key, method, target, body, time.time() + offset)
+    head = (f"{method} {target} HTTP/1.1\r\nHost: hvdlite\r\n{AUTH_HEADER}: {auth}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n")
+    return head.encode("utf-8") + body
+
+
+class ResponseParser:
+    """Feed bytes from the connection; `next()` returns (status, headers, body) per response."""
+
+    def __init__(self):
+        self.buffer = bytearray()
+        self._head = None  # (status, headers, length) of the response being read
+
+    def feed(self, data: bytes) -> None:
+        self.buffer += data
+
+    def next(self):
+        if self._head is None:
+            end = self.buffer.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self.buffer) > MAX_HEAD:
+                    raise ValueError("response head too long")
+                return None
+            lines = bytes(self.buffer[:end]).decode("latin-1").split("\r\n")
+            del self.buffer[:end + 4]
+            parts = lines[0].split(" ", 2)
+            if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+                raise ValueError(f"bad status line {lines[0][:80]!r}")
+            headers = {}
+            for line in lines[1:]:
+                name, _, value = line.partition(":")
+                headers[name.strip().lower()] = value.strip()
+            length = headers.get("content-length", "0")
+            if not length.isdigit():
+                raise ValueError("bad Content-Length in response")
+            self._head = (int(parts[1]), headers, int(length))
+        status, headers, length = self._head
+        if len(self.buffer) < length:
+            return None
+        body = bytes(self.buffer[:length])
+        del self.buffer[:length]
+        self._head = None
+        return status, headers, body
+
+
+# -- scope snapshots: every key of a scope in one answer ------------------------------------
+
+# Compressed: every rank of a world reads the same snapshot, and gloo's addresses are mostly
+# zero padding and repeated fields, so the bytes on the wire shrink several times over.
+
+def encode_snapshot(items) -> bytes:
+    """(key, value) pairs as length-prefixed key and value bytes, deflated."""
+    parts = []
+    for name, value in items:
+        raw = name.encode("utf-8")
+        parts += (_LEN.pack(len(raw)), raw, _LEN.pack(len(value)), value)
+    return zlib.compress(b"".join(parts), 1)
+
+
+def decode_snapshot(compressed: bytes) -> dict:
+    data = zlib.decompress(compressed)
+    result, view, at = {}, memoryview(data), 0
+    while at < len(data):
+        (size,), at = _LEN.unpack_from(view, at), at + 4
+        name, at = bytes(view[at:at + size]).decode("utf-8"), at + size
+        (size,), at = _LEN.unpack_from(view, at), at + 4
+        result[name], at = bytes(view[at:at + size]), at + size
+    return result
+
+
+# -- heartbeats: signed UDP datagrams on the server's port ----------------------------------
+# request:  signature(32) | b"hb" | time(8, double) | sender(8) | counter(8) | query (UTF-8,
+#           urlencoded, as a heartbeat request's query string)
+# answer:   HMAC(request signature + answer)(32) | answer (JSON)
+# A sender's counter only grows, so a replayed datagram is refused without remembering nonces.
+
+_BEAT = struct.Struct("!2sd8sQ")
+MAX_DATAGRAM = 1400
+
+
+def encode_beat(key: bytes, sender: bytes, counter: int, query: str, now: float) -> bytes:
+    message = _BEAT.pack(b"hb", now, sender, counter) + query.encode("utf-8")
+    return hmac.digest(key, message, "sha256") + message
+
+
+def decode_beat(key: bytes, datagram: bytes):
+    """(signature, time, sender, counter, query), or None unless signed with key and well-formed."""
+    if not 32 + _BEAT.size <= len(datagram) <= MAX_DATAGRAM:
+        return None
+    mac, message = datagram[:32], datagram[32:]
+    if not hmac.compare_digest(mac, hmac.digest(key, message, "sha256")):
+        return None
+    tag, stamp, sender, counter = _BEAT.unpack_from(message)
+    if tag != b"hb":
+        return None
+    try:
+        return mac, stamp, sender, counter, message[_BEAT.size:].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def encode_beat_answer(key: bytes, request_mac: bytes, answer: bytes) -> bytes:
+    return hmac.digest(key, request_mac + answer, "sha256") + answer
+
+
+def decode_beat_answer(key: bytes, request_mac: bytes, datagram: bytes):
+    """The answer to the request signed `request_mac`, or None (forged, or another request's)."""
+    if len(datagram) < 32 or not hmac.compare_digest(
+            datagram[:32], hmac.digest(key, request_mac + datagram[32:], "sha256")):
+        return None
+    return datagram[32:]

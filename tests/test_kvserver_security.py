@@ -1,0 +1,222 @@
+"""The KV server's signatures, replay and skew checks, pre-authentication limits, deferred
+route answers, scope snapshots and heartbeat datagrams, over real loopback sockets; and the
+signed pickles every backend loads."""
+import socket
+import threading
+import time
+from concurrent.futures import Future
+
+import pytest
+
+from hvdlite.driver.kvserver import KVServer, Replays, Senders
+from hvdlite.worker import kvproto, objects
+from hvdlite.worker.kvclient import Heartbeats, KVClient, KVError
+
+SECRET = "security-secret"
+KEY = kvproto.job_key(SECRET)
+
+
+def exchange(server, data: bytes, sock=None):
+    """Send raw bytes (on a fresh connection unless given one); (status, headers, body)."""
+    own = sock is None
+    sock = sock or socket.create_connection(server.address, timeout=5)
+    try:
+        sock.sendall(data)
+        parser = kvproto.ResponseParser()
+        while True:
+            answer = parser.next()
+            if answer is not None:
+                return answer
+            chunk = sock.recv(65536)
+            if not chunk:
+                return None, {}, b""
+            parser.feed(chunk)
+    finally:
+        if own:
+            sock.close()
+
+
+def request(method, target, body=b"", key=KEY, now=None, nonce=None, claimed_body=None):
+    auth = kvproto.auth_value(key, method, target, body if claimed_body is None else claimed_body,
+                              time.time() if now is None else now, nonce)
+    return (f"{method} {target} HTTP/1.1\r\n{kvproto.AUTH_HEADER}: {auth}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def test_forged_replayed_and_stale_requests_store_nothing(server):
+    wrong = kvproto.job_key("not-the-secret")
+    assert exchange(server, request("PUT", "/kv/sec/k", b"v", key=wrong))[0] == 403
+    good = request("PUT", "/kv/sec/k", b"v")
+    tampered = good.replace(b"/kv/sec/k", b"/kv/sec/x")  # signature over another target
+    assert exchange(server, tampered)[0] == 403
+    body_swapped = request("PUT", "/kv/sec/k", b"evil", claimed_body=b"good")
+    assert exchange(server, body_swapped)[0] == 403
+    stale = exchange(server, request("PUT", "/kv/sec/k", b"v", now=time.time() - 120))
+    assert stale[0] == 403 and abs(float(stale[1][kvproto.TIME_HEADER.lower()]) - time.time()) < 5
+    assert exchange(server, request("PUT", "/kv/sec/k", b"v", now=time.time() + 120))[0] == 403
+    unsigned = b"PUT /kv/sec/k HTTP/1.1\r\nContent-Length: 1\r\n\r\nv"
+    assert exchange(server, unsigned)[0] == 401
+    twice = request("PUT", "/kv/sec/k", b"v").replace(b"Content-Length", b"X-Hvdlite-Auth: x\r\nContent-Length")
+    assert exchange(server, twice)[0] == 401
+    assert server.get("sec", "k") is None and server.get("sec", "x") is None
+    assert exchange(server, good)[0] == 200
+    server.delete("sec", "k")
+    assert exchange(server, good)[0] == 403  # the same request again: a replay
+    assert server.get("sec", "k") is None
+
+
+def test_client_follows_the_servers_clock(server):
+    client = KVClient(*server.address, SECRET, timeout=5)
+    client.offset = 300.0  # as if our clock ran 5 min behind the server's
+    client.put("clock", "k", b"v")  # refused once as stale, then signed with the server's time
+    assert server.get("clock", "k") == b"v" and abs(client.offset) < 5
+
+
+def test_replays_and_senders_are_pure():
+    replays = Replays(skew=10)
+    assert replays.verdict(100.0, "n1", now=100.0) is None
+    assert replays.verdict(100.0, "n1", now=105.0) == "replayed"
+    assert replays.verdict(80.0, "n2", now=100.0) == "stale"
+    assert replays.verdict(120.0, "n3", now=105.0) == "stale"
+    assert replays.verdict(104.0, "n4", now=105.0) is None
+    assert len(replays) == 2
+    replays.verdict(130.0, "n5", now=130.0)  # the old nonces went stale: forgotten
+    assert len(replays) == 1
+    senders = Senders(skew=10)
+    assert senders.verdict(100.0, b"a", 1, now=100.0) is None
+    assert senders.verdict(100.0, b"a", 1, now=100.0) == "replayed"
+    assert senders.verdict(101.0, b"a", 3, now=101.0) is None
+    assert senders.verdict(101.0, b"a", 2, now=101.0) == "replayed"
+    assert senders.verdict(50.0, b"b", 1, now=101.0) == "stale"
+    senders.prune(now=200.0)
+    assert senders.verdict(200.0, b"a", 1, now=200.0) is None
+
+
+def test_heartbeat_datagrams(server):
+    server.set_heartbeat(lambda query: f"alive {query['slot']}".encode())
+    client = KVClient(*server.address, SECRET, timeout=5)
+    beats = Heartbeats(client, timeout=1.0)
+    assert beats.beat({"slot": "h/1"}) == b"alive h/1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        udp.connect(server.address)
+        udp.settimeout(0.5)
+        replay = kvproto.encode_beat(KEY, beats.sender, beats.counter, "slot=h/1", time.time())
+        forged = kvproto.encode_beat(kvproto.job_key("wrong"), b"f" * 8, 1, "slot=h/1", time.time())
+        stale = kvproto.encode_beat(KEY, b"s" * 8, 1, "slot=h/1", time.time() - 120)
+        for datagram in (replay, forged, stale, b"garbage"):
+            udp.send(datagram)
+            with pytest.raises(socket.timeout):
+                udp.recv(2048)
+        fresh = kvproto.encode_beat(KEY, b"n" * 8, 1, "slot=h%2F2", time.time())
+        udp.send(fresh)
+        answer = udp.recv(2048)
+        assert kvproto.decode_beat_answer(KEY, fresh[:32], answer) == b"alive h/2"
+        assert kvproto.decode_beat_answer(KEY, replay[:32], answer) is None  # bound to its request
+    beats.close()
+
+
+def test_heartbeat_to_nobody_returns_none():
+    srv = KVServer(SECRET)
+    address = srv.address
+    srv.stop()  # never started: the port is closed
+    beats = Heartbeats(KVClient(*address, SECRET), timeout=0.3)
+    started = time.monotonic()
+    assert beats.beat({"slot": "h/0"}) is None
+    assert time.monotonic() - started < 1.0
+    beats.close()
+
+
+def test_deferred_route_answers():
+    srv = KVServer(SECRET, max_wait=0.5)
+    srv.start()
+    futures = []
+
+    def handler(method, subpath, query, body):
+        if subpath == "now":
+            return 200, b"at once"
+        future = Future()
+        futures.append(future)
+        return future
+    srv.add_route("/rdzv/", handler)
+    try:
+        client = KVClient(*srv.address, SECRET, timeout=5)
+        assert client.request("GET", "/rdzv/now") == (200, b"at once")
+        threading.Timer(0.1, lambda: futures[0].set_result((201, b"later"))).start()
+        assert client.request("GET", "/rdzv/wait") == (201, b"later")
+        started = time.monotonic()
+        assert client.request("GET", "/rdzv/wait")[0] == 408  # nobody answered: the cap
+        assert 0.4 < time.monotonic() - started < 3 and futures[1].cancelled()
+        threading.Timer(0.1, lambda: futures[2].set_exception(ValueError("boom"))).start()
+        with pytest.raises(KVError, match="boom"):
+            client.request("GET", "/rdzv/wait")
+        with socket.create_connection(srv.address, timeout=5) as gone:  # client leaves early
+            gone.sendall(request("GET", "/rdzv/wait"))
+            deadline = time.monotonic() + 5
+            while len(futures) < 4 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        deadline = time.monotonic() + 5
+        while not futures[3].cancelled() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert futures[3].cancelled()
+        assert client.request("GET", "/rdzv/now") == (200, b"at once")
+    finally:
+        srv.stop()
+
+
+def test_a_family_of_keys_in_one_answer(server):
+    client = KVClient(*server.address, SECRET, timeout=5)
+    got = {}
+    thread = threading.Thread(target=lambda: got.update(client.gather("snap", "0/", 3, timeout=5)))
+    thread.start()
+    other = KVClient(*server.address, SECRET, timeout=5)
+    other.put("snap", "rank_0", b"not of the family")
+    for rank in range(3):
+        other.put("snap", f"0/{rank}", b"addr%d" % rank)
+        other.put("snap", f"0/{rank}0", b"not of the family either")
+    thread.join(5)
+    assert got == {"0/0": b"addr0", "0/1": b"addr1", "0/2": b"addr2"}
+    with pytest.raises(TimeoutError):
+        client.gather("snap", "0/", 4, timeout=0.2)
+    other.put("snap", "0/1", b"changed")
+    other.delete("snap", "0/2")
+    with pytest.raises(TimeoutError):
+        client.gather("snap", "0/", 3, timeout=0.2)
+    other.put("snap", "0/2", b"back")
+    assert client.gather("snap", "0/", 3, timeout=1) == {"0/0": b"addr0", "0/1": b"changed", "0/2": b"back"}
+
+
+def test_unauthenticated_flood_is_bounded_and_locks_nobody_out():
+    srv = KVServer(SECRET, max_unauthenticated=32, auth_timeout=0.5)
+    srv.start()
+    flood = []
+    try:
+        for _ in range(200):  # connect, say nothing
+            flood.append(socket.create_connection(srv.address, timeout=5))
+        client = KVClient(*srv.address, SECRET, timeout=5)
+        started = time.monotonic()
+        client.put("flood", "k", b"v")
+        assert client.get("flood", "k") == b"v"
+        assert time.monotonic() - started < 1.0
+        assert len(srv._unauthenticated) <= 32
+        time.sleep(1.5)  # past the time to authenticate: every silent one is gone
+        assert len(srv._unauthenticated) == 0
+        assert client.get("flood", "k") == b"v"
+    finally:
+        for sock in flood:
+            sock.close()
+        srv.stop()
+
+
+def test_signed_objects():
+    key = objects.key_for("job-a")
+    data = objects.dumps({"x": [1, 2]}, key)
+    assert objects.loads(data, key) == {"x": [1, 2]}
+    assert objects.loads(bytearray(data), key) == {"x": [1, 2]}
+    with pytest.raises(objects.ForgedObject):
+        objects.loads(data, objects.key_for("job-b"))
+    tampered = bytearray(data)
+    tampered[-2] ^= 1
+    with pytest.raises(objects.ForgedObject):
+        objects.loads(tampered, key)
+    with pytest.raises(objects.ForgedObject):
+        objects.loads(b"short", key)
