@@ -13,3 +13,9 @@ class UsageError(HvdliteError):
 
 class JobError(HvdliteError):
     """The job cannot go on."""
+
+
+def first_line(error: Exception) -> str:
+    """The first line of an error's message, or its type's name when it has none."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

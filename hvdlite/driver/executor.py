@@ -9,6 +9,7 @@ from hvdlite.driver.decisions.messages import (
 from hvdlite.driver.network import ANY, advertised_address
 from hvdlite.driver.output import RankOutput
 from hvdlite.driver.workerenv import worker_env
+from hvdlite.errors import first_line
 
 LAUNCH_THREADS = 32  # hosts started at once
 OUTPUT_DRAIN = 5.0  # seconds at the job's end for the last lines of each worker to be printed
@@ -127,5 +128,5 @@ class Executor:
 
 
 def _one_line(error: Exception) -> str:
-    text = str(error).strip() or type(error).__name__
-    return text.splitlines()[0] if not isinstance(error, OSError) else f"{type(error).__name__}: {text}"
+    # An OSError's message alone ("[Errno 113] No route to host") does not say what failed.
+    return f"{type(error).__name__}: {first_line(error)}" if isinstance(error, OSError) else first_line(error)

@@ -7,6 +7,7 @@ the group's round fell apart, so that no survivor waits for a gloo timeout.
 import sys
 import threading
 
+from hvdlite.errors import first_line
 from hvdlite.worker import sockets
 
 CONNECT_POLL = 0.2  # seconds between checks whether the round being connected was given up
@@ -47,7 +48,7 @@ class Links:
             except RuntimeError as e:
                 failures += 1
                 why = f"the group of round {info.round} (rank {info.rank} of {info.size}) could " \
-                      f"not connect: {_first_line(e)}"
+                      f"not connect: {first_line(e)}"
                 if not session.elastic or failures >= CONNECT_ATTEMPTS:
                     raise RuntimeError(f"hvdlite: {why}") from e
                 sys.stderr.write(f"hvdlite: {why}; trying the next world\n")
@@ -107,8 +108,3 @@ class Links:
     def forget(self) -> None:
         with self._lock:
             self._round, self._fds = None, set()
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
