@@ -63,7 +63,10 @@ def main(argv=None) -> int:
     else:
         folder, listener = _listen()
         try:
-            say(dict(ready, socket=listener.getsockname()))
+            try:
+                say(dict(ready, socket=listener.getsockname()))
+            except OSError:  # the driver closed the channel while we preloaded
+                return 0
             os.close(frames)
             job = server.Template(listener=listener, lifeline=0).serve()
         finally:
