@@ -13,7 +13,7 @@ from hvdlite.driver.launchers.ssh import SSHHost, SSHSettings, launch
 from hvdlite.driver.launchers.ssh.template import RemoteTemplates
 from hvdlite.driver.launchers.template import SayOnce
 from hvdlite.driver.output import RankOutput
-from jobs import SCRIPTS, Job, discovery, job_env, next_world, ssh_flags, wait_progress
+from jobs import SCRIPTS, Job, discovery, job_env, next_world, ssh_flags, wait_progress, wait_until
 
 PY = sys.executable
 JOB = [PY, os.path.join(SCRIPTS, "elastic_job.py")]
@@ -23,21 +23,6 @@ ENV = {k: v for k, v in os.environ.items() if k.startswith("PYTHON")}  # PYTHONP
 @pytest.fixture(scope="module")
 def hosts(ssh_hosts):
     return ssh_hosts(2)
-
-
-@pytest.fixture
-def host1(hosts):
-    host = SSHHost("host-1", SSHSettings(ssh_config=hosts.ssh_config, connect_timeout=5))
-    yield host
-    host.close()
-
-
-def wait_until(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out: {what}")
-        time.sleep(0.05)
 
 
 def procs(hosts, name, word):
@@ -52,8 +37,9 @@ class Remote:
     """A template on host-1 (json preloaded: quick) and the workers launched from it; ends
     every process of the test on the host, even when it fails."""
 
-    def __init__(self, hosts, host, tmp_path, preload=("json",), env=None):
-        self.hosts, self.host, self.tmp_path = hosts, host, tmp_path
+    def __init__(self, hosts, tmp_path, preload=("json",), env=None):
+        self.hosts, self.tmp_path = hosts, tmp_path
+        self.host = SSHHost("host-1", SSHSettings(ssh_config=hosts.ssh_config, connect_timeout=5))
         self.said = []
         self.env = dict(ENV if env is None else env)
         self.templates = RemoteTemplates(preload, SayOnce(self.said.append))
@@ -84,11 +70,12 @@ class Remote:
         self.templates.close()
         for pid, _, _ in procs(self.hosts, "host-1", "hvdlite.template"):
             self.hosts.run("host-1", ["kill", "-9", str(pid)])
+        self.host.close()
 
 
 @pytest.fixture
-def remote(hosts, host1, tmp_path):
-    r = Remote(hosts, host1, tmp_path)
+def remote(hosts, tmp_path):
+    r = Remote(hosts, tmp_path)
     try:
         yield r
     finally:
@@ -183,12 +170,12 @@ def test_the_template_outlives_its_lifeline_until_its_last_worker(hosts, remote,
     assert not os.path.exists(os.path.dirname(socket_path))  # its socket folder removed
 
 
-def test_a_preload_that_fails_is_given_up_said_once(hosts, host1, tmp_path):
+def test_a_preload_that_fails_is_given_up_said_once(hosts, tmp_path):
     (tmp_path / "badmod.py").write_text("raise RuntimeError('broken at import')\n")
     env = {**ENV, "PYTHONPATH": os.pathsep.join([str(tmp_path), ENV.get("PYTHONPATH", "")])}
-    r = Remote(hosts, host1, tmp_path, preload=("badmod",), env=env)
+    r = Remote(hosts, tmp_path, preload=("badmod",), env=env)
     try:
-        args = (host1, [PY, "x.py"], r.env, str(tmp_path))
+        args = (r.host, [PY, "x.py"], r.env, str(tmp_path))
         assert r.templates.socket(*args, start=True) is None
         wait_until(lambda: r.said, 60, "the failure said")
         for _ in range(2):
