@@ -120,8 +120,6 @@ class Template:
             timeout = max(0.0, heard + self.silence - time.monotonic()) \
                 if self.serving and self.lifeline is not None else None
             readable, _, _ = select.select(watch, [], [], timeout)
-            if self.serving and self.lifeline is not None and time.monotonic() > heard + self.silence:
-                self._orphaned()
             if self.wake_r in readable:
                 os.read(self.wake_r, 4096)
                 self._reap()
@@ -130,6 +128,8 @@ class Template:
                     heard = time.monotonic()
                 else:
                     self._orphaned()
+            if self.serving and self.lifeline is not None and time.monotonic() > heard + self.silence:
+                self._orphaned()
             if self.listener in readable and self.serving:
                 conn, _ = self.listener.accept()
                 self.readers[conn] = wire.Reader(conn)

@@ -20,11 +20,11 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SHELL_READONLY = {"BASHOPTS", "BASH_VERSINFO", "EUID", "PPID", "SHELLOPTS", "UID"}
 
 
-def _exec(host: SSHHost, command, env: dict, cwd: str, announce: bool):
+def _exec(host: SSHHost, command, env: dict, cwd: str, announce: bool, lifeline: bool = False):
     """Open a channel and start `command` there with `env` (sent on stdin, never on a command
-    line) in `cwd`. With `announce` the shell first prints its pid, the process group, and the
-    command's stdin is /dev/null; without, the command reads the rest of the channel's stdin
-    and prints its own marker if any. Returns (channel, names not exported)."""
+    line) in `cwd`. With `announce` the shell first prints its pid, the process group (else
+    the command prints its own marker). The command's stdin is /dev/null, or with `lifeline`
+    the rest of the channel's. Returns (channel, names not exported)."""
     chan = host._open_channel()
     exports, skipped = [], []
     for name, value in env.items():
@@ -37,7 +37,7 @@ def _exec(host: SSHHost, command, env: dict, cwd: str, announce: bool):
               f'[ "${_ENV_END}" = 1 ] || {{ echo "hvdlite: incomplete environment from the driver" >&2; exit 97; }}; '
               f'unset __hvdlite_n {_ENV_END}; ' + (f'echo "{MARK} $$"; ' if announce else '') +
               f'cd -- {shlex.quote(cwd)} && exec {" ".join(shlex.quote(str(a)) for a in command)}'
-              + (' </dev/null' if announce else ''))
+              + ('' if lifeline else ' </dev/null'))
     try:
         chan.exec_command(_sh(script))
         chan.sendall(f"{len(payload)}\n".encode() + payload)

@@ -45,7 +45,7 @@ class RemoteTemplate:
 
     def _run(self, argv, env: dict, cwd: str) -> None:
         try:
-            self.chan, _ = _exec(self.host, argv, env, cwd, announce=False)
+            self.chan, _ = _exec(self.host, argv, env, cwd, announce=False, lifeline=True)
             header = self._handshake()
         except SSHError:  # the host's workers report it; try again with the next launch
             self.finished = True
