@@ -13,7 +13,8 @@ from hvdlite.driver.launchers.ssh import SSHHost, SSHSettings, launch
 from hvdlite.driver.launchers.ssh.template import RemoteTemplates
 from hvdlite.driver.launchers.template import SayOnce
 from hvdlite.driver.output import RankOutput
-from jobs import SCRIPTS, Job, discovery, job_env, next_world, ssh_flags, wait_progress, wait_until
+from jobs import (SCRIPTS, Job, discovery, job_env, next_world, skip_without_partitions, ssh_flags,
+                  wait_progress, wait_until)
 
 PY = sys.executable
 JOB = [PY, os.path.join(SCRIPTS, "elastic_job.py")]
@@ -168,6 +169,19 @@ def test_the_template_outlives_its_lifeline_until_its_last_worker(hosts, remote,
     assert worker.wait(30) == 0 and done.exists()
     wait_until(lambda: not procs(hosts, "host-1", "hvdlite.template"), 15, "template gone")
     assert not os.path.exists(os.path.dirname(socket_path))  # its socket folder removed
+
+
+def test_a_cut_off_template_exits_once_its_heartbeat_stops(hosts, remote):
+    skip_without_partitions(hosts)
+    remote.ready()
+    assert procs(hosts, "host-1", "hvdlite.template --preload")
+    hosts.partition("host-1")
+    try:
+        start = time.monotonic()
+        wait_until(lambda: not procs(hosts, "host-1", "hvdlite.template"), 30, "template gone")
+        assert time.monotonic() - start > 5  # the heartbeat's silence, not the partition itself
+    finally:
+        hosts.heal("host-1")
 
 
 def test_a_preload_that_fails_is_given_up_said_once(hosts, tmp_path):
