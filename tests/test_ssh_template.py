@@ -233,3 +233,19 @@ def test_job_remote_join_forks_and_a_killed_forked_worker_is_seen_dead(tmp_path,
         job.proc.wait(10)
         wait_until(lambda: not any(procs(hosts, n, "hvdlite.template") or procs(hosts, n, "elastic_job.py")
                                    for n in ("host-1", "host-2")), 30, "remote processes gone")
+
+
+def test_job_whose_remote_template_cannot_preload_runs_plainly_said_once(tmp_path, hosts):
+    (tmp_path / "badmod.py").write_text("raise RuntimeError('broken at import')\n")
+    env = job_env(tmp_path, TOTAL_STEPS=40, STEP_SLEEP=0.1)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    with Job([*ssh_flags(hosts), "-H", "host-1:1,host-2:1", "--min-np", "1", "--preload", "badmod", *JOB],
+             tmp_path, env=env) as job:
+        r = job.finish(120)
+    assert r.code == 0, r.stderr
+    for name in ("host-1", "host-2"):
+        said = [line for line in r.stderr.splitlines()
+                if line.startswith(f"hvdlite: starting workers on {name} without a preloaded template")]
+        assert said == [f"hvdlite: starting workers on {name} without a preloaded template "
+                        "(preloading failed: RuntimeError: broken at import)"], r.stderr
+    assert [e["started"] for e in r.of("worker_start")] == ["ssh", "ssh"]
