@@ -9,7 +9,8 @@ import threading
 from hvdlite.driver.launchers import ssh
 from hvdlite.driver.launchers.local import LocalWorker
 from hvdlite.driver.launchers.locality import is_local
-from hvdlite.driver.launchers.template import Templates
+from hvdlite.driver.launchers.ssh.template import RemoteTemplates, fallback_line
+from hvdlite.driver.launchers.template import SayOnce, Templates
 from hvdlite.driver.network import route_address
 
 
@@ -22,10 +23,14 @@ class Launchers:
             **({"ssh_config": settings.ssh_config} if settings.ssh_config else {}))
         self._remote = {}  # hostname -> SSHHost, one connection per remote host
         self._lock = threading.Lock()
-        # Local workers that join a running job fork from a template that imported torch
-        # already (all local workers with --preload); the first ones start plainly: on a host
-        # with no more workers than cores they import in parallel as fast.
-        self._templates = Templates(settings.preload) if settings.preload else None
+        # Workers that join a running job fork from a template that imported torch already
+        # (all local workers with --preload); the first ones start plainly: on a host with no
+        # more workers than cores they import in parallel as fast. A remote host's template
+        # starts with its first joining worker (any worker, with --preload) or once the first
+        # world formed; its workers start plainly until it is ready.
+        self._say = SayOnce()
+        self._templates = Templates(settings.preload, say=self._say) if settings.preload else None
+        self._remote_templates = RemoteTemplates(settings.preload, self._say) if settings.preload else None
         self._preload_first = settings.preload_first
         self._warm_env = None  # a local worker's environment, to start the template with
 
@@ -40,7 +45,14 @@ class Launchers:
         """A started worker: a handle with pid, poll, wait, signal_group, stop, finish_output.
         `joining`: the job runs already (a join or a replacement), not its first world."""
         if not self.is_local(hostname):
-            return ssh.launch(self._host(hostname), self.command, env, os.getcwd(), output)
+            host, socket_path = self._host(hostname), None
+            if self._remote_templates:
+                socket_path = self._remote_templates.socket(host, self.command, env, os.getcwd(),
+                                                            start=joining or self._preload_first)
+            worker = ssh.launch(host, self.command, env, os.getcwd(), output, template=socket_path)
+            if worker.fallback:
+                self._say(fallback_line(hostname, worker.fallback))
+            return worker
         if self._templates and (joining or self._preload_first):
             return self._templates.spawn(self.command, env, os.getcwd(), output)
         with self._lock:
@@ -48,12 +60,14 @@ class Launchers:
         return LocalWorker(self.command, env, output)
 
     def warm(self):
-        """Start this host's template in the background, so that the next join forks from it."""
+        """Start the templates in the background, so that the next joins fork from them."""
         with self._lock:
             env = self._warm_env
         if self._templates and env is not None:
             threading.Thread(target=self._templates.warm, args=(self.command, env, os.getcwd()),
                              daemon=True, name="hvdlite-template-warm").start()
+        if self._remote_templates:
+            self._remote_templates.warm()
 
     def _host(self, hostname):
         with self._lock:
@@ -62,6 +76,8 @@ class Launchers:
             return self._remote[hostname]
 
     def close(self):
+        if self._remote_templates:
+            self._remote_templates.close()
         with self._lock:
             for host in self._remote.values():
                 host.close()
