@@ -38,6 +38,7 @@ from hvdlite.worker import kvproto  # noqa: E402
 
 SECRET = "controlplane-bench"
 KEY = kvproto.job_key(SECRET)
+BEAT_KEY = kvproto.beat_key(KEY)
 SCOPE = "gloo.1"
 # What torch 2.13's gloo sets for a rank (captured), less its trailing per-peer counters:
 # a sockaddr with the rank's port, padding, and a few per-process fields.
@@ -215,7 +216,7 @@ class _Beater(asyncio.DatagramProtocol):
         self.mac, self.answered = None, 0
 
     def datagram_received(self, data, addr):
-        if self.mac is not None and kvproto.decode_beat_answer(KEY, self.mac, data) is not None:
+        if self.mac is not None and kvproto.decode_beat_answer(BEAT_KEY, self.mac, data) is not None:
             self.mac = None
             self.answered += 1
 
@@ -226,7 +227,7 @@ async def heartbeats(port, first, count, seconds):
     beaters = [await loop.create_datagram_endpoint(_Beater, remote_addr=("127.0.0.1", port))
                for _ in range(count)]
     senders = [os.urandom(8) for _ in range(count)]
-    queries = [urlencode({"worker": worker_id(first + i), "commit": ""}) for i in range(count)]
+    workers = [worker_id(first + i) for i in range(count)]
     sent, counter, deadline = 0, 0, time.monotonic() + seconds
     gap = BEAT_INTERVAL / count  # workers are not in step: spread their beats over the interval
     while time.monotonic() < deadline:
@@ -234,8 +235,8 @@ async def heartbeats(port, first, count, seconds):
         counter += 1
         for i, (transport, beater) in enumerate(beaters):
             # What Session beats: its worker id and the commits it holds (here: the beat count).
-            datagram = kvproto.encode_beat(KEY, senders[i], counter, queries[i] + str(counter), time.time())
-            beater.mac = datagram[:32]
+            datagram = kvproto.encode_beat(BEAT_KEY, senders[i], counter, workers[i], counter, time.time())
+            beater.mac = datagram[:kvproto.BEAT_TAG]
             transport.sendto(datagram)
             sent += 1
             if i % 64 == 63:

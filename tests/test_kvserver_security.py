@@ -93,25 +93,49 @@ def test_replays_and_senders_are_pure():
 
 
 def test_heartbeat_datagrams(server):
-    server.set_heartbeat(lambda query: f"alive {query['slot']}".encode())
+    heard = []
+
+    def handler(beats):
+        heard.append(beats)
+        return b"alive %d" % len(heard)
+    server.set_heartbeat(handler)
     client = KVClient(*server.address, SECRET, timeout=5)
     beats = Heartbeats(client, timeout=1.0)
-    assert beats.beat({"slot": "h/1"}) == b"alive h/1"
+    assert beats.beat("h/1#1", 7) == b"alive 1"
+    assert heard == [[("h/1#1", 7)]]
+    key = kvproto.beat_key(KEY)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
         udp.connect(server.address)
         udp.settimeout(0.5)
-        replay = kvproto.encode_beat(KEY, beats.sender, beats.counter, "slot=h/1", time.time())
-        forged = kvproto.encode_beat(kvproto.job_key("wrong"), b"f" * 8, 1, "slot=h/1", time.time())
-        stale = kvproto.encode_beat(KEY, b"s" * 8, 1, "slot=h/1", time.time() - 120)
-        for datagram in (replay, forged, stale, b"garbage"):
+        replay = kvproto.encode_beat(key, beats.sender, beats.counter, "h/1#1", 7, time.time())
+        forged = kvproto.encode_beat(kvproto.beat_key(kvproto.job_key("wrong")), b"f" * 8, 1, "h/1#1", 0,
+                                     time.time())
+        unkeyed = kvproto.encode_beat(KEY, b"u" * 8, 1, "h/1#1", 0, time.time())  # the job's key itself
+        stale = kvproto.encode_beat(key, b"s" * 8, 1, "h/1#1", 0, time.time() - 120)
+        for datagram in (replay, forged, unkeyed, stale, b"garbage"):
             udp.send(datagram)
             with pytest.raises(socket.timeout):
                 udp.recv(2048)
-        fresh = kvproto.encode_beat(KEY, b"n" * 8, 1, "slot=h%2F2", time.time())
+        assert len(heard) == 1, "a refused datagram reached the handler"
+        fresh = kvproto.encode_beat(key, b"n" * 8, 1, "h/2#1", 3, time.time())
         udp.send(fresh)
         answer = udp.recv(2048)
-        assert kvproto.decode_beat_answer(KEY, fresh[:32], answer) == b"alive h/2"
-        assert kvproto.decode_beat_answer(KEY, replay[:32], answer) is None  # bound to its request
+        assert kvproto.decode_beat_answer(key, fresh[:kvproto.BEAT_TAG], answer) == b"alive 2"
+        assert heard[-1] == [("h/2#1", 3)]
+        # Bound to its request, and to its own bytes:
+        assert kvproto.decode_beat_answer(key, replay[:kvproto.BEAT_TAG], answer) is None
+        assert kvproto.decode_beat_answer(key, fresh[:kvproto.BEAT_TAG], answer[:-1] + b"3") is None
+        # Many senders at once: one call of the handler for the datagrams that came in together.
+        before = len(heard)
+        burst = [kvproto.encode_beat(key, b"b%07d" % i, 1, f"h/{i}#1", i, time.time()) for i in range(50)]
+        for datagram in burst:
+            udp.send(datagram)
+        answers = [udp.recv(2048) for _ in burst]
+        tags = {d[:kvproto.BEAT_TAG] for d in burst}
+        assert all(any(kvproto.decode_beat_answer(key, t, a) for t in tags) for a in answers)
+        got = [pair for batch in heard[before:] for pair in batch]
+        assert sorted(got) == sorted((f"h/{i}#1", i) for i in range(50))
+        assert len(heard) - before < 50, "the handler was called once a beat, not once a batch"
     beats.close()
 
 
@@ -121,7 +145,7 @@ def test_heartbeat_to_nobody_returns_none():
     srv.stop()  # never started: the port is closed
     beats = Heartbeats(KVClient(*address, SECRET), timeout=0.3)
     started = time.monotonic()
-    assert beats.beat({"slot": "h/0"}) is None
+    assert beats.beat("h/0#1") is None
     assert time.monotonic() - started < 1.0
     beats.close()
 

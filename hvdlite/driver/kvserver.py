@@ -146,6 +146,7 @@ class KVServer:
                  idle_timeout: float = IDLE_TIMEOUT, auth_timeout: float = AUTH_TIMEOUT,
                  max_unauthenticated: int = MAX_UNAUTHENTICATED, max_wait: float = MAX_WAIT):
         self._key = kvproto.job_key(secret)
+        self._beat_key = kvproto.beat_key(self._key)
         self.idle_timeout, self.auth_timeout, self.max_wait = idle_timeout, auth_timeout, max_wait
         self.max_unauthenticated = max_unauthenticated
         self._lock = threading.Lock()  # data, waiters: the driver's threads use them too
@@ -217,10 +218,12 @@ class KVServer:
 
     def _drain_beats(self):
         """Answer the heartbeat datagrams that came in since the last call, then sleep a little:
-        thousands of workers' beats cost one loop turn per BEAT_POLL, not one each."""
+        thousands of workers' beats cost one loop turn per BEAT_POLL, not one each, and one
+        call of the handler."""
         if self._stopped:
             return
-        udp = self._udp
+        udp, key, handler, senders = self._udp, self._beat_key, self._heartbeat, self._senders
+        heard, now = [], time.time()
         for _ in range(MAX_BEATS_PER_POLL):
             try:
                 data, addr = udp.recvfrom(kvproto.MAX_DATAGRAM + 1)
@@ -228,26 +231,24 @@ class KVServer:
                 break
             except OSError:  # an ICMP error for a worker that went away; the socket is fine
                 continue
-            answer = self._beat(data)
-            if answer is not None:
-                try:
-                    udp.sendto(answer, addr)
-                except OSError:  # buffer full or unreachable: the worker beats again soon
-                    pass
+            beat = kvproto.decode_beat(key, data)  # None unless signed
+            if beat is not None and handler is not None and not senders.verdict(beat[1], beat[2], beat[3], now):
+                heard.append((beat, addr))
+        if heard:
+            self._answer_beats(handler, heard)
         self._loop.call_later(BEAT_POLL, self._drain_beats)
 
-    def _beat(self, data):
-        """The signed answer to a heartbeat datagram; None (unanswered) unless it is good."""
-        beat = kvproto.decode_beat(self._key, data)
-        if beat is None or self._heartbeat is None:
-            return None
-        mac, stamp, sender, counter, query = beat
-        if self._senders.verdict(stamp, sender, counter, time.time()):
-            return None
+    def _answer_beats(self, handler, heard):
         try:
-            return kvproto.encode_beat_answer(self._key, mac, self._heartbeat(_parse_query(query)))
-        except Exception:  # noqa: BLE001 - no answer; the worker's liveness check decides
-            return None
+            sign = kvproto.beat_answerer(self._beat_key, handler([beat[4:] for beat, _ in heard]))
+        except Exception:  # noqa: BLE001 - no answers; the workers' liveness checks decide
+            return
+        udp = self._udp
+        for beat, addr in heard:
+            try:
+                udp.sendto(sign(beat[0]), addr)
+            except OSError:  # buffer full or unreachable: the worker beats again soon
+                pass
 
     def _sweep(self):
         """Drop connections past their deadline; forget silent heartbeat senders."""
@@ -359,8 +360,9 @@ class KVServer:
         self._routes = sorted(self._routes + [(prefix, handler)], key=lambda route: -len(route[0]))
 
     def set_heartbeat(self, handler) -> None:
-        """Answer heartbeat datagrams with handler(query) -> bytes, on the server's thread (it
-        must not block); query is the datagram's decoded query string, as a route gets it."""
+        """Answer heartbeat datagrams with handler(beats) -> bytes, on the server's thread (it
+        must not block): beats are the (worker, commit) pairs of the good datagrams that came
+        in together, each answered with what the handler returned."""
         self._heartbeat = handler
 
     # -- dispatch (server thread) -----------------------------------------------------------

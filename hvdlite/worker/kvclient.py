@@ -149,16 +149,17 @@ class Heartbeats:
 
     def __init__(self, client: KVClient, timeout: float):
         self.client, self.timeout = client, timeout
+        self.key = kvproto.beat_key(client.key)
         family = socket.AF_INET6 if ":" in client.host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_DGRAM)
         self.sock.connect((client.host, client.port))
         self.sender, self.counter = os.urandom(8), 0
 
-    def beat(self, query: dict):
-        """Send `query` (what identifies this worker to the driver); the driver's answer
+    def beat(self, worker: str, commit: int = 0):
+        """Tell the driver `worker` is alive and holds `commit` commits; the driver's answer
         (bytes), or None if none came within the timeout."""
         self.counter += 1
-        datagram = kvproto.encode_beat(self.client.key, self.sender, self.counter, urlencode(query),
+        datagram = kvproto.encode_beat(self.key, self.sender, self.counter, worker, commit,
                                        time.time() + self.client.offset)
         deadline = time.monotonic() + self.timeout
         try:
@@ -168,7 +169,7 @@ class Heartbeats:
                 if left <= 0:
                     return None
                 self.sock.settimeout(left)
-                answer = kvproto.decode_beat_answer(self.client.key, datagram[:32],
+                answer = kvproto.decode_beat_answer(self.key, datagram[:kvproto.BEAT_TAG],
                                                     self.sock.recv(kvproto.MAX_DATAGRAM))
                 if answer is not None:  # else a late answer to an earlier beat, or forged
                     return answer
