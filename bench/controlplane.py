@@ -157,11 +157,15 @@ class AsyncKV:
         return cls(*await asyncio.open_connection(sock=sock, limit=1 << 22))
 
     async def request(self, method, target, body=b""):
-        self.writer.write(kvproto.encode_request(KEY, method, target, body))
+        request, signed = kvproto.encode_request(KEY, method, target, body)
+        self.writer.write(request)
         while True:
             answer = self.parser.next()
             if answer is not None:
-                return answer[0], answer[2]
+                status, headers, body = answer
+                if not kvproto.answer_is_signed(KEY, signed, status, headers, body):
+                    raise ConnectionError(f"{method} {target}: answer {status} not signed with the job's key")
+                return status, body
             data = await self.reader.read(1 << 20)
             if not data:
                 raise ConnectionError("server closed the connection")
@@ -201,10 +205,10 @@ async def ranks_main(port, first, count, size, value_bytes):
     print("ready", flush=True)
     start = float(await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline))
     await asyncio.sleep(max(0.0, start - time.time()))
-    snapshots = []
+    snapshots, cpu = [], time.process_time()
     ends = await asyncio.gather(*(one_rank(kv, worker_id(first + i), size, value_bytes, snapshots)
                                   for i, kv in enumerate(conns)))
-    print(json.dumps({"end": max(ends)}), flush=True)
+    print(json.dumps({"end": max(ends), "cpu": time.process_time() - cpu}), flush=True)
     seconds = float(await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline))
     print(json.dumps(await heartbeats(port, first, count, seconds)), flush=True)
 
@@ -363,9 +367,11 @@ def measure_hvdlite(size, procs, value_bytes, beat_seconds):
     try:
         port = int(read_line(server, 30))
         ranks = [spawn("ranks", port, first, count, size, value_bytes) for first, count in split(size, procs)]
+        driver_cpu = cpu_seconds(server.pid)
         start = start_all(ranks, 120)
-        ends = [json.loads(read_line(proc, 300))["end"] for proc in ranks]
-        rendezvous = max(ends) - start
+        ends = [json.loads(read_line(proc, 300)) for proc in ranks]
+        rendezvous = max(end["end"] for end in ends) - start
+        cpus = (cpu_seconds(server.pid) - driver_cpu, sum(end["cpu"] for end in ends))
         before, t0 = cpu_seconds(server.pid), time.monotonic()
         before_system = cpu_seconds(server.pid, user=False)
         for proc in ranks:
@@ -382,7 +388,7 @@ def measure_hvdlite(size, procs, value_bytes, beat_seconds):
         if core["heard"] != size or core["round"] != 1:
             raise RuntimeError(f"the driver's core heard {core['heard']} of {size} workers (round "
                                f"{core['round']}): the simulated beats are not what workers send")
-        return rendezvous, cpu, system, peak_rss_mb(server.pid), answered / max(sent, 1), sent / window
+        return rendezvous, cpus, cpu, system, peak_rss_mb(server.pid), answered / max(sent, 1), sent / window
     finally:
         stop(ranks + [server])
 
@@ -445,7 +451,7 @@ def main():
     args = p.parse_args()
     raise_fd_limit()
     for size in args.sizes:
-        rendezvous, cpu, system, rss, answered, rate = measure_hvdlite(size, args.procs, args.value_bytes,
+        rendezvous, cpus, cpu, system, rss, answered, rate = measure_hvdlite(size, args.procs, args.value_bytes,
                                                                  args.beat_seconds)
         try:
             tcp = "skipped" if args.no_tcpstore else measure_tcpstore(size, args.procs, args.value_bytes)
@@ -456,6 +462,8 @@ def main():
               f"rss_mb={rss:.0f}  (heartbeats answered {answered:.1%}, {1e6 * cpu / rate:.1f} us driver CPU "
               f"per beat; kernel share of heartbeat_cpu "
               f"{system:.3f}: on loopback the driver's sends also deliver to its clients)", flush=True)
+        print(f"  rendezvous CPU: driver {cpus[0]:.3f} s, simulated ranks {cpus[1]:.3f} s "
+              f"({args.procs} processes)", flush=True)
     if args.reform:
         times = reform(args.reform, args.worker_python)
         print("re-form after kill -9 (numpy backend, real processes): " + "  ".join(

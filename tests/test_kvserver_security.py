@@ -244,3 +244,90 @@ def test_signed_objects():
         objects.loads(tampered, key)
     with pytest.raises(objects.ForgedObject):
         objects.loads(b"short", key)
+
+
+class ManInTheMiddle:
+    """Relays connections to the server and rewrites the server's answers with `tamper`
+    (bytes -> bytes), as anyone on the path could."""
+
+    def __init__(self, server_address, tamper):
+        self.server_address, self.tamper = server_address, tamper
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.2)
+        self.address = self.listener.getsockname()
+        self.stop = threading.Event()
+        self.sockets = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self):
+        while not self.stop.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except socket.timeout:
+                continue
+            upstream = socket.create_connection(self.server_address, timeout=5)
+            self.sockets += [client, upstream]
+            for source, sink, tamper in ((client, upstream, bytes), (upstream, client, self.tamper)):
+                threading.Thread(target=self._relay, args=(source, sink, tamper), daemon=True).start()
+
+    @staticmethod
+    def _relay(source, sink, tamper):
+        try:
+            while True:
+                data = source.recv(65536)
+                if not data:
+                    break
+                sink.sendall(tamper(data))
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(5)
+        self.listener.close()
+        for sock in self.sockets:
+            sock.close()
+
+
+@pytest.mark.parametrize("tamper, what", [
+    (lambda d: d.replace(b"10.0.0.1", b"66.6.6.6"), "a peer's address swapped"),
+    (lambda d: d.replace(b"HTTP/1.1 404", b"HTTP/1.1 200"), "the status changed"),
+    (lambda d: d.replace(kvproto.SIG_HEADER.encode(), b"X-Dropped"), "the signature removed"),
+])
+def test_a_forged_answer_is_refused(server, tamper, what):
+    KVClient(*server.address, SECRET, timeout=5).put("mitm", "0/0", b"10.0.0.1:4000")
+    honest = ManInTheMiddle(server.address, bytes)
+    forger = ManInTheMiddle(server.address, tamper)
+    try:
+        through = KVClient(*honest.address, SECRET, timeout=5)
+        assert through.get("mitm", "0/0") == b"10.0.0.1:4000"  # the relay alone changes nothing
+        assert through.get("mitm", "none") is None
+        client = KVClient(*forger.address, SECRET, timeout=5)
+        with pytest.raises(KVError, match="does not carry this job's signature") as err:
+            client.get("mitm", "0/0" if "address" in what else "none")
+        assert "\n" not in str(err.value), "one line"
+    finally:
+        honest.close()
+        forger.close()
+
+
+def test_answers_are_bound_to_their_request(server):
+    key = kvproto.job_key(SECRET)
+    first, signed_first = kvproto.encode_request(key, "GET", "/kv/bind/k")
+    second, signed_second = kvproto.encode_request(key, "GET", "/kv/bind/k")
+    status, headers, body = exchange(server, first)
+    assert status == 404 and kvproto.answer_is_signed(key, signed_first, status, headers, body)
+    # The same answer passed off as the answer to another request (a replay) is refused.
+    assert not kvproto.answer_is_signed(key, signed_second, status, headers, body)
+    assert not kvproto.answer_is_signed(kvproto.job_key("other job"), signed_first, status, headers, body)
+    # Unsigned: an answer to a request that was not the job's (nothing to bind it to).
+    assert kvproto.SIG_HEADER.lower() not in exchange(server, request("GET", "/kv/bind/k", key=b"x"))[1]
+    with pytest.raises(KVError, match="403: bad signature.*not this job's driver"):
+        KVClient(*server.address, "wrong secret", timeout=5).get("bind", "k")

@@ -52,6 +52,7 @@ BEAT_POLL = 0.01  # seconds between reads of the heartbeat socket: a beat waits 
 MAX_BEATS_PER_POLL = 10000
 BULK = 256 * 1024  # an answer this big waits its turn while...
 BULK_BUDGET = 64 * 1024 * 1024  # ...big answers not yet taken by the kernel hold this much
+BULK_HASHED = 4096  # bodies this big have their hash remembered (_body_sha)
 
 _PERCENT_OK = re.compile(r"(?:[^%]|%[0-9A-Fa-f]{2})*")
 _DIGITS = re.compile(r"[0-9]+")
@@ -158,6 +159,7 @@ class KVServer:
         self._replays, self._senders = Replays(), Senders()
         self._bulk = collections.deque()  # (connection, head, body, close) waiting to be written
         self._bulk_bytes = 0  # big answers written but still in their connections' buffers
+        self._big_sha = None  # (body, its sha256) of the last big answer
         self._connections = {}  # _Connection -> None, oldest first
         self._unauthenticated = {}  # the same, not authenticated yet
         self._stopped = False
@@ -468,18 +470,28 @@ class KVServer:
             if not conn.closed:
                 conn._send(head, body, close)
 
-    def _authenticate(self, method, target, fields, body_sha_ok=True):
-        """None if the signed head is good, else (status, reason). Remembers its nonce."""
+    def _authenticate(self, method, target, fields):
+        """(None, True) if the signed head is good, else ((status, reason), authentic): a
+        stale or replayed request is still signed with the job's key, so its answer is signed
+        too (a client corrects its clock only by a signed answer). Remembers the nonce."""
         if fields is None:
-            return 401, b"missing or malformed " + kvproto.AUTH_HEADER.encode()
+            return (401, b"missing or malformed " + kvproto.AUTH_HEADER.encode()), False
         stamp, nonce, body_sha, mac = fields
         expected = kvproto.signature(self._key, method, target, body_sha, stamp, nonce)
         if not hmac.compare_digest(mac, expected):
-            return 403, b"bad signature"
+            return (403, b"bad signature"), False
         refused = self._replays.verdict(float(stamp), nonce, time.time())
-        if refused:
-            return 403, refused.encode()
-        return None
+        return ((403, refused.encode()) if refused else None), True
+
+    def _body_sha(self, body) -> str:
+        """The sha256 an answer's signature covers. A world's snapshot goes to every rank in
+        turn: the last big body's is kept, so it is hashed once, not once per rank."""
+        if len(body) < BULK_HASHED or type(body) is not bytes:
+            return hashlib.sha256(body).hexdigest() if body else kvproto.EMPTY_SHA
+        last = self._big_sha
+        if last is None or last[0] is not body:
+            last = self._big_sha = (body, hashlib.sha256(body).hexdigest())
+        return last[1]
 
 
 class _Family:
@@ -534,6 +546,7 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.queued = False  # a big answer waits for its turn: later requests wait behind it
         self.held = 0  # bytes of big answers in this connection's buffer
+        self.answering = None  # signature of the request being answered, when it is the job's
 
     def connection_made(self, transport):
         self.transport = transport
@@ -624,6 +637,7 @@ class _Connection(asyncio.Protocol):
             self._answer(method, target, body, close)
 
     def _parse_head(self, head: bytes):
+        self.answering = None
         lines = head.decode("latin-1").split("\r\n")
         words = lines[0].split(" ")
         if len(words) != 3 or not words[2].startswith("HTTP/1.") or not words[1].startswith("/"):
@@ -644,7 +658,9 @@ class _Connection(asyncio.Protocol):
         # Authentication comes first: nothing about an unsigned request is worth an answer.
         auth = headers.get(_AUTH)
         fields = kvproto.parse_auth(auth) if auth else None
-        refused = self.server._authenticate(method, target, fields)
+        refused, authentic = self.server._authenticate(method, target, fields)
+        if authentic:
+            self.answering = fields[3]
         if refused:
             status, reason = refused
             if reason == b"stale":
@@ -713,6 +729,10 @@ class _Connection(asyncio.Protocol):
     def _write(self, status, body, close, extra=""):
         if close:
             extra += "Connection: close\r\n"
+        if self.answering is not None:
+            server = self.server
+            signature = kvproto.answer_signature(server._key, self.answering, status, server._body_sha(body))
+            extra += f"{kvproto.SIG_HEADER}: {signature}\r\n"
         head = f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
         head = head.encode("latin-1")
         if len(body) < BULK:

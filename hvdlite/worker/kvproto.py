@@ -7,6 +7,11 @@ No secret crosses the network. A request carries one header,
 HMAC-SHA256 with the job's secret over method, target (path and query), body hash, time and
 nonce. The server checks the signature before it reads a body, refuses a time outside
 +-SKEW of its clock, and each nonce once.
+
+Answers are signed too, so nobody on the path can forge a world assignment or a peer's
+address: ``X-Hvdlite-Sig`` is HMAC-SHA256 over the request's signature, the status and the
+body's hash. Only an answer to a request without a good signature (one from outside the job)
+goes unsigned.
 """
 import hashlib
 import hmac
@@ -17,6 +22,7 @@ import time
 import zlib
 
 AUTH_HEADER = "X-Hvdlite-Auth"
+SIG_HEADER = "X-Hvdlite-Sig"
 TIME_HEADER = "X-Hvdlite-Time"  # the server's clock, sent with a refusal for clock skew
 SKEW = 30.0  # seconds a request's time may differ from the server's clock
 MAX_BODY = 64 * 1024 * 1024
@@ -54,12 +60,26 @@ def parse_auth(value: str):
     return tuple(parts)
 
 
-def encode_request(key: bytes, method: str, target: str, body: bytes = b"", offset: float = 0.0) -> bytes:
-    """One signed HTTP/1.1 request; `offset` corrects this host's clock to the server's."""
+def encode_request(key: bytes, method: str, target: str, body: bytes = b"", offset: float = 0.0):
+    """One signed HTTP/1.1 request and its signature (which its answer's is bound to);
+    `offset` corrects this host's clock to the server's."""
     auth = auth_value(key, method, target, body, time.time() + offset)
     head = (f"{method} {target} HTTP/1.1\r\nHost: hvdlite\r\n{AUTH_HEADER}: {auth}\r\n"
             f"Content-Length: {len(body)}\r\n\r\n")
-    return head.encode("utf-8") + body
+    return head.encode("utf-8") + body, auth[-64:]
+
+
+def answer_signature(key: bytes, request_signature: str, status: int, body_sha: str) -> str:
+    message = "\n".join(("answer", request_signature, str(status), body_sha)).encode("ascii")
+    return hmac.digest(key, message, "sha256").hex()
+
+
+def answer_is_signed(key: bytes, request_signature: str, status: int, headers: dict, body: bytes) -> bool:
+    """Whether the answer (headers as ResponseParser gives them) came from a server holding
+    the job's key, for the request signed `request_signature`."""
+    body_sha = hashlib.sha256(body).hexdigest() if body else EMPTY_SHA
+    return hmac.compare_digest(headers.get(SIG_HEADER.lower(), "").encode("latin-1"),
+                               answer_signature(key, request_signature, status, body_sha).encode("ascii"))
 
 
 class ResponseParser:
