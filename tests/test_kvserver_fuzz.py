@@ -185,3 +185,20 @@ def test_slow_clients_do_not_stop_real_ones():
         for s in slow:
             s.close()
         server.stop()
+
+
+@settings(max_examples=500, deadline=None, derandomize=True)
+@given(st.text(alphabet="ab=&%+2F0\u00e9\x00zZ9;", max_size=24))
+def test_query_strings_read_as_parse_qsl_reads_them(raw):
+    from urllib.parse import parse_qsl
+
+    from hvdlite.driver.kvserver import _BadRequest, _parse_query
+    try:
+        expected = dict(parse_qsl(raw, keep_blank_values=True, strict_parsing=True, errors="strict"))
+    except (ValueError, UnicodeDecodeError):
+        expected = "refused"
+    try:
+        got = _parse_query(raw)
+    except _BadRequest:
+        got = "refused"
+    assert got == expected
