@@ -188,7 +188,7 @@ def test_slow_clients_do_not_stop_real_ones():
 
 
 @settings(max_examples=500, deadline=None, derandomize=True)
-@given(st.text(alphabet="ab=&%+2F0\u00e9\x00zZ9;", max_size=24))
+@given(st.text(alphabet="ab=&%+2F0\u00e9\x00zZ9", max_size=24))
 def test_query_strings_read_as_parse_qsl_reads_them(raw):
     from urllib.parse import parse_qsl
 

@@ -1,7 +1,8 @@
 """The driver's KV server (rendezvous store for gloo and workers): one asyncio loop on one
 thread serves every connection, long-poll and heartbeat; none costs a thread.
 
-Protocol, HTTP/1.1 with keep-alive; every request is signed (hvdlite.worker.kvproto):
+Protocol, HTTP/1.1 with keep-alive; every request is signed, and so is every answer to a
+signed request (hvdlite.worker.kvproto):
 
 - ``PUT    /kv/<scope>/<key>``          body is the value -> 200
 - ``GET    /kv/<scope>/<key>``          -> 200 + value, or 404
@@ -14,7 +15,8 @@ Protocol, HTTP/1.1 with keep-alive; every request is signed (hvdlite.worker.kvpr
 
 Scope and key are percent-encoded path segments, 1..512 bytes once decoded (UTF-8). Routes
 added with ``add_route`` share the authentication and the limits. Heartbeats are signed UDP
-datagrams on the same port (kvproto.encode_beat), answered by the ``set_heartbeat`` handler.
+datagrams on the same port (kvproto.encode_beat), read in batches every BEAT_POLL and
+answered with what the ``set_heartbeat`` handler says for the batch.
 
 Unauthenticated connections are bounded (count, head size, time to authenticate; the oldest
 is dropped for a new one), and a body is read only after the head's signature checked out, so
