@@ -5,14 +5,15 @@
 For each size N, one line `ranks=N rendezvous_s=X tcpstore_s=Y heartbeat_cpu=Z rss_mb=W`:
 - rendezvous_s: N simulated ranks (asyncio, many per process, signing and framing through
   hvdlite.worker.kvproto like real workers) each ask the driver's rendezvous route for their
-  place (answered once all N asked, as the driver's barrier does), set their gloo address
+  place (the real Rendezvous and ElasticCore, which answer once all N are ready), set their gloo address
   (--value-bytes, default 154: what torch 2.13's gloo sets per rank without its N-dependent
   part) and read every rank's, as gloo's full mesh asks, in one scope snapshot (ScopeStore);
   from the start signal to the last rank holding all N addresses.
 - tcpstore_s: the same exchange over torch's TCPStore (libuv), threads for ranks, with the
   best calls it offers: add+wait for the barrier, set, wait(all keys), multi_get(all keys).
 - heartbeat_cpu: the driver's CPU (fraction of one core) while N simulated workers heartbeat
-  every 0.5 s as Session does (signed datagrams), answered by hvdlite's Driver.heartbeat;
+  every 0.5 s as Session does (signed datagrams), answered by the driver's Rendezvous, their
+  batches fed to its ElasticCore (which must have heard every worker) on the Job's tick loop;
 - rss_mb: the driver process's peak RSS.
 Then kill -9 re-form times of real numpy-backend jobs (--reform sizes; /work/main/.venv-pygloo
 or --worker-python): from the kill to the survivors' first allreduce in the new world.
@@ -28,7 +29,7 @@ import subprocess
 import sys
 import threading
 import time
-from types import SimpleNamespace
+from urllib.parse import urlencode
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -37,6 +38,7 @@ from hvdlite.worker import kvproto  # noqa: E402
 
 SECRET = "controlplane-bench"
 KEY = kvproto.job_key(SECRET)
+BEAT_KEY = kvproto.beat_key(KEY)
 SCOPE = "gloo.1"
 # What torch 2.13's gloo sets for a rank (captured), less its trailing per-peer counters:
 # a sockaddr with the rank's port, padding, and a few per-process fields.
@@ -57,32 +59,81 @@ def address(rank: int, size_bytes: int) -> bytes:
 BEAT_INTERVAL = 0.5  # hvdlite.worker.session.HEARTBEAT_INTERVAL
 
 
-# -- the driver's side: its KV server, a rendezvous barrier and the real heartbeat handler --
+# -- the driver's side: the real KV server, Rendezvous and elastic core ---------------------
+
+def worker_id(rank: int) -> str:
+    """The incarnation id the core gives the first launch of slot `rank` of host "sim"."""
+    return f"sim/{rank}#1"
+
 
 def serve(size: int) -> None:
-    from concurrent.futures import Future
+    """The driver's control plane as `hvdlite run` builds it (job.py): a KVServer with the
+    Rendezvous route and heartbeat handler, and a decision loop feeding an ElasticCore the
+    Ready events and heartbeat batches, ticking as the Job does. The core is told the N
+    workers were launched (HostsFound, Launched), so the ranks' rendezvous forms a real world
+    and their heartbeats refresh real incarnations."""
+    import queue
 
-    from hvdlite.driver.driver import Driver
+    from hvdlite.driver.decisions.core import ElasticCore, Policy
+    from hvdlite.driver.decisions.messages import (
+        Answer, Heartbeats, HostsFound, Launch, Launched, Publish, Stop, Tick)
+    from hvdlite.driver.job import TICK
     from hvdlite.driver.kvserver import KVServer
+    from hvdlite.driver.rendezvous import Rendezvous
     raise_fd_limit()
+    events = queue.Queue()
+    rendezvous = Rendezvous(events.put)
     server = KVServer(SECRET)
-    waiting = []
+    server.add_route("/rdzv/", rendezvous.route)
+    server.set_heartbeat(rendezvous.heartbeat)
+    # No launches to time out: the simulated ranks connect in waves before they ask.
+    core = ElasticCore(Policy(start_timeout=3600.0))
+    stops = []
 
-    def rendezvous(method, subpath, query, body):
-        future = Future()
-        waiting.append((query["slot"], future))
-        if len(waiting) == size:  # the barrier: every rank asked; answer all
-            for rank, (slot, f) in enumerate(waiting):
-                f.set_result((200, json.dumps({"world": {"rank": rank, "size": size, "slot": slot}}).encode()))
-        return future
-    driver = SimpleNamespace(workers={}, lock=threading.Lock(), updates=0, broken=0, _beat_answer=(None, b""))
-    for rank in range(size):
-        driver.workers[f"sim/{rank}"] = SimpleNamespace(last_heartbeat=None)
-    server.add_route("/rdzv/", rendezvous)
-    server.set_heartbeat(lambda query: Driver.heartbeat(driver, query))
+    def apply(actions):
+        for action in actions:
+            if isinstance(action, Launch):
+                events.put(Launched(action.worker, os.getpid()))
+            elif isinstance(action, Answer):
+                rendezvous.answer(action.worker, action.status, action.body)
+            elif isinstance(action, Publish):
+                rendezvous.publish(action.updates, action.broken)
+            elif isinstance(action, Stop):
+                stops.append(action.worker)
+
+    def decide():  # job.Job.run_elastic's loop, less the launchers and the status line
+        event, last_tick = HostsFound((("sim", size),)), time.monotonic()
+        while True:
+            now = time.monotonic()
+            if callable(event):
+                event = event()
+            actions = core.handle(event, now) if event is not None else []
+            beats = rendezvous.drain_heartbeats()
+            if beats:
+                actions += core.handle(Heartbeats(beats), now)
+            if now - last_tick >= TICK:
+                last_tick = now
+                actions += core.handle(Tick(), now)
+            apply(actions)
+            try:
+                event = events.get(timeout=TICK)
+            except queue.Empty:
+                event = None
+
+    def heard(since):
+        """How many of the world's workers the core heard from since `since`, and the
+        newest commit they reported (what the simulated beats carry)."""
+        incs = [core.workers[worker_id(r)] for r in range(size)]
+        fresh = [inc for inc in incs if inc.heard_at is not None and inc.heard_at >= since]
+        print(json.dumps({"heard": len(fresh), "commit": max((i.commit for i in fresh), default=0),
+                          "round": core.round, "stops": len(stops)}), flush=True)
+    threading.Thread(target=decide, daemon=True, name="decisions").start()
     server.start()
     print(server.address[1], flush=True)
-    sys.stdin.read()
+    for line in sys.stdin:  # "heard <monotonic time>": report; end of input: stop
+        since = float(line.split()[1])
+        events.put(lambda: heard(since))
+    rendezvous.close()
     server.stop()
 
 
@@ -106,11 +157,15 @@ class AsyncKV:
         return cls(*await asyncio.open_connection(sock=sock, limit=1 << 22))
 
     async def request(self, method, target, body=b""):
-        self.writer.write(kvproto.encode_request(KEY, method, target, body))
+        request, signed = kvproto.encode_request(KEY, method, target, body)
+        self.writer.write(request)
         while True:
             answer = self.parser.next()
             if answer is not None:
-                return answer[0], answer[2]
+                status, headers, body = answer
+                if not kvproto.answer_is_signed(KEY, signed, status, headers, body):
+                    raise ConnectionError(f"{method} {target}: answer {status} not signed with the job's key")
+                return status, body
             data = await self.reader.read(1 << 20)
             if not data:
                 raise ConnectionError("server closed the connection")
@@ -125,8 +180,8 @@ async def connected(port):
     return kv
 
 
-async def one_rank(kv, slot, size, value, snapshots):
-    status, body = await kv.request("GET", f"/rdzv/assign?slot={slot}")
+async def one_rank(kv, worker, size, value, snapshots):
+    status, body = await kv.request("GET", f"/rdzv/assign?{urlencode({'worker': worker, 'after': -1})}")
     assert status == 200, (status, body)
     rank = json.loads(body)["world"]["rank"]
     assert (await kv.request("PUT", f"/kv/{SCOPE}/0%2F{rank}", address(rank, value)))[0] == 200
@@ -150,10 +205,10 @@ async def ranks_main(port, first, count, size, value_bytes):
     print("ready", flush=True)
     start = float(await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline))
     await asyncio.sleep(max(0.0, start - time.time()))
-    snapshots = []
-    ends = await asyncio.gather(*(one_rank(kv, f"sim/{first + i}", size, value_bytes, snapshots)
+    snapshots, cpu = [], time.process_time()
+    ends = await asyncio.gather(*(one_rank(kv, worker_id(first + i), size, value_bytes, snapshots)
                                   for i, kv in enumerate(conns)))
-    print(json.dumps({"end": max(ends)}), flush=True)
+    print(json.dumps({"end": max(ends), "cpu": time.process_time() - cpu}), flush=True)
     seconds = float(await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline))
     print(json.dumps(await heartbeats(port, first, count, seconds)), flush=True)
 
@@ -165,7 +220,7 @@ class _Beater(asyncio.DatagramProtocol):
         self.mac, self.answered = None, 0
 
     def datagram_received(self, data, addr):
-        if self.mac is not None and kvproto.decode_beat_answer(KEY, self.mac, data) is not None:
+        if self.mac is not None and kvproto.decode_beat_answer(BEAT_KEY, self.mac, data) is not None:
             self.mac = None
             self.answered += 1
 
@@ -176,14 +231,16 @@ async def heartbeats(port, first, count, seconds):
     beaters = [await loop.create_datagram_endpoint(_Beater, remote_addr=("127.0.0.1", port))
                for _ in range(count)]
     senders = [os.urandom(8) for _ in range(count)]
+    workers = [worker_id(first + i) for i in range(count)]
     sent, counter, deadline = 0, 0, time.monotonic() + seconds
     gap = BEAT_INTERVAL / count  # workers are not in step: spread their beats over the interval
     while time.monotonic() < deadline:
         tick = time.monotonic()
         counter += 1
         for i, (transport, beater) in enumerate(beaters):
-            datagram = kvproto.encode_beat(KEY, senders[i], counter, f"slot=sim%2F{first + i}", time.time())
-            beater.mac = datagram[:32]
+            # What Session beats: its worker id and the commits it holds (here: the beat count).
+            datagram = kvproto.encode_beat(BEAT_KEY, senders[i], counter, workers[i], counter, time.time())
+            beater.mac = datagram[:kvproto.BEAT_TAG]
             transport.sendto(datagram)
             sent += 1
             if i % 64 == 63:
@@ -310,9 +367,11 @@ def measure_hvdlite(size, procs, value_bytes, beat_seconds):
     try:
         port = int(read_line(server, 30))
         ranks = [spawn("ranks", port, first, count, size, value_bytes) for first, count in split(size, procs)]
+        driver_cpu = cpu_seconds(server.pid)
         start = start_all(ranks, 120)
-        ends = [json.loads(read_line(proc, 300))["end"] for proc in ranks]
-        rendezvous = max(ends) - start
+        ends = [json.loads(read_line(proc, 300)) for proc in ranks]
+        rendezvous = max(end["end"] for end in ends) - start
+        cpus = (cpu_seconds(server.pid) - driver_cpu, sum(end["cpu"] for end in ends))
         before, t0 = cpu_seconds(server.pid), time.monotonic()
         before_system = cpu_seconds(server.pid, user=False)
         for proc in ranks:
@@ -323,7 +382,13 @@ def measure_hvdlite(size, procs, value_bytes, beat_seconds):
         cpu = (cpu_seconds(server.pid) - before) / window
         system = (cpu_seconds(server.pid, user=False) - before_system) / window
         sent, answered = sum(b["sent"] for b in beats), sum(b["answered"] for b in beats)
-        return rendezvous, cpu, system, peak_rss_mb(server.pid), answered / max(sent, 1)
+        server.stdin.write(f"heard {t0}\n")  # did the core hear every worker?
+        server.stdin.flush()
+        core = json.loads(read_line(server, 30))
+        if core["heard"] != size or core["round"] != 1:
+            raise RuntimeError(f"the driver's core heard {core['heard']} of {size} workers (round "
+                               f"{core['round']}): the simulated beats are not what workers send")
+        return rendezvous, cpus, cpu, system, peak_rss_mb(server.pid), answered / max(sent, 1), sent / window
     finally:
         stop(ranks + [server])
 
@@ -386,7 +451,7 @@ def main():
     args = p.parse_args()
     raise_fd_limit()
     for size in args.sizes:
-        rendezvous, cpu, system, rss, answered = measure_hvdlite(size, args.procs, args.value_bytes,
+        rendezvous, cpus, cpu, system, rss, answered, rate = measure_hvdlite(size, args.procs, args.value_bytes,
                                                                  args.beat_seconds)
         try:
             tcp = "skipped" if args.no_tcpstore else measure_tcpstore(size, args.procs, args.value_bytes)
@@ -394,8 +459,11 @@ def main():
             tcp = f"failed({e})"
         tcp = f"{tcp:.3f}" if isinstance(tcp, float) else tcp
         print(f"ranks={size} rendezvous_s={rendezvous:.3f} tcpstore_s={tcp} heartbeat_cpu={cpu:.3f} "
-              f"rss_mb={rss:.0f}  (heartbeats answered {answered:.1%}; kernel share of heartbeat_cpu "
+              f"rss_mb={rss:.0f}  (heartbeats answered {answered:.1%}, {1e6 * cpu / rate:.1f} us driver CPU "
+              f"per beat; kernel share of heartbeat_cpu "
               f"{system:.3f}: on loopback the driver's sends also deliver to its clients)", flush=True)
+        print(f"  rendezvous CPU: driver {cpus[0]:.3f} s, simulated ranks {cpus[1]:.3f} s "
+              f"({args.procs} processes)", flush=True)
     if args.reform:
         times = reform(args.reform, args.worker_python)
         print("re-form after kill -9 (numpy backend, real processes): " + "  ".join(

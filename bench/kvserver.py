@@ -46,7 +46,7 @@ def read_response(sock, buf=b""):
 
 def signed(method, target, body=b""):
     from hvdlite.worker import kvproto
-    return kvproto.encode_request(kvproto.job_key(SECRET), method, target, body)
+    return kvproto.encode_request(kvproto.job_key(SECRET), method, target, body)[0]
 
 
 def raw_client(port, seconds, worker, result):

@@ -126,9 +126,10 @@ def test_fuzzed_requests_get_4xx_and_change_nothing():
 
 def test_fuzzed_heartbeat_datagrams_are_never_answered():
     server = KVServer(SECRET)
-    server.set_heartbeat(lambda query: b"alive")
+    server.set_heartbeat(lambda beats: b"alive")
     server.start()
-    good = kvproto.encode_beat(KEY, b"s" * 8, 1, "slot=h%2F0", time.time())
+    key = kvproto.beat_key(KEY)
+    good = kvproto.encode_beat(key, b"s" * 8, 1, "h/0#1", 5, time.time())
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
             udp.connect(server.address)
@@ -151,7 +152,7 @@ def test_fuzzed_heartbeat_datagrams_are_never_answered():
             attack()
             udp.settimeout(2)
             udp.send(good)  # the real one still is
-            assert kvproto.decode_beat_answer(KEY, good[:32], udp.recv(2048)) == b"alive"
+            assert kvproto.decode_beat_answer(key, good[:kvproto.BEAT_TAG], udp.recv(2048)) == b"alive"
     finally:
         server.stop()
 
@@ -184,3 +185,20 @@ def test_slow_clients_do_not_stop_real_ones():
         for s in slow:
             s.close()
         server.stop()
+
+
+@settings(max_examples=500, deadline=None, derandomize=True)
+@given(st.text(alphabet="ab=&%+2F0\u00e9\x00zZ9", max_size=24))
+def test_query_strings_read_as_parse_qsl_reads_them(raw):
+    from urllib.parse import parse_qsl
+
+    from hvdlite.driver.kvserver import _BadRequest, _parse_query
+    try:
+        expected = dict(parse_qsl(raw, keep_blank_values=True, strict_parsing=True, errors="strict"))
+    except (ValueError, UnicodeDecodeError):
+        expected = "refused"
+    try:
+        got = _parse_query(raw)
+    except _BadRequest:
+        got = "refused"
+    assert got == expected

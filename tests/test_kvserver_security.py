@@ -93,25 +93,49 @@ def test_replays_and_senders_are_pure():
 
 
 def test_heartbeat_datagrams(server):
-    server.set_heartbeat(lambda query: f"alive {query['slot']}".encode())
+    heard = []
+
+    def handler(beats):
+        heard.append(beats)
+        return b"alive %d" % len(heard)
+    server.set_heartbeat(handler)
     client = KVClient(*server.address, SECRET, timeout=5)
     beats = Heartbeats(client, timeout=1.0)
-    assert beats.beat({"slot": "h/1"}) == b"alive h/1"
+    assert beats.beat("h/1#1", 7) == b"alive 1"
+    assert heard == [[("h/1#1", 7)]]
+    key = kvproto.beat_key(KEY)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
         udp.connect(server.address)
         udp.settimeout(0.5)
-        replay = kvproto.encode_beat(KEY, beats.sender, beats.counter, "slot=h/1", time.time())
-        forged = kvproto.encode_beat(kvproto.job_key("wrong"), b"f" * 8, 1, "slot=h/1", time.time())
-        stale = kvproto.encode_beat(KEY, b"s" * 8, 1, "slot=h/1", time.time() - 120)
-        for datagram in (replay, forged, stale, b"garbage"):
+        replay = kvproto.encode_beat(key, beats.sender, beats.counter, "h/1#1", 7, time.time())
+        forged = kvproto.encode_beat(kvproto.beat_key(kvproto.job_key("wrong")), b"f" * 8, 1, "h/1#1", 0,
+                                     time.time())
+        unkeyed = kvproto.encode_beat(KEY, b"u" * 8, 1, "h/1#1", 0, time.time())  # the job's key itself
+        stale = kvproto.encode_beat(key, b"s" * 8, 1, "h/1#1", 0, time.time() - 120)
+        for datagram in (replay, forged, unkeyed, stale, b"garbage"):
             udp.send(datagram)
             with pytest.raises(socket.timeout):
                 udp.recv(2048)
-        fresh = kvproto.encode_beat(KEY, b"n" * 8, 1, "slot=h%2F2", time.time())
+        assert len(heard) == 1, "a refused datagram reached the handler"
+        fresh = kvproto.encode_beat(key, b"n" * 8, 1, "h/2#1", 3, time.time())
         udp.send(fresh)
         answer = udp.recv(2048)
-        assert kvproto.decode_beat_answer(KEY, fresh[:32], answer) == b"alive h/2"
-        assert kvproto.decode_beat_answer(KEY, replay[:32], answer) is None  # bound to its request
+        assert kvproto.decode_beat_answer(key, fresh[:kvproto.BEAT_TAG], answer) == b"alive 2"
+        assert heard[-1] == [("h/2#1", 3)]
+        # Bound to its request, and to its own bytes:
+        assert kvproto.decode_beat_answer(key, replay[:kvproto.BEAT_TAG], answer) is None
+        assert kvproto.decode_beat_answer(key, fresh[:kvproto.BEAT_TAG], answer[:-1] + b"3") is None
+        # Many senders at once: one call of the handler for the datagrams that came in together.
+        before = len(heard)
+        burst = [kvproto.encode_beat(key, b"b%07d" % i, 1, f"h/{i}#1", i, time.time()) for i in range(50)]
+        for datagram in burst:
+            udp.send(datagram)
+        answers = [udp.recv(2048) for _ in burst]
+        tags = {d[:kvproto.BEAT_TAG] for d in burst}
+        assert all(any(kvproto.decode_beat_answer(key, t, a) for t in tags) for a in answers)
+        got = [pair for batch in heard[before:] for pair in batch]
+        assert sorted(got) == sorted((f"h/{i}#1", i) for i in range(50))
+        assert len(heard) - before < 50, "the handler was called once a beat, not once a batch"
     beats.close()
 
 
@@ -121,7 +145,7 @@ def test_heartbeat_to_nobody_returns_none():
     srv.stop()  # never started: the port is closed
     beats = Heartbeats(KVClient(*address, SECRET), timeout=0.3)
     started = time.monotonic()
-    assert beats.beat({"slot": "h/0"}) is None
+    assert beats.beat("h/0#1") is None
     assert time.monotonic() - started < 1.0
     beats.close()
 
@@ -220,3 +244,90 @@ def test_signed_objects():
         objects.loads(tampered, key)
     with pytest.raises(objects.ForgedObject):
         objects.loads(b"short", key)
+
+
+class ManInTheMiddle:
+    """Relays connections to the server and rewrites the server's answers with `tamper`
+    (bytes -> bytes), as anyone on the path could."""
+
+    def __init__(self, server_address, tamper):
+        self.server_address, self.tamper = server_address, tamper
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.2)
+        self.address = self.listener.getsockname()
+        self.stop = threading.Event()
+        self.sockets = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self):
+        while not self.stop.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except socket.timeout:
+                continue
+            upstream = socket.create_connection(self.server_address, timeout=5)
+            self.sockets += [client, upstream]
+            for source, sink, tamper in ((client, upstream, bytes), (upstream, client, self.tamper)):
+                threading.Thread(target=self._relay, args=(source, sink, tamper), daemon=True).start()
+
+    @staticmethod
+    def _relay(source, sink, tamper):
+        try:
+            while True:
+                data = source.recv(65536)
+                if not data:
+                    break
+                sink.sendall(tamper(data))
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(5)
+        self.listener.close()
+        for sock in self.sockets:
+            sock.close()
+
+
+@pytest.mark.parametrize("tamper, what", [
+    (lambda d: d.replace(b"10.0.0.1", b"66.6.6.6"), "a peer's address swapped"),
+    (lambda d: d.replace(b"HTTP/1.1 404", b"HTTP/1.1 200"), "the status changed"),
+    (lambda d: d.replace(kvproto.SIG_HEADER.encode(), b"X-Dropped"), "the signature removed"),
+])
+def test_a_forged_answer_is_refused(server, tamper, what):
+    KVClient(*server.address, SECRET, timeout=5).put("mitm", "0/0", b"10.0.0.1:4000")
+    honest = ManInTheMiddle(server.address, bytes)
+    forger = ManInTheMiddle(server.address, tamper)
+    try:
+        through = KVClient(*honest.address, SECRET, timeout=5)
+        assert through.get("mitm", "0/0") == b"10.0.0.1:4000"  # the relay alone changes nothing
+        assert through.get("mitm", "none") is None
+        client = KVClient(*forger.address, SECRET, timeout=5)
+        with pytest.raises(KVError, match="does not carry this job's signature") as err:
+            client.get("mitm", "0/0" if "address" in what else "none")
+        assert "\n" not in str(err.value), "one line"
+    finally:
+        honest.close()
+        forger.close()
+
+
+def test_answers_are_bound_to_their_request(server):
+    key = kvproto.job_key(SECRET)
+    first, signed_first = kvproto.encode_request(key, "GET", "/kv/bind/k")
+    second, signed_second = kvproto.encode_request(key, "GET", "/kv/bind/k")
+    status, headers, body = exchange(server, first)
+    assert status == 404 and kvproto.answer_is_signed(key, signed_first, status, headers, body)
+    # The same answer passed off as the answer to another request (a replay) is refused.
+    assert not kvproto.answer_is_signed(key, signed_second, status, headers, body)
+    assert not kvproto.answer_is_signed(kvproto.job_key("other job"), signed_first, status, headers, body)
+    # Unsigned: an answer to a request that was not the job's (nothing to bind it to).
+    assert kvproto.SIG_HEADER.lower() not in exchange(server, request("GET", "/kv/bind/k", key=b"x"))[1]
+    with pytest.raises(KVError, match="403: bad signature.*not this job's driver"):
+        KVClient(*server.address, "wrong secret", timeout=5).get("bind", "k")

@@ -1,7 +1,8 @@
 """The driver's KV server (rendezvous store for gloo and workers): one asyncio loop on one
 thread serves every connection, long-poll and heartbeat; none costs a thread.
 
-Protocol, HTTP/1.1 with keep-alive; every request is signed (hvdlite.worker.kvproto):
+Protocol, HTTP/1.1 with keep-alive; every request is signed, and so is every answer to a
+signed request (hvdlite.worker.kvproto):
 
 - ``PUT    /kv/<scope>/<key>``          body is the value -> 200
 - ``GET    /kv/<scope>/<key>``          -> 200 + value, or 404
@@ -14,7 +15,8 @@ Protocol, HTTP/1.1 with keep-alive; every request is signed (hvdlite.worker.kvpr
 
 Scope and key are percent-encoded path segments, 1..512 bytes once decoded (UTF-8). Routes
 added with ``add_route`` share the authentication and the limits. Heartbeats are signed UDP
-datagrams on the same port (kvproto.encode_beat), answered by the ``set_heartbeat`` handler.
+datagrams on the same port (kvproto.encode_beat), read in batches every BEAT_POLL and
+answered with what the ``set_heartbeat`` handler says for the batch.
 
 Unauthenticated connections are bounded (count, head size, time to authenticate; the oldest
 is dropped for a new one), and a body is read only after the head's signature checked out, so
@@ -31,7 +33,7 @@ import socket
 import threading
 import time
 from concurrent.futures import Future
-from urllib.parse import parse_qsl, unquote_to_bytes
+from urllib.parse import unquote, unquote_to_bytes
 
 from hvdlite.worker import kvproto
 
@@ -52,6 +54,7 @@ BEAT_POLL = 0.01  # seconds between reads of the heartbeat socket: a beat waits 
 MAX_BEATS_PER_POLL = 10000
 BULK = 256 * 1024  # an answer this big waits its turn while...
 BULK_BUDGET = 64 * 1024 * 1024  # ...big answers not yet taken by the kernel hold this much
+BULK_HASHED = 4096  # bodies this big have their hash remembered (_body_sha)
 
 _PERCENT_OK = re.compile(r"(?:[^%]|%[0-9A-Fa-f]{2})*")
 _DIGITS = re.compile(r"[0-9]+")
@@ -81,9 +84,25 @@ def _decode_segment(raw: str) -> str:
 
 
 def _parse_query(raw: str) -> dict:
+    """name=value&... as parse_qsl(strict) reads it, the last of a repeated name counting;
+    without its cost on the plain fields every request has."""
+    query = {}
+    if raw:
+        for field in raw.split("&"):
+            name, eq, value = field.partition("=")
+            if not eq:
+                raise _BadRequest("bad query string")
+            query[_unquote(name)] = _unquote(value)
+    return query
+
+
+def _unquote(text: str) -> str:
+    text = text.replace("+", " ")
+    if "%" not in text:
+        return text
     try:
-        return dict(parse_qsl(raw, keep_blank_values=True, strict_parsing=True, errors="strict"))
-    except (ValueError, UnicodeDecodeError):
+        return unquote(text, errors="strict")
+    except UnicodeDecodeError:
         raise _BadRequest("bad query string") from None
 
 
@@ -146,6 +165,7 @@ class KVServer:
                  idle_timeout: float = IDLE_TIMEOUT, auth_timeout: float = AUTH_TIMEOUT,
                  max_unauthenticated: int = MAX_UNAUTHENTICATED, max_wait: float = MAX_WAIT):
         self._key = kvproto.job_key(secret)
+        self._beat_key = kvproto.beat_key(self._key)
         self.idle_timeout, self.auth_timeout, self.max_wait = idle_timeout, auth_timeout, max_wait
         self.max_unauthenticated = max_unauthenticated
         self._lock = threading.Lock()  # data, waiters: the driver's threads use them too
@@ -157,6 +177,7 @@ class KVServer:
         self._replays, self._senders = Replays(), Senders()
         self._bulk = collections.deque()  # (connection, head, body, close) waiting to be written
         self._bulk_bytes = 0  # big answers written but still in their connections' buffers
+        self._big_sha = None  # (body, its sha256) of the last big answer
         self._connections = {}  # _Connection -> None, oldest first
         self._unauthenticated = {}  # the same, not authenticated yet
         self._stopped = False
@@ -217,10 +238,12 @@ class KVServer:
 
     def _drain_beats(self):
         """Answer the heartbeat datagrams that came in since the last call, then sleep a little:
-        thousands of workers' beats cost one loop turn per BEAT_POLL, not one each."""
+        thousands of workers' beats cost one loop turn per BEAT_POLL, not one each, and one
+        call of the handler."""
         if self._stopped:
             return
-        udp = self._udp
+        udp, key, handler, senders = self._udp, self._beat_key, self._heartbeat, self._senders
+        heard, now = [], time.time()
         for _ in range(MAX_BEATS_PER_POLL):
             try:
                 data, addr = udp.recvfrom(kvproto.MAX_DATAGRAM + 1)
@@ -228,26 +251,24 @@ class KVServer:
                 break
             except OSError:  # an ICMP error for a worker that went away; the socket is fine
                 continue
-            answer = self._beat(data)
-            if answer is not None:
-                try:
-                    udp.sendto(answer, addr)
-                except OSError:  # buffer full or unreachable: the worker beats again soon
-                    pass
+            beat = kvproto.decode_beat(key, data)  # None unless signed
+            if beat is not None and handler is not None and not senders.verdict(beat[1], beat[2], beat[3], now):
+                heard.append((beat, addr))
+        if heard:
+            self._answer_beats(handler, heard)
         self._loop.call_later(BEAT_POLL, self._drain_beats)
 
-    def _beat(self, data):
-        """The signed answer to a heartbeat datagram; None (unanswered) unless it is good."""
-        beat = kvproto.decode_beat(self._key, data)
-        if beat is None or self._heartbeat is None:
-            return None
-        mac, stamp, sender, counter, query = beat
-        if self._senders.verdict(stamp, sender, counter, time.time()):
-            return None
+    def _answer_beats(self, handler, heard):
         try:
-            return kvproto.encode_beat_answer(self._key, mac, self._heartbeat(_parse_query(query)))
-        except Exception:  # noqa: BLE001 - no answer; the worker's liveness check decides
-            return None
+            sign = kvproto.beat_answerer(self._beat_key, handler([beat[4:] for beat, _ in heard]))
+        except Exception:  # noqa: BLE001 - no answers; the workers' liveness checks decide
+            return
+        udp = self._udp
+        for beat, addr in heard:
+            try:
+                udp.sendto(sign(beat[0]), addr)
+            except OSError:  # buffer full or unreachable: the worker beats again soon
+                pass
 
     def _sweep(self):
         """Drop connections past their deadline; forget silent heartbeat senders."""
@@ -359,8 +380,9 @@ class KVServer:
         self._routes = sorted(self._routes + [(prefix, handler)], key=lambda route: -len(route[0]))
 
     def set_heartbeat(self, handler) -> None:
-        """Answer heartbeat datagrams with handler(query) -> bytes, on the server's thread (it
-        must not block); query is the datagram's decoded query string, as a route gets it."""
+        """Answer heartbeat datagrams with handler(beats) -> bytes, on the server's thread (it
+        must not block): beats are the (worker, commit) pairs of the good datagrams that came
+        in together, each answered with what the handler returned."""
         self._heartbeat = handler
 
     # -- dispatch (server thread) -----------------------------------------------------------
@@ -466,18 +488,28 @@ class KVServer:
             if not conn.closed:
                 conn._send(head, body, close)
 
-    def _authenticate(self, method, target, fields, body_sha_ok=True):
-        """None if the signed head is good, else (status, reason). Remembers its nonce."""
+    def _authenticate(self, method, target, fields):
+        """(None, True) if the signed head is good, else ((status, reason), authentic): a
+        stale or replayed request is still signed with the job's key, so its answer is signed
+        too (a client corrects its clock only by a signed answer). Remembers the nonce."""
         if fields is None:
-            return 401, b"missing or malformed " + kvproto.AUTH_HEADER.encode()
+            return (401, b"missing or malformed " + kvproto.AUTH_HEADER.encode()), False
         stamp, nonce, body_sha, mac = fields
         expected = kvproto.signature(self._key, method, target, body_sha, stamp, nonce)
         if not hmac.compare_digest(mac, expected):
-            return 403, b"bad signature"
+            return (403, b"bad signature"), False
         refused = self._replays.verdict(float(stamp), nonce, time.time())
-        if refused:
-            return 403, refused.encode()
-        return None
+        return ((403, refused.encode()) if refused else None), True
+
+    def _body_sha(self, body) -> str:
+        """The sha256 an answer's signature covers. A world's snapshot goes to every rank in
+        turn: the last big body's is kept, so it is hashed once, not once per rank."""
+        if len(body) < BULK_HASHED or type(body) is not bytes:
+            return hashlib.sha256(body).hexdigest() if body else kvproto.EMPTY_SHA
+        last = self._big_sha
+        if last is None or last[0] is not body:
+            last = self._big_sha = (body, hashlib.sha256(body).hexdigest())
+        return last[1]
 
 
 class _Family:
@@ -532,6 +564,7 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.queued = False  # a big answer waits for its turn: later requests wait behind it
         self.held = 0  # bytes of big answers in this connection's buffer
+        self.answering = None  # signature of the request being answered, when it is the job's
 
     def connection_made(self, transport):
         self.transport = transport
@@ -622,6 +655,7 @@ class _Connection(asyncio.Protocol):
             self._answer(method, target, body, close)
 
     def _parse_head(self, head: bytes):
+        self.answering = None
         lines = head.decode("latin-1").split("\r\n")
         words = lines[0].split(" ")
         if len(words) != 3 or not words[2].startswith("HTTP/1.") or not words[1].startswith("/"):
@@ -642,7 +676,9 @@ class _Connection(asyncio.Protocol):
         # Authentication comes first: nothing about an unsigned request is worth an answer.
         auth = headers.get(_AUTH)
         fields = kvproto.parse_auth(auth) if auth else None
-        refused = self.server._authenticate(method, target, fields)
+        refused, authentic = self.server._authenticate(method, target, fields)
+        if authentic:
+            self.answering = fields[3]
         if refused:
             status, reason = refused
             if reason == b"stale":
@@ -711,6 +747,10 @@ class _Connection(asyncio.Protocol):
     def _write(self, status, body, close, extra=""):
         if close:
             extra += "Connection: close\r\n"
+        if self.answering is not None:
+            server = self.server
+            signature = kvproto.answer_signature(server._key, self.answering, status, server._body_sha(body))
+            extra += f"{kvproto.SIG_HEADER}: {signature}\r\n"
         head = f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
         head = head.encode("latin-1")
         if len(body) < BULK:

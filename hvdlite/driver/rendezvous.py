@@ -2,7 +2,7 @@
 
 - GET /rdzv/assign?worker=ID&after=R&commit=C: the worker waits for its place in a world
   formed after round R (the barrier); becomes a Ready event, answered by an Answer action.
-- heartbeat datagrams {worker, commit} (signed UDP on the server's port): liveness, answered
+- heartbeat datagrams (worker, commit) (signed UDP on the server's port): liveness, answered
   at once with what the core published (host updates announced, newest broken round).
   Heartbeats reach the core in batches, not one event each.
 - PUT /rdzv/exiting?worker=ID: the worker is exiting; becomes an Exiting event.
@@ -36,16 +36,11 @@ class Rendezvous:
             return 200, b""
         return 404, b"unknown rendezvous endpoint"
 
-    def heartbeat(self, query) -> bytes:
-        """A heartbeat datagram (the server checked its signature): note it, answer at once."""
-        worker = query.get("worker")
-        try:
-            commit = int(query.get("commit", 0))
-        except ValueError:
-            commit = 0
+    def heartbeat(self, beats) -> bytes:
+        """Heartbeat datagrams that came in together, (worker, commit) each (the server checked
+        their signatures): note them, answer at once. One lock for the batch, not one a beat."""
         with self._lock:
-            if worker:
-                self._beats[worker] = commit
+            self._beats.update(beats)
             return self._published
 
     def _assign(self, worker, after, commit):

@@ -93,8 +93,9 @@ class KVClient:
         return int(self._expect(("add to", scope, key), answer, 200)[1])
 
     def request(self, method: str, path: str, body: bytes = b"", query=None, timeout=None):
-        """Send one signed request; returns (status, body). Raises KVError on 401/403/5xx and
-        ConnectionError when the server cannot be reached or does not answer."""
+        """Send one signed request; returns (status, body). Raises KVError on 401/403/5xx or
+        an answer not signed with the job's key, and ConnectionError when the server cannot be
+        reached or does not answer."""
         if len(body) > MAX_BODY:
             raise ValueError(f"request body of {len(body)} bytes is over the KV server's 64 MiB limit")
         target = path + ("?" + urlencode(query) if query else "")
@@ -106,7 +107,7 @@ class KVClient:
             try:
                 if conn is None:
                     conn = self._local.conn = _Connection(self.host, self.port, self.timeout)
-                request = kvproto.encode_request(self.key, method, target, body, self.offset)
+                request, signed = kvproto.encode_request(self.key, method, target, body, self.offset)
                 status, headers, data = conn.exchange(request, self.timeout if timeout is None else timeout)
             except (OSError, ValueError) as e:
                 self.close()
@@ -118,6 +119,11 @@ class KVClient:
                                       f"{type(e).__name__}: {e}") from e
             if headers.get("connection", "").lower() == "close":
                 self.close()
+            if not kvproto.answer_is_signed(self.key, signed, status, headers, data):
+                self.close()  # whatever else comes on this connection cannot be trusted either
+                raise KVError(status, f"KV server {self.host}:{self.port}: the answer to {method} {path} "
+                                      f"({status}: {_text(data)}) does not carry this job's signature: "
+                                      f"forged on the way, or not this job's driver")
             server_time = headers.get(kvproto.TIME_HEADER.lower())
             if status == 403 and server_time and "clock" not in retried:
                 retried.add("clock")  # our clock is off: sign with the server's time instead
@@ -149,16 +155,17 @@ class Heartbeats:
 
     def __init__(self, client: KVClient, timeout: float):
         self.client, self.timeout = client, timeout
+        self.key = kvproto.beat_key(client.key)
         family = socket.AF_INET6 if ":" in client.host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_DGRAM)
         self.sock.connect((client.host, client.port))
         self.sender, self.counter = os.urandom(8), 0
 
-    def beat(self, query: dict):
-        """Send `query` (what identifies this worker to the driver); the driver's answer
+    def beat(self, worker: str, commit: int = 0):
+        """Tell the driver `worker` is alive and holds `commit` commits; the driver's answer
         (bytes), or None if none came within the timeout."""
         self.counter += 1
-        datagram = kvproto.encode_beat(self.client.key, self.sender, self.counter, urlencode(query),
+        datagram = kvproto.encode_beat(self.key, self.sender, self.counter, worker, commit,
                                        time.time() + self.client.offset)
         deadline = time.monotonic() + self.timeout
         try:
@@ -168,7 +175,7 @@ class Heartbeats:
                 if left <= 0:
                     return None
                 self.sock.settimeout(left)
-                answer = kvproto.decode_beat_answer(self.client.key, datagram[:32],
+                answer = kvproto.decode_beat_answer(self.key, datagram[:kvproto.BEAT_TAG],
                                                     self.sock.recv(kvproto.MAX_DATAGRAM))
                 if answer is not None:  # else a late answer to an earlier beat, or forged
                     return answer

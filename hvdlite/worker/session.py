@@ -105,7 +105,7 @@ class Session:
     def _beat(self):
         last_contact = time.monotonic()
         while True:
-            body = self._beats.beat({"worker": self.worker, "commit": str(self.commits)})
+            body = self._beats.beat(self.worker, self.commits)
             try:
                 if body is not None:
                     answer = json.loads(body)

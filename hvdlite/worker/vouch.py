@@ -103,13 +103,13 @@ def main(pid: int, channel_fd: int) -> None:
     environ = os.environ
     beats = Heartbeats(KVClient(environ[env.RENDEZVOUS_ADDR], int(environ[env.RENDEZVOUS_PORT]),
                                 environ[env.SECRET]), timeout=HEARTBEAT_TIMEOUT)
-    query = {"worker": environ.get(env.WORKER, "")}
+    worker = environ.get(env.WORKER, "")
     channel = socket.socket(fileno=channel_fd)
     held = _Held()
     while os.getppid() == pid:
         held.receive(channel)
         if _running(pid):
-            body = beats.beat(query)
+            body = beats.beat(worker)
             try:
                 if body is not None:
                     held.cut_if_broken(json.loads(body)["broken"])

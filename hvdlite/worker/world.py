@@ -1,5 +1,5 @@
 """What a worker knows about its place in the current world (torch-free)."""
-from dataclasses import dataclass, asdict
+from dataclasses import dataclass, fields
 import os
 
 from hvdlite.worker import env
@@ -36,7 +36,8 @@ class WorldInfo:
         return f"gloo.{self.round}"
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        # Not asdict(): its deep copies cost the driver a quarter of a second per 1000-rank world.
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def env(self) -> dict:
         """The variables that hand this place to a worker: hvdlite's, Horovod's and torch's names."""
