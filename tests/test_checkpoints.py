@@ -44,6 +44,34 @@ def test_tensors_arrays_and_plain_values_come_back_equal(tmp_path):
     assert (back["fortran"] == 1).all() and back["plain"] == state["plain"]
 
 
+def test_each_array_sits_in_the_file_as_far_into_a_block_as_it_is_into_a_page():
+    parts = [(10, 4000), (0, 0), (3 * checkpoints.ALIGN, 0), (5, 7), (checkpoints.ALIGN + 1, 4095)]
+    layout = checkpoints._layout(100, parts)
+    assert layout[0] + 100 <= layout[1]
+    for (n, phase), start, following in zip(parts, layout[1:], layout[2:]):
+        assert start % checkpoints.ALIGN == phase and start + n <= following
+    assert layout[-1] % checkpoints.ALIGN == 0 and layout[-1] - layout[-2] < parts[-1][0] + checkpoints.ALIGN
+
+
+def test_arrays_at_any_offset_within_a_page_and_of_any_size_come_back_equal(tmp_path):
+    # Slices start anywhere in a page; sizes below, around and above a block and the staging
+    # buffer exercise the head, whole blocks straight from memory and the tail of a part.
+    big = torch.arange(3_000_000, dtype=torch.float32)
+    state = {f"t{k}": big[k:k + n] for k, n in [(1, 3), (3, 1023), (5, 1025), (7, 1_100_000),
+                                                (0, 1024), (9, 2_999_000)]}
+    state["np"] = np.arange(10 ** 6, dtype=np.int8)[3:]
+    path = str(tmp_path / "c")
+    fd, _ = checkpoints._create(path)  # O_DIRECT here: the fast path is the one tested
+    try:
+        checkpoints.dump(fd, 7, state, direct=True)
+    finally:
+        os.close(fd)
+    commit, back = checkpoints.load(path)
+    assert commit == 7 and sorted(back) == sorted(state)
+    for key, value in state.items():
+        assert (back[key] == value).all(), key
+
+
 @pytest.mark.parametrize("damage", ["truncate", "extend", "flip_header", "flip_pickle"])
 def test_a_damaged_file_is_refused_and_the_next_older_one_loads(tmp_path, damage):
     for commit in (1, 2):
