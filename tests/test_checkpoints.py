@@ -115,8 +115,10 @@ def test_decisions():
     assert durable.wait_before_write(10.0, None, 5.0) == 0.0
     assert durable.wait_before_write(10.0, 8.0, 5.0) == 3.0
     assert durable.wait_before_write(10.0, 2.0, 5.0) == 0.0
-    assert durable.pause(cpu=0.03, elapsed=0.4, share=0.05) == pytest.approx(0.2)
-    assert durable.pause(cpu=0.03, elapsed=0.7, share=0.05) == 0.0
+    assert durable.pause(cpu=0.03, written=0, elapsed=0.4, share=0.05, rate=1e6) == pytest.approx(0.2)
+    assert durable.pause(cpu=0.03, written=0, elapsed=0.7, share=0.05, rate=1e6) == 0.0
+    assert durable.pause(cpu=0.0, written=2e6, elapsed=0.5, share=0.05, rate=1e6) == pytest.approx(1.5)
+    assert durable.pause(cpu=0.03, written=1e6, elapsed=0.4, share=0.05, rate=1e6) == pytest.approx(0.6)
 
 
 def test_the_writer_writes_the_newest_commit_and_at_most_every_interval(tmp_path):
@@ -132,6 +134,12 @@ def test_the_writer_writes_the_newest_commit_and_at_most_every_interval(tmp_path
     writer.offer(101, {"c": 101})
     assert writer.flush(10)  # forced: not held back by the interval
     assert checkpoints.newest_commit(str(tmp_path)) == 101
+
+
+def test_a_pacer_told_to_hurry_holds_nothing():
+    start = time.monotonic()
+    durable.Pacer(share=0.5, rate=1.0, hurry=lambda: True)(30)  # paced: a 30 s pause
+    assert time.monotonic() - start < 5
 
 
 def test_a_write_error_is_said_once_and_training_goes_on(tmp_path, capfd):

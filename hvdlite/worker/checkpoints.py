@@ -153,8 +153,9 @@ class _Blocks:
         if body:
             self._flush()  # the file's position is on a block boundary now
             for start in range(head, head + body, _STAGE):
-                self._write(data[start:min(start + _STAGE, head + body)])
-                self.pace()
+                chunk = data[start:min(start + _STAGE, head + body)]
+                self._write(chunk)
+                self.pace(chunk.nbytes)
             self.position += body
         self.put(data[head + body:])
 
@@ -166,8 +167,8 @@ class _Blocks:
 
     def _flush(self) -> None:
         self._write(self.view[:self.used])
+        self.pace(self.used)
         self.used = 0
-        self.pace()
 
     def _write(self, view) -> None:
         while view.nbytes:
@@ -187,9 +188,9 @@ class _Blocks:
         self.stage.close()
 
 
-def dump(fd: int, commit: int, state, direct=False, pace=lambda: None) -> None:
+def dump(fd: int, commit: int, state, direct=False, pace=lambda written: None) -> None:
     """Write `state` (any picklable object) as checkpoint `commit` to the file descriptor fd,
-    opened with O_DIRECT if `direct`; pace() is called after every block of writes."""
+    opened with O_DIRECT if `direct`; pace(bytes) is called after every block of writes."""
     buffers = []
     data = io.BytesIO()
     _Pickler(data, protocol=5, buffer_callback=buffers.append).dump(state)
@@ -295,7 +296,7 @@ def load_newest(directory: str, warn=None):
     return None
 
 
-def write(directory: str, commit: int, state, keep: int, pace=lambda: None) -> str:
+def write(directory: str, commit: int, state, keep: int, pace=lambda written: None) -> str:
     """Write checkpoint `commit` atomically, then delete all but the newest `keep`."""
     os.makedirs(directory, exist_ok=True)
     final = os.path.join(directory, file_name(commit))
