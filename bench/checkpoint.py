@@ -3,8 +3,8 @@
 Runs the same job (bench/scripts/checkpoint_step.py: a model of --state-mb, every step trains
 one batch and commits) without a checkpoint dir and with `--checkpoint-dir
 --checkpoint-interval 0`, alternately, --pairs times each, and prints the median committing
-step of each and their ratio (target <= 1.05), measured in this run. The first steps of every
-job (warm-up) are left out.
+step of each and their ratio (target <= 1.05), measured in this run, and what a step is made
+of (the commit's share, minor page faults). The first steps of every job (warm-up) are left out.
 """
 import argparse
 import os
@@ -13,7 +13,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEP = os.path.join(HERE, "scripts", "checkpoint_step.py")
@@ -37,7 +36,7 @@ def job(args, folder, durable):
     if code != 0:
         raise SystemExit(f"a job failed ({code}); see {folder}/driver.out")
     with open(os.path.join(folder, "steps.txt")) as f:
-        steps = [float(line) for line in f][WARMUP:]
+        steps = [tuple(map(float, line.split())) for line in f][WARMUP:]  # (step, commit, faults)
     written = sorted(os.listdir(ckpt)) if durable else []
     return steps, written
 
@@ -51,6 +50,7 @@ def main():
     p.add_argument("--timeout", type=float, default=600)
     args = p.parse_args()
     times = {False: [], True: []}
+    split = {False: [], True: []}
     for pair in range(args.pairs):
         for durable in ((False, True) if pair % 2 == 0 else (True, False)):  # ABBA: drift cancels
             folder = tempfile.mkdtemp(prefix="hvdlite-bench-ckpt-")
@@ -58,10 +58,15 @@ def main():
                 steps, written = job(args, folder, durable)
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
-            times[durable] += steps
+            times[durable] += [s[0] for s in steps]
+            split[durable] += steps
             print(f"pair {pair} {'checkpoint' if durable else 'memory    '}: median step "
-                  f"{statistics.median(steps) * 1e3:.1f} ms" + (f", kept {written}" if durable else ""),
-                  flush=True)
+                  f"{statistics.median(s[0] for s in steps) * 1e3:.1f} ms" +
+                  (f", kept {written}" if durable else ""), flush=True)
+    for durable in (False, True):
+        step, commit, faults = (statistics.median(column) for column in zip(*split[durable]))
+        print(f"{'checkpoint' if durable else 'memory    '}: step {step * 1e3:.1f} ms = training "
+              f"{(step - commit) * 1e3:.1f} + commit {commit * 1e3:.1f}; {faults:.0f} minor faults a step")
     base, durable = statistics.median(times[False]), statistics.median(times[True])
     print(f"\nstate {args.state_mb} MB, -np {args.np}, {len(times[False])} steps each: committing step "
           f"{base * 1e3:.1f} ms without a checkpoint dir, {durable * 1e3:.1f} ms with "

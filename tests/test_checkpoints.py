@@ -44,6 +44,34 @@ def test_tensors_arrays_and_plain_values_come_back_equal(tmp_path):
     assert (back["fortran"] == 1).all() and back["plain"] == state["plain"]
 
 
+def test_each_array_sits_in_the_file_as_far_into_a_block_as_it_is_into_a_page():
+    parts = [(10, 4000), (0, 0), (3 * checkpoints.ALIGN, 0), (5, 7), (checkpoints.ALIGN + 1, 4095)]
+    layout = checkpoints._layout(100, parts)
+    assert layout[0] + 100 <= layout[1]
+    for (n, phase), start, following in zip(parts, layout[1:], layout[2:]):
+        assert start % checkpoints.ALIGN == phase and start + n <= following
+    assert layout[-1] % checkpoints.ALIGN == 0 and layout[-1] - layout[-2] < parts[-1][0] + checkpoints.ALIGN
+
+
+def test_arrays_at_any_offset_within_a_page_and_of_any_size_come_back_equal(tmp_path):
+    # Slices start anywhere in a page; sizes below, around and above a block and the staging
+    # buffer exercise the head, whole blocks straight from memory and the tail of a part.
+    big = torch.arange(3_000_000, dtype=torch.float32)
+    state = {f"t{k}": big[k:k + n] for k, n in [(1, 3), (3, 1023), (5, 1025), (7, 1_100_000),
+                                                (0, 1024), (9, 2_999_000)]}
+    state["np"] = np.arange(10 ** 6, dtype=np.int8)[3:]
+    path = str(tmp_path / "c")
+    fd, _ = checkpoints._create(path)  # O_DIRECT here: the fast path is the one tested
+    try:
+        checkpoints.dump(fd, 7, state, direct=True)
+    finally:
+        os.close(fd)
+    commit, back = checkpoints.load(path)
+    assert commit == 7 and sorted(back) == sorted(state)
+    for key, value in state.items():
+        assert (back[key] == value).all(), key
+
+
 @pytest.mark.parametrize("damage", ["truncate", "extend", "flip_header", "flip_pickle"])
 def test_a_damaged_file_is_refused_and_the_next_older_one_loads(tmp_path, damage):
     for commit in (1, 2):
@@ -87,8 +115,10 @@ def test_decisions():
     assert durable.wait_before_write(10.0, None, 5.0) == 0.0
     assert durable.wait_before_write(10.0, 8.0, 5.0) == 3.0
     assert durable.wait_before_write(10.0, 2.0, 5.0) == 0.0
-    assert durable.pause(cpu=0.03, elapsed=0.4, share=0.05) == pytest.approx(0.2)
-    assert durable.pause(cpu=0.03, elapsed=0.7, share=0.05) == 0.0
+    assert durable.pause(cpu=0.03, written=0, elapsed=0.4, share=0.05, rate=1e6) == pytest.approx(0.2)
+    assert durable.pause(cpu=0.03, written=0, elapsed=0.7, share=0.05, rate=1e6) == 0.0
+    assert durable.pause(cpu=0.0, written=2e6, elapsed=0.5, share=0.05, rate=1e6) == pytest.approx(1.5)
+    assert durable.pause(cpu=0.03, written=1e6, elapsed=0.4, share=0.05, rate=1e6) == pytest.approx(0.6)
 
 
 def test_the_writer_writes_the_newest_commit_and_at_most_every_interval(tmp_path):
@@ -104,6 +134,12 @@ def test_the_writer_writes_the_newest_commit_and_at_most_every_interval(tmp_path
     writer.offer(101, {"c": 101})
     assert writer.flush(10)  # forced: not held back by the interval
     assert checkpoints.newest_commit(str(tmp_path)) == 101
+
+
+def test_a_pacer_told_to_hurry_holds_nothing():
+    start = time.monotonic()
+    durable.Pacer(share=0.5, rate=1.0, hurry=lambda: True)(30)  # paced: a 30 s pause
+    assert time.monotonic() - start < 5
 
 
 def test_a_write_error_is_said_once_and_training_goes_on(tmp_path, capfd):

@@ -116,6 +116,35 @@ def test_a_worker_that_can_read_a_checkpoint_holds_its_commit():
     assert sim.logged("commit_lost") == [{"newest": 7, "resumed": 5}]
 
 
+def test_every_worker_failing_with_checkpoints_waits_for_the_cooldown_and_resumes_from_disk():
+    # Horovod stops when every worker failed; with --checkpoint-dir the slots coming back
+    # from their cooldown are relaunched, and their workers report what they read from disk.
+    for durable in (False, True):
+        sim, (a, b) = first_world([("a", 1), ("b", 1)], cooldown_range=(1.0, 2.0), durable=durable)
+        sim.send(Heartbeats(((a, 7), (b, 7))))  # the only word of commit 7: nobody left since
+        sim.send(Exited(a, -9))
+        sim.send(Exited(b, -9))
+        if not durable:
+            assert "all workers failed" in sim.end().error
+            continue
+        assert sim.end() is None
+        out = sim.send(Tick(), after=1.5)
+        relaunched = sim.launched(out)
+        assert sorted(relaunched) == ["a/0#2", "b/0#2"]
+        for worker in relaunched:
+            sim.ready(worker, commit=5)
+        assert sim.end() is None and sim.core.round == 2
+        assert sim.logged("commit_lost") == [{"newest": 7, "resumed": 5}]
+
+
+def test_every_worker_failing_ends_the_job_when_no_commit_or_slot_can_come_back():
+    for cooldown, beat in [((1.0, 2.0), 0), (None, 7)]:  # nothing committed; no cooldown
+        sim, (a,) = first_world([("a", 1)], cooldown_range=cooldown, durable=True)
+        sim.send(Heartbeats(((a, beat),)))
+        sim.send(Exited(a, 1))
+        assert "all workers failed" in sim.end().error
+
+
 def test_removal_reaches_a_member_waiting_after_the_round_it_left():
     sim, (a, b, c) = first_world([("a", 1), ("b", 1), ("c", 1)])
     sim.send(Exited(b, 1))  # b fails: the world breaks

@@ -3,7 +3,9 @@ same command again on the same --checkpoint-dir resumes and trains exactly what 
 without faults trains. Real workers, real gloo, real kill -9."""
 import os
 import re
+import signal
 import sys
+import time
 
 import pytest
 
@@ -54,6 +56,42 @@ def test_kill_9_of_driver_and_workers_then_the_same_command_resumes(tmp_path, ar
     records = check_training_continuous(tmp_path, TOTAL)
     check_resumed(written, made, result, records)
     check_exactly_once_per_epoch(records, dataset=64)
+
+
+def test_every_worker_killed_while_the_driver_lives_resumes_from_the_newest_checkpoint(tmp_path):
+    # The driver survives; the blacklist cooldown brings the slots back and it launches new
+    # workers, which hold nothing in memory but report what they can read from DIR.
+    ckpt = str(tmp_path / "ckpt")
+    flags = ["-H", "localhost:2", "--min-np", "1", "--blacklist-cooldown-range", "1", "2",
+             "--checkpoint-dir", ckpt, "--checkpoint-interval", "0", *JOB]
+    with Job(flags, tmp_path, env=job_env(tmp_path, TOTAL_STEPS=TOTAL, STEP_SLEEP=0.05)) as job:
+        wait_progress(job, tmp_path, 15)
+        victims = job.worker_pids()
+        for pid in victims:  # at once: no worker is left to hold the state in memory
+            os.killpg(pid, signal.SIGKILL)
+        made = progress(tmp_path)
+        for pid in victims:
+            wait_gone(pid, 10)
+        written = checkpoints.newest_commit(ckpt)
+        result = job.finish(120)
+    assert result.code == 0, result.stderr
+    assert 0 < made - 3 <= written <= made  # at most the commits made during the last write
+    # The world formed after the kill goes on from the checkpoint; the driver also says
+    # commit_lost when heartbeats had told it of a newer commit than the one on disk.
+    assert result.of("round_complete")[1]["commit"] == written
+    assert all(e["resumed"] == written for e in result.of("commit_lost"))
+    assert re.search(rf"\[0\]<stderr>:hvdlite: resumed from commit {written} \(", result.stdout + result.stderr)
+    records = check_training_continuous(tmp_path, TOTAL)
+    assert min(r["step"] for r in records if r["round"] > 1) == written  # world 1 was the killed one
+    check_exactly_once_per_epoch(records, dataset=64)
+
+
+def wait_gone(pid, timeout):
+    """Until pid is gone (reaped by the driver, its parent), within timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not os.path.exists(f"/proc/{pid}"), f"worker {pid} outlived kill -9"
 
 
 @needs_pygloo

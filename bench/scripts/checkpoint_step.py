@@ -1,7 +1,9 @@
 """A training loop whose state is ~STATE_MB of model (SGD, no optimizer state): every step
-trains one batch and commits. Rank 0 appends each step's seconds, commit included, to
-$LOG_DIR/steps.txt. Knobs (env): STATE_MB, STEPS, WIDTH, BATCH."""
+trains one batch and commits. Rank 0 appends to $LOG_DIR/steps.txt a line per step: its
+seconds (commit included), the commit's seconds, and the minor page faults of the step.
+Knobs (env): STATE_MB, STEPS, WIDTH, BATCH."""
 import os
+import resource
 import time
 
 import torch
@@ -25,15 +27,18 @@ x = torch.randn(BATCH, WIDTH)
 @hvd.elastic.run
 def train(state):
     while state.step < STEPS:
-        start = time.perf_counter()
+        faults, start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
         optimizer.zero_grad()
         model(x).pow(2).mean().backward()
         optimizer.step()
         state.step += 1
+        committing = time.perf_counter()
         state.commit()
+        end = time.perf_counter()
         if hvd.rank() == 0:
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
             with open(os.path.join(os.environ["LOG_DIR"], "steps.txt"), "a") as f:
-                f.write(f"{time.perf_counter() - start}\n")
+                f.write(f"{end - start} {end - committing} {faults}\n")
 
 
 train(hvd.elastic.TorchState(model, optimizer, step=0))

@@ -85,7 +85,7 @@ class Job:
             min_np=s.min_np, max_np=s.max_np, reset_limit=s.reset_limit,
             elastic_timeout=s.elastic_timeout, start_timeout=s.start_timeout,
             liveness_timeout=s.liveness_timeout, cooldown_range=s.cooldown_range,
-            blacklist=s.blacklist))
+            blacklist=s.blacklist, durable=bool(s.checkpoint_dir)))
         event, last_tick = HostsFound(tuple(first)), time.monotonic()
         while True:
             now = time.monotonic()

@@ -48,6 +48,7 @@ class Policy:
     cooldown_range: Optional[tuple] = None
     blacklist: str = "auto"  # "host", "slot", or "auto": slot on a single-host job, else host
     stop_grace: float = 3.0  # seconds a removed worker gets between TERM and KILL
+    durable: bool = False  # --checkpoint-dir: commits are on disk too
 
 
 @dataclass
@@ -289,7 +290,7 @@ class ElasticCore:
                 self._log("job_end", result="success", resets=self.resets)
                 self._end(0)
             return
-        if not self._any_live() and self.first_failure is not None:
+        if not self._any_live() and self.first_failure is not None and not self._resumable_from_disk():
             raise JobFailed(f"all workers failed; first: {self.first_failure}")
         if self.hosts_dirty:
             self.hosts_dirty = False
@@ -398,6 +399,18 @@ class ElasticCore:
     # ---- helpers ----------------------------------------------------------------------
     def _live(self):
         return [inc for phase in self.phases.values() for inc in phase.values()]
+
+    def _resumable_from_disk(self) -> bool:
+        """With --checkpoint-dir, every worker failing after a commit need not end the job
+        (Horovod's rule) while some slot is only cooling down: workers launched there read
+        the newest commit from disk. The newest commit any worker reported becomes the one to
+        match, so a world formed from an older one says `commit_lost`, or fails if none is left."""
+        if not self.policy.durable:
+            return False
+        self.commit_high = max([self.commit_high] + [w.commit for w in self.workers.values()])
+        permanent = self.blacklist.permanent
+        return self.commit_high > 0 and any(
+            not permanent(f"{h}/{i}") and not permanent(h) for h, n in self.hosts for i in range(n))
 
     def _any_live(self):
         return any(self.phases.values())
