@@ -4,10 +4,11 @@ step against the rules the core must keep (hypothesis RuleBasedStateMachine, no 
 The workers are modelled just enough to behave like real ones: they wait in the rendezvous,
 train in lockstep (commits), sync from rank 0 (or fail to), exit when told, crash at any time.
 """
+import dataclasses
 import os
 
 from hypothesis import settings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from hvdlite.driver.decisions.core import ElasticCore, Phase, Policy
 from hvdlite.driver.decisions.messages import (
@@ -44,7 +45,16 @@ class ElasticJob(RuleBasedStateMachine):
         self.ended = None
         self.success_allowed = False  # an exit 0 of a current incarnation was sent
         self.last_actions = []
+        self.lost = 0  # the newest commit the core has said was lost
+        self.disk = None  # with --checkpoint-dir: the newest commit on disk, read by new workers
         self.send(HostsFound(tuple(UNIVERSE[:2])))
+
+    @initialize(durable=st.booleans())
+    def checkpoint_dir(self, durable):
+        """Half the jobs run with --checkpoint-dir: rank 0's every commit reaches the disk, and
+        every worker reports it in its rendezvous requests as one it can restore."""
+        self.core.policy = dataclasses.replace(self.core.policy, durable=durable)
+        self.disk = 0 if durable else None
 
     # ---- plumbing -----------------------------------------------------------------------
     def send(self, event, dt=0.0):
@@ -72,6 +82,8 @@ class ElasticJob(RuleBasedStateMachine):
                 proc.exit_code = 0
             elif "world" in action.body:
                 proc.round = action.body["world"]["round"]
+                if action.body["world"]["rank"] == 0:  # rank 0 loads the disk when it is newer
+                    proc.commit = self.said(proc)
         elif isinstance(action, Stop):
             proc = self.procs[action.worker]
             if not proc.started:
@@ -87,6 +99,13 @@ class ElasticJob(RuleBasedStateMachine):
                 assert not waiting, f"the job ended with workers left waiting: {waiting}"
         elif isinstance(action, Log) and action.event == "round_complete":
             self.check_new_world()
+        elif isinstance(action, Log) and action.event == "commit_lost":
+            self.lost = max(self.lost, action.fields["newest"])
+
+    def said(self, proc):
+        """The commit a worker reports when it asks for a world: the newest it holds in memory
+        or can read from --checkpoint-dir."""
+        return max(proc.commit, self.disk or 0)
 
     def members(self):
         return [p for p in self.procs.values()
@@ -121,21 +140,21 @@ class ElasticJob(RuleBasedStateMachine):
             return
         proc = self.procs[data.draw(st.sampled_from(idle))]
         proc.waiting = -1 if proc.round is None else proc.round
-        self.send(Ready(proc.worker, proc.waiting, proc.commit), dt=0.01)
+        self.send(Ready(proc.worker, proc.waiting, self.said(proc)), dt=0.01)
 
     @rule()
     def world_leaves_together(self):
         """A host update or a broken collective: every member enters the rendezvous."""
         for proc in self.members():
             proc.waiting = proc.round
-            self.send(Ready(proc.worker, proc.waiting, proc.commit), dt=0.01)
+            self.send(Ready(proc.worker, proc.waiting, self.said(proc)), dt=0.01)
 
     @rule()
     def idle_workers_enter_rendezvous(self):
         for proc in self.running():
             if proc.waiting is None and proc.exit_code is None and proc.round != self.core.round:
                 proc.waiting = -1 if proc.round is None else proc.round
-                self.send(Ready(proc.worker, proc.waiting, proc.commit), dt=0.01)
+                self.send(Ready(proc.worker, proc.waiting, self.said(proc)), dt=0.01)
 
     @rule()
     def launches_complete(self):
@@ -150,7 +169,7 @@ class ElasticJob(RuleBasedStateMachine):
         waiting = sorted(p.worker for p in self.running() if p.waiting is not None)
         if waiting:
             proc = self.procs[data.draw(st.sampled_from(waiting))]
-            self.send(Ready(proc.worker, proc.waiting, proc.commit), dt=0.01)
+            self.send(Ready(proc.worker, proc.waiting, self.said(proc)), dt=0.01)
 
     @rule(fails=st.sets(st.integers(0, 3), max_size=2))
     def syncs_from_rank0(self, fails):
@@ -171,6 +190,8 @@ class ElasticJob(RuleBasedStateMachine):
         if members:
             for w in data.draw(st.lists(st.sampled_from(members), unique=True, min_size=1)):
                 self.procs[w].commit += 1
+                if self.disk is not None and self.core.world[w].rank == 0:  # rank 0 writes
+                    self.disk = max(self.disk, self.procs[w].commit)
 
     @rule(data=st.data(), code=st.sampled_from([1, -9, 75]), dice=st.integers(0, 2))
     def crashes(self, data, code, dice):
@@ -245,7 +266,7 @@ class ElasticJob(RuleBasedStateMachine):
         outside = [p.commit for w, p in self.procs.items() if p.alive and w not in c.world
                    and self.procs[w].started and not self.blacklisted(w)]
         lost = [a for a in self.last_actions if isinstance(a, Log) and a.event == "commit_lost"]
-        assert lost or max(outside, default=0) <= commits[rank0], \
+        assert lost or max(outside, default=0) <= max(commits[rank0], self.lost), \
             f"a live holder of commit {max(outside)} was left out of a world at {commits[rank0]}"
 
     def blacklisted(self, worker):
@@ -262,6 +283,8 @@ class ElasticJob(RuleBasedStateMachine):
         if c.ended or not c.world:
             return
         top = max(c.workers[w].commit for w in c.world)
+        if self.disk is not None:  # a joiner read from disk what the world committed since it last said
+            top = max([top] + [self.procs[w].commit for w in c.world])
         for w, inc in c.workers.items():
             if inc.phase is Phase.WAITING and inc.after < c.round and w not in c.world:
                 assert inc.commit <= top or self.blacklisted(w), \
@@ -295,7 +318,7 @@ class ElasticJob(RuleBasedStateMachine):
                     self.send(Exited(proc.worker, proc.exit_code), dt=0.01)
                 elif proc.waiting is None and proc.round != self.core.round:
                     proc.waiting = -1 if proc.round is None else proc.round
-                    self.send(Ready(proc.worker, proc.waiting, proc.commit), dt=0.01)
+                    self.send(Ready(proc.worker, proc.waiting, self.said(proc)), dt=0.01)
             # Every world starts with a sync from rank 0, a collective all members finish
             # before any of them commits, which is where a host update is noticed.
             self.syncs_from_rank0(set())
