@@ -1,5 +1,5 @@
 """The API's decisions as pure functions: Adasum arithmetic, reducescatter shares, optimizer
-groups, what a joined rank contributes."""
+groups, what a joined rank contributes, how often a rank heartbeats."""
 import pytest
 import torch
 
@@ -52,3 +52,10 @@ def test_a_joined_rank_contributes_the_identity_of_the_op(dtype):
         if dtype == torch.bool and op == ops.Sum:
             reduce = torch.logical_or
         assert torch.equal(reduce(x, ops._identity(op, dtype, 3)), x)
+
+
+def test_rank0_heartbeats_faster_than_the_others():
+    # Rank 0's view of host updates is the one every rank acts on at commit().
+    from hvdlite.worker import session
+    assert session.heartbeat_interval(0) == session.RANK0_HEARTBEAT_INTERVAL < session.HEARTBEAT_INTERVAL
+    assert session.heartbeat_interval(1) == session.heartbeat_interval(7) == session.HEARTBEAT_INTERVAL
