@@ -13,6 +13,15 @@ from hvdlite.driver.launchers.template import Templates
 from hvdlite.driver.network import route_address
 
 
+def fork_first_world(local_workers: int, cores: int) -> bool:
+    """Whether a host's first workers fork from its template (when workers may join later,
+    so that the template starts with the job). Below one worker per core they import in
+    parallel with the template, on cores nobody else uses; from one per core on, their
+    imports would share the cores with the template's, and one import plus forks is faster
+    than as many imports as workers."""
+    return local_workers >= cores
+
+
 class Launchers:
     def __init__(self, settings):
         self.command = settings.command
@@ -23,10 +32,12 @@ class Launchers:
         self._remote = {}  # hostname -> SSHHost, one connection per remote host
         self._lock = threading.Lock()
         # Local workers that join a running job fork from a template that imported torch
-        # already (all local workers with --preload); the first ones start plainly: on a host
-        # with no more workers than cores they import in parallel as fast.
+        # already (all local workers with --preload). When workers may join, the template
+        # starts with the first world, so that an early join need not wait for its imports.
         self._templates = Templates(settings.preload) if settings.preload else None
         self._preload_first = settings.preload_first
+        self._joins_possible = settings.joins_possible
+        self._cores = len(os.sched_getaffinity(0))
         self._warm_env = None  # a local worker's environment, to start the template with
 
     def is_local(self, hostname) -> bool:
@@ -36,15 +47,19 @@ class Launchers:
         """This machine's address on the route to a remote host (its ssh HostName)."""
         return route_address(ssh.host_config(hostname, self.ssh_settings).address)
 
-    def launch(self, hostname, env: dict, output, joining: bool):
+    def launch(self, hostname, env: dict, output, joining: bool, local_workers: int = 1):
         """A started worker: a handle with pid, poll, wait, signal_group, stop, finish_output.
-        `joining`: the job runs already (a join or a replacement), not its first world."""
+        `joining`: the job runs already (a join or a replacement), not its first world;
+        `local_workers`: how many workers its host runs."""
         if not self.is_local(hostname):
             return ssh.launch(self._host(hostname), self.command, env, os.getcwd(), output)
-        if self._templates and (joining or self._preload_first):
+        if self._templates and (joining or self._preload_first or (
+                self._joins_possible and fork_first_world(local_workers, self._cores))):
             return self._templates.spawn(self.command, env, os.getcwd(), output)
         with self._lock:
-            self._warm_env = self._warm_env or env
+            first, self._warm_env = self._warm_env is None, self._warm_env or env
+        if first and self._joins_possible:
+            self.warm()
         return LocalWorker(self.command, env, output)
 
     def warm(self):
