@@ -50,7 +50,7 @@ class Launchers:
     def launch(self, hostname, env: dict, output, joining: bool, local_workers: int = 1):
         """A started worker: a handle with pid, poll, wait, signal_group, stop, finish_output.
         `joining`: the job runs already (a join or a replacement), not its first world;
-        `local_workers`: how many workers its host runs."""
+        `local_workers`: the slots of its host."""
         if not self.is_local(hostname):
             return ssh.launch(self._host(hostname), self.command, env, os.getcwd(), output)
         if self._templates and (joining or self._preload_first or (
