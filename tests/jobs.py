@@ -159,6 +159,14 @@ def wait_progress(job, tmp_path, step, timeout=60):
     job.wait_for(lambda _: progress(tmp_path) >= step, timeout)
 
 
+def wait_until(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out: {what}")
+        time.sleep(0.02)
+
+
 def ssh_flags(hosts):
     """Flags that run a job on sshd test hosts (tests/sshhosts.py)."""
     return ["--ssh-config", hosts.ssh_config, "--rendezvous-addr", hosts.driver_address]

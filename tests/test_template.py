@@ -14,7 +14,8 @@ from hvdlite.driver.launchers.local import LocalWorker
 from hvdlite.driver.launchers.template import Templates, TemplateWorker
 from hvdlite.driver.output import RankOutput
 from hvdlite.template.command import Refused, plan
-from jobs import SCRIPTS, Job, _tree, check_training_continuous, discovery, job_env, run_job, sizes
+from jobs import (SCRIPTS, Job, _tree, check_training_continuous, discovery, job_env, run_job, sizes,
+                  wait_until)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYGLOO_PYTHON = os.environ.get("HVDLITE_PYGLOO_PYTHON", os.path.join(ROOT, ".venv-pygloo", "bin", "python"))
@@ -40,14 +41,6 @@ def state(pid):
 def parent(pid):
     with open(f"/proc/{pid}/stat") as f:
         return int(f.read().rsplit(")", 1)[1].split()[1])
-
-
-def wait_until(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out: {what}")
-        time.sleep(0.02)
 
 
 def kill_group(pid):

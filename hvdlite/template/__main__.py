@@ -1,27 +1,51 @@
 """`python -m hvdlite.template --preload torch,torch.optim --control FD`
+   `python -m hvdlite.template --preload torch,torch.optim --listen`
 
-Preloads the modules, says `ready` (or `unusable`) on the control socket, then forks workers
-on request. In a forked child this returns into the worker's own code.
+Preloads the modules, says `ready` (or `unusable`), then forks workers on request. With
+--control the driver's connected unix socket carries both. With --listen (a remote host,
+started over SSH) the frames go to stdout and spawn clients connect to a unix socket in a new
+directory only this user can enter; stdin is the driver's lifeline (see server.py). In a
+forked child this returns into the worker's own code.
 """
 import argparse
 import os
+import shutil
 import socket
 import sys
+import tempfile
 
 from hvdlite.template import server, wire
+
+
+def _listen():
+    """A listening socket in a fresh 0700 directory: only this user can connect."""
+    folder = tempfile.mkdtemp(prefix="hvdlite-template-")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(os.path.join(folder, "socket"))
+    listener.listen(64)
+    return folder, listener
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m hvdlite.template")
     p.add_argument("--preload", default="", help="comma-separated modules to import first")
-    p.add_argument("--control", type=int, required=True,
-                   help="file descriptor of a connected unix socket to the driver")
+    how = p.add_mutually_exclusive_group(required=True)
+    how.add_argument("--control", type=int,
+                     help="file descriptor of a connected unix socket to the driver")
+    how.add_argument("--listen", action="store_true",
+                     help="serve spawn clients on a unix socket; frames on stdout, stdin the lifeline")
     args = p.parse_args(argv)
-    try:
-        control = socket.socket(fileno=args.control)
-    except OSError as e:
-        print(f"hvdlite.template: --control {args.control}: {e.strerror}", file=sys.stderr)
-        return 2
+    if args.listen:
+        frames = os.dup(1)
+        os.dup2(2, 1)  # what preloaded modules print must not end up among the frames
+        say = lambda header: wire.write(frames, header)  # noqa: E731
+    else:
+        try:
+            control = socket.socket(fileno=args.control)
+        except OSError as e:
+            print(f"hvdlite.template: --control {args.control}: {e.strerror}", file=sys.stderr)
+            return 2
+        say = lambda header: wire.send(control, header)  # noqa: E731
     modules = [m for m in args.preload.split(",") if m]
     try:
         loaded, skipped = server.preload(modules)
@@ -29,11 +53,25 @@ def main(argv=None) -> int:
     except Exception as e:  # a module that fails to import: the driver launches plainly
         loaded, skipped, reason = [], [], f"preloading failed: {type(e).__name__}: {e}"
     if reason:
-        wire.send(control, {"op": "unusable", "reason": reason})
+        say({"op": "unusable", "reason": reason})
         return 1
-    wire.send(control, {"op": "ready", "pid": os.getpid(), "python": sys.executable,
-                        "preloaded": loaded, "skipped": skipped})
-    job = server.Template(control).serve()
+    ready = {"op": "ready", "pid": os.getpid(), "python": sys.executable,
+             "preloaded": loaded, "skipped": skipped}
+    if not args.listen:
+        say(ready)
+        job = server.Template(control=control).serve()
+    else:
+        folder, listener = _listen()
+        try:
+            try:
+                say(dict(ready, socket=listener.getsockname()))
+            except OSError:  # the driver closed the channel while we preloaded
+                return 0
+            os.close(frames)
+            job = server.Template(listener=listener, lifeline=0).serve()
+        finally:
+            if os.getpid() == ready["pid"]:  # the template, not a forked child
+                shutil.rmtree(folder, ignore_errors=True)
     if job is not None:
         job.run()  # the worker: its exceptions and exit code are the process's own
     return 0

@@ -31,12 +31,17 @@ def startup_env(env: dict) -> dict:
             if (k.startswith("PYTHON") and k not in _APPLIED_AFTER_FORK) or k in _STARTUP_NAMES}
 
 
+def python_name(program: str) -> bool:
+    """Whether the program is named as a python interpreter is (`python3`, `/x/bin/python3.10`)."""
+    return bool(_PYTHON_NAME.match(os.path.basename(program)))
+
+
 def interpreter(argv, env: dict, cwd: str) -> str:
     """The python a template for this command must run on; Refused if it is none."""
     if not argv:
         raise Refused("empty command")
     path = resolve(argv[0], env, cwd)
-    if path is None or not _PYTHON_NAME.match(os.path.basename(path)):
+    if path is None or not python_name(path):
         raise Refused(f"{argv[0]} is not a python interpreter")
     return path
 

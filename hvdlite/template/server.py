@@ -7,10 +7,15 @@ numpy starts OpenBLAS's thread pool, but OpenBLAS stops that pool in its own at-
 `fork_safe` checks this for whatever was preloaded: a probe fork must leave the template with
 one thread.
 
-The template is single-threaded: it waits on its control socket and on a SIGCHLD wakeup
-pipe. When the driver goes away (end of stream) it forks no more, but waits for its children
-before it exits, so they outlive the driver as plainly launched workers do. Its children
-die with it (see child.detach).
+The template is single-threaded: it waits on its connections and on a SIGCHLD wakeup pipe.
+On this machine its one connection is the driver's control socket. On a remote host spawn
+clients (hvdlite.template.spawn) connect to its listening socket, one per worker, and the
+driver's SSH channel on stdin is its lifeline: end of stream, or no heartbeat for
+LIFELINE_SILENCE seconds (a partition), means the driver is gone. Then it forks no more, but
+waits for its children (and reports their exits to their clients) before it exits, so they
+outlive the driver as plainly launched workers do. Its children die with it (see
+child.detach); a client's death kills its worker's process group, since nobody would report
+that worker's exit any more.
 """
 import importlib
 import os
@@ -19,9 +24,12 @@ import signal
 import socket
 import sys
 import threading
+import time
 
 from hvdlite.template import child, wire
 from hvdlite.template.command import Refused, plan
+
+LIFELINE_SILENCE = 10.0  # seconds without a byte from the driver's SSH channel: it is gone
 
 
 def preload(modules):
@@ -61,6 +69,13 @@ def exit_code(status: int) -> int:
     return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
+def _tell(conn, header: dict) -> None:
+    try:
+        wire.send(conn, header)
+    except OSError:  # its reader finds the end of stream and hangs up
+        pass
+
+
 class Child:
     """What a forked child goes on to run, once it is out of the template's loop."""
 
@@ -72,57 +87,105 @@ class Child:
         child.detach(self.template_pid, self.ready_fd)
         kind, target, args, unbuffered = self.planned
         child.become_worker(self.fds[0], self.fds[1], self.header["env"], self.header["cwd"], unbuffered)
+        if self.header.get("mark"):  # a remote launcher's marker: the group it signals, before any output
+            os.write(1, f"{self.header['mark']} {os.getpid()} template\n".encode())
         child.run(kind, target, args, self.header["argv"][0])
 
 
 class Template:
-    def __init__(self, control: socket.socket):
-        self.control = control
-        self.reader = wire.Reader(control)
+    """Serves spawn requests: from the driver's `control` socket (this machine; its end of
+    stream ends the job's use of the template), or from clients accepted on `listener`
+    while `lifeline` (a readable fd) lives."""
+
+    def __init__(self, control: socket.socket = None, listener: socket.socket = None,
+                 lifeline: int = None, silence: float = LIFELINE_SILENCE):
+        self.control, self.listener, self.lifeline, self.silence = control, listener, lifeline, silence
+        self.readers = {control: wire.Reader(control)} if control is not None else {}
         self.started_env = dict(os.environ)
-        self.children = {}  # pid -> spawn id
+        self.children = {}  # pid -> (connection or None once it closed, spawn id)
+        self.serving = True  # the driver is there: accept and fork
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
 
     def serve(self):
-        """Serve spawn requests until the driver goes away; returns a Child in a forked
-        child, None in the template once its children are gone."""
+        """Serve spawn requests until the driver is gone and the last child exited; returns a
+        Child in a forked child, None in the template."""
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.set_wakeup_fd(self.wake_w)
-        try:
-            while True:
-                readable, _, _ = select.select([self.control, self.wake_r], [], [])
-                if self.wake_r in readable:
-                    os.read(self.wake_r, 4096)
-                    self._reap()
-                if self.control in readable:
-                    if not self.reader.read_once():
-                        break
-                    for header, _, fds in list(self.reader.frames()):
-                        job = self._spawn(header, fds) if header.get("op") == "spawn" else None
-                        if job is not None:
-                            return job
-        except (ConnectionError, BrokenPipeError):
-            pass
+        heard = time.monotonic()
+        while self.serving or self.children:
+            watch = [self.wake_r, *self.readers]
+            if self.serving and self.lifeline is not None:
+                watch += [fd for fd in (self.lifeline, self.listener) if fd is not None]
+            timeout = max(0.0, heard + self.silence - time.monotonic()) \
+                if self.serving and self.lifeline is not None else None
+            readable, _, _ = select.select(watch, [], [], timeout)
+            if self.wake_r in readable:
+                os.read(self.wake_r, 4096)
+                self._reap()
+            if self.lifeline in readable and self.serving:
+                if os.read(self.lifeline, 4096):
+                    heard = time.monotonic()
+                else:
+                    self._orphaned()
+            if self.serving and self.lifeline is not None and time.monotonic() > heard + self.silence:
+                self._orphaned()
+            if self.listener in readable and self.serving:
+                conn, _ = self.listener.accept()
+                self.readers[conn] = wire.Reader(conn)
+            for conn in [c for c in readable if c in self.readers]:
+                job = self._receive(conn)
+                if job is not None:
+                    return job
         signal.set_wakeup_fd(-1)
-        self.control.close()
-        while self.children:
-            pid, _ = os.waitpid(-1, 0)
-            self.children.pop(pid, None)
         return None
+
+    def _receive(self, conn):
+        try:
+            more = self.readers[conn].read_once()
+        except OSError:
+            more = False
+        for header, _, fds in list(self.readers[conn].frames()):
+            job = self._spawn(conn, header, fds) if header.get("op") == "spawn" else None
+            if job is not None:
+                return job
+        if not more:
+            self._hangup(conn)
+        return None
+
+    def _orphaned(self) -> None:
+        """The driver is gone: fork no more."""
+        self.serving = False
+        if self.listener is not None:
+            self.listener.close()
+
+    def _hangup(self, conn) -> None:
+        del self.readers[conn]
+        conn.close()
+        if conn is self.control:
+            self._orphaned()
+            return
+        for pid, (owner, spawn_id) in list(self.children.items()):
+            if owner is conn:  # its client died: nobody would report this worker's end
+                self.children[pid] = (None, spawn_id)
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def _reap(self) -> None:
         while self.children:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 return
-            spawn_id = self.children.pop(pid, None)
-            if spawn_id is not None:
-                wire.send(self.control, {"op": "exit", "id": spawn_id, "pid": pid,
-                                         "code": exit_code(status)})
+            conn, spawn_id = self.children.pop(pid, (None, None))
+            if conn is not None and conn in self.readers:
+                _tell(conn, {"op": "exit", "id": spawn_id, "pid": pid, "code": exit_code(status)})
 
-    def _spawn(self, header, fds):
+    def _spawn(self, conn, header, fds):
         try:
+            if not self.serving:
+                raise Refused("the driver is gone")
             if len(fds) != 2:
                 raise Refused(f"expected 2 output descriptors, got {len(fds)}")
             planned = plan(header["argv"], header["env"], header["cwd"], sys.executable,
@@ -130,7 +193,7 @@ class Template:
         except Refused as e:
             for fd in fds:
                 os.close(fd)
-            wire.send(self.control, {"op": "refused", "id": header["id"], "reason": str(e)})
+            _tell(conn, {"op": "refused", "id": header["id"], "reason": str(e)})
             return None
         sys.stdout.flush()
         sys.stderr.flush()
@@ -140,7 +203,9 @@ class Template:
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             os.close(ready_r)
-            self.control.close()
+            for sock in [*self.readers, self.listener]:
+                if sock is not None:
+                    sock.close()
             for fd in (self.wake_r, self.wake_w):
                 os.close(fd)
             return Child(os.getppid(), ready_w, header, fds, planned)
@@ -149,6 +214,6 @@ class Template:
         os.close(ready_r)
         for fd in fds:
             os.close(fd)
-        self.children[pid] = header["id"]
-        wire.send(self.control, {"op": "started", "id": header["id"], "pid": pid})
+        self.children[pid] = (conn, header["id"])
+        _tell(conn, {"op": "started", "id": header["id"], "pid": pid})
         return None

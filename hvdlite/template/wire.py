@@ -6,14 +6,17 @@ socket); on a unix socket a frame may also carry file descriptors (SCM_RIGHTS), 
 its header as "fds": N and delivered no later than the frame's first byte.
 
 Messages (header "op"):
-  template -> driver  ready {pid, python, preloaded, skipped} | unusable {reason}
+  template -> driver  ready {pid, python, preloaded, skipped[, socket]} | unusable {reason}
                       started {id, pid} | refused {id, reason} | exit {id, pid, code}
-  driver -> template  spawn {id, argv, env, cwd, fds: 2}  (the worker's stdout and stderr)
-A stream without fds would carry output as `out {id, stream}` frames with the bytes as
-payload; only the unix socket form is implemented.
+  driver -> template  spawn {id, argv, env, cwd, fds: 2[, mark]}  (the worker's stdout, stderr)
+On this machine the driver holds the template's control socket. On a remote host the
+template's `ready` (with the path of its listening socket) and `unusable` go to the driver
+over the SSH channel's stdout, and each spawn client (hvdlite.template.spawn) sends its one
+spawn over its own connection to that socket and receives its replies there.
 """
 import array
 import json
+import os
 import socket
 import struct
 
@@ -36,10 +39,17 @@ def send(sock: socket.socket, header: dict, payload: bytes = b"", fds=()) -> Non
         sock.sendall(data)
 
 
+def write(fd: int, header: dict) -> None:
+    """One frame to a pipe (a remote template's stdout is the driver's SSH channel)."""
+    data = encode(header)
+    while data:
+        data = data[os.write(fd, data):]
+
+
 class Reader:
     """Splits what a socket delivers into (header, payload, fds) frames."""
 
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket = None):
         self.sock = sock
         self.buffer = b""
         self.fds = []
@@ -52,6 +62,10 @@ class Reader:
                 fds = array.array("i")
                 fds.frombytes(raw[:len(raw) - len(raw) % fds.itemsize])
                 self.fds.extend(fds)
+        return self.feed(data)
+
+    def feed(self, data: bytes) -> bool:
+        """Add bytes read elsewhere (an SSH channel); False for the empty read of end of stream."""
         self.buffer += data
         return bool(data)
 

@@ -9,7 +9,8 @@ import threading
 from hvdlite.driver.launchers import ssh
 from hvdlite.driver.launchers.local import LocalWorker
 from hvdlite.driver.launchers.locality import is_local
-from hvdlite.driver.launchers.template import Templates
+from hvdlite.driver.launchers.ssh.template import RemoteTemplates, fallback_line
+from hvdlite.driver.launchers.template import SayOnce, Templates
 from hvdlite.driver.network import route_address
 
 
@@ -31,10 +32,15 @@ class Launchers:
             **({"ssh_config": settings.ssh_config} if settings.ssh_config else {}))
         self._remote = {}  # hostname -> SSHHost, one connection per remote host
         self._lock = threading.Lock()
-        # Local workers that join a running job fork from a template that imported torch
-        # already (all local workers with --preload). When workers may join, the template
-        # starts with the first world, so that an early join need not wait for its imports.
-        self._templates = Templates(settings.preload) if settings.preload else None
+        # Workers that join a running job fork from a template that imported torch already
+        # (all local workers with --preload). When workers may join, the local template starts
+        # with the first world, so that an early join need not wait for its imports (see
+        # fork_first_world). A remote host's template starts with its first joining worker
+        # (any worker, with --preload) or once the first world formed; its workers start
+        # plainly until it is ready.
+        self._say = SayOnce()
+        self._templates = Templates(settings.preload, say=self._say) if settings.preload else None
+        self._remote_templates = RemoteTemplates(settings.preload, self._say) if settings.preload else None
         self._preload_first = settings.preload_first
         self._joins_possible = settings.joins_possible
         self._cores = len(os.sched_getaffinity(0))
@@ -52,18 +58,30 @@ class Launchers:
         `joining`: the job runs already (a join or a replacement), not its first world;
         `local_workers`: the slots of its host."""
         if not self.is_local(hostname):
-            return ssh.launch(self._host(hostname), self.command, env, os.getcwd(), output)
+            host, socket_path = self._host(hostname), None
+            if self._remote_templates:
+                socket_path = self._remote_templates.socket(host, self.command, env, os.getcwd(),
+                                                            start=joining or self._preload_first)
+            worker = ssh.launch(host, self.command, env, os.getcwd(), output, template=socket_path)
+            if worker.fallback:
+                self._say(fallback_line(hostname, worker.fallback))
+            return worker
         if self._templates and (joining or self._preload_first or (
                 self._joins_possible and fork_first_world(local_workers, self._cores))):
             return self._templates.spawn(self.command, env, os.getcwd(), output)
         with self._lock:
             first, self._warm_env = self._warm_env is None, self._warm_env or env
         if first and self._joins_possible:
-            self.warm()
+            self._warm_local()
         return LocalWorker(self.command, env, output)
 
     def warm(self):
-        """Start this host's template in the background, so that the next join forks from it."""
+        """Start the templates in the background, so that the next joins fork from them."""
+        self._warm_local()
+        if self._remote_templates:
+            self._remote_templates.warm()
+
+    def _warm_local(self):
         with self._lock:
             env = self._warm_env
         if self._templates and env is not None:
@@ -77,6 +95,8 @@ class Launchers:
             return self._remote[hostname]
 
     def close(self):
+        if self._remote_templates:
+            self._remote_templates.close()
         with self._lock:
             for host in self._remote.values():
                 host.close()

@@ -219,22 +219,37 @@ class Template:
         self.errors.close()
 
 
+def template_env(env: dict) -> dict:
+    """A worker's environment without what makes it that worker, the secret among it."""
+    return {k: v for k, v in env.items() if k not in worker_env.IDENTITY and k != worker_env.SECRET}
+
+
+class SayOnce:
+    """Prints each line once (to stderr unless `say` is given)."""
+
+    def __init__(self, say=None):
+        self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.said = set()
+        self.lock = threading.Lock()
+
+    def __call__(self, line: str) -> None:
+        with self.lock:
+            if line in self.said:
+                return
+            self.said.add(line)
+        self.say(line)
+
+
 class Templates:
     """This host's templates, one per interpreter and Python startup environment: started
     on first use, restarted if one died, given up (plain launches, said once) if one fails."""
 
     def __init__(self, preload=DEFAULT_PRELOAD, say=None):
         self.preload = tuple(preload)
-        self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+        self._say_once = say if isinstance(say, SayOnce) else SayOnce(say)
         self.lock = threading.Lock()
         self.templates = {}
         self.failed = {}
-        self.said = set()
-
-    def _say_once(self, line: str) -> None:
-        if line not in self.said:
-            self.said.add(line)
-            self.say(line)
 
     def template(self, command, env: dict, cwd: str) -> Template:
         python = interpreter(command, env, cwd)
@@ -246,10 +261,8 @@ class Templates:
             if current is None or not current.alive():
                 if current is not None:
                     current.close()
-                start_env = {k: v for k, v in env.items() if k not in worker_env.IDENTITY
-                             and k != worker_env.SECRET}
                 try:
-                    self.templates[key] = current = Template(python, start_env, self.preload)
+                    self.templates[key] = current = Template(python, template_env(env), self.preload)
                 except Unavailable as e:
                     self.failed[key] = f"{python}: {e}"
                     raise Unavailable(self.failed[key]) from None

@@ -10,6 +10,9 @@ directory and execs the worker with stdin from /dev/null:
     exec /bin/sh -c 'IFS= read -r n; eval "$(head -c "$n")"; [ end marker ] ...;
                      echo "__hvdlite_pgid__ $$"; cd -- CWD && exec WORKER </dev/null'
 
+When the host runs a worker template (ssh/template.py), the command is its spawn client
+(hvdlite.template.spawn) and the marker comes from the forked worker: its own group.
+
 stop() kills the group with `kill -s TERM -- -PGID`, then KILL once the grace period is over,
 through a second exec on a live connection of the host: closing a channel kills nothing.
 

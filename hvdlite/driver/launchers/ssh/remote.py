@@ -11,18 +11,20 @@ import paramiko
 from hvdlite.driver.launchers.ssh.connection import SSHHost, _sh, _signal_code
 from hvdlite.driver.launchers.ssh.config import SSHError
 from hvdlite.driver.output import RankOutput
+from hvdlite.template.spawn import MARK
 
 LOST = 255  # exit code of a worker whose connection ended before its exit status arrived
-_PGID_MARK = "__hvdlite_pgid__"
 _ENV_END = "__hvdlite_env_end"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Read-only in bash (when /bin/sh is bash): exporting them would end the remote shell.
 _SHELL_READONLY = {"BASHOPTS", "BASH_VERSINFO", "EUID", "PPID", "SHELLOPTS", "UID"}
 
 
-def launch(host: SSHHost, command, env: dict, cwd: str, output: RankOutput) -> "RemoteWorker":
-    """Start `command` (argv) in `cwd` on the host with `env` exported; returns once the
-    remote process runs (its process group is known)."""
+def _exec(host: SSHHost, command, env: dict, cwd: str, announce: bool, lifeline: bool = False):
+    """Open a channel and start `command` there with `env` (sent on stdin, never on a command
+    line) in `cwd`. With `announce` the shell first prints its pid, the process group (else
+    the command prints its own marker). The command's stdin is /dev/null, or with `lifeline`
+    the rest of the channel's. Returns (channel, names not exported)."""
     chan = host._open_channel()
     exports, skipped = [], []
     for name, value in env.items():
@@ -33,13 +35,30 @@ def launch(host: SSHHost, command, env: dict, cwd: str, output: RankOutput) -> "
     payload = ("".join(exports) + f"{_ENV_END}=1\n").encode()
     script = (f'IFS= read -r __hvdlite_n || exit 97; eval "$(head -c "$__hvdlite_n")" || exit 97; '
               f'[ "${_ENV_END}" = 1 ] || {{ echo "hvdlite: incomplete environment from the driver" >&2; exit 97; }}; '
-              f'unset __hvdlite_n {_ENV_END}; echo "{_PGID_MARK} $$"; '
-              f'cd -- {shlex.quote(cwd)} && exec {" ".join(shlex.quote(str(a)) for a in command)} </dev/null')
-    worker = RemoteWorker(host, chan, output, skipped)
+              f'unset __hvdlite_n {_ENV_END}; ' + (f'echo "{MARK} $$"; ' if announce else '') +
+              f'cd -- {shlex.quote(cwd)} && exec {" ".join(shlex.quote(str(a)) for a in command)}'
+              + ('' if lifeline else ' </dev/null'))
     try:
         chan.exec_command(_sh(script))
-        worker._start_pumps()
         chan.sendall(f"{len(payload)}\n".encode() + payload)
+    except (paramiko.SSHException, OSError, EOFError) as e:
+        chan.close()
+        raise SSHError(f"cannot start {command[0]} on {host.hostname}: {e}") from None
+    return chan, skipped
+
+
+def launch(host: SSHHost, command, env: dict, cwd: str, output: RankOutput,
+           template: str = None) -> "RemoteWorker":
+    """Start `command` (argv) in `cwd` on the host with `env` exported; returns once the
+    remote process runs (its process group is known). With `template` (the path of the host's
+    template socket) the spawn client asks that template to fork the worker, and launches
+    it plainly if it cannot."""
+    if template is not None:
+        command = [command[0], "-m", "hvdlite.template.spawn", "--socket", template, "--", *command]
+    chan, skipped = _exec(host, command, env, cwd, announce=template is None)
+    worker = RemoteWorker(host, chan, output, skipped)
+    try:
+        worker._start_pumps()
         chan.shutdown_write()
     except (paramiko.SSHException, OSError, EOFError) as e:
         chan.close()
@@ -50,7 +69,8 @@ def launch(host: SSHHost, command, env: dict, cwd: str, output: RankOutput) -> "
 
 class RemoteWorker:
     """A worker process on a remote host; same methods as LocalWorker."""
-    started = "ssh"
+    started = "ssh"  # "template" once its marker says a template forked it
+    fallback = None  # why a spawn client launched plainly after all
 
     def __init__(self, host: SSHHost, channel: paramiko.Channel, output: RankOutput, skipped_env):
         self.host = host
@@ -84,11 +104,8 @@ class RemoteWorker:
             for raw in iter(fileobj.readline, b""):
                 text = raw.decode("utf-8", "replace")
                 if not self._started.is_set():
-                    if stream == "stdout" and text.startswith(_PGID_MARK + " "):
-                        try:
-                            self.pgid = int(text.split()[1])
-                        except (IndexError, ValueError):
-                            pass
+                    if stream == "stdout" and text.startswith(MARK + " "):
+                        self._marked(text.split(None, 3)[1:])
                         self._started.set()
                         continue
                     if stream == "stderr":
@@ -99,6 +116,17 @@ class RemoteWorker:
         finally:
             if stream == "stdout":
                 self._started.set()  # ended before the marker: launch reports it
+
+    def _marked(self, words) -> None:
+        """`PGID`, or from a spawn client `PGID template` / `PGID plain REASON`."""
+        try:
+            self.pgid = int(words[0])
+        except (IndexError, ValueError):
+            return
+        if words[1:2] == ["template"]:
+            self.started = "template"
+        if words[1:2] == ["plain"]:
+            self.fallback = words[2].strip() if len(words) > 2 else "no reason given"
 
     def _await_start(self, timeout):
         if not self._started.wait(timeout):

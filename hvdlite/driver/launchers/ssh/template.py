@@ -1,0 +1,145 @@
+"""Worker templates on remote hosts (hvdlite.template): one per host, started over an SSH
+channel of its own that is also its lifeline.
+
+The template runs `PYTHON -m hvdlite.template --listen` with the job's environment (minus a
+worker's identity and the secret), sent on the channel's stdin as a worker's is. Once it says
+`ready` with the path of its socket, workers launched on the host run the spawn client
+(hvdlite.template.spawn), which has the template fork them; until then, and when it cannot,
+they start plainly. The driver sends a byte on the channel every HEARTBEAT seconds: when the
+driver dies or the host is cut off, the template forks no more and exits after its last
+worker. A template that died is started again by the next launch that wants one; one that
+cannot preload is given up for that host (said once).
+"""
+import socket
+import threading
+import time
+
+import paramiko
+
+from hvdlite.driver.launchers.ssh.config import SSHError
+from hvdlite.driver.launchers.ssh.remote import _exec
+from hvdlite.driver.launchers.template import READY_TIMEOUT, template_env
+from hvdlite.template import wire
+from hvdlite.template.command import python_name
+
+HEARTBEAT = 1.0  # seconds between the driver's bytes on a template's channel (it waits 10)
+
+
+def fallback_line(hostname: str, reason: str) -> str:
+    return f"hvdlite: starting workers on {hostname} without a preloaded template ({reason})"
+
+
+class RemoteTemplate:
+    """One host's template, started on a background thread; `socket` once it is ready."""
+
+    def __init__(self, host, command, env: dict, cwd: str, preload, failed):
+        self.host = host
+        self.socket = None     # path of its listening socket while it serves
+        self.finished = False  # it failed or exited: a later launch may start another
+        self.chan = None
+        self._failed = failed  # called with the reason when it cannot preload
+        self._closed = False
+        argv = [command[0], "-m", "hvdlite.template", "--preload", ",".join(preload), "--listen"]
+        threading.Thread(target=self._run, args=(argv, template_env(env), cwd), daemon=True,
+                         name=f"template-{host.hostname}").start()
+
+    def _run(self, argv, env: dict, cwd: str) -> None:
+        try:
+            self.chan, _ = _exec(self.host, argv, env, cwd, announce=False, lifeline=True)
+            header = self._handshake()
+        except SSHError:  # the host's workers report it; try again with the next launch
+            self.finished = True
+            return
+        if header.get("op") != "ready" or not header.get("socket"):
+            self.finished = True
+            self._failed(header.get("reason", "template unusable"))
+            self.close()
+            return
+        self.socket = header["socket"]
+        self._heartbeat()
+        self.socket, self.finished = None, True
+
+    def _handshake(self) -> dict:
+        reader = wire.Reader()
+        self.chan.settimeout(READY_TIMEOUT)
+        try:
+            while True:
+                for header, _, _ in reader.frames():
+                    return header
+                if not reader.feed(self.chan.recv(65536)):
+                    break
+            said = self.chan.makefile_stderr("rb").read().decode("utf-8", "replace").strip().splitlines()
+        except (socket.timeout, TimeoutError):
+            return {"op": "unusable", "reason": f"preloading took over {READY_TIMEOUT:.0f} s"}
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise SSHError(str(e)) from None
+        return {"op": "unusable", "reason": f"template exited: {said[-1] if said else 'no message'}"}
+
+    def _heartbeat(self) -> None:
+        """Until the template exits, the connection ends or the job closes it."""
+        self.chan.settimeout(10 * HEARTBEAT)
+        try:
+            while not self._closed and not self.chan.exit_status_ready():
+                self.chan.sendall(b".")
+                while self.chan.recv_stderr_ready():  # its own warnings: do not let them fill the window
+                    self.chan.recv_stderr(65536)
+                time.sleep(HEARTBEAT)
+        except (paramiko.SSHException, OSError, EOFError):
+            pass
+
+    def close(self) -> None:
+        """End the lifeline: the template forks no more and exits after its last worker."""
+        self._closed = True
+        if self.chan is not None:
+            self.chan.close()
+
+
+class RemoteTemplates:
+    """The job's templates on remote hosts, by host name."""
+
+    def __init__(self, preload, say):
+        self.preload = tuple(preload)
+        self.say = say  # a SayOnce
+        self.lock = threading.Lock()
+        self.templates = {}
+        self.failed = {}  # host name -> why its template cannot run
+        self.first = {}   # host name -> (host, command, env, cwd) of its first launch
+
+    def socket(self, host, command, env: dict, cwd: str, start: bool):
+        """The socket of the host's ready template, or None (launch plainly). With `start`,
+        start one if none runs."""
+        with self.lock:
+            self.first.setdefault(host.hostname, (host, command, env, cwd))
+            current = self.templates.get(host.hostname)
+            if current is not None and current.socket is not None:
+                return current.socket
+            if start:
+                self._start(host, command, env, cwd)
+        return None
+
+    def warm(self) -> None:
+        """Start a template on every remote host that has had a worker."""
+        with self.lock:
+            for launch in self.first.values():
+                self._start(*launch)
+
+    def _start(self, host, command, env: dict, cwd: str) -> None:
+        name = host.hostname
+        current = self.templates.get(name)
+        if name in self.failed or (current is not None and not current.finished):
+            return
+        if not python_name(command[0]):
+            self._give_up(name, f"{command[0]} is not a python interpreter")
+            return
+        self.templates[name] = RemoteTemplate(host, command, env, cwd, self.preload,
+                                              lambda reason: self._give_up(name, reason))
+
+    def _give_up(self, name: str, reason: str) -> None:
+        self.failed[name] = reason
+        self.say(fallback_line(name, reason))
+
+    def close(self) -> None:
+        with self.lock:
+            for template in self.templates.values():
+                template.close()
+            self.templates = {}

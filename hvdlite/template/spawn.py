@@ -1,0 +1,93 @@
+"""`python -m hvdlite.template.spawn --socket PATH -- PYTHON script.py args...`
+
+The SSH launcher runs this on a remote host in place of the worker command, started as the
+worker would be (environment from the SSH channel's stdin, working directory, stdin from
+/dev/null). It hands the host's template its stdout, stderr, environment and directory to fork
+the worker with, then ends as the worker ends: the same exit code, or death by the same
+signal, so the SSH session reports what a plain launch would. If this process dies, the
+template kills the worker's process group.
+
+Before any output of the worker, one line `MARK PID template` (written by the forked worker)
+tells the driver the process group to signal. When the template cannot fork it (not running,
+refused), this process says `MARK PID plain REASON` and becomes the worker itself (exec).
+Torch-free and quick to start: it runs on every remote join.
+"""
+import os
+import resource
+import signal
+import socket
+import sys
+
+from hvdlite.template import wire
+
+MARK = "__hvdlite_pgid__"
+USAGE = "usage: python -m hvdlite.template.spawn --socket PATH -- COMMAND..."
+
+
+def plain(command, reason: str) -> int:
+    """Become the worker, as the launcher would have started it without a template."""
+    os.write(1, f"{MARK} {os.getpid()} plain {' '.join(reason.split())}\n".encode())
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them; a plain exec does not
+        signal.signal(sig, signal.SIG_DFL)
+    try:
+        os.execvp(command[0], command)
+    except OSError as e:
+        sys.stderr.write(f"hvdlite: cannot run {command[0]}: {e.strerror}\n")
+    return 127
+
+
+def mirror(code: int) -> None:
+    """End as the worker ended: its exit code, or the signal that killed it."""
+    if code >= 0:
+        os._exit(code)
+    sig = -code
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # the worker's core, not this process's
+    try:
+        signal.signal(sig, signal.SIG_DFL)
+    except (OSError, ValueError):  # SIGKILL and SIGSTOP cannot be caught: default already
+        pass
+    os.kill(os.getpid(), sig)
+    os._exit(128 + sig)  # a signal that does not end a process by default
+
+
+def request(command) -> dict:
+    return {"op": "spawn", "id": 0, "argv": list(command), "env": dict(os.environ),
+            "cwd": os.getcwd(), "mark": MARK}
+
+
+def main(argv) -> int:
+    if len(argv) < 4 or argv[0] != "--socket" or argv[2] != "--":
+        sys.stderr.write(USAGE + "\n")
+        return 2
+    path, command = argv[1], argv[3:]
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(path)
+        wire.send(conn, request(command), fds=(1, 2))
+    except OSError as e:
+        conn.close()
+        return plain(command, f"no template at {path}: {e.strerror or e}")
+    reader, started = wire.Reader(conn), False
+    while True:
+        try:
+            more = reader.read_once()
+        except OSError:
+            more = False
+        for header, _, _ in reader.frames():
+            if header.get("op") == "refused":
+                conn.close()
+                return plain(command, f"the template refused: {header.get('reason')}")
+            started = started or header.get("op") == "started"
+            if header.get("op") == "exit":
+                mirror(header["code"])
+        if not more:
+            break
+    # The template died, and its children with it (parent-death signal): -9, as on this machine.
+    if not started:
+        sys.stderr.write("hvdlite: the worker template on this host died before forking the worker\n")
+    mirror(-signal.SIGKILL)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
