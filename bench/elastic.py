@@ -2,6 +2,7 @@
 
     python bench/elastic.py [--sections kill join start] [--trials 20] [--sizes 2 4 8]
                             [--baseline-trials 3] [--join-trials 5] [--join-sizes 2 8]
+                            [--modes plain default template] [--breakdown]
 
 Prints, from real jobs on localhost (section "kill"):
 - kill -9 of a worker -> the survivors' next completed allreduce (per trial the latest
@@ -14,7 +15,10 @@ Section "join", with a Horovod-style script (init, model, DistributedOptimizer, 
 plain launches (--no-preload) against workers forked from a preloaded template (--preload):
 - a slot added to discovery -> the new worker's first step at the new size, and the ratio to
   a fresh python importing torch and building an SGD optimizer (target <= 0.5x, <= 1.0 s);
-- the survivors' stall while it joins, growing to 2 and to 8 ranks (target <= 0.2 s).
+- the survivors' stall while it joins, growing to 2 and to 8 ranks (target <= 0.2 s);
+- with --breakdown (jobs traced with --timeline-filename), each phase of a join: discovery
+  poll, launch, script start -> hvd.init, announcement, members leaving, gloo connect, state
+  sync, first step.
 Section "start": `hvdlite run -np 2` start -> first allreduce, against torchrun on the same
 script (target <= 0.5x).
 """
@@ -200,8 +204,9 @@ def fresh_python():
     return time.monotonic() - start
 
 
-def start_growing(n, mode):
-    """An elastic job of the Horovod-style script on n local slots, discovery in a file."""
+def start_growing(n, mode, trace=False):
+    """An elastic job of the Horovod-style script on n local slots, discovery in a file;
+    with `trace`, its collective trace goes to trace.json in the job's folder."""
     folder = tempfile.mkdtemp(prefix="hvdlite-bench-")
     hosts = os.path.join(folder, "hosts")
     with open(hosts, "w") as f:
@@ -212,8 +217,9 @@ def start_growing(n, mode):
     os.chmod(discover, 0o755)
     run = Run([sys.executable, "-m", "hvdlite.cli", "run", "--event-log",
                os.path.join(folder, "events.jsonl"), "--min-np", "1", "--max-np", "16",
-               "--host-discovery-script", discover, *MODES[mode], sys.executable, STYLE],
-              folder=folder)
+               "--host-discovery-script", discover, *MODES[mode],
+               *(["--timeline-filename", os.path.join(folder, "trace.json")] if trace else []),
+               sys.executable, STYLE], folder=folder)
     return run, hosts
 
 
@@ -226,7 +232,8 @@ def set_slots(hosts, n):
 
 def join_trial(run, hosts, n):
     """World of n-1, a slot added: (slot added -> newcomer's first step at size n,
-    newcomer's process start -> that step, survivors' longest gap between steps), or None."""
+    newcomer's process start -> that step, survivors' longest gap between steps, and for
+    join_phases: when the slot was added, the newcomer's worker_start event), or None."""
     if not run.wait(lambda: (members(run) or {}).get("size") == n - 1, 120):
         return None
     old = members(run)
@@ -260,12 +267,44 @@ def join_trial(run, hosts, n):
     # would be credited with that worker's exit, so wait for it to be gone.
     run.wait(lambda: (members(run) or {}).get("size") == n - 1 and members(run)["round"] > joined_round
              and not os.path.exists(f"/proc/{new['pid']}"), 60)
-    return first - added, first - new["time"], max(gaps) if gaps else None
+    return first - added, first - new["time"], max(gaps) if gaps else None, added, new
 
 
-def join_trials(n, trials, mode):
-    run, hosts = start_growing(n - 1, mode)
-    return repeat(run, lambda: join_trial(run, hosts, n), trials, f"{mode}, growing to {n}")
+def join_trials(n, trials, mode, trace=False):
+    run, hosts = start_growing(n - 1, mode, trace)
+    results = repeat(run, lambda: join_trial(run, hosts, n), trials, f"{mode}, growing to {n}")
+    return results, (join_phases(run, results) if trace else None)
+
+
+# A join's phases, each from the event log (driver) or the newcomer's trace (worker):
+PHASES = ("discovery poll", "launch decision + start", "script start -> hvd.init",
+          "joiner waiting -> host update announced", "members leave their world",
+          "gloo connect", "state sync", "first step")
+
+
+def join_phases(run, results):
+    """Seconds of each phase of PHASES per trial, from the job's events and merged trace."""
+    try:
+        with open(os.path.join(run.dir, "trace.json")) as f:
+            trace = json.load(f)["traceEvents"]
+    except (OSError, ValueError):
+        return []
+    events, phases = run.events(), []
+    for join, _, _, added, new in results:
+        def after(kind, t):
+            return min((e["time"] for e in events if e["event"] == kind and e["time"] >= t), default=None)
+        spans = sorted((e["ts"] / 1e6, e["ph"], e["name"]) for e in trace
+                       if e.get("pid") == new["pid"] and e.get("ph") in ("B", "E"))
+        rdzv = [t for t, _, name in spans if name == "rendezvous"]
+        synced = [t for t, ph, name in spans if ph == "B" and name == "allreduce"]
+        found = after("hosts_changed", added)
+        announced = after("hosts_updated", rdzv[0]) if rdzv else None
+        formed = after("round_complete", announced) if announced else None
+        marks = [added, found, new["time"], *(rdzv[:1] or [None]), announced, formed,
+                 rdzv[1] if len(rdzv) > 1 else None, synced[0] if synced else None, added + join]
+        if None not in marks:
+            phases.append([b - a for a, b in zip(marks, marks[1:])])
+    return phases
 
 
 def start_trial(launcher):
@@ -297,15 +336,17 @@ def join_section(args):
     print("joining, Horovod-style script (init, model, DistributedOptimizer, elastic.run)", flush=True)
     fresh = []
     for n in args.join_sizes:
-        for mode in MODES:
+        for mode in args.modes:
             fresh.append(fresh_python())
-            results = join_trials(n, args.join_trials, mode)
+            results, phases = join_trials(n, args.join_trials, mode, args.breakdown)
             fresh.append(fresh_python())
             joins = [r[0] for r in results]
             print(f"  {mode:8s} growing to {n}: slot added -> first step at {n}: {summary(joins)}"
                   f" ({ratio(joins, fresh)} of a fresh python); from process start "
                   f"{summary(r[1] for r in results)}; survivors' stall {summary(r[2] for r in results)}",
                   flush=True)
+            for i, name in enumerate(PHASES if phases else ()):
+                print(f"    {name:40s} {summary(p[i] for p in phases)}", flush=True)
     print(f"  fresh python importing torch + building SGD: {summary(fresh)}")
 
 
@@ -360,6 +401,10 @@ def main():
     p.add_argument("--baseline-trials", type=int, default=3)
     p.add_argument("--join-trials", type=int, default=5)
     p.add_argument("--join-sizes", type=int, nargs="*", default=[2, 8])
+    p.add_argument("--modes", nargs="*", choices=MODES, default=list(MODES),
+                   help="how workers start in section join (default: every way)")
+    p.add_argument("--breakdown", action="store_true",
+                   help="trace the join jobs and print each join's phases")
     p.add_argument("--start-trials", type=int, default=3)
     args = p.parse_args()
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)

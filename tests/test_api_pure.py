@@ -1,5 +1,8 @@
 """The API's decisions as pure functions: Adasum arithmetic, reducescatter shares, optimizer
-groups, what a joined rank contributes."""
+groups, what a joined rank contributes, how often a rank heartbeats,
+how a group is released."""
+import time
+
 import pytest
 import torch
 
@@ -52,3 +55,35 @@ def test_a_joined_rank_contributes_the_identity_of_the_op(dtype):
         if dtype == torch.bool and op == ops.Sum:
             reduce = torch.logical_or
         assert torch.equal(reduce(x, ops._identity(op, dtype, 3)), x)
+
+
+def test_rank0_heartbeats_faster_than_the_others():
+    # Rank 0's view of host updates is the one every rank acts on at commit().
+    from hvdlite.worker import session
+    assert session.heartbeat_interval(0) == session.RANK0_HEARTBEAT_INTERVAL < session.HEARTBEAT_INTERVAL
+    assert session.heartbeat_interval(1) == session.heartbeat_interval(7) == session.HEARTBEAT_INTERVAL
+
+
+def test_a_released_group_is_destroyed_off_the_calling_thread():
+    # A gloo group's destructor waits for its peers (and forever for a hung one's pending op):
+    # shutdown() hands it to a thread and keeps no reference that would run it here.
+    import threading
+    from hvdlite.torch import basics, gloo, runtime
+    destroyed = []
+
+    class Group:
+        def __del__(self):
+            destroyed.append(threading.current_thread())
+
+    def released():
+        deadline = time.monotonic() + 5
+        while not destroyed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return destroyed.pop() if destroyed else None
+
+    gloo.release([Group()])
+    assert released() not in (None, threading.current_thread())
+    runtime.activate(Group(), None)
+    basics.shutdown()
+    assert released() not in (None, threading.current_thread())
+    assert not runtime.is_initialized()

@@ -131,6 +131,10 @@ def check_objects():
     got = ops.broadcast_object(sent, root_rank=1)
     assert got["from"] == 1 and got["payload"] == list(range(100)) and got["fn"](1) == 2
     assert ops.broadcast_object(None if rank else "zero") == "zero"
+    # Around the size that still fits the first collective, and well past it.
+    for n in list(range(ops._OBJECT_HEAD - 40, ops._OBJECT_HEAD + 8)) + [100000]:
+        text = ops.broadcast_object(None if rank else "y" * (n - 1) + "z")
+        assert len(text) == n and text[-1] == "z" and set(text[:-1]) == {"y"}
     gathered = ops.allgather_object({"rank": rank, "data": "x" * (rank * 1000)})
     assert gathered == [{"rank": r, "data": "x" * (r * 1000)} for r in range(size)]
     ops.barrier()

@@ -9,11 +9,13 @@ import time
 
 import pytest
 
+from hvdlite.driver.launchers import fork_first_world
 from hvdlite.driver.launchers.local import LocalWorker
 from hvdlite.driver.launchers.template import Templates, TemplateWorker
 from hvdlite.driver.output import RankOutput
 from hvdlite.template.command import Refused, plan
-from jobs import SCRIPTS, check_training_continuous, discovery, job_env, run_job, sizes, wait_until
+from jobs import (SCRIPTS, Job, _tree, check_training_continuous, discovery, job_env, run_job, sizes,
+                  wait_until)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYGLOO_PYTHON = os.environ.get("HVDLITE_PYGLOO_PYTHON", os.path.join(ROOT, ".venv-pygloo", "bin", "python"))
@@ -378,3 +380,38 @@ def test_elastic_job_grows_and_shrinks_with_preloading(tmp_path):
     assert "without a preloaded template" not in r.stderr
     assert {e["slot"]: e["started"] for e in r.of("worker_start")} == \
         {"127.0.0.1/0": "process", "127.0.0.2/0": "process", "127.0.0.3/0": "template"}
+
+
+@pytest.mark.parametrize("local_workers, cores, forked", [(1, 2, False), (3, 4, False), (2, 2, True), (7, 2, True)])
+def test_first_world_forks_from_the_template_from_one_worker_per_core(local_workers, cores, forked):
+    assert fork_first_world(local_workers, cores) is forked
+
+
+CORES = len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize("slots", [1, CORES] if CORES > 1 else [CORES])
+def test_when_workers_may_join_the_template_starts_with_the_job(tmp_path, slots):
+    # Below one worker per core the first world starts plainly beside the template's imports;
+    # from one per core on it forks from the template. Either way the template runs before
+    # the first world forms, so an early join does not wait for its imports.
+    schedule = [[0, [f"127.0.0.1:{slots}"]]]
+    with Job([*discovery(tmp_path, schedule), "--min-np", "1", *ELASTIC_JOB], tmp_path,
+             env=job_env(tmp_path, TOTAL_STEPS=5, STEP_SLEEP=0.05)) as job:
+        def template_running():
+            for pid in _tree(job.proc.pid)[1:]:
+                try:
+                    with open(f"/proc/{pid}/cmdline") as f:
+                        if f.read().split("\0")[1:3] == ["-m", "hvdlite.template"]:
+                            return True
+                except OSError:
+                    pass
+            return False
+        wait_until(template_running, 30, "a template process under the driver")
+        formed = [e for e in job.events() if e["event"] == "round_complete"]
+        result = job.finish(120)
+    assert result.code == 0, result.stderr
+    if slots < CORES:
+        assert not formed, "the template started only once the first world formed"
+    assert {e["started"] for e in result.of("worker_start")} == {"template" if slots >= CORES else "process"}
+    assert "without a preloaded template" not in result.stderr

@@ -25,9 +25,9 @@ class Executor:
         self._host_of = {}  # worker -> host it was launched on
         self._stop_when_started = {}  # worker -> grace: stopped while its launch was under way
         self._remote_routes = {}  # remote host -> this machine's address on the route to it
-        # Workers join a running job only through discovery or a cooldown's end: then warm
-        # the templates once the first world formed (its imports are done).
-        self._warmed = not (settings.discovery_script or settings.cooldown_range)
+        # Warm the templates once the first world formed, if workers may join (a local one
+        # started warming with the first world already).
+        self._warmed = not settings.joins_possible
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(LAUNCH_THREADS, thread_name_prefix="hvdlite-launch")
         self._handlers = {Launch: self._launch, Stop: self._stop, Answer: self._answer,
@@ -60,7 +60,7 @@ class Executor:
                     self._remote_routes[a.host] = addr
             env = worker_env(self.settings, (addr, self.server.address[1]), self.secret,
                              a.worker, a.slot, a.slots_on_host, a.world, self.elastic)
-            handle = self.launchers.launch(a.host, env, self.outputs[a.worker], a.joining)
+            handle = self.launchers.launch(a.host, env, self.outputs[a.worker], a.joining, a.slots_on_host)
         except Exception as e:  # noqa: BLE001 - every launcher error is the host's failure
             self.post(LaunchFailed(a.worker, _one_line(e)))
             return

@@ -46,6 +46,11 @@ class Settings:
     checkpoint_keep: int = defaults.CHECKPOINT_KEEP
     env: dict = field(default_factory=lambda: dict(os.environ))
 
+    @property
+    def joins_possible(self) -> bool:
+        """Workers can join the running job: through discovery, or a slot back from a cooldown."""
+        return bool(self.discovery_script or self.cooldown_range)
+
     def __post_init__(self):
         for f in fields(self):
             value = getattr(self, f.name)

@@ -52,10 +52,7 @@ def abort() -> None:
 def shutdown() -> None:
     """Leave the current world (after a failure, call abort() first)."""
     _links.forget()
-    pg = runtime.deactivate()
-    if pg is not None:
-        gloo.release(pg)
-        del pg
+    gloo.release([runtime.deactivate()])
 
 
 def _destroy_at_exit() -> None:

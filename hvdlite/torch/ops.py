@@ -567,15 +567,32 @@ def _from_bytes_tensor(tensor):
     return objects.loads(tensor.numpy())
 
 
+# broadcast_object sends the length and the first bytes of the pickle in one collective of
+# this size, and the rest (if any) in a second: the small objects of a state sync (optimizer
+# layout, plain attributes) cost one collective, not two.
+_OBJECT_HEAD = 4096
+_LENGTH = 8
+
+
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
     """root_rank's `obj` on every rank of the set (the root gets its own object back)."""
     is_root = runtime.info().rank == root_rank
-    payload = _to_bytes_tensor(obj) if is_root else None
-    length = broadcast_(torch.tensor([len(payload) if is_root else 0]), root_rank,
-                        process_set=process_set)
-    if not is_root:
-        payload = torch.empty(int(length), dtype=torch.uint8)
-    broadcast_(payload, root_rank, process_set=process_set)
+    head = torch.zeros(_OBJECT_HEAD, dtype=torch.uint8)
+    if is_root:
+        payload = _to_bytes_tensor(obj)
+        head[:_LENGTH] = torch.tensor(list(len(payload).to_bytes(_LENGTH, "little")), dtype=torch.uint8)
+        first = payload[:_OBJECT_HEAD - _LENGTH]
+        head[_LENGTH:_LENGTH + len(first)] = first
+    broadcast_(head, root_rank, process_set=process_set)
+    length = int.from_bytes(head[:_LENGTH].numpy().tobytes(), "little")
+    if length > _OBJECT_HEAD - _LENGTH:
+        rest = payload[_OBJECT_HEAD - _LENGTH:] if is_root \
+            else torch.empty(length - (_OBJECT_HEAD - _LENGTH), dtype=torch.uint8)
+        broadcast_(rest, root_rank, process_set=process_set)
+        if not is_root:
+            payload = torch.cat([head[_LENGTH:], rest])
+    elif not is_root:
+        payload = head[_LENGTH:_LENGTH + length]
     return obj if is_root else _from_bytes_tensor(payload)
 
 

@@ -51,8 +51,8 @@ class ProcessSet:
             if info.rank not in members:
                 raise ValueError(f"this process (rank {info.rank}) is not in the process set {members}")
             scope = f"{info.store_scope}.set.{self.process_set_id}.{'-'.join(map(str, members))}"
-            if self._group is not None:
-                gloo.release(self._group)
+            old, self._group = [self._group], None
+            gloo.release(old)
             self._group = gloo.connect(scope, members.index(info.rank), len(members))
             self._world = info
         return self._group
@@ -88,7 +88,6 @@ def remove_process_set(process_set) -> bool:
         return False
     del _sets[process_set.process_set_id]
     process_set.process_set_id = None
-    if process_set._group is not None:
-        gloo.release(process_set._group)
-    process_set._world = process_set._group = None
+    old, process_set._group, process_set._world = [process_set._group], None, None
+    gloo.release(old)
     return True

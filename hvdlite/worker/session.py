@@ -19,6 +19,10 @@ from hvdlite.worker.kvclient import Heartbeats, KVClient
 from hvdlite.worker.world import WorldInfo
 
 HEARTBEAT_INTERVAL = 0.5
+# Rank 0's view of host updates is the one every rank acts on (State.check_host_updates), so
+# it hears of them sooner: a joiner waits for the members to leave their world for about
+# half this, not half the normal interval. One worker per job: no load on the driver.
+RANK0_HEARTBEAT_INTERVAL = 0.1
 HEARTBEAT_TIMEOUT = 2.0  # seconds for one heartbeat, connecting included
 STALL = 1.0  # seconds of oversleeping that mean this process was not running
 
@@ -50,6 +54,7 @@ class Session:
         self.commits = 0  # commits the training state holds, told to the driver in heartbeats
         self.device_address = None  # where to bind gloo, when the driver says
         self.updates = 0  # host updates announced by the driver, as last heard
+        self.interval = HEARTBEAT_INTERVAL  # seconds between heartbeats
         self.broken = 0  # newest round the driver saw fall apart, as last heard
         self.on_round_broken = None  # callback(round), called on every heartbeat answer
         self._heartbeat = threading.Thread(target=self._beat, daemon=True, name="hvdlite-heartbeat")
@@ -96,6 +101,7 @@ class Session:
                     raise Removed()
                 info = WorldInfo(**answer["world"])
                 self.device_address = answer.get("device_address")
+                self.interval = heartbeat_interval(info.rank)
                 self.environ.update(info.env())  # scripts reading HOROVOD_RANK see the new world
                 return info
             if status != 408:
@@ -122,11 +128,16 @@ class Session:
                     sys.stderr.flush()
                 finally:
                     os._exit(75)
-            asleep = time.monotonic()
-            time.sleep(HEARTBEAT_INTERVAL)
-            overslept = time.monotonic() - asleep - HEARTBEAT_INTERVAL
+            asleep, interval = time.monotonic(), self.interval
+            time.sleep(interval)
+            overslept = time.monotonic() - asleep - interval
             if overslept > STALL:  # this process was starved, not its link: don't count it
                 last_contact += overslept
+
+
+def heartbeat_interval(rank: int) -> float:
+    """Seconds between an elastic worker's heartbeats in a world where it has `rank`."""
+    return RANK0_HEARTBEAT_INTERVAL if rank == 0 else HEARTBEAT_INTERVAL
 
 
 _session = None

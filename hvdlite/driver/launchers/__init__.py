@@ -14,6 +14,15 @@ from hvdlite.driver.launchers.template import SayOnce, Templates
 from hvdlite.driver.network import route_address
 
 
+def fork_first_world(local_workers: int, cores: int) -> bool:
+    """Whether a host's first workers fork from its template (when workers may join later,
+    so that the template starts with the job). Below one worker per core they import in
+    parallel with the template, on cores nobody else uses; from one per core on, their
+    imports would share the cores with the template's, and one import plus forks is faster
+    than as many imports as workers."""
+    return local_workers >= cores
+
+
 class Launchers:
     def __init__(self, settings):
         self.command = settings.command
@@ -24,14 +33,17 @@ class Launchers:
         self._remote = {}  # hostname -> SSHHost, one connection per remote host
         self._lock = threading.Lock()
         # Workers that join a running job fork from a template that imported torch already
-        # (all local workers with --preload); the first ones start plainly: on a host with no
-        # more workers than cores they import in parallel as fast. A remote host's template
-        # starts with its first joining worker (any worker, with --preload) or once the first
-        # world formed; its workers start plainly until it is ready.
+        # (all local workers with --preload). When workers may join, the local template starts
+        # with the first world, so that an early join need not wait for its imports (see
+        # fork_first_world). A remote host's template starts with its first joining worker
+        # (any worker, with --preload) or once the first world formed; its workers start
+        # plainly until it is ready.
         self._say = SayOnce()
         self._templates = Templates(settings.preload, say=self._say) if settings.preload else None
         self._remote_templates = RemoteTemplates(settings.preload, self._say) if settings.preload else None
         self._preload_first = settings.preload_first
+        self._joins_possible = settings.joins_possible
+        self._cores = len(os.sched_getaffinity(0))
         self._warm_env = None  # a local worker's environment, to start the template with
 
     def is_local(self, hostname) -> bool:
@@ -41,9 +53,10 @@ class Launchers:
         """This machine's address on the route to a remote host (its ssh HostName)."""
         return route_address(ssh.host_config(hostname, self.ssh_settings).address)
 
-    def launch(self, hostname, env: dict, output, joining: bool):
+    def launch(self, hostname, env: dict, output, joining: bool, local_workers: int = 1):
         """A started worker: a handle with pid, poll, wait, signal_group, stop, finish_output.
-        `joining`: the job runs already (a join or a replacement), not its first world."""
+        `joining`: the job runs already (a join or a replacement), not its first world;
+        `local_workers`: the slots of its host."""
         if not self.is_local(hostname):
             host, socket_path = self._host(hostname), None
             if self._remote_templates:
@@ -53,21 +66,27 @@ class Launchers:
             if worker.fallback:
                 self._say(fallback_line(hostname, worker.fallback))
             return worker
-        if self._templates and (joining or self._preload_first):
+        if self._templates and (joining or self._preload_first or (
+                self._joins_possible and fork_first_world(local_workers, self._cores))):
             return self._templates.spawn(self.command, env, os.getcwd(), output)
         with self._lock:
-            self._warm_env = self._warm_env or env
+            first, self._warm_env = self._warm_env is None, self._warm_env or env
+        if first and self._joins_possible:
+            self._warm_local()
         return LocalWorker(self.command, env, output)
 
     def warm(self):
         """Start the templates in the background, so that the next joins fork from them."""
+        self._warm_local()
+        if self._remote_templates:
+            self._remote_templates.warm()
+
+    def _warm_local(self):
         with self._lock:
             env = self._warm_env
         if self._templates and env is not None:
             threading.Thread(target=self._templates.warm, args=(self.command, env, os.getcwd()),
                              daemon=True, name="hvdlite-template-warm").start()
-        if self._remote_templates:
-            self._remote_templates.warm()
 
     def _host(self, hostname):
         with self._lock:
