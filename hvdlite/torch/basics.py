@@ -9,6 +9,8 @@ from hvdlite.worker.links import Links
 from hvdlite.worker.session import session
 from hvdlite.worker.world import WorldInfo
 
+EXIT_RELEASE_WAIT = 10.0  # seconds an exiting worker waits for groups it released to be destroyed
+
 _links = Links()  # the current group's gloo connections
 
 
@@ -59,6 +61,7 @@ def _destroy_at_exit() -> None:
     # A gloo group still alive while the interpreter tears down often aborts the process
     # (SIGABRT, exit -6), which would make a finished worker look failed.
     runtime.deactivate()
+    gloo.finish_releases(EXIT_RELEASE_WAIT)
 
 
 atexit.register(_destroy_at_exit)

@@ -1,5 +1,6 @@
 """Building a gloo process group over the driver's KV store: the world's, and process sets'."""
 import threading
+import time
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -26,9 +27,23 @@ def connect(scope: str, rank: int, size: int, abandoned=lambda: False):
     return dist.ProcessGroupGloo(store, rank, size, options)
 
 
+_releasing = []  # threads destroying released groups
+
+
 def release(holder: list) -> None:
     """Drop the groups in `holder`, a list holding their only references, without waiting:
     a group's destructor waits for its pending work, which a hung peer never ends, and for
     its peers to close (20-80 ms at 8 ranks), so it runs on a thread of its own. A reference
     left with the caller would run it there."""
-    threading.Thread(target=holder.clear, daemon=True).start()
+    thread = threading.Thread(target=holder.clear, daemon=True, name="hvdlite-gloo-release")
+    thread.start()
+    _releasing[:] = [t for t in _releasing if t.is_alive()] + [thread]
+
+
+def finish_releases(timeout: float) -> None:
+    """Wait (at most `timeout` seconds) for groups still being destroyed: a destructor cut
+    off by the interpreter's exit aborts the process (SIGABRT), so a worker that ends
+    cleanly right after leaving a world would look failed."""
+    deadline = time.monotonic() + timeout
+    for thread in _releasing:
+        thread.join(max(0.0, deadline - time.monotonic()))
