@@ -412,10 +412,38 @@ def measure_tcpstore(size, procs, value_bytes):
         del master
 
 
+class CpuSampler:
+    """The machine's CPU use (/proc/stat) sampled every 20 ms, to tell how busy its cores were
+    over a past window."""
+
+    def __init__(self):
+        self.samples, self._stop = [], threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.wait(0.02):
+            with open("/proc/stat") as f:
+                ticks = [int(v) for v in f.readline().split()[1:]]
+            self.samples.append((time.time(), sum(ticks) - ticks[3] - ticks[4], sum(ticks)))
+
+    def busy(self, start, end) -> float:
+        """Fraction of all cores busy between two wall-clock times."""
+        inside = [s for s in self.samples if start <= s[0] <= end]
+        if len(inside) < 2:
+            return float("nan")
+        return (inside[-1][1] - inside[0][1]) / max(1, inside[-1][2] - inside[0][2])
+
+    def close(self):
+        self._stop.set()
+        self._thread.join(1)
+
+
 def reform(sizes, python):
     """kill -9 of one worker of a real numpy-backend job of each size, once every rank has
     done an allreduce -> every survivor's first allreduce in the re-formed world (bench/elastic.py's
-    trial)."""
+    trial). Per size: (that time, the driver's part of it: the kill to the new world formed,
+    and how busy the machine's cores were meanwhile)."""
     import random
     import tempfile
     sys.path.insert(0, os.path.join(ROOT, "bench"))
@@ -427,14 +455,23 @@ def reform(sizes, python):
         run = Run([sys.executable, "-m", "hvdlite.cli", "run", "--event-log", os.path.join(folder, "events.jsonl"),
                    "-H", f"localhost:{n}", "--min-np", "1", "--blacklist-cooldown-range", "1", "1",
                    python, script], env_extra={"PYTHONPATH": ROOT, "MALLOC_ARENA_MAX": "2"}, folder=folder)
+        cpu = CpuSampler()
         try:
             # A world at work, every rank through an allreduce: a kill while pygloo is still
             # connecting the mesh is another matter.
             run.wait(lambda: sum(any(size == n for *_, size in rows) for rows in run.completions().values()) >= n,
                      60 + 3 * n)
             trial = kill_trial(run, n, random.Random(n))
-            out[n] = trial[0] if trial else None
+            events = run.events()
+            kill = next((e for e in events if e["event"] == "worker_exit" and e.get("code") == -9), None)
+            formed = next((e for e in events if e["event"] == "round_complete" and kill
+                           and e["time"] >= kill["time"]), None)
+            if trial and kill and formed:
+                out[n] = (trial[0], formed.get("reformed_in", float("nan")), cpu.busy(kill["time"], kill["time"] + trial[0]))
+            else:
+                out[n] = None
         finally:
+            cpu.close()
             run.close()
     return out
 
@@ -466,10 +503,12 @@ def main():
               f"({args.procs} processes)", flush=True)
     if args.reform:
         times = reform(args.reform, args.worker_python)
-        print("re-form after kill -9 (numpy backend, real processes): " + "  ".join(
-            f"{n} ranks {t:.3f} s" if t is not None else f"{n} ranks FAILED" for n, t in times.items()))
+        print("re-form after kill -9 (numpy backend, real processes): kill -> every survivor's first "
+              "allreduce in the new world (of it: kill -> world formed, in the driver; cores busy):")
+        for n, t in times.items():
+            print(f"  {n} ranks " + (f"{t[0]:.3f} s ({t[1]:.3f} s; {t[2]:.0%})" if t else "FAILED"))
         if times.get(min(times)) and times.get(max(times)):
-            print(f"ratio {max(times)} / {min(times)} ranks: {times[max(times)] / times[min(times)]:.2f}x "
+            print(f"ratio {max(times)} / {min(times)} ranks: {times[max(times)][0] / times[min(times)][0]:.2f}x "
                   f"(target <= 2x)")
 
 
