@@ -1,8 +1,10 @@
 """The pure parts of watching a job: sentences, numbers, Prometheus text, the timeline story."""
+import re
+
 from hvdlite.driver.decisions.core import JobView
 from hvdlite.driver.jobstats import JobStats, prometheus_text, status_line
 from hvdlite.driver.sentences import sentence
-from hvdlite.timeline import story
+from hvdlite.timeline import render, story
 
 
 def test_events_read_as_sentences():
@@ -75,3 +77,17 @@ def test_story_of_a_kill_and_a_scale_up():
     assert [(g.start, g.end, g.state) for g in s.segments["h/1"]] == \
         [(0, 2, "joining"), (2, 5, "member"), (5, None, "blacklisted")]
     assert [m.label for m in s.marks if m.slot == "h/1" and m.kind == "failure"] == ["SIGKILL"]
+
+
+def test_a_short_join_stays_visible_in_its_lane():
+    """A 30 ms join in a 60 s job is a twentieth of a pixel wide: the lane still shows it,
+    not covered by the membership that follows."""
+    records = [
+        {"time": 0, "event": "worker_start", "slot": "h/0"},
+        {"time": 0.03, "event": "round_complete", "round": 1, "size": 1, "members": {"h/0": 0}},
+        {"time": 60, "event": "job_end", "result": "success"}]
+    page = render.html(story.build(records))
+    rects = re.findall(r'<rect x="(\d+)" y="\d+" width="(\d+)" height="\d+" fill="([^"]+)"><title>(\w+) ', page)
+    phases = {state: (int(x), int(w)) for x, w, _, state in rects}
+    (join_x, join_w), (member_x, _) = phases["joining"], phases["member"]
+    assert join_w >= render.MIN_PHASE_W and member_x >= join_x + join_w

@@ -9,6 +9,7 @@ RIGHT = 60
 TOP = 40  # title
 SIZE_H = 120  # world size chart
 LANE_H = 24
+MIN_PHASE_W = 3  # pixels: the narrowest a lane shows a phase
 LANE_GAP = 6
 AXIS_H = 30
 COLOURS = {"joining": "#f2a93b", "member": "#2f9e44", "blacklisted": "#495057",
@@ -100,18 +101,24 @@ def html(story: Story) -> str:
         y = lane_top(i)
         out.append(f'<text class="lane-label" x="8" y="{y + LANE_H - 8}">{escape(slot)}</text>'
                    f'<rect x="{LEFT}" y="{y}" width="{plot_w}" height="{LANE_H}" fill="#f8f9fa"/>')
-        for seg in sorted(story.segments[slot], key=lambda s: s.state == "blacklisted"):
+        cursor = 0  # where the lane's previous phase ended, in whole pixels
+        for seg in sorted(story.segments[slot], key=lambda s: (s.state == "blacklisted", s.start)):
             end = story.end if seg.end is None else seg.end
-            w = max(x(end) - x(seg.start), 1.0)
             if seg.state == "blacklisted":
+                w = max(x(end) - x(seg.start), 1.0)
                 out.append(f'<rect x="{x(seg.start):.1f}" y="{y + LANE_H - 6}" width="{w:.1f}" height="6" '
                            f'fill="{COLOURS["blacklisted"]}"><title>blacklisted '
                            f'({escape(seg.label)})</title></rect>')
                 continue
-            out.append(f'<rect x="{x(seg.start):.1f}" y="{y + 2}" width="{w:.1f}" height="{LANE_H - 10}" '
+            # Whole pixels, and every phase at least MIN_PHASE_W wide and not covered by the
+            # next: a 30 ms join in a minute-long job would otherwise vanish.
+            left = max(round(x(seg.start)), cursor)
+            cursor = max(round(x(end)), left + MIN_PHASE_W)
+            w = cursor - left
+            out.append(f'<rect x="{left}" y="{y + 2}" width="{w}" height="{LANE_H - 10}" '
                        f'fill="{COLOURS[seg.state]}"><title>{seg.state} {escape(seg.label)}</title></rect>')
             if seg.label and w > 40:
-                out.append(f'<text class="small" x="{x(seg.start) + 3:.1f}" y="{y + 13}" '
+                out.append(f'<text class="small" x="{left + 3}" y="{y + 13}" '
                            f'style="fill:#fff">{escape(seg.label)}</text>')
         for m in story.marks:
             if m.slot == slot and m.kind in ("exit", "failure"):
