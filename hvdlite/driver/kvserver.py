@@ -25,7 +25,6 @@ a flood of them costs bounded memory and does not lock real workers out.
 import asyncio
 import collections
 import errno
-import hashlib
 import heapq
 import hmac
 import re
@@ -505,10 +504,10 @@ class KVServer:
         """The sha256 an answer's signature covers. A world's snapshot goes to every rank in
         turn: the last big body's is kept, so it is hashed once, not once per rank."""
         if len(body) < BULK_HASHED or type(body) is not bytes:
-            return hashlib.sha256(body).hexdigest() if body else kvproto.EMPTY_SHA
+            return kvproto.body_sha(body)
         last = self._big_sha
         if last is None or last[0] is not body:
-            last = self._big_sha = (body, hashlib.sha256(body).hexdigest())
+            last = self._big_sha = (body, kvproto.body_sha(body))
         return last[1]
 
 
@@ -647,7 +646,7 @@ class _Connection(asyncio.Protocol):
             body = bytes(self.buffer[:length])
             del self.buffer[:length]
             self.head = None
-            if (hashlib.sha256(body).hexdigest() if body else kvproto.EMPTY_SHA) != fields[2]:
+            if kvproto.body_sha(body) != fields[2]:
                 return self._fail(403, b"body does not match its signed hash")
             if not self.authenticated:
                 self.authenticated = True

@@ -28,6 +28,11 @@ SKEW = 30.0  # seconds a request's time may differ from the server's clock
 MAX_BODY = 64 * 1024 * 1024
 MAX_HEAD = 16 * 1024  # request or response line plus headers
 EMPTY_SHA = hashlib.sha256(b"").hexdigest()
+
+
+def body_sha(body) -> str:
+    """The hex sha256 a signature covers for a request's or an answer's body."""
+    return hashlib.sha256(body).hexdigest() if body else EMPTY_SHA
 _LEN = struct.Struct("!I")
 
 
@@ -41,10 +46,10 @@ def signature(key: bytes, method: str, target: str, body_sha: str, stamp: str, n
 
 
 def auth_value(key: bytes, method: str, target: str, body: bytes, now: float, nonce: str = None) -> str:
-    body_sha = hashlib.sha256(body).hexdigest() if body else EMPTY_SHA
+    digest = body_sha(body)
     stamp = f"{now:.3f}"
     nonce = nonce or os.urandom(12).hex()
-    return ":".join((stamp, nonce, body_sha, signature(key, method, target, body_sha, stamp, nonce)))
+    return ":".join((stamp, nonce, digest, signature(key, method, target, digest, stamp, nonce)))
 
 
 def parse_auth(value: str):
@@ -77,9 +82,8 @@ def answer_signature(key: bytes, request_signature: str, status: int, body_sha: 
 def answer_is_signed(key: bytes, request_signature: str, status: int, headers: dict, body: bytes) -> bool:
     """Whether the answer (headers as ResponseParser gives them) came from a server holding
     the job's key, for the request signed `request_signature`."""
-    body_sha = hashlib.sha256(body).hexdigest() if body else EMPTY_SHA
     return hmac.compare_digest(headers.get(SIG_HEADER.lower(), "").encode("latin-1"),
-                               answer_signature(key, request_signature, status, body_sha).encode("ascii"))
+                               answer_signature(key, request_signature, status, body_sha(body)).encode("ascii"))
 
 
 class ResponseParser:
