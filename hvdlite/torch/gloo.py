@@ -35,6 +35,8 @@ def release(holder: list) -> None:
     a group's destructor waits for its pending work, which a hung peer never ends, and for
     its peers to close (20-80 ms at 8 ranks), so it runs on a thread of its own. A reference
     left with the caller would run it there."""
+    if all(group is None for group in holder):  # nothing was connected: no thread to start
+        return
     thread = threading.Thread(target=holder.clear, daemon=True, name="hvdlite-gloo-release")
     thread.start()
     _releasing[:] = [t for t in _releasing if t.is_alive()] + [thread]
