@@ -1,10 +1,12 @@
 """The API's decisions as pure functions: Adasum arithmetic, reducescatter shares, optimizer
 groups, what a joined rank contributes, how often a rank heartbeats,
-how a group is released."""
+where gloo binds on loopback, how a group is released."""
+import ipaddress
 import time
 
 import pytest
 import torch
+from hypothesis import given, strategies as st
 
 from hvdlite.torch import adasum, ops
 from hvdlite.torch.optimizer import _groups_as_buckets
@@ -62,6 +64,15 @@ def test_rank0_heartbeats_faster_than_the_others():
     from hvdlite.worker import session
     assert session.heartbeat_interval(0) == session.RANK0_HEARTBEAT_INTERVAL < session.HEARTBEAT_INTERVAL
     assert session.heartbeat_interval(1) == session.heartbeat_interval(7) == session.HEARTBEAT_INTERVAL
+
+
+@given(st.integers(0, (1 << 24) - 3), st.integers(0, (1 << 24) - 3))
+def test_on_loopback_gloo_addresses_rise_with_the_rank(a, b):
+    # pygloo's gloo lets the lower address listen: rising addresses keep its mesh from chaining.
+    from hvdlite.worker.session import loopback_by_rank
+    first, second = (ipaddress.IPv4Address(loopback_by_rank("127.0.0.1", k)) for k in (a, b))
+    assert first.is_loopback and second.is_loopback and (first < second) == (a < b)
+    assert loopback_by_rank("10.1.2.3", a) == "10.1.2.3" and loopback_by_rank("::1", a) == "::1"
 
 
 def test_a_released_group_is_destroyed_off_the_calling_thread():

@@ -39,7 +39,7 @@ def _context(info: WorldInfo, abandoned):
     kv = ScopeStore(s.client, info.store_scope, abandoned, peers=info.size)
     store = GlooStore(kv, float(s.environ.get(env.START_TIMEOUT, defaults.START_TIMEOUT)))
     context = pygloo.rendezvous.Context(info.rank, info.size)
-    device = pygloo.transport.tcp.CreateDevice(pygloo.transport.tcp.attr(s.local_address()))
+    device = pygloo.transport.tcp.CreateDevice(pygloo.transport.tcp.attr(s.local_address(info.rank)))
     context.connectFullMesh(pygloo.rendezvous.CustomStore(store), device)
     return context
 

@@ -22,7 +22,7 @@ def connect(scope: str, rank: int, size: int, abandoned=lambda: False):
     s = session()
     store = KVStore(s.client, scope, _timeout(env.START_TIMEOUT, defaults.START_TIMEOUT), abandoned, size)
     options = dist.ProcessGroupGloo._Options()
-    options._devices = [dist.ProcessGroupGloo.create_device(hostname=s.local_address())]
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=s.local_address(rank))]
     options._timeout = _timeout(env.COLLECTIVE_TIMEOUT, defaults.COLLECTIVE_TIMEOUT)
     return dist.ProcessGroupGloo(store, rank, size, options)
 

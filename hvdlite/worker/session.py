@@ -6,6 +6,7 @@ driver for the liveness timeout exits, so a dead driver or a partition never lea
 behind.
 """
 import atexit
+import ipaddress
 import json
 import os
 import socket
@@ -69,15 +70,15 @@ class Session:
         except Exception:  # noqa: BLE001 - the driver may be gone; exiting regardless
             pass
 
-    def local_address(self) -> str:
-        """The address peers reach this worker at: the one the driver named for the current
-        world (a local worker of a world with remote members), else this host's address on the
-        route to the driver."""
+    def local_address(self, rank: int) -> str:
+        """The address peers reach this worker, `rank` of its group, at: the one the driver
+        named for the current world (a local worker of a world with remote members), else this
+        host's address on the route to the driver; on loopback, one address per rank."""
         if self.device_address:
             return self.device_address
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.connect((self.addr, self.port))
-            return s.getsockname()[0]
+            return loopback_by_rank(s.getsockname()[0], rank)
 
     def assignment(self, after_round=None, commit=0) -> WorldInfo:
         """This worker's place in the next world.
@@ -133,6 +134,23 @@ class Session:
             overslept = time.monotonic() - asleep - interval
             if overslept > STALL:  # this process was starved, not its link: don't count it
                 last_contact += overslept
+
+
+def loopback_by_rank(address: str, rank: int) -> str:
+    """`address`, or when it is IPv4 loopback (the driver and so every peer are on this
+    host) 127.0.0.1 + rank: all of 127/8 reaches this host.
+
+    Gloo's full mesh connects to the ranks in order, and pygloo's gloo makes the pair whose
+    address compares lower wait for the other to connect. With addresses that rise with the
+    rank, every rank connects to the ranks below it and waits for the ones above, so no rank
+    waits on one that is itself waiting; with one shared address the ports decide, at random,
+    and the waits chain (a 31-rank mesh took 0.36-0.49 s instead of 0.20-0.22 s here).
+    """
+    parsed = ipaddress.ip_address(address)
+    if parsed.version != 4 or not parsed.is_loopback or rank > (1 << 24) - 3 \
+            or not sys.platform.startswith("linux"):  # elsewhere only 127.0.0.1 may be up
+        return address
+    return str(ipaddress.IPv4Address((127 << 24) + 1 + rank))
 
 
 def heartbeat_interval(rank: int) -> float:

@@ -16,6 +16,15 @@ hvd.init()
 r, n = hvd.rank(), hvd.size()
 assert (r, n) == (int(os.environ["HVDLITE_RANK"]), int(os.environ["HVDLITE_SIZE"]))
 assert hvd.local_rank() == int(os.environ["HVDLITE_LOCAL_RANK"]) and hvd.local_size() <= n
+if os.environ["HVDLITE_RENDEZVOUS_ADDR"].startswith("127."):  # a job on loopback
+    # Each rank listens on 127.0.0.<rank+1>: it connected to the lower ranks' addresses, and
+    # the higher ranks connected to its own.
+    import socket
+    from hvdlite.numpy import basics
+    ends = [socket.socket(fileno=os.dup(fd)) for fd in basics._links.current()[1]]
+    peers, ours = {e.getpeername()[0] for e in ends}, {e.getsockname()[0] for e in ends}
+    assert {f"127.0.0.{k + 1}" for k in range(r)} <= peers, f"rank {r} connected to {peers}"
+    assert r == n - 1 or f"127.0.0.{r + 1}" in ours, f"rank {r} was reached on {ours}"
 assert 0 <= hvd.cross_rank() < hvd.cross_size()
 
 x = np.array([r + 1.0, -r], dtype=np.float32)
