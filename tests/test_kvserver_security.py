@@ -11,6 +11,7 @@ import pytest
 from hvdlite.driver.kvserver import KVServer, Replays, Senders
 from hvdlite.worker import kvproto, objects
 from hvdlite.worker.kvclient import Heartbeats, KVClient, KVError
+from hvdlite.worker.scopestore import ScopeStore
 
 SECRET = "security-secret"
 KEY = kvproto.job_key(SECRET)
@@ -207,6 +208,36 @@ def test_a_family_of_keys_in_one_answer(server):
         client.gather("snap", "0/", 3, timeout=0.2)
     other.put("snap", "0/2", b"back")
     assert client.gather("snap", "0/", 3, timeout=1) == {"0/0": b"addr0", "0/1": b"changed", "0/2": b"back"}
+
+
+def test_a_rank_sends_its_own_key_with_its_read_of_the_family():
+    class Counting(KVServer):  # the real server, its requests noted
+        def _serve(self, conn, method, target, body):
+            seen.append((method, target.partition("?")[0]))
+            return super()._serve(conn, method, target, body)
+    seen, got = [], {}
+    srv = Counting(SECRET)
+    srv.start()
+    try:
+        def rank(r):
+            store = ScopeStore(KVClient(*srv.address, SECRET, timeout=5), "mesh", peers=3)
+            store.set(f"0/{r}", b"addr%d" % r)  # as gloo: its own address, then every peer's
+            got[r] = [store.get(f"0/{k}", 5) for k in range(3)]
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert got == {r: [b"addr0", b"addr1", b"addr2"] for r in range(3)}
+        assert sorted(seen) == [("PUT", f"/kv/mesh/0%2F{r}") for r in range(3)]  # one request each
+        # Any other call sends a held key first.
+        store = ScopeStore(KVClient(*srv.address, SECRET, timeout=5), "other", peers=2)
+        store.set("0/1", b"mine")
+        assert store.check(["0/1"]) and srv.get("other", "0/1") == b"mine"
+        with pytest.raises(RuntimeError, match="not set within"):
+            store.get("0/0", 0.3)  # the family's read: 0/0 is missing
+    finally:
+        srv.stop()
 
 
 def test_unauthenticated_flood_is_bounded_and_locks_nobody_out():

@@ -417,7 +417,9 @@ class KVServer:
         scope, key = (_decode_segment(part) for part in parts)
         if method == "PUT":
             self.put(scope, key, body)
-            return 200, b""
+            # Naming a family makes it a gather too: a gloo rank publishes its address and
+            # reads every peer's in one request.
+            return self._gather(scope, query) if "count" in query else (200, b"")
         if method == "GET":
             if "wait" not in query:
                 value = self.get(scope, key)

@@ -64,19 +64,23 @@ class KVClient:
         """The value once the key is set; TimeoutError if that takes over timeout seconds."""
         return self._long_poll(_kv_path(scope, key), {}, timeout, ("wait for", scope, key))
 
-    def gather(self, scope: str, prefix: str, count: int, timeout: float) -> dict:
+    def gather(self, scope: str, prefix: str, count: int, timeout: float, put=None) -> dict:
         """Keys prefix0 .. prefix<count-1> once all are set, in one answer; TimeoutError if
-        that takes over timeout seconds."""
-        body = self._long_poll(f"/kv/{quote(scope, safe='')}", {"prefix": prefix, "count": str(count)},
-                               timeout, ("gather", scope, f"{prefix}0..{count - 1}"))
+        that takes over timeout seconds. `put`, a (key, value), is set by the same request."""
+        path, body = f"/kv/{quote(scope, safe='')}", None
+        if put is not None:
+            path, body = _kv_path(scope, put[0]), put[1]
+        body = self._long_poll(path, {"prefix": prefix, "count": str(count)}, timeout,
+                               ("gather", scope, f"{prefix}0..{count - 1}"), body)
         return kvproto.decode_snapshot(body)
 
-    def _long_poll(self, path, query, timeout, what):
+    def _long_poll(self, path, query, timeout, what, put=None):
+        """GET path until answered; with `put`, PUT it as the body (setting twice is harmless)."""
         deadline = time.monotonic() + timeout
         while True:
             poll = min(max(deadline - time.monotonic(), 0.0), _POLL)
-            answer = self.request("GET", path, query={**query, "wait": f"{poll:.3f}"},
-                                  timeout=poll + self.timeout)
+            answer = self.request("GET" if put is None else "PUT", path, put or b"",
+                                  query={**query, "wait": f"{poll:.3f}"}, timeout=poll + self.timeout)
             status, body = self._expect(what, answer, 200, 408)
             if status == 200:
                 return body
