@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 SECRET = "bench-secret"
 WAITERS = 1024
 
@@ -84,8 +85,11 @@ def library_client(kind, port, seconds, worker, result):
 
 
 def measure(target, args, clients, seconds):
-    result = mp.Queue()
-    procs = [mp.Process(target=target, args=(*args, seconds, w, result)) for w in range(clients)]
+    # Spawned, not forked: a child forked while this process runs TCPStore's server thread
+    # can hang in torch before its first request.
+    ctx = mp.get_context("spawn")
+    result = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*args, seconds, w, result)) for w in range(clients)]
     for p in procs:
         p.start()
     total = sum(result.get(timeout=seconds + 60) for _ in procs)
@@ -151,5 +155,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     main()
