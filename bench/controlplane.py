@@ -1,6 +1,7 @@
 """The driver's control plane at scale, against torch's TCPStore in the same run:
 
     python bench/controlplane.py [--sizes 64 256 1024 4096] [--procs 2] [--reform 4 16 32]
+                                 [--reform-trials 3]
 
 For each size N, one line `ranks=N rendezvous_s=X tcpstore_s=Y heartbeat_cpu=Z rss_mb=W`:
 - rendezvous_s: N simulated ranks (asyncio, many per process, signing and framing through
@@ -16,7 +17,8 @@ For each size N, one line `ranks=N rendezvous_s=X tcpstore_s=Y heartbeat_cpu=Z r
   batches fed to its ElasticCore (which must have heard every worker) on the Job's tick loop;
 - rss_mb: the driver process's peak RSS.
 Then kill -9 re-form times of real numpy-backend jobs (--reform sizes; /work/main/.venv-pygloo
-or --worker-python): from the kill to the survivors' first allreduce in the new world.
+or --worker-python): from the kill to the survivors' first allreduce in the new world, median
+over --reform-trials kills per job.
 """
 import argparse
 import asyncio
@@ -25,6 +27,7 @@ import os
 import select
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -440,11 +443,12 @@ class CpuSampler:
         self._thread.join(1)
 
 
-def reform(sizes, python):
-    """kill -9 of one worker of a real numpy-backend job of each size, once every rank has
-    done an allreduce -> every survivor's first allreduce in the re-formed world (bench/elastic.py's
-    trial). Per size: (that time, the driver's part of it: the kill to the new world formed,
-    and how busy the machine's cores were meanwhile)."""
+def reform(sizes, python, trials):
+    """`trials` kills -9 of one worker of a real numpy-backend job of each size, each once every
+    rank has done an allreduce and the world is whole again -> every survivor's first allreduce
+    in the re-formed world (bench/elastic.py's trial). Per size, a list of (that time, the
+    driver's part of it: the kill to the new world formed, how busy the machine's cores were
+    meanwhile)."""
     import random
     import tempfile
     sys.path.insert(0, os.path.join(ROOT, "bench"))
@@ -456,21 +460,22 @@ def reform(sizes, python):
         run = Run([sys.executable, "-m", "hvdlite.cli", "run", "--event-log", os.path.join(folder, "events.jsonl"),
                    "-H", f"localhost:{n}", "--min-np", "1", "--blacklist-cooldown-range", "1", "1",
                    python, script], env_extra={"PYTHONPATH": ROOT, "MALLOC_ARENA_MAX": "2"}, folder=folder)
-        cpu = CpuSampler()
+        cpu, rng, out[n] = CpuSampler(), random.Random(n), []
         try:
             # A world at work, every rank through an allreduce: a kill while pygloo is still
             # connecting the mesh is another matter.
             run.wait(lambda: sum(any(size == n for *_, size in rows) for rows in run.completions().values()) >= n,
                      60 + 3 * n)
-            trial = kill_trial(run, n, random.Random(n))
-            events = run.events()
-            kill = next((e for e in events if e["event"] == "worker_exit" and e.get("code") == -9), None)
-            formed = next((e for e in events if e["event"] == "round_complete" and kill
-                           and e["time"] >= kill["time"]), None)
-            if trial and kill and formed:
-                out[n] = (trial[0], formed.get("reformed_in", float("nan")), cpu.busy(kill["time"], kill["time"] + trial[0]))
-            else:
-                out[n] = None
+            for k in range(trials):  # kill_trial returns once the killed slot has joined again
+                trial = kill_trial(run, n, rng)
+                events = run.events()
+                kills = [e for e in events if e["event"] == "worker_exit" and e.get("code") == -9]
+                formed = [e for e in events if e["event"] == "round_complete"
+                          and len(kills) > k and e["time"] >= kills[k]["time"]]
+                if not trial or not formed:
+                    break
+                out[n].append((trial[0], formed[0].get("reformed_in", float("nan")),
+                               cpu.busy(kills[k]["time"], kills[k]["time"] + trial[0])))
         finally:
             cpu.close()
             run.close()
@@ -485,6 +490,7 @@ def main():
     p.add_argument("--beat-seconds", type=float, default=5.0)
     p.add_argument("--no-tcpstore", action="store_true")
     p.add_argument("--reform", type=int, nargs="*", default=[4, 16, 32])
+    p.add_argument("--reform-trials", type=int, default=3, help="kills per re-form size")
     p.add_argument("--worker-python", default="/work/main/.venv-pygloo/bin/python")
     args = p.parse_args()
     raise_fd_limit()
@@ -503,13 +509,20 @@ def main():
         print(f"  rendezvous CPU: driver {cpus[0]:.3f} s, simulated ranks {cpus[1]:.3f} s "
               f"({args.procs} processes)", flush=True)
     if args.reform:
-        times = reform(args.reform, args.worker_python)
+        times = reform(args.reform, args.worker_python, args.reform_trials)
         print("re-form after kill -9 (numpy backend, real processes): kill -> every survivor's first "
-              "allreduce in the new world (of it: kill -> world formed, in the driver; cores busy):")
-        for n, t in times.items():
-            print(f"  {n} ranks " + (f"{t[0]:.3f} s ({t[1]:.3f} s; {t[2]:.0%})" if t else "FAILED"))
-        if times.get(min(times)) and times.get(max(times)):
-            print(f"ratio {max(times)} / {min(times)} ranks: {times[max(times)][0] / times[min(times)][0]:.2f}x "
+              "allreduce in the new world, median of the kills (of it: kill -> world formed, in the "
+              "driver; cores busy; slowest kill):")
+        medians = {}
+        for n, rows in times.items():
+            if len(rows) < args.reform_trials:
+                print(f"  {n} ranks FAILED after {len(rows)} of {args.reform_trials} kills")
+                continue
+            medians[n] = statistics.median(r[0] for r in rows)
+            print(f"  {n} ranks {medians[n]:.3f} s ({statistics.median(r[1] for r in rows):.3f} s; "
+                  f"{statistics.median(r[2] for r in rows):.0%}; slowest {max(r[0] for r in rows):.3f} s)")
+        if min(times) in medians and max(times) in medians:
+            print(f"ratio {max(times)} / {min(times)} ranks: {medians[max(times)] / medians[min(times)]:.2f}x "
                   f"(target <= 2x)")
 
 
