@@ -39,11 +39,7 @@ class KeptTemplate(Template):
         return not self.dead
 
     def close(self, kill: bool = False) -> None:
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
+        self.hang_up()
         if kill:  # hung: it is ours (checked at connect), and the next job starts a new one
             try:
                 os.kill(self._pid, signal.SIGKILL)

@@ -216,13 +216,16 @@ class Template:
             self.close(kill=True)
         raise Unavailable("template died" if answered else f"no answer in {REPLY_TIMEOUT:.0f} s")
 
-    def close(self, kill: bool = False) -> None:
-        """Without kill the template exits once its children have; with kill, they die too."""
+    def hang_up(self) -> None:
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
         self.sock.close()
+
+    def close(self, kill: bool = False) -> None:
+        """Without kill the template exits once its children have; with kill, they die too."""
+        self.hang_up()
         if kill and self.proc.poll() is None:
             self.proc.kill()
         if kill:
