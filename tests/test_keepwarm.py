@@ -17,8 +17,8 @@ from hvdlite.driver.launchers.template import Templates, TemplateWorker
 from hvdlite.driver.output import RankOutput
 from hvdlite.errors import UsageError
 from hvdlite.template import kept
-from jobs import Job, wait_until
-from test_template import alive, finished, parent, state
+from jobs import SCRIPTS, Job, wait_until
+from test_template import PYGLOO_PYTHON, alive, finished, needs_pygloo, parent, state
 
 UID = os.getuid()
 
@@ -133,14 +133,23 @@ def keep(tmp_path):
         k.close()
 
 
-def test_second_job_forks_from_the_first_jobs_kept_template(keep):
-    script = keep.script("who.py", "import os\nprint('parent', os.getppid())\n")
+WHO = "import os\nprint('parent', os.getppid())\n"
+
+
+@pytest.mark.parametrize("python, check, preload", [
+    (sys.executable, None, "kwmod"),
+    pytest.param(PYGLOO_PYTHON, "numpy_check.py", "kwmod,numpy,hvdlite.numpy", marks=needs_pygloo),
+])
+def test_second_job_forks_from_the_first_jobs_kept_template(keep, python, check, preload):
+    # With the numpy backend on its own interpreter: real gloo collectives in forked workers.
+    script = keep.script("who.py", WHO + (open(os.path.join(SCRIPTS, check)).read() if check else ""))
     parents = []
     for n in range(2):
-        with Job(["-np", "2", "--keep-warm", "30", "--preload", "kwmod", sys.executable, script],
+        with Job(["-np", "2", "--keep-warm", "30", "--preload", preload, python, script],
                  keep.tmp_path, env=keep.env) as job:
             result = job.finish(120)
         assert result.code == 0, result.stderr
+        assert not check or all(f"[{k}]<stdout>:OK {k}" in result.stdout for k in range(2)), result.stdout
         parents.append({int(p) for p in re.findall(r"stdout>:parent (\d+)", result.stdout)})
         assert "without a preloaded template" not in result.stderr
         assert ("kept template" in result.stderr) == (n == 0), result.stderr  # said once, when started
