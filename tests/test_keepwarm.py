@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import sys
 
 import pytest
@@ -263,3 +264,37 @@ def test_driver_kill_9_kills_its_workers_and_the_kept_template_serves_the_next_j
                 pass
         driver.wait(10)
         driver.stdout.close()
+
+
+def test_a_dead_kept_templates_socket_is_replaced(keep):
+    script = keep.script("who.py", WHO)
+    first, _ = keep.templates()
+    assert keep.spawn(first, script).wait(30) == 0
+    first.close()
+    (old,) = keep.kept_pids()
+    os.kill(old, signal.SIGKILL)
+    wait_until(lambda: not alive(old), 10, "the kept template killed")
+    assert len(keep.sockets()) == 1  # left behind: nobody listens on it
+    second, said = keep.templates()
+    handle = keep.spawn(second, script)
+    assert handle.wait(30) == 0
+    new = [pid for pid in keep.kept_pids() if pid != old]
+    assert len(new) == 1 and alive(new[0]) and len(keep.sockets()) == 1
+    assert said == [l for l in said if l.startswith(f"hvdlite: kept template {new[0]} started")]
+
+
+def test_drivers_starting_at_once_share_one_kept_template(keep):
+    script = keep.script("nap.py", "import time\ntime.sleep(1)\n")
+    results = []
+
+    def job():
+        templates, _ = keep.templates()
+        handle = keep.spawn(templates, script)
+        results.append((parent(handle.pid), handle.wait(60)))
+    threads = [threading.Thread(target=job) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert [code for _, code in results] == [0, 0, 0]
+    assert {ppid for ppid, _ in results} == set(keep.kept_pids()) and len(keep.kept_pids()) == 1

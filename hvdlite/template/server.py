@@ -135,7 +135,7 @@ class Template:
                 timeout = max(0.0, heard + self.idle - time.monotonic())
             readable, _, _ = select.select(watch, [], [], timeout)
             if self.serving and self.idle is not None and not self.readers and not self.children \
-                    and time.monotonic() > heard + self.idle:
+                    and self.listener not in readable and time.monotonic() > heard + self.idle:
                 self._orphaned()
             if self.wake_r in readable:
                 os.read(self.wake_r, 4096)

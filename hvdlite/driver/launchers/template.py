@@ -314,12 +314,18 @@ class Templates:
 
     def spawn(self, command, env: dict, cwd: str, output):
         try:
+            template = self.template(command, env, cwd)
             try:
-                return self.template(command, env, cwd).spawn(command, env, cwd, output)
+                return template.spawn(command, env, cwd, output)
             except Outdated as e:
                 with self.lock:
                     self._unkeep(self._key(command, env, cwd)[1], e)
-                return self.template(command, env, cwd).spawn(command, env, cwd, output)
+            except Unavailable:
+                if not template.kept:
+                    raise
+            # Once more: from the job's own template, or a new kept one if the kept one left
+            # (idle) as this job connected.
+            return self.template(command, env, cwd).spawn(command, env, cwd, output)
         except (Refused, Unavailable) as e:
             self._say_once(f"hvdlite: starting workers without a preloaded template ({e})")
         return LocalWorker(command, env, output, cwd=cwd)
