@@ -42,7 +42,7 @@ def test_directory_checks(mode, uid, problem):
     assert kept.dir_problem(_stat(mode, uid), UID) == problem
 
 
-def test_path_and_identity():
+def test_path_and_identity(tmp_path):
     assert kept.runtime_dir({"XDG_RUNTIME_DIR": "/run/user/7"}, 7) == "/run/user/7/hvdlite-7"
     assert kept.runtime_dir({}, 7) == "/tmp/hvdlite-7"
     base = kept.identity(sys.executable, ["torch", "numpy"], {"PYTHONPATH": "/a"})
@@ -51,7 +51,11 @@ def test_path_and_identity():
               kept.identity(sys.executable, ["numpy", "torch"], {"PYTHONPATH": "/a"}),
               kept.identity(sys.executable, ["torch", "numpy"], {"PYTHONPATH": "/b"}),
               kept.identity(sys.executable, ["torch", "numpy"], {})}
-    assert base not in others and len(others) == 4
+    venv_python = tmp_path / "bin" / "python3"
+    venv_python.parent.mkdir()
+    venv_python.symlink_to(os.path.realpath(sys.executable))
+    others.add(kept.identity(str(venv_python), ["torch", "numpy"], {"PYTHONPATH": "/a"}))
+    assert base not in others and len(others) == 5
     assert kept.socket_path("/d", base) == f"/d/warm-{base}.sock"
 
 

@@ -18,8 +18,10 @@ def runtime_dir(env: dict, uid: int) -> str:
 
 
 def identity(python: str, preload, startup: dict) -> str:
-    """What a kept template can serve; equal identities may share one."""
-    text = json.dumps([os.path.realpath(python), list(preload), sorted(startup.items())])
+    """What a kept template can serve; equal identities may share one. The path as given
+    too: a venv's python is a symlink to the base one but has other packages."""
+    text = json.dumps([os.path.abspath(python), os.path.realpath(python), list(preload),
+                       sorted(startup.items())])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
