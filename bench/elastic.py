@@ -20,13 +20,16 @@ plain launches (--no-preload) against workers forked from a preloaded template (
   poll, launch, script start -> hvd.init, announcement, members leaving, gloo connect, state
   sync, first step.
 Section "start": `hvdlite run -np 2` start -> first allreduce, against torchrun on the same
-script (target <= 0.5x).
+script (target <= 0.5x): each way of starting workers, and `--keep-warm` after one untimed job
+that leaves the kept template (in a private XDG_RUNTIME_DIR, ended by pid at the end).
 """
 import argparse
 import glob
 import json
 import os
 import random
+import re
+import shutil
 import signal
 import socket
 import statistics
@@ -42,6 +45,7 @@ FRESH = "import torch; torch.optim.SGD(torch.nn.Linear(4, 4).parameters(), lr=0.
 # How workers start: always fresh, the default (fresh first world, joins fork from the template
 # warmed meanwhile), or every worker from the template (--preload).
 MODES = {"plain": ["--no-preload"], "default": [], "template": ["--preload", "torch,torch.optim,torch._dynamo,hvdlite.torch"]}
+KEEP_WARM = ["--keep-warm", "600", *MODES["template"]]  # workers fork from a kept template
 
 
 class Run:
@@ -307,7 +311,7 @@ def join_phases(run, results):
     return phases
 
 
-def start_trial(launcher):
+def start_trial(launcher, runtime_dir=None):
     """Seconds from launching a 2-worker job of the Horovod-style script to the later of the
     two ranks' first step."""
     started = time.time()
@@ -315,8 +319,9 @@ def start_trial(launcher):
         run = Run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                    "--nproc-per-node", "2", STYLE], {"BASELINE": "torchrun", "OMP_NUM_THREADS": "1"})
     else:
-        run = Run([sys.executable, "-m", "hvdlite.cli", "run", "-np", "2", *MODES[launcher],
-                   sys.executable, STYLE])
+        flags = KEEP_WARM if launcher == "keep-warm" else MODES[launcher]
+        run = Run([sys.executable, "-m", "hvdlite.cli", "run", "-np", "2", *flags, sys.executable, STYLE],
+                  {"XDG_RUNTIME_DIR": runtime_dir} if runtime_dir else None)
     try:
         if not run.wait(lambda: len([c for c in run.completions().values() if c]) >= 2, 120):
             return None
@@ -352,13 +357,30 @@ def join_section(args):
 
 def start_section(args):
     print("start of `hvdlite run -np 2` -> first allreduce, Horovod-style script", flush=True)
-    times = {launcher: [] for launcher in ("torchrun", *MODES)}
-    for _ in range(args.start_trials):
-        for launcher in times:  # interleaved, so that load changes hit every launcher alike
-            times[launcher].append(start_trial(launcher))
+    times = {launcher: [] for launcher in ("torchrun", *MODES, "keep-warm")}
+    runtime_dir = tempfile.mkdtemp(prefix="hvdlite-bench-run-")  # 0700; ours alone
+    try:
+        start_trial("keep-warm", runtime_dir)  # untimed: leaves the kept template
+        for _ in range(args.start_trials):
+            for launcher in times:  # interleaved, so that load changes hit every launcher alike
+                times[launcher].append(start_trial(launcher, runtime_dir))
+    finally:
+        end_kept_templates(runtime_dir)
     for launcher, values in times.items():
         versus = "" if launcher == "torchrun" else f" ({ratio(values, times['torchrun'])} of torchrun)"
-        print(f"  {launcher:8s} {summary(values)}{versus}", flush=True)
+        print(f"  {launcher:9s} {summary(values)}{versus}", flush=True)
+
+
+def end_kept_templates(runtime_dir):
+    """Kill the kept templates started in `runtime_dir` (their pids are in their logs)."""
+    for log in glob.glob(os.path.join(runtime_dir, "hvdlite-*", "warm-*.log")):
+        with open(log) as f:
+            for pid in re.findall(r"kept template (\d+) serves", f.read()):
+                try:
+                    os.killpg(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+    shutil.rmtree(runtime_dir, ignore_errors=True)
 
 
 def summary(values):

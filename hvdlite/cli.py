@@ -103,6 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
                               ", for workers that join a running job)")
     preload.add_argument("--no-preload", action="store_true",
                          help="start every worker as a fresh process")
+    p.add_argument("--keep-warm", type=_positive(float, zero=True), metavar="SECONDS",
+                   help="fork this machine's workers from a template kept running after the job "
+                        "until SECONDS without a job, so later --keep-warm jobs skip the imports "
+                        "(default $HVDLITE_KEEP_WARM or 0: none)")
     e = p.add_argument_group("elastic mode (on with --host-discovery-script or --min-np)")
     e.add_argument("--min-np", "--min-num-proc", type=_positive(int), dest="min_np",
                    help="fewest workers to train with (default -np)")
@@ -163,6 +167,9 @@ def parse_settings(argv) -> Settings:
             raise UsageError(f"--{name.replace('_', '-')}: no such file {path}")
     if args.checkpoint_dir is not None:
         args.checkpoint_dir = checkpoint_dir(args.checkpoint_dir)
+    keep_warm = keep_warm_seconds(args.keep_warm, os.environ.get("HVDLITE_KEEP_WARM"))
+    if keep_warm and args.no_preload:
+        raise UsageError("--keep-warm keeps a preloaded template: drop --no-preload")
     return Settings(
         command=command, num_proc=num_proc, hosts=None if args.discovery_script else hosts,
         start_timeout=args.start_timeout, collective_timeout=args.collective_timeout,
@@ -180,7 +187,7 @@ def parse_settings(argv) -> Settings:
         cooldown_range=tuple(args.cooldown_range) if args.cooldown_range else None,
         elastic_timeout=args.elastic_timeout, liveness_timeout=args.liveness_timeout,
         preload=() if args.no_preload else tuple(_modules(args.preload)) if args.preload else DEFAULT_PRELOAD,
-        preload_first=bool(args.preload), checkpoint_dir=args.checkpoint_dir,
+        preload_first=bool(args.preload), keep_warm=keep_warm, checkpoint_dir=args.checkpoint_dir,
         checkpoint_interval=args.checkpoint_interval, checkpoint_keep=args.checkpoint_keep)
 
 
@@ -195,6 +202,18 @@ def checkpoint_dir(path: str) -> str:
     if not os.access(path, os.W_OK | os.X_OK):
         raise UsageError(f"--checkpoint-dir: {path} is not writable")
     return path
+
+
+def keep_warm_seconds(flag, env_value) -> float:
+    """--keep-warm, else $HVDLITE_KEEP_WARM, else 0."""
+    if flag is not None:
+        return flag
+    if not env_value:
+        return 0.0
+    try:
+        return _positive(float, zero=True)(env_value)
+    except argparse.ArgumentTypeError as e:
+        raise UsageError(f"HVDLITE_KEEP_WARM: {e}") from None
 
 
 def _modules(text):

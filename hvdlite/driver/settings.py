@@ -41,6 +41,7 @@ class Settings:
     timeline_filename: str = None  # per-rank collective trace (Chrome trace JSON)
     preload: tuple = None  # modules a worker template imports; empty: no template
     preload_first: bool = False  # the first world's workers fork from it too (--preload)
+    keep_warm: float = 0.0  # seconds a kept template waits idle after the job; 0: none
     checkpoint_dir: str = None  # absolute; None: commits live only in the workers' memory
     checkpoint_interval: float = defaults.CHECKPOINT_INTERVAL
     checkpoint_keep: int = defaults.CHECKPOINT_KEEP

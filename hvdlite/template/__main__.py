@@ -1,11 +1,14 @@
 """`python -m hvdlite.template --preload torch,torch.optim --control FD`
    `python -m hvdlite.template --preload torch,torch.optim --listen`
+   `python -m hvdlite.template --preload torch,torch.optim --keep PATH --idle SECONDS`
 
 Preloads the modules, says `ready` (or `unusable`), then forks workers on request. With
 --control the driver's connected unix socket carries both. With --listen (a remote host,
 started over SSH) the frames go to stdout and spawn clients connect to a unix socket in a new
-directory only this user can enter; stdin is the driver's lifeline (see server.py). In a
-forked child this returns into the worker's own code.
+directory only this user can enter; stdin is the driver's lifeline (see server.py). With
+--keep (a kept template, kept.py; its starter holds the path's lock and reads the frames on
+stdout) the socket is PATH and the lifeline an idle timer. In a forked child this returns into
+the worker's own code.
 """
 import argparse
 import os
@@ -26,6 +29,25 @@ def _listen():
     return folder, listener
 
 
+class KeptSocket:
+    """A listening socket at `path`, removed when the kept template stops serving, unless
+    another one bound there since."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        self.listener.listen(64)
+        self.inode = os.stat(path).st_ino
+
+    def remove(self) -> None:
+        try:
+            if os.stat(self.path).st_ino == self.inode:
+                os.unlink(self.path)
+        except OSError:
+            pass
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m hvdlite.template")
     p.add_argument("--preload", default="", help="comma-separated modules to import first")
@@ -34,8 +56,11 @@ def main(argv=None) -> int:
                      help="file descriptor of a connected unix socket to the driver")
     how.add_argument("--listen", action="store_true",
                      help="serve spawn clients on a unix socket; frames on stdout, stdin the lifeline")
+    how.add_argument("--keep", metavar="PATH",
+                     help="kept template: serve spawn clients on PATH until --idle seconds without any")
+    p.add_argument("--idle", type=float, default=60.0, help="seconds a kept template waits idle")
     args = p.parse_args(argv)
-    if args.listen:
+    if args.listen or args.keep:
         frames = os.dup(1)
         os.dup2(2, 1)  # what preloaded modules print must not end up among the frames
         say = lambda header: wire.write(frames, header)  # noqa: E731
@@ -57,7 +82,21 @@ def main(argv=None) -> int:
         return 1
     ready = {"op": "ready", "pid": os.getpid(), "python": sys.executable,
              "preloaded": loaded, "skipped": skipped}
-    if not args.listen:
+    if args.keep:
+        try:
+            kept = KeptSocket(args.keep)
+        except OSError as e:
+            say({"op": "unusable", "reason": f"cannot listen on {args.keep}: {e.strerror}"})
+            return 1
+        say(dict(ready, socket=args.keep))
+        os.close(frames)
+        print(f"hvdlite: kept template {os.getpid()} serves {args.keep} until {args.idle:g} s idle",
+              file=sys.stderr, flush=True)
+        job = server.Template(listener=kept.listener, idle=args.idle, on_stop=kept.remove).serve()
+        if os.getpid() == ready["pid"]:
+            kept.remove()
+            print(f"hvdlite: kept template {os.getpid()} exits", file=sys.stderr, flush=True)
+    elif not args.listen:
         say(ready)
         job = server.Template(control=control).serve()
     else:

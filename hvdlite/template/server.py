@@ -16,6 +16,11 @@ waits for its children (and reports their exits to their clients) before it exit
 outlive the driver as plainly launched workers do. Its children die with it (see
 child.detach); a client's death kills its worker's process group, since nobody would report
 that worker's exit any more.
+
+A kept template (kept.py) has no lifeline but an idle timer: it serves spawn clients on its
+listener until it has had no client and no child for `idle` seconds. It refuses every spawn
+once a module it preloaded changed on disk, and then stops serving at once (its socket goes,
+so the next job can start a fresh one).
 """
 import importlib
 import os
@@ -26,7 +31,7 @@ import sys
 import threading
 import time
 
-from hvdlite.template import child, wire
+from hvdlite.template import child, kept, wire
 from hvdlite.template.command import Refused, plan
 
 LIFELINE_SILENCE = 10.0  # seconds without a byte from the driver's SSH channel: it is gone
@@ -98,8 +103,12 @@ class Template:
     while `lifeline` (a readable fd) lives."""
 
     def __init__(self, control: socket.socket = None, listener: socket.socket = None,
-                 lifeline: int = None, silence: float = LIFELINE_SILENCE):
+                 lifeline: int = None, silence: float = LIFELINE_SILENCE, idle: float = None,
+                 on_stop=None):
         self.control, self.listener, self.lifeline, self.silence = control, listener, lifeline, silence
+        self.idle, self.on_stop = idle, on_stop  # kept: the idle timer, and what stops serving does
+        self.stamps = kept.module_stamps() if idle is not None else None
+        self.stale = None  # why a kept template refuses: a preloaded module changed
         self.readers = {control: wire.Reader(control)} if control is not None else {}
         self.started_env = dict(os.environ)
         self.children = {}  # pid -> (connection or None once it closed, spawn id)
@@ -119,7 +128,15 @@ class Template:
                 watch += [fd for fd in (self.lifeline, self.listener) if fd is not None]
             timeout = max(0.0, heard + self.silence - time.monotonic()) \
                 if self.serving and self.lifeline is not None else None
+            if self.serving and self.idle is not None:
+                watch.append(self.listener)
+                if self.readers or self.children:
+                    heard = time.monotonic()
+                timeout = max(0.0, heard + self.idle - time.monotonic())
             readable, _, _ = select.select(watch, [], [], timeout)
+            if self.serving and self.idle is not None and not self.readers and not self.children \
+                    and self.listener not in readable and time.monotonic() > heard + self.idle:
+                self._orphaned()
             if self.wake_r in readable:
                 os.read(self.wake_r, 4096)
                 self._reap()
@@ -155,9 +172,13 @@ class Template:
 
     def _orphaned(self) -> None:
         """The driver is gone: fork no more."""
+        if not self.serving:
+            return
         self.serving = False
         if self.listener is not None:
             self.listener.close()
+        if self.on_stop is not None:
+            self.on_stop()
 
     def _hangup(self, conn) -> None:
         del self.readers[conn]
@@ -184,6 +205,13 @@ class Template:
 
     def _spawn(self, conn, header, fds):
         try:
+            if self.stamps is not None and self.stale is None:
+                changed = kept.first_changed(self.stamps)
+                if changed:
+                    self.stale = f"kept template {os.getpid()} is out of date: {changed} changed on disk"
+                    self._orphaned()
+            if self.stale:
+                raise Refused(self.stale)
             if not self.serving:
                 raise Refused("the driver is gone")
             if len(fds) != 2:
@@ -193,7 +221,8 @@ class Template:
         except Refused as e:
             for fd in fds:
                 os.close(fd)
-            _tell(conn, {"op": "refused", "id": header["id"], "reason": str(e)})
+            _tell(conn, {"op": "refused", "id": header["id"], "reason": str(e),
+                         "outdated": self.stale is not None})
             return None
         sys.stdout.flush()
         sys.stderr.flush()

@@ -7,12 +7,14 @@ its header as "fds": N and delivered no later than the frame's first byte.
 
 Messages (header "op"):
   template -> driver  ready {pid, python, preloaded, skipped[, socket]} | unusable {reason}
-                      started {id, pid} | refused {id, reason} | exit {id, pid, code}
+                      started {id, pid} | refused {id, reason, outdated} | exit {id, pid, code}
   driver -> template  spawn {id, argv, env, cwd, fds: 2[, mark]}  (the worker's stdout, stderr)
 On this machine the driver holds the template's control socket. On a remote host the
 template's `ready` (with the path of its listening socket) and `unusable` go to the driver
 over the SSH channel's stdout, and each spawn client (hvdlite.template.spawn) sends its one
-spawn over its own connection to that socket and receives its replies there.
+spawn over its own connection to that socket and receives its replies there. A kept
+template (kept.py) serves drivers on its socket as a remote one serves spawn clients;
+`outdated` says it refused because a module it preloaded changed on disk.
 """
 import array
 import json

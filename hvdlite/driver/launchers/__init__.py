@@ -3,10 +3,12 @@
 Launches run on the executor's threads, never on the decision thread: name lookups, SSH
 connects and remote start-up can take seconds.
 """
+import functools
 import os
 import threading
 
 from hvdlite.driver.launchers import ssh
+from hvdlite.driver.launchers.kept import obtain
 from hvdlite.driver.launchers.local import LocalWorker
 from hvdlite.driver.launchers.locality import is_local
 from hvdlite.driver.launchers.ssh.template import RemoteTemplates, fallback_line
@@ -39,9 +41,12 @@ class Launchers:
         # (any worker, with --preload) or once the first world formed; its workers start
         # plainly until it is ready.
         self._say = SayOnce()
-        self._templates = Templates(settings.preload, say=self._say) if settings.preload else None
+        # With --keep-warm the local template is a kept one, and every local worker forks from it.
+        keeper = functools.partial(obtain, idle=settings.keep_warm) if settings.keep_warm else None
+        self._templates = Templates(settings.preload, say=self._say, keeper=keeper) if settings.preload else None
         self._remote_templates = RemoteTemplates(settings.preload, self._say) if settings.preload else None
         self._preload_first = settings.preload_first
+        self._keep_warm = bool(settings.keep_warm)
         self._joins_possible = settings.joins_possible
         self._cores = len(os.sched_getaffinity(0))
         self._warm_env = None  # a local worker's environment, to start the template with
@@ -66,7 +71,7 @@ class Launchers:
             if worker.fallback:
                 self._say(fallback_line(hostname, worker.fallback))
             return worker
-        if self._templates and (joining or self._preload_first or (
+        if self._templates and (joining or self._preload_first or self._keep_warm or (
                 self._joins_possible and fork_first_world(local_workers, self._cores))):
             return self._templates.spawn(self.command, env, os.getcwd(), output)
         with self._lock:

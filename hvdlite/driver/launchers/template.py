@@ -82,12 +82,16 @@ class TemplateWorker(LocalWorker):
                        output.pump("stderr", os.fdopen(stderr_fd, "rb"))]
 
 
+class Outdated(Refused):
+    """A kept template refused: a module it preloaded changed on disk."""
+
+
 class Template:
     """One running template process (python -m hvdlite.template) and its control socket."""
+    kept = False
 
     def __init__(self, python: str, env: dict, preload):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock = ours
         self.errors = tempfile.TemporaryFile()
         command = [python, "-m", "hvdlite.template", "--preload", ",".join(preload),
                    "--control", str(theirs.fileno())]
@@ -100,15 +104,22 @@ class Template:
             raise Unavailable(f"cannot start {python}: {e.strerror}") from None
         finally:
             theirs.close()
-        self.reader = wire.Reader(ours)
+        self._connected(ours)
+        self.ready = self._handshake()
+        self._start_reading()
+
+    def _connected(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.reader = wire.Reader(sock)
         self.lock = threading.Lock()  # pending, children, dead
         self.send_lock = threading.Lock()
         self.ids = itertools.count()
         self.pending = {}  # spawn id -> [Event, reply header, TemplateProcess or None]
         self.children = {}  # spawn id -> TemplateProcess
         self.dead = False
-        self.ready = self._handshake()
-        threading.Thread(target=self._read, daemon=True, name=f"template-{self.proc.pid}").start()
+
+    def _start_reading(self) -> None:
+        threading.Thread(target=self._read, daemon=True, name=f"template-{self.pid}").start()
 
     @property
     def pid(self) -> int:
@@ -200,18 +211,21 @@ class Template:
         for fd in (out_r, err_r):
             os.close(fd)
         if waiting[1] is not None:
-            raise Refused(waiting[1].get("reason", "refused"))
+            raise (Outdated if waiting[1].get("outdated") else Refused)(waiting[1].get("reason", "refused"))
         if not answered:  # a hung template: end it (its children die with it) and go plain
             self.close(kill=True)
         raise Unavailable("template died" if answered else f"no answer in {REPLY_TIMEOUT:.0f} s")
 
-    def close(self, kill: bool = False) -> None:
-        """Without kill the template exits once its children have; with kill, they die too."""
+    def hang_up(self) -> None:
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
         self.sock.close()
+
+    def close(self, kill: bool = False) -> None:
+        """Without kill the template exits once its children have; with kill, they die too."""
+        self.hang_up()
         if kill and self.proc.poll() is None:
             self.proc.kill()
         if kill:
@@ -242,18 +256,25 @@ class SayOnce:
 
 class Templates:
     """This host's templates, one per interpreter and Python startup environment: started
-    on first use, restarted if one died, given up (plain launches, said once) if one fails."""
+    on first use, restarted if one died, given up (plain launches, said once) if one fails.
+    With `keeper` (python, env, preload, say) -> Template, the template it gives (a kept one
+    that outlives the job, launchers/kept.py) where it can, else the job's own."""
 
-    def __init__(self, preload=DEFAULT_PRELOAD, say=None):
+    def __init__(self, preload=DEFAULT_PRELOAD, say=None, keeper=None):
         self.preload = tuple(preload)
+        self.keeper = keeper
         self._say_once = say if isinstance(say, SayOnce) else SayOnce(say)
         self.lock = threading.Lock()
         self.templates = {}
         self.failed = {}
+        self.unkept = set()  # keys whose kept template cannot serve this job
+
+    def _key(self, command, env: dict, cwd: str):
+        python = interpreter(command, env, cwd)
+        return python, (python, tuple(sorted(startup_env(env).items())))
 
     def template(self, command, env: dict, cwd: str) -> Template:
-        python = interpreter(command, env, cwd)
-        key = (python, tuple(sorted(startup_env(env).items())))
+        python, key = self._key(command, env, cwd)
         with self.lock:
             if key in self.failed:
                 raise Unavailable(self.failed[key])
@@ -261,12 +282,28 @@ class Templates:
             if current is None or not current.alive():
                 if current is not None:
                     current.close()
+                if self.keeper is not None and key not in self.unkept:
+                    try:
+                        self.templates[key] = current = self.keeper(python, env, self.preload,
+                                                                    self._say_once)
+                        return current
+                    except Unavailable as e:
+                        self._unkeep(key, e)
                 try:
                     self.templates[key] = current = Template(python, template_env(env), self.preload)
                 except Unavailable as e:
                     self.failed[key] = f"{python}: {e}"
                     raise Unavailable(self.failed[key]) from None
             return current
+
+    def _unkeep(self, key, reason) -> None:
+        """This job does without the kept template (lock held)."""
+        self.unkept.add(key)
+        current = self.templates.get(key)
+        if current is not None and current.kept:
+            del self.templates[key]
+            current.close()
+        self._say_once(f"hvdlite: not using a kept template ({reason})")
 
     def warm(self, command, env: dict, cwd: str) -> None:
         """Start the template a spawn of `command` would use, if none runs yet."""
@@ -277,6 +314,17 @@ class Templates:
 
     def spawn(self, command, env: dict, cwd: str, output):
         try:
+            template = self.template(command, env, cwd)
+            try:
+                return template.spawn(command, env, cwd, output)
+            except Outdated as e:
+                with self.lock:
+                    self._unkeep(self._key(command, env, cwd)[1], e)
+            except Unavailable:
+                if not template.kept:
+                    raise
+            # Once more: from the job's own template, or a new kept one if the kept one left
+            # (idle) as this job connected.
             return self.template(command, env, cwd).spawn(command, env, cwd, output)
         except (Refused, Unavailable) as e:
             self._say_once(f"hvdlite: starting workers without a preloaded template ({e})")
