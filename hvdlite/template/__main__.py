@@ -90,6 +90,7 @@ def main(argv=None) -> int:
             return 1
         say(dict(ready, socket=args.keep))
         os.close(frames)
+        os.chdir("/")  # it outlives the job that started it: hold on to none of its directories
         print(f"hvdlite: kept template {os.getpid()} serves {args.keep} until {args.idle:g} s idle",
               file=sys.stderr, flush=True)
         job = server.Template(listener=kept.listener, idle=args.idle, on_stop=kept.remove).serve()
