@@ -61,6 +61,21 @@ def test_kill_9_survivors_continue_from_last_commit(tmp_path):
 
 
 @needs_pygloo
+def test_a_peer_dying_while_the_mesh_connects_costs_no_gloo_timeout(tmp_path):
+    # pygloo holds the GIL while it connects: only the voucher can end the survivors' wait.
+    r = run_job(["-H", "localhost:4", "--min-np", "1", "--blacklist-cooldown-range", "600", "600",
+                 PYTHON, os.path.join(SCRIPTS, "numpy_connect_victim.py")], tmp_path, timeout=90,
+                env={"VICTIM_MARK": str(tmp_path / "victim-died")})
+    assert r.code == 0, r.stderr
+    assert (tmp_path / "victim-died").exists()
+    assert sorted(line.split("DONE ")[1] for line in r.stdout.splitlines() if "DONE" in line) == \
+        ["0 3", "1 3", "2 3"]
+    died = next(e["time"] for e in r.of("worker_exit") if e.get("code") == -9)
+    formed = [e["time"] for e in r.of("round_complete") if e["time"] > died]
+    assert formed and formed[0] - died < 10, "the survivors waited out gloo's 30 s timeout"
+
+
+@needs_pygloo
 def test_added_host_joins_at_a_commit(tmp_path):
     schedule = [[0, ["127.0.0.1:1", "127.0.0.2:1"]], [8, ["127.0.0.1:1", "127.0.0.2:1", "127.0.0.3:1"]]]
     r = run_job([*discovery(tmp_path, schedule), "--min-np", "1", *JOB], tmp_path,

@@ -6,6 +6,7 @@ on every peer. That turns one worker's failure into a fast, world-wide error.
 """
 import os
 import socket
+import struct
 
 
 def open_sockets() -> set:
@@ -56,3 +57,55 @@ def cut(fds) -> None:
                 s.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+
+
+def _inodes(pid) -> set:
+    """Socket inodes of process `pid` (this user's)."""
+    found = set()
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return found
+    for name in names:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{name}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            found.add(int(link[8:-1]))
+    return found
+
+
+def _address(hex_address: str):
+    """(host, port) of a /proc/net/tcp{,6} address: host words in host byte order, port hex."""
+    host, port = hex_address.split(":")
+    raw = bytes.fromhex(host)
+    words = b"".join(struct.pack("=I", int.from_bytes(raw[i:i + 4], "big")) for i in range(0, len(raw), 4))
+    family = socket.AF_INET if len(words) == 4 else socket.AF_INET6
+    return socket.inet_ntop(family, words), int(port, 16)
+
+
+def listening(pid, skip) -> list:
+    """(host, port) of the TCP sockets `pid` listens on, but for those whose inode is in `skip`."""
+    inodes = _inodes(pid) - set(skip)
+    found = []
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}") as f:
+                rows = [line.split() for line in f.readlines()[1:]]
+        except OSError:
+            continue
+        found += [_address(row[1]) for row in rows if row[3] == "0A" and int(row[9]) in inodes]
+    return found
+
+
+def knock(pid, skip) -> None:
+    """Connect once to every socket `pid` listens on (but those in `skip`), and hang up: a gloo
+    pair of pygloo's gloo waiting for its peer takes any connection, so its wait ends (and the
+    pair fails on first use)."""
+    for host, port in listening(pid, skip):
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+        try:
+            socket.create_connection((host, port), timeout=1.0).close()
+        except OSError:
+            pass  # closed meanwhile

@@ -7,7 +7,10 @@ out gloo's 30 s timeout. This process does both in the worker's place:
 - it heartbeats as long as the worker exists and is not stopped (SIGSTOP), so a frozen worker
   is still evicted after the liveness timeout;
 - it holds copies of the worker's gloo sockets (passed over a Unix socket with SCM_RIGHTS) and
-  shuts them down once the driver says their round broke, which fails the pending collective.
+  shuts them down once the driver says their round broke, which fails the pending collective;
+- while the worker connects a group (pygloo holds the GIL for all of it), it knocks on the
+  sockets the worker listens on once the driver says that round broke: a pair waiting for a
+  peer that died would otherwise wait out gloo's 30 s.
 It dies with the worker (PR_SET_PDEATHSIG), so its socket copies never keep a dead worker's
 connections open. The worker's own heartbeat thread keeps beating too.
 
@@ -55,6 +58,12 @@ class Voucher:
     def release(self) -> None:
         self.watch(NO_ROUND, [])
 
+    def connecting(self, round_number: int, before) -> None:
+        """The worker starts connecting the group of `round_number`; `before` (an
+        open_sockets() result) are the sockets it had until then, which are never knocked on."""
+        inodes = " ".join(link[len("socket:["):-1] for _, link in before)
+        self._channel.sendmsg([f"connecting {round_number} {inodes}".encode()])
+
 
 def _running(pid: int) -> bool:
     """False once the worker is gone (or a zombie), or while it is stopped."""
@@ -71,14 +80,20 @@ class _Held:
 
     def __init__(self):
         self.round, self.fds = NO_ROUND, []
+        self.connecting = None  # (round, socket inodes not to knock on) while the worker connects
 
     def receive(self, channel) -> None:
         size = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
         while True:
             try:
-                data, ancillary, _, _ = channel.recvmsg(32, size, socket.MSG_DONTWAIT)
+                data, ancillary, _, _ = channel.recvmsg(1 << 16, size, socket.MSG_DONTWAIT)
             except BlockingIOError:
                 return
+            if data.startswith(b"connecting "):
+                words = data.split()
+                self.connecting = int(words[1]), {int(inode) for inode in words[2:]}
+                continue
+            self.connecting = None  # connected (or gone): what it holds now is its group
             fds = array.array("i")
             for level, kind, payload in ancillary:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -90,9 +105,12 @@ class _Held:
                 self.round, self.fds = round_number, []
             self.fds.extend(fds)
 
-    def cut_if_broken(self, newest_broken: int) -> None:
+    def cut_if_broken(self, newest_broken: int, pid: int) -> None:
         if broken(self.round, newest_broken):
             sockets.cut(self.fds)
+        if self.connecting is not None and broken(self.connecting[0], newest_broken):
+            sockets.knock(pid, self.connecting[1])
+            self.connecting = None
 
 
 def main(pid: int, channel_fd: int) -> None:
@@ -112,7 +130,7 @@ def main(pid: int, channel_fd: int) -> None:
             body = beats.beat(worker)
             try:
                 if body is not None:
-                    held.cut_if_broken(json.loads(body)["broken"])
+                    held.cut_if_broken(json.loads(body)["broken"], pid)
             except (ValueError, KeyError):
                 pass  # no contact this time; the worker's own liveness check decides
         time.sleep(HEARTBEAT_INTERVAL)
