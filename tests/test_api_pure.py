@@ -1,6 +1,7 @@
 """The API's decisions as pure functions: Adasum arithmetic, reducescatter shares, optimizer
 groups, what a joined rank contributes, how often a rank heartbeats,
-where gloo binds on loopback, how a group is released."""
+where gloo binds on loopback, knocking on a stuck connect's sockets, how a group is
+released."""
 import ipaddress
 import time
 
@@ -73,6 +74,27 @@ def test_on_loopback_gloo_addresses_rise_with_the_rank(a, b):
     first, second = (ipaddress.IPv4Address(loopback_by_rank("127.0.0.1", k)) for k in (a, b))
     assert first.is_loopback and second.is_loopback and (first < second) == (a < b)
     assert loopback_by_rank("10.1.2.3", a) == "10.1.2.3" and loopback_by_rank("::1", a) == "::1"
+
+
+def test_knocking_reaches_the_new_listening_sockets_only():
+    # What the voucher does for a worker stuck connecting, here on this process's own sockets.
+    import os
+    import socket
+    from hvdlite.worker import sockets
+    old = socket.create_server(("127.0.0.1", 0))
+    before = sockets.open_sockets()
+    new4, new6 = socket.create_server(("127.0.0.7", 0)), socket.create_server(("::1", 0), family=socket.AF_INET6)
+    skip = {int(link[len("socket:["):-1]) for _, link in before}
+    assert sorted(sockets.listening(os.getpid(), skip)) == \
+        sorted([new4.getsockname()[:2], new6.getsockname()[:2]])
+    for server in (old, new4, new6):
+        server.settimeout(0)
+    sockets.knock(os.getpid(), skip)
+    assert new4.accept() and new6.accept()
+    with pytest.raises(BlockingIOError):
+        old.accept()
+    for server in (old, new4, new6):
+        server.close()
 
 
 def test_a_released_group_is_destroyed_off_the_calling_thread():
