@@ -84,7 +84,7 @@ def test_knocking_reaches_the_new_listening_sockets_only():
     old = socket.create_server(("127.0.0.1", 0))
     before = sockets.open_sockets()
     new4, new6 = socket.create_server(("127.0.0.7", 0)), socket.create_server(("::1", 0), family=socket.AF_INET6)
-    skip = {int(link[len("socket:["):-1]) for _, link in before}
+    skip = sockets.inodes(before)
     assert sorted(sockets.listening(os.getpid(), skip)) == \
         sorted([new4.getsockname()[:2], new6.getsockname()[:2]])
     for server in (old, new4, new6):

@@ -5,7 +5,7 @@ import pygloo
 
 from hvdlite.numpy.store import GlooStore
 from hvdlite import defaults
-from hvdlite.worker import env, sockets, vouch
+from hvdlite.worker import env, vouch
 from hvdlite.worker.links import Links
 from hvdlite.worker.runtime import Runtime
 from hvdlite.worker.scopestore import ScopeStore
@@ -29,7 +29,9 @@ def join(after_round=None, commit=0) -> None:
     s = session()
     if _voucher is None:
         _voucher = vouch.Voucher(s.environ)
-    info, context = _links.join(s, _context, after_round, commit)
+    # pygloo holds the GIL while it connects, so no thread here can give up on a round that
+    # breaks meanwhile: the voucher, a process of its own, can.
+    info, context = _links.join(s, _context, after_round, commit, connecting=_voucher.connecting)
     _voucher.watch(*_links.current())
     runtime.activate(context, info)
 
@@ -39,9 +41,6 @@ def _context(info: WorldInfo, abandoned):
     kv = ScopeStore(s.client, info.store_scope, abandoned, peers=info.size)
     store = GlooStore(kv, float(s.environ.get(env.START_TIMEOUT, defaults.START_TIMEOUT)))
     context = pygloo.rendezvous.Context(info.rank, info.size)
-    # pygloo holds the GIL while it connects, so no thread here can give up on a round that
-    # breaks meanwhile: the voucher, a process of its own, can.
-    _voucher.connecting(info.round, sockets.open_sockets())
     device = pygloo.transport.tcp.CreateDevice(pygloo.transport.tcp.attr(s.local_address(info.rank)))
     context.connectFullMesh(pygloo.rendezvous.CustomStore(store), device)
     return context

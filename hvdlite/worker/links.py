@@ -28,20 +28,21 @@ class Links:
         self._round, self._fds = None, set()
         self._lock = threading.Lock()
 
-    def join(self, session, connect, after_round=None, commit=0):
+    def join(self, session, connect, after_round=None, commit=0, connecting=None):
         """Join the next world assigned to this worker (see Session.assignment): returns its
         WorldInfo and connect(info, abandoned), the group; `abandoned()` tells the group's
         store that the driver gave the round up. From now on the driver's word that a round
         broke cuts the group's connections. An elastic worker whose world fails while its group
         connects (a peer died) moves on to the next world; one whose group cannot connect for
         another reason (a firewall between hosts, say) says why on stderr, tries the next world,
-        and fails after CONNECT_ATTEMPTS such worlds in a row."""
+        and fails after CONNECT_ATTEMPTS such worlds in a row. `connecting(round, sockets)`, if
+        given, hears of each connect before it starts, with the sockets open until then."""
         session.on_round_broken = self.on_round_broken
         failures = 0
         while True:
             info = session.assignment(after_round, commit)
             try:
-                return info, self._connect(info, session, connect)
+                return info, self._connect(info, session, connect, connecting)
             except RoundAbandoned:
                 if not session.elastic:
                     raise
@@ -55,7 +56,7 @@ class Links:
                 sys.stderr.flush()
             after_round = info.round
 
-    def _connect(self, info, session, connect):
+    def _connect(self, info, session, connect, connecting):
         """connect(info, abandoned), which forms the group's connections; remember the sockets
         it opened (not the driver's).
 
@@ -67,6 +68,8 @@ class Links:
         def abandoned():
             return broken(info.round, session.broken)
         before = sockets.open_sockets()
+        if connecting is not None:
+            connecting(info.round, before)
         outcome = {}
 
         def run():

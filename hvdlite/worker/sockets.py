@@ -9,18 +9,28 @@ import socket
 import struct
 
 
-def open_sockets() -> set:
-    """(fd, socket inode) of this process's sockets. The inode tells a new socket apart from
-    an old one whose descriptor number was closed and reused meanwhile."""
+def open_sockets(pid="self") -> set:
+    """(fd, socket inode) of the sockets of this process (or of `pid`, one of this user's). The
+    inode tells a new socket apart from an old one whose descriptor number was closed and
+    reused meanwhile."""
     found = set()
-    for name in os.listdir("/proc/self/fd"):
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:  # `pid` is gone
+        return found
+    for name in names:
         try:
-            link = os.readlink(f"/proc/self/fd/{name}")
+            link = os.readlink(f"/proc/{pid}/fd/{name}")
         except OSError:
             continue  # closed meanwhile
         if link.startswith("socket:"):
             found.add((int(name), link))
     return found
+
+
+def inodes(found) -> set:
+    """The socket inode numbers of an open_sockets() result."""
+    return {int(link[len("socket:["):-1]) for _, link in found}
 
 
 def opened_since(before: set) -> set:
@@ -59,23 +69,6 @@ def cut(fds) -> None:
             pass
 
 
-def _inodes(pid) -> set:
-    """Socket inodes of process `pid` (this user's)."""
-    found = set()
-    try:
-        names = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return found
-    for name in names:
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{name}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            found.add(int(link[8:-1]))
-    return found
-
-
 def _address(hex_address: str):
     """(host, port) of a /proc/net/tcp{,6} address: host words in host byte order, port hex."""
     host, port = hex_address.split(":")
@@ -87,7 +80,7 @@ def _address(hex_address: str):
 
 def listening(pid, skip) -> list:
     """(host, port) of the TCP sockets `pid` listens on, but for those whose inode is in `skip`."""
-    inodes = _inodes(pid) - set(skip)
+    wanted = inodes(open_sockets(pid)) - set(skip)
     found = []
     for table in ("tcp", "tcp6"):
         try:
@@ -95,7 +88,7 @@ def listening(pid, skip) -> list:
                 rows = [line.split() for line in f.readlines()[1:]]
         except OSError:
             continue
-        found += [_address(row[1]) for row in rows if row[3] == "0A" and int(row[9]) in inodes]
+        found += [_address(row[1]) for row in rows if row[3] == "0A" and int(row[9]) in wanted]
     return found
 
 

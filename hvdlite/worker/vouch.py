@@ -61,7 +61,7 @@ class Voucher:
     def connecting(self, round_number: int, before) -> None:
         """The worker starts connecting the group of `round_number`; `before` (an
         open_sockets() result) are the sockets it had until then, which are never knocked on."""
-        inodes = " ".join(link[len("socket:["):-1] for _, link in before)
+        inodes = " ".join(map(str, sockets.inodes(before)))
         self._channel.sendmsg([f"connecting {round_number} {inodes}".encode()])
 
 
