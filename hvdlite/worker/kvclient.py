@@ -67,12 +67,12 @@ class KVClient:
     def gather(self, scope: str, prefix: str, count: int, timeout: float, put=None) -> dict:
         """Keys prefix0 .. prefix<count-1> once all are set, in one answer; TimeoutError if
         that takes over timeout seconds. `put`, a (key, value), is set by the same request."""
-        path, body = f"/kv/{quote(scope, safe='')}", None
+        path, value = f"/kv/{quote(scope, safe='')}", None
         if put is not None:
-            path, body = _kv_path(scope, put[0]), put[1]
-        body = self._long_poll(path, {"prefix": prefix, "count": str(count)}, timeout,
-                               ("gather", scope, f"{prefix}0..{count - 1}"), body)
-        return kvproto.decode_snapshot(body)
+            path, value = _kv_path(scope, put[0]), put[1]
+        snapshot = self._long_poll(path, {"prefix": prefix, "count": str(count)}, timeout,
+                                   ("gather", scope, f"{prefix}0..{count - 1}"), value)
+        return kvproto.decode_snapshot(snapshot)
 
     def _long_poll(self, path, query, timeout, what, put=None):
         """GET path until answered; with `put`, PUT it as the body (setting twice is harmless)."""
