@@ -205,7 +205,7 @@ def parse_settings(argv) -> Settings:
     num_proc = args.num_proc or slots
     if not args.discovery_script and max(num_proc if not elastic else min_np, 1) > slots:
         raise UsageError(f"-np {num_proc if not elastic else min_np} asks for more processes "
-                         f"than the {slots} slots available")
+                         f"than the {slots} slot{'' if slots == 1 else 's'} available")
     for name in ("ssh_identity_file", "hostfile", "ssh_config"):
         path = getattr(args, name)
         if path and not os.path.isfile(path):

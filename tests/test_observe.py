@@ -89,7 +89,7 @@ def test_a_job_seen_through_metrics_timeline_and_trace(tmp_path):
     assert last["hvdlite_recovery_seconds_count"] >= 2
     # the console told the story in sentences
     assert "rank 1 on localhost (slot localhost/1) was killed by SIGKILL" in r.stderr
-    assert re.search(r"world \d formed: 1 worker go on from commit \d+ \(re-formed in [\d.]+ s "
+    assert re.search(r"world \d formed: 1 worker goes on from commit \d+ \(re-formed in [\d.]+ s "
                      r"after the failure\)", r.stderr), r.stderr
     assert "round_complete" not in r.stderr  # no raw event lines
     # the trace: valid JSON, every begin ended, per process and lane

@@ -18,6 +18,19 @@ def test_events_read_as_sentences():
     assert sentence("something_new", {"x": 1}) == "something_new x=1"
 
 
+def test_sentences_count_right():
+    assert sentence("round_complete", {"round": 4, "size": 1, "commit": 9}) == \
+        "world 4 formed: 1 worker goes on from commit 9"
+    assert sentence("round_complete", {"round": 1, "size": 1}) == "world 1 formed: 1 worker starts training"
+    assert sentence("round_complete", {"round": 1, "size": 2}) == "world 1 formed: 2 workers start training"
+    assert sentence("hosts_changed", {"kind": "mixed", "added": ["a", "c"], "removed": [],
+                                      "resized": {"a": [2, 3]}, "hosts": ["a:3", "c:1"]}) == \
+        "hosts changed: a 2 -> 3 slots; added c; now a:3, c:1"
+    assert sentence("discovery_recovered", {"failures": 1}) == "host discovery works again, after 1 failed run"
+    assert sentence("job_end", {"result": "success", "resets": 1, "failed": ["rank 1 on a exited with code 1"]}) \
+        == "job finished after 1 reset; 1 worker failed on the way: rank 1 on a exited with code 1"
+
+
 def view(size, commit, **kw):
     return JobView(**{"round": 1, "world_size": size, "target_size": 3, "commit": commit, "joining": 0,
                       "blacklisted_slots": 0, "resets": 0, **kw})

@@ -186,7 +186,7 @@ def run(settings) -> int:
     try:
         return job.run_elastic() if settings.elastic else job.run_static()
     except _Signalled as e:
-        log.emit("job_end", result="interrupted", signal=signal.Signals(e.signum).name)
+        log.announce("job_end", result="interrupted", signal=signal.Signals(e.signum).name)
         return EXIT_SIGNALLED[e.signum]
     except HvdliteError as e:
         log.emit("job_end", result="failure", reason=str(e))
