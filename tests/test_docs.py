@@ -3,13 +3,13 @@ as errors, and its front page renders to real content in headless Chromium."""
 import os
 import re
 import shutil
-import struct
 import subprocess
 import sys
-import zlib
 from collections import Counter
 
 import pytest
+
+from pngs import png_pixels
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
@@ -64,47 +64,6 @@ def test_a_broken_link_fails_the_build(tmp_path, link):
     assert "no-such" in r.stderr
 
 
-def png_pixels(path):
-    """The RGB(A) pixels of an 8-bit PNG as a list of tuples, its row filters undone."""
-    data = read_bytes(path)
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, idat = 8, b""
-    while pos < len(data):
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + length]
-        if kind == b"IHDR":
-            width, height, depth, color = struct.unpack(">IIBB", body[:10])
-        elif kind == b"IDAT":
-            idat += body
-        pos += 12 + length
-    assert depth == 8 and color in (2, 6), (depth, color)
-    bpp = 3 if color == 2 else 4
-    raw, stride, rows, prev = zlib.decompress(idat), width * bpp, [], bytearray(width * bpp)
-    for y in range(height):
-        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
-        for i in range(stride):
-            a = line[i - bpp] if i >= bpp else 0
-            b, c = prev[i], prev[i - bpp] if i >= bpp else 0
-            if kind == 1:
-                line[i] = (line[i] + a) & 255
-            elif kind == 2:
-                line[i] = (line[i] + b) & 255
-            elif kind == 3:
-                line[i] = (line[i] + (a + b) // 2) & 255
-            elif kind == 4:
-                p = a + b - c
-                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
-                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
-        rows.append(line)
-        prev = line
-    return [tuple(row[i:i + 3]) for row in rows for i in range(0, stride, bpp)]
-
-
-def read_bytes(path):
-    with open(path, "rb") as f:
-        return f.read()
-
-
 def chromium(tmp_path, *args):
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
@@ -127,7 +86,8 @@ def test_front_page_renders_in_headless_chromium(tmp_path):
     assert r.returncode == 0 and shot.exists(), r.stderr[-2000:]
     if os.environ.get("HVDLITE_KEEP_SCREENSHOT"):
         shutil.copy(shot, os.environ["HVDLITE_KEEP_SCREENSHOT"])
-    pixels = png_pixels(shot)
+    _, _, rows = png_pixels(shot)
+    pixels = [p for row in rows for p in row]
     background, count = Counter(pixels).most_common(1)[0]
     assert len(pixels) == 1280 * 1000
     # Real content: a fair share of the page is not background (text, the blue header, the
