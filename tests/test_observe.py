@@ -108,6 +108,19 @@ def test_a_job_seen_through_metrics_timeline_and_trace(tmp_path):
     check_screenshot(html, tmp_path, s)
 
 
+def test_a_static_job_serves_real_metrics(tmp_path):
+    port = free_port()
+    with Job(["-np", "2", "--metrics-port", str(port), *JOB], tmp_path,
+             env=job_env(tmp_path, TOTAL_STEPS=60, STEP_SLEEP=0.1)) as job:
+        wait_progress(job, tmp_path, 25)
+        seen = scrape(port)
+        r = job.finish(120)
+    assert r.code == 0, r.stderr
+    assert seen["hvdlite_world_size"] == 2 and seen["hvdlite_target_world_size"] == 2
+    assert seen["hvdlite_world_round"] == 1 and seen["hvdlite_joining_workers"] == 0
+    assert seen["hvdlite_commits_total"] >= 15 and seen["hvdlite_steps_per_second"] > 1
+
+
 def check_trace(trace, processes):
     events = trace["traceEvents"]
     spans = [e for e in events if e["ph"] in "BE"]

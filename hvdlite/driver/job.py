@@ -14,7 +14,7 @@ import time
 from hvdlite.discovery.script import DiscoveryError
 from hvdlite.discovery.sources import FixedHosts, ScriptHosts
 from hvdlite.driver.decisions.assignment import assign
-from hvdlite.driver.decisions.core import ElasticCore, Policy, describe_exit
+from hvdlite.driver.decisions.core import ElasticCore, JobView, Policy, describe_exit
 from hvdlite.driver.decisions.messages import (
     DiscoveryFailed, Exited, Heartbeats, HostsFound, Launch, Launched, LaunchFailed, Tick)
 from hvdlite.driver.eventlog import EventLog
@@ -121,15 +121,22 @@ class Job:
         s = self.settings
         self.start_server(any(not self.launchers.is_local(h) for h, _ in s.hosts))
         places = assign(s.hosts, s.num_proc)
-        running = {}
+        running, started, commits = {}, set(), {}  # commits: worker -> newest it reported
         for place in places:
             slot = f"{place.hostname}/{place.local_rank}"
             running[f"{slot}#1"] = place
             self.executor.apply([Launch(f"{slot}#1", slot, place.hostname, place.local_size, place)])
         while running:
             event = self.next_event(TICK)
-            self.rendezvous.drain_heartbeats()
+            commits.update(self.rendezvous.drain_heartbeats())
+            # One world of every rank: what the status of an elastic job says, for /metrics.
+            members = len(started & running.keys())
+            self.stats.on_view(JobView(round=1 if members else 0, world_size=members,
+                                       target_size=s.num_proc, commit=max(commits.values(), default=0),
+                                       joining=len(running) - members, blacklisted_slots=0, resets=0),
+                               time.time())
             if isinstance(event, Launched):
+                started.add(event.worker)
                 self.log.emit("worker_start", slot=event.worker.split("#")[0], worker=event.worker,
                               rank=running[event.worker].rank, pid=event.pid, started=event.started)
             elif isinstance(event, LaunchFailed):
