@@ -237,3 +237,24 @@ def test_status_line_on_a_pseudo_terminal(tmp_path):
     # kept current at most once a second (redrawn unchanged under every printed line)
     changes = sum(1 for a, b in zip(statuses, statuses[1:]) if a != b)
     assert 3 <= changes <= took + 1, (changes, took)
+
+
+def test_timeline_merges_the_parts_a_killed_driver_left(tmp_path):
+    from hvdlite.worker import trace
+    trace_file = tmp_path / "trace.json"
+    os.makedirs(trace.parts_dir(str(trace_file)))
+    for pid in (11, 12):  # as two workers wrote them: an allreduce, the second cut by the kill
+        with open(os.path.join(trace.parts_dir(str(trace_file)), f"h_{pid}.jsonl"), "w") as f:
+            f.write(json.dumps({"name": "allreduce", "ph": "B", "ts": 1.0, "pid": pid, "tid": 0}) + "\n")
+            if pid == 11:
+                f.write(json.dumps({"name": "allreduce", "ph": "E", "ts": 2.0, "pid": pid, "tid": 0}) + "\n")
+            f.write('{"name": "allre')
+    r = subprocess.run([sys.executable, "-m", "hvdlite.cli", "timeline", str(trace_file) + ".parts"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    events = json.loads(trace_file.read_text())["traceEvents"]
+    assert sorted((e["pid"], e["ph"]) for e in events) == [(11, "B"), (11, "E"), (12, "B"), (12, "E")]
+    assert [e["args"] for e in events if e["pid"] == 12 and e["ph"] == "E"] == [{"unfinished": True}]
+    bad = subprocess.run([sys.executable, "-m", "hvdlite.cli", "timeline", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "is a directory" in bad.stderr and len(bad.stderr.splitlines()) == 1

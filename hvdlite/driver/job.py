@@ -179,6 +179,9 @@ def run(settings) -> int:
     log = EventLog(settings.event_log, on_console=on_console,
                    verbose=settings.verbose or level == "DEBUG", listeners=[stats.on_event])
     job = Job(settings, log, stats)
+    # Each run's first line: `hvdlite timeline` tells runs appended to one log apart by it.
+    log.emit("job_start", mode="elastic" if settings.elastic else "static", np=settings.num_proc,
+             min_np=settings.min_np, max_np=settings.max_np)
     if settings.timeline_filename:
         discard_parts(settings.timeline_filename)  # an earlier job's
     # On a terminal, an elastic job's state stays in view under its events.

@@ -68,7 +68,15 @@ def _job_end(f):
     return f"job failed: {f.get('reason')}"
 
 
+def _job_start(f):
+    text = f"starting a {f.get('mode')} job of {_plural(f.get('np') or 0, 'worker')}"
+    if f.get("mode") == "elastic":
+        text += f" (at least {f.get('min_np')}, at most {f.get('max_np') or 'one per slot'})"
+    return text
+
+
 _SENTENCES = {
+    "job_start": _job_start,
     "worker_start": lambda f: f"{_who(f)} started (pid {f.get('pid')}, {f.get('started', 'process')})",
     "worker_exit": _worker_exit,
     "launch_failed": lambda f: f"worker {f.get('slot')} could not be launched: {f.get('error')}",
