@@ -26,6 +26,9 @@ def test_sentences_count_right():
     assert sentence("hosts_changed", {"kind": "mixed", "added": ["a", "c"], "removed": [],
                                       "resized": {"a": [2, 3]}, "hosts": ["a:3", "c:1"]}) == \
         "hosts changed: a 2 -> 3 slots; added c; now a:3, c:1"
+    assert sentence("job_start", {"mode": "elastic", "np": 2, "min_np": 1, "max_np": 4}) == \
+        "starting an elastic job of 2 workers (at least 1, at most 4)"
+    assert sentence("job_start", {"mode": "static", "np": 1}) == "starting a static job of 1 worker"
     assert sentence("discovery_recovered", {"failures": 1}) == "host discovery works again, after 1 failed run"
     assert sentence("job_end", {"result": "success", "resets": 1, "failed": ["rank 1 on a exited with code 1"]}) \
         == "job finished after 1 reset; 1 worker failed on the way: rank 1 on a exited with code 1"
