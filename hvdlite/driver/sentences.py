@@ -70,7 +70,8 @@ def _job_end(f):
 
 def _job_start(f):
     mode = f.get("mode") or ""
-    text = f"starting {'an' if mode.startswith(('a', 'e', 'i', 'o', 'u')) else 'a'} {mode} job of {_plural(f.get('np') or 0, 'worker')}"
+    article = "an" if mode.startswith(("a", "e", "i", "o", "u")) else "a"
+    text = f"starting {article} {mode} job of {_plural(f.get('np') or 0, 'worker')}"
     if f.get("mode") == "elastic":
         text += f" (at least {f.get('min_np')}, at most {f.get('max_np') or 'one per slot'})"
     return text
