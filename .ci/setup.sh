@@ -4,6 +4,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -f .ci/install-ssh.sh ]; then bash .ci/install-ssh.sh; fi
+# Headless Chromium renders the docs' front page and the job timeline in tests (skipped without).
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" -eq 0 ]; then
+    { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium; } \
+      || echo "setup: could not install chromium; the page rendering tests will be skipped" >&2
+  else
+    echo "setup: not root, no chromium; the page rendering tests will be skipped" >&2
+  fi
+fi
 python3 -m pip install -q -e '.[test]'
 # The numpy backend's workers run on pygloo, whose wheels exist for CPython 3.8-3.10 only:
 # a torch-free venv in .venv-pygloo/ (gitignored), when such an interpreter exists.

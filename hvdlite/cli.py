@@ -7,7 +7,7 @@ import shlex
 import shutil
 import sys
 
-from hvdlite import defaults
+from hvdlite import __version__, defaults
 from hvdlite.template import DEFAULT_PRELOAD
 from hvdlite.discovery.hostspec import parse_hostfile, parse_hosts
 from hvdlite.driver.settings import Settings
@@ -46,47 +46,85 @@ def _port(text):
 
 
 def _seconds(default, what):
-    return dict(type=_positive(float), default=default, help=f"{what} (default {default:g})")
+    return dict(type=_positive(float), default=default, metavar="SECONDS", help=f"{what} (default {default:g})")
+
+
+EXAMPLES = """examples:
+  # 4 workers on this machine; then 2 SSH hosts with 2 workers each
+  hvdlite run -np 4 python3 train.py
+  hvdlite run -np 4 -H host1:2,host2:2 python3 train.py
+  # elastic: 1 to 4 workers on the hosts ./discover.sh prints (host:slots per line)
+  hvdlite run -np 2 --min-np 1 --max-np 4 --host-discovery-script ./discover.sh python3 train.py
+  # commits on disk: after a crash, the same command resumes
+  hvdlite run -np 4 --min-np 2 --checkpoint-dir ckpt python3 train.py
+  # draw the job afterwards
+  hvdlite run -np 2 --event-log events.jsonl python3 train.py
+  hvdlite timeline events.jsonl -o timeline.html
+
+Exit codes: 0 finished, 1 failed, 2 usage error, 130 Ctrl-C, 143 SIGTERM. Docs: docs/ (mkdocs)."""
+
+# The help's groups, in the order shown; a flag joins one with `g[NAME].add_argument(...)`.
+GROUPS = {
+    "hosts": None,
+    "elastic": "on with --min-np or --host-discovery-script",
+    "remote hosts": None,
+    "durable commits": None,
+    "watching": None,
+    "start-up": None,
+    "advanced": None,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="hvdlite run", description="Launch a data-parallel training job.")
-    p.add_argument("-np", "--num-proc", type=_positive(int), dest="num_proc",
-                   help="number of worker processes (default: all slots)")
-    hosts = p.add_mutually_exclusive_group()
-    hosts.add_argument("-H", "--hosts", help="hosts and slots, e.g. h1:2,h2:4 (default localhost:NP)")
-    hosts.add_argument("--hostfile", help="file of 'host slots=N' lines; '#' starts a comment")
-    p.add_argument("--start-timeout", **_seconds(defaults.START_TIMEOUT,
-                                                 "seconds for a worker to start and meet the others"))
-    p.add_argument("--gloo-timeout-seconds", dest="collective_timeout",
-                   **_seconds(defaults.COLLECTIVE_TIMEOUT, "seconds a collective waits for a peer"))
-    p.add_argument("--output-filename", dest="output_dir",
-                   help="also write each rank's output to DIR/rank.N/stdout|stderr")
-    p.add_argument("--verbose", action="store_true", help="print what the driver does")
-    p.add_argument("--log-level", default="INFO",
-                   choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
-                   help="INFO prints an elastic job's events, WARNING and above only errors, "
-                        "DEBUG also the driver's details")
-    p.add_argument("--network-interfaces", "--network-interface", dest="network_interfaces",
+    p = _Parser(prog="hvdlite run", usage="hvdlite run [FLAGS] COMMAND [ARGS...]",
+                description="Launch a data-parallel training job: COMMAND runs once per worker.",
+                epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = {name: p.add_argument_group(name, what) for name, what in GROUPS.items()}
+    g["hosts"].add_argument("-np", "--num-proc", type=_positive(int), dest="num_proc", metavar="N",
+                            help="number of worker processes (default: all slots)")
+    hosts = g["hosts"].add_mutually_exclusive_group()
+    hosts.add_argument("-H", "--hosts", metavar="HOSTS", help="hosts and slots, e.g. h1:2,h2:4 (default localhost:NP)")
+    hosts.add_argument("--hostfile", metavar="FILE", help="file of 'host slots=N' or 'host:N' lines; '#' starts a comment")
+
+    e = g["elastic"]
+    e.add_argument("--min-np", "--min-num-proc", type=_positive(int), dest="min_np", metavar="N",
+                   help="fewest workers to train with (default -np)")
+    e.add_argument("--max-np", "--max-num-proc", type=_positive(int), dest="max_np", metavar="N",
+                   help="most workers to train with (default: all slots)")
+    e.add_argument("--host-discovery-script", dest="discovery_script", metavar="COMMAND",
+                   help="command printing the current hosts, 'host:slots' per line (a .py file "
+                        "runs with this Python)")
+    e.add_argument("--slots-per-host", "--slots", type=_positive(int), dest="slots_per_host",
+                   metavar="N", help="slots of a discovered host listed without ':slots'")
+    e.add_argument("--discovery-interval", **_seconds(defaults.DISCOVERY_INTERVAL,
+                                                      "seconds between runs of the discovery script"))
+    e.add_argument("--discovery-timeout", **_seconds(
+        defaults.DISCOVERY_TIMEOUT, "seconds before a discovery run is killed and counted as failed"))
+    e.add_argument("--reset-limit", type=_non_negative_int, metavar="N",
+                   help="fail the job when the world would re-form more often than this")
+    e.add_argument("--blacklist", choices=["auto", "host", "slot"], default=defaults.BLACKLIST,
+                   help="what a failed worker takes out: its host (Horovod's rule), its slot, or "
+                        "auto: the slot when the job runs on one host, else the host (default auto)")
+    e.add_argument("--blacklist-cooldown-range", nargs=2, type=_positive(float), metavar=("MIN", "MAX"),
+                   dest="cooldown_range",
+                   help="seconds a failed host or slot sits out (grows per failure); default: forever")
+    e.add_argument("--elastic-timeout", **_seconds(defaults.ELASTIC_TIMEOUT,
+                                                   "seconds to wait for --min-np workers before failing"))
+
+    r = g["remote hosts"]
+    r.add_argument("-p", "--ssh-port", type=_positive(int), metavar="PORT", help="SSH port of remote hosts")
+    r.add_argument("-i", "--ssh-identity-file", metavar="FILE", help="SSH private key for remote hosts")
+    r.add_argument("--ssh-accept-unknown-hosts", action="store_true",
+                   help="accept SSH host keys missing from known_hosts (default: reject them)")
+    r.add_argument("--ssh-config", metavar="FILE", help="OpenSSH client config to read (default ~/.ssh/config)")
+    r.add_argument("--network-interfaces", "--network-interface", dest="network_interfaces", metavar="IFACES",
                    help="serve the rendezvous on the first of these interfaces (comma list) "
                         "that has an IPv4 address")
-    p.add_argument("--rendezvous-addr", dest="bind_address",
+    r.add_argument("--rendezvous-addr", dest="bind_address", metavar="ADDR",
                    help="serve the rendezvous on this address (default: loopback for a job on "
                         "this machine only, else every interface)")
-    p.add_argument("-p", "--ssh-port", type=_positive(int), help="SSH port of remote hosts")
-    p.add_argument("-i", "--ssh-identity-file", help="SSH private key for remote hosts")
-    p.add_argument("--ssh-accept-unknown-hosts", action="store_true",
-                   help="accept SSH host keys missing from known_hosts (default: reject them)")
-    p.add_argument("--ssh-config", help="OpenSSH client config to read (default ~/.ssh/config)")
-    p.add_argument("--event-log", help="append the driver's events to FILE as JSON lines "
-                                       "(`hvdlite timeline FILE` draws them)")
-    p.add_argument("--metrics-port", type=_port, help="serve Prometheus metrics at "
-                                                      "http://ADDR:PORT/metrics while the job runs")
-    p.add_argument("--metrics-addr", help="address the metrics are served on (default: where the "
-                                          "rendezvous is served)")
-    p.add_argument("--timeline-filename", help="write every rank's collectives and resets to FILE "
-                                               "as a Chrome trace (chrome://tracing, Perfetto)")
-    c = p.add_argument_group("durable commits")
+
+    c = g["durable commits"]
     c.add_argument("--checkpoint-dir", metavar="DIR",
                    help="rank 0 writes the newest commit here in the background; the same "
                         "command with the same DIR resumes from the newest one")
@@ -96,44 +134,46 @@ def build_parser() -> argparse.ArgumentParser:
                         f"every commit (default {defaults.CHECKPOINT_INTERVAL:g})")
     c.add_argument("--checkpoint-keep", type=_positive(int), metavar="K", default=defaults.CHECKPOINT_KEEP,
                    help=f"checkpoints kept in DIR (default {defaults.CHECKPOINT_KEEP})")
-    preload = p.add_mutually_exclusive_group()
+
+    w = g["watching"]
+    w.add_argument("--output-filename", dest="output_dir", metavar="DIR",
+                   help="also write each worker's output to DIR/rank.N/stdout|stderr; in elastic "
+                        "jobs DIR/slot.HOST.I/ (a worker's rank changes, its slot does not)")
+    w.add_argument("--event-log", metavar="FILE", help="append the driver's events to FILE as JSON "
+                                                       "lines (`hvdlite timeline FILE` draws them)")
+    w.add_argument("--metrics-port", type=_port, metavar="PORT",
+                   help="serve Prometheus metrics at http://ADDR:PORT/metrics while the job runs")
+    w.add_argument("--metrics-addr", metavar="ADDR",
+                   help="address the metrics are served on (default: where the rendezvous is served)")
+    w.add_argument("--timeline-filename", metavar="FILE",
+                   help="write every rank's collectives and resets to FILE as a Chrome trace "
+                        "(chrome://tracing, Perfetto)")
+    w.add_argument("--verbose", action="store_true", help="print what the driver does")
+    w.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+                   help="INFO prints an elastic job's events, WARNING and above only errors, "
+                        "DEBUG also the driver's details")
+
+    s = g["start-up"]
+    preload = s.add_mutually_exclusive_group()
     preload.add_argument("--preload", metavar="MODULES",
                          help="comma list of modules a per-host template imports once; every local "
-                              "worker forks from it (default: " + ",".join(DEFAULT_PRELOAD) +
+                              "worker forks from it (default: " + ", ".join(DEFAULT_PRELOAD) +
                               ", for workers that join a running job)")
-    preload.add_argument("--no-preload", action="store_true",
-                         help="start every worker as a fresh process")
-    p.add_argument("--keep-warm", type=_positive(float, zero=True), metavar="SECONDS",
+    preload.add_argument("--no-preload", action="store_true", help="start every worker as a fresh process")
+    s.add_argument("--keep-warm", type=_positive(float, zero=True), metavar="SECONDS",
                    help="fork this machine's workers from a template kept running after the job "
                         "until SECONDS without a job, so later --keep-warm jobs skip the imports "
                         "(default $HVDLITE_KEEP_WARM or 0: none)")
-    e = p.add_argument_group("elastic mode (on with --host-discovery-script or --min-np)")
-    e.add_argument("--min-np", "--min-num-proc", type=_positive(int), dest="min_np",
-                   help="fewest workers to train with (default -np)")
-    e.add_argument("--max-np", "--max-num-proc", type=_positive(int), dest="max_np",
-                   help="most workers to train with (default: all slots)")
-    e.add_argument("--slots-per-host", "--slots", type=_positive(int), dest="slots_per_host",
-                   help="slots of a discovered host listed without ':slots'")
-    e.add_argument("--host-discovery-script", dest="discovery_script",
-                   help="command printing the current hosts, 'host:slots' per line")
-    e.add_argument("--discovery-interval", **_seconds(defaults.DISCOVERY_INTERVAL,
-                                                      "seconds between runs of the discovery script"))
-    e.add_argument("--discovery-timeout", **_seconds(
-        defaults.DISCOVERY_TIMEOUT, "seconds before a discovery run is killed and counted as failed"))
-    e.add_argument("--reset-limit", type=_non_negative_int,
-                   help="fail the job when the world would re-form more often than this")
-    e.add_argument("--blacklist-cooldown-range", nargs=2, type=_positive(float), metavar=("MIN", "MAX"),
-                   dest="cooldown_range",
-                   help="seconds a failed host or slot sits out (grows per failure); default: forever")
-    e.add_argument("--blacklist", choices=["auto", "host", "slot"], default=defaults.BLACKLIST,
-                   help="what a failed worker takes out: its host (Horovod's rule), its slot, or "
-                        "auto: the slot when the job runs on one host, else the host (default auto)")
-    e.add_argument("--elastic-timeout", **_seconds(defaults.ELASTIC_TIMEOUT,
-                                                   "seconds to wait for --min-np workers before failing"))
-    e.add_argument("--liveness-timeout", **_seconds(
+    s.add_argument("--start-timeout", **_seconds(defaults.START_TIMEOUT,
+                                                 "seconds for a worker to start and meet the others"))
+
+    a = g["advanced"]
+    a.add_argument("--gloo-timeout-seconds", dest="collective_timeout",
+                   **_seconds(defaults.COLLECTIVE_TIMEOUT, "seconds a collective waits for a peer"))
+    a.add_argument("--liveness-timeout", **_seconds(
         defaults.LIVENESS_TIMEOUT, "seconds of heartbeat silence after which a worker is killed as "
                                    "hung, and a worker that cannot reach the driver exits"))
-    p.add_argument("command", nargs=argparse.REMAINDER, help="the training command")
+    p.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return p
 
 
@@ -146,6 +186,11 @@ def parse_settings(argv) -> Settings:
     min_np = args.min_np or args.num_proc or 1
     if args.max_np is not None and min_np > args.max_np:
         raise UsageError(f"--min-np/-np {min_np} is larger than --max-np {args.max_np}")
+    # -np is where an elastic job starts: it must lie between the bounds.
+    if args.num_proc is not None and args.max_np is not None and args.num_proc > args.max_np:
+        raise UsageError(f"-np {args.num_proc} is larger than --max-np {args.max_np}")
+    if args.num_proc is not None and args.min_np is not None and args.num_proc < args.min_np:
+        raise UsageError(f"-np {args.num_proc} is smaller than --min-np {args.min_np}")
     if args.discovery_script and (args.hosts or args.hostfile):
         raise UsageError("use either --host-discovery-script or -H/--hostfile, not both")
     if args.cooldown_range and args.cooldown_range[0] > args.cooldown_range[1]:
@@ -160,7 +205,7 @@ def parse_settings(argv) -> Settings:
     num_proc = args.num_proc or slots
     if not args.discovery_script and max(num_proc if not elastic else min_np, 1) > slots:
         raise UsageError(f"-np {num_proc if not elastic else min_np} asks for more processes "
-                         f"than the {slots} slots available")
+                         f"than the {slots} slot{'' if slots == 1 else 's'} available")
     for name in ("ssh_identity_file", "hostfile", "ssh_config"):
         path = getattr(args, name)
         if path and not os.path.isfile(path):
@@ -251,33 +296,55 @@ def training_command(command) -> list:
 
 def discovery_command(script: str) -> str:
     """The discovery command line, its first word found in the current folder when it names a
-    file there rather than a program on PATH (`discover.sh` as well as `./discover.sh`)."""
+    file there rather than a program on PATH (`discover.sh` as well as `./discover.sh`); a
+    first word naming a .py file that is not a program on PATH runs with the driver's Python."""
     first = re.match(r"\s*(\S+)", script)
     if first is None:
         raise UsageError("--host-discovery-script is empty")
     word = first.group(1)
+    rest = script[first.end():]
+    if word.endswith(".py") and shutil.which(word) is None and os.path.isfile(word):
+        # As for the training command: a .py file runs with the driver's Python.
+        return f"{shlex.quote(sys.executable)} {shlex.quote(os.path.abspath(word))}{rest}"
     if os.sep in word or shutil.which(word) is not None or not os.path.isfile(word):
         return script
     if not os.access(word, os.X_OK):
         raise UsageError(f"host discovery script {word} is not executable: run `chmod +x {word}` "
-                         f"or pass `--host-discovery-script 'sh {word}'`")
-    return shlex.quote(os.path.abspath(word)) + script[first.end():]
+                         f"(it then needs a #! line), or name the interpreter: "
+                         f"--host-discovery-script 'sh {word}'")
+    return shlex.quote(os.path.abspath(word)) + rest
 
 
-USAGE = ("usage: hvdlite run [flags] COMMAND..., see `hvdlite run --help`; "
-         "hvdlite timeline EVENTS.jsonl -o timeline.html")
+HELP = """usage: hvdlite COMMAND [ARGS...]
+
+Horovod-style elastic distributed training on torch.distributed's gloo.
+
+commands:
+  run        launch a training job                     hvdlite run -np 2 python3 train.py
+  timeline   draw a job from its --event-log as HTML,  hvdlite timeline events.jsonl -o t.html
+             or merge a killed job's trace parts       hvdlite timeline FILE.parts -o FILE
+
+options:
+  -h, --help  show this help
+  --version   print hvdlite's version
+
+`hvdlite COMMAND --help` describes a command's flags."""
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE if not argv else build_parser().format_help())
+        print(HELP, file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
+    if argv[0] == "--version":
+        print(f"hvdlite {__version__}")
+        return 0
     if argv[0] == "timeline":
         from hvdlite.timeline.command import main as timeline
         return timeline(argv[1:])
     if argv[0] != "run":
-        print(f"hvdlite: error: unknown command {argv[0]!r}; {USAGE}", file=sys.stderr)
+        print(f"hvdlite: error: unknown command {argv[0]!r}: the commands are run and timeline "
+              f"(hvdlite --help)", file=sys.stderr)
         return 2
     try:
         settings = parse_settings(argv[1:])

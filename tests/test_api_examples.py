@@ -1,7 +1,10 @@
 """The examples run as the README says, briefly, in elastic mode, one of them losing a worker."""
 import os
 import signal
+
 import sys
+
+import pytest
 
 from jobs import Job, run_job
 
@@ -30,3 +33,25 @@ def test_elastic_mnist_learns_and_survives_a_kill_9(tmp_path):
     assert "world size 3" in epochs[0] and "world size 2" in epochs[-1]
     accuracy = float(epochs[-1].split("accuracy ")[1].split("%")[0])
     assert accuracy > 90, epochs
+
+
+NUMPY_PYTHON = os.path.join(os.path.dirname(EXAMPLES), ".venv-pygloo", "bin", "python")
+
+
+def test_train_numpy_learns_and_survives_a_kill_9(tmp_path):
+    """examples/train_numpy.py, the README's numpy job, on the pygloo venv: rank 1 killed midway,
+    rank 0 goes on alone from the last commit and still finds the weights."""
+    if not os.path.exists(NUMPY_PYTHON):
+        pytest.skip(f"no pygloo venv at {NUMPY_PYTHON}: pygloo needs Python 3.8-3.10 (.ci/setup.sh)")
+    with Job(["-np", "2", "--min-np", "1", NUMPY_PYTHON, os.path.join(EXAMPLES, "train_numpy.py")],
+             tmp_path, env={"STEP_SLEEP": "0.02"}) as job:
+        job.wait_for(lambda _: "step 50 " in Job.read(job.out), 90)
+        os.kill([e["pid"] for e in job.events() if e["event"] == "worker_start"
+                 and e["slot"] == "localhost/1"][0], signal.SIGKILL)
+        r = job.finish(120)
+    assert r.code == 0, r.stderr
+    steps = [line for line in r.stdout.splitlines() if "<stdout>:step" in line]
+    assert "world size 2" in steps[0] and "world size 1" in steps[-1], steps
+    assert "step 200 " in steps[-1]
+    error = float(r.stdout.split("|w - true w| = ")[1].split()[0])
+    assert error < 1e-3, r.stdout

@@ -25,6 +25,8 @@ def hvdlite(*args, timeout=30):
     (["run", "--hostfile", "/nonexistent/hosts", "true"], "hostfile"),
     (["run", "--min-np", "4", "--max-np", "2", "true"], "larger than --max-np"),
     (["run", "-np", "5", "--max-np", "2", "true"], "larger than --max-np"),
+    (["run", "-np", "3", "--max-np", "2", "--min-np", "1", "true"], "-np 3 is larger than --max-np 2"),
+    (["run", "-np", "1", "--min-np", "2", "-H", "localhost:4", "true"], "-np 1 is smaller than --min-np 2"),
     (["run", "--reset-limit", "-1", "--min-np", "1", "true"], "non-negative"),
     (["run", "--blacklist-cooldown-range", "5", "1", "--min-np", "1", "true"], "MIN is larger"),
     (["run", "--host-discovery-script", "x.sh", "-H", "a:1", "true"], "not both"),
@@ -60,9 +62,42 @@ def test_defaults():
     assert e.elastic and (e.min_np, e.max_np) == (1, 4)
 
 
-def test_help_exits_zero():
+def test_help_lists_the_commands_and_groups_the_flags():
+    top = hvdlite("--help")
+    assert top.returncode == 0 and "run " in top.stdout and "timeline " in top.stdout
+    assert hvdlite().returncode == 2
+    version = hvdlite("--version")
+    assert version.returncode == 0 and version.stdout.startswith("hvdlite 0.")
     r = hvdlite("run", "--help")
     assert r.returncode == 0 and "--host-discovery-script" in r.stdout
+    titles = [line[:-1] for line in r.stdout.splitlines() if line.endswith(":") and not line.startswith(" ")]
+    assert titles == ["options", "hosts", "elastic", "remote hosts", "durable commits", "watching",
+                      "start-up", "advanced", "examples"]
+    assert r.stdout.rstrip().splitlines()[-1].startswith("Exit codes:")
+    assert [line for line in r.stdout.splitlines() if line.strip().startswith("hvdlite run")]
+    # Defaults are never cut inside a word (argparse wraps at spaces only).
+    assert "torch, torch.optim," in " ".join(r.stdout.split())
+
+
+def test_hostfile_lines_may_say_host_colon_slots(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost:2\nother slots=3\nthird\n")
+    s = parse_settings(["--hostfile", str(hostfile), "python", "-c", "pass"])
+    assert s.hosts == [("localhost", 2), ("other", 3), ("third", 1)] and s.num_proc == 6
+    hostfile.write_text("localhost:two\n")
+    r = hvdlite("run", "--hostfile", str(hostfile), "true")
+    assert r.returncode == 2 and "slots for localhost must be a positive integer" in r.stderr
+
+
+def test_import_numpy_backend_without_pygloo_says_what_to_do():
+    probe = subprocess.run([sys.executable, "-c", "import pygloo"], capture_output=True)
+    if probe.returncode == 0:
+        pytest.skip("this Python has pygloo")
+    r = subprocess.run([sys.executable, "-c", "import hvdlite.numpy"], capture_output=True, text=True,
+                       timeout=60)
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 1 and last.startswith("ModuleNotFoundError: hvdlite.numpy needs pygloo")
+    assert ("3.8-3.10 venv" if sys.version_info >= (3, 11) else "pip install pygloo") in last
 
 
 def test_every_default_is_written_once():
@@ -109,3 +144,13 @@ def test_a_py_file_runs_with_the_drivers_python_and_scripts_are_found_here(tmp_p
     script.chmod(0o755)
     s = parse_settings(["--host-discovery-script", "discover.sh --fast", "train.py"])
     assert s.discovery_script == f"{script} --fast"
+
+
+def test_a_py_discovery_script_runs_with_the_drivers_python(tmp_path, monkeypatch):
+    from hvdlite.discovery.script import discover
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("pass\n")
+    (tmp_path / "discover.py").write_text("import sys\nprint('localhost:%d' % sys.version_info[0])\n")
+    s = parse_settings(["--host-discovery-script", "discover.py --fast", "train.py"])
+    assert s.discovery_script == f"{sys.executable} {tmp_path / 'discover.py'} --fast"
+    assert discover(s.discovery_script, 10) == [("localhost", 3)]

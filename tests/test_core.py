@@ -332,3 +332,41 @@ def test_state_is_handed_over_before_its_last_holder_leaves():
     leave(sim, [a, c], commit=4)
     assert sim.world() == {"c/0": 0}
     assert sim.core.workers[a].phase is Phase.LEAVING
+
+
+def test_a_failing_discovery_is_said_once_per_kind_and_its_recovery_too():
+    from hvdlite.driver.decisions.messages import DiscoveryFailed
+    sim = Sim([("a", 1)])
+    for error in ["exited with code 1"] * 5 + ["timed out"] * 3:
+        sim.send(DiscoveryFailed(error), after=1.0)
+    assert [f["error"] for f in sim.logged("discovery_failed")] == ["exited with code 1", "timed out"]
+    sim.send(HostsFound((("a", 1),)), after=1.0)
+    sim.send(HostsFound((("a", 1),)), after=1.0)
+    assert sim.logged("discovery_recovered") == [{"failures": 8}]
+    sim.send(DiscoveryFailed("exited with code 1"), after=1.0)  # a new streak is said again
+    assert len(sim.logged("discovery_failed")) == 3
+
+
+def test_a_slot_count_change_is_logged_as_a_resize():
+    sim = Sim([("a", 2), ("b", 1)])
+    sim.send(HostsFound((("a", 3), ("b", 1))))
+    sim.send(HostsFound((("a", 1), ("b", 1), ("c", 1))))
+    changes = sim.logged("hosts_changed")
+    assert changes[1]["resized"] == {"a": [2, 3]} and changes[1]["added"] == ["a"]
+    assert changes[2]["resized"] == {"a": [3, 1]} and changes[2]["added"] == ["c"]
+
+
+def test_the_end_of_a_job_names_every_worker_that_failed_on_the_way():
+    sim = Sim([("a", 3)], min_np=1)
+    workers = sim.launched()
+    for w in workers:
+        sim.ready(w)
+    sim.send(Exited(workers[1], 1, "ValueError: boom"))
+    sim.send(Exited(workers[2], -9))
+    for w in [workers[0]]:
+        sim.ready(w, after=1, commit=3)
+    sim.send(Exited(workers[0], 0))
+    end = sim.logged("job_end")[-1]
+    assert end["result"] == "success" and sim.end().code == 0
+    assert end["failed"] == ["rank 1 on a exited with code 1 (ValueError: boom)",
+                             "rank 2 on a was killed by SIGKILL"]

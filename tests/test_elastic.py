@@ -71,6 +71,11 @@ def test_exception_in_one_worker_leaves_the_others_training(tmp_path):
     check_training_continuous(tmp_path, 20)
     assert "injected failure at step 5" in r.stdout + r.stderr
     assert [e["key"] for e in r.of("blacklisted")] == ["127.0.0.2"]
+    # The exit code is Horovod's (0: the last world finished), and the summary says who failed.
+    failed = "rank 1 on 127.0.0.2 exited with code 1 (ValueError: injected failure at step 5)"
+    assert r.of("job_end")[-1]["failed"] == [failed]
+    assert r.stderr.strip().splitlines()[-1] == \
+        f"hvdlite: job finished after 1 reset; 1 worker failed on the way: {failed}"
 
 
 @pytest.mark.parametrize("victim", ["127.0.0.1/0", "127.0.0.2/0"])
@@ -161,6 +166,7 @@ def test_first_discovery_failure_is_fatal(tmp_path):
                 env=job_env(tmp_path))
     assert r.code == 1
     assert r.stderr.strip().splitlines()[-1] == "hvdlite: error: host discovery script exited with code 1"
+    assert r.stderr.count("exited with code 1") == 1  # said once, not also as "job failed: ..."
 
 
 def test_garbage_discovery_output_is_a_clear_error(tmp_path):
@@ -179,6 +185,9 @@ def test_later_discovery_failures_and_hangs_are_retried(tmp_path):
     errors = [e["error"] for e in r.of("discovery_failed")]
     assert any("exited with code 1" in e for e in errors)
     assert any("timed out" in e for e in errors)
+    # Each kind of failure is said once, not every second, and so is the recovery.
+    said = [line for line in r.stderr.splitlines() if "host discovery" in line]
+    assert len(said) == 3 and "works again" in said[-1], said
     assert sizes(steps_log(tmp_path)) == [2]
 
 

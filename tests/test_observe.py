@@ -16,11 +16,11 @@ import termios
 import threading
 import time
 import urllib.request
-import zlib
 
 import pytest
 
 from jobs import SCRIPTS, Job, discovery, job_env, run_job, slot_pid, wait_progress
+from pngs import png_pixels
 from hvdlite.timeline import render, story
 
 JOB = [sys.executable, os.path.join(SCRIPTS, "elastic_job.py")]
@@ -89,7 +89,7 @@ def test_a_job_seen_through_metrics_timeline_and_trace(tmp_path):
     assert last["hvdlite_recovery_seconds_count"] >= 2
     # the console told the story in sentences
     assert "rank 1 on localhost (slot localhost/1) was killed by SIGKILL" in r.stderr
-    assert re.search(r"world \d formed: 1 worker go on from commit \d+ \(re-formed in [\d.]+ s "
+    assert re.search(r"world \d formed: 1 worker goes on from commit \d+ \(re-formed in [\d.]+ s "
                      r"after the failure\)", r.stderr), r.stderr
     assert "round_complete" not in r.stderr  # no raw event lines
     # the trace: valid JSON, every begin ended, per process and lane
@@ -106,6 +106,19 @@ def test_a_job_seen_through_metrics_timeline_and_trace(tmp_path):
     assert s.slots == ["localhost/0", "localhost/1", "localhost/2"]
     assert s.failures == 1 and len(s.recoveries) >= 2
     check_screenshot(html, tmp_path, s)
+
+
+def test_a_static_job_serves_real_metrics(tmp_path):
+    port = free_port()
+    with Job(["-np", "2", "--metrics-port", str(port), *JOB], tmp_path,
+             env=job_env(tmp_path, TOTAL_STEPS=60, STEP_SLEEP=0.1)) as job:
+        wait_progress(job, tmp_path, 25)
+        seen = scrape(port)
+        r = job.finish(120)
+    assert r.code == 0, r.stderr
+    assert seen["hvdlite_world_size"] == 2 and seen["hvdlite_target_world_size"] == 2
+    assert seen["hvdlite_world_round"] == 1 and seen["hvdlite_joining_workers"] == 0
+    assert seen["hvdlite_commits_total"] >= 15 and seen["hvdlite_steps_per_second"] > 1
 
 
 def check_trace(trace, processes):
@@ -128,43 +141,6 @@ def check_trace(trace, processes):
     allreduces = [e for e in spans if e["name"] == "allreduce" and e["ph"] == "B"]
     assert all(e["args"]["bytes"] > 0 for e in allreduces)
     return spans
-
-
-def png_pixels(path):
-    """(width, height, rows of (r, g, b)) of an 8-bit RGB/RGBA non-interlaced PNG."""
-    data = open(path, "rb").read()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, idat, header = 8, b"", None
-    while pos < len(data):
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + length]
-        if kind == b"IHDR":
-            header = struct.unpack(">IIBBBBB", body)
-        elif kind == b"IDAT":
-            idat += body
-        pos += 12 + length
-    width, height, depth, colour, _, _, interlace = header
-    assert depth == 8 and colour in (2, 6) and not interlace
-    bpp = 3 if colour == 2 else 4
-    raw, stride, rows, prev = zlib.decompress(idat), width * bpp, [], bytearray(width * bpp)
-    for y in range(height):
-        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
-        for i in range(stride):
-            a = line[i - bpp] if i >= bpp else 0
-            b, c = prev[i], prev[i - bpp] if i >= bpp else 0
-            if kind == 1:
-                line[i] = (line[i] + a) & 255
-            elif kind == 2:
-                line[i] = (line[i] + b) & 255
-            elif kind == 3:
-                line[i] = (line[i] + (a + b) // 2) & 255
-            elif kind == 4:
-                p = a + b - c
-                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
-                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
-        rows.append([tuple(line[i:i + 3]) for i in range(0, stride, bpp)])
-        prev = line
-    return width, height, rows
 
 
 def _hex(colour):
@@ -261,3 +237,24 @@ def test_status_line_on_a_pseudo_terminal(tmp_path):
     # kept current at most once a second (redrawn unchanged under every printed line)
     changes = sum(1 for a, b in zip(statuses, statuses[1:]) if a != b)
     assert 3 <= changes <= took + 1, (changes, took)
+
+
+def test_timeline_merges_the_parts_a_killed_driver_left(tmp_path):
+    from hvdlite.worker import trace
+    trace_file = tmp_path / "trace.json"
+    os.makedirs(trace.parts_dir(str(trace_file)))
+    for pid in (11, 12):  # as two workers wrote them: an allreduce, the second cut by the kill
+        with open(os.path.join(trace.parts_dir(str(trace_file)), f"h_{pid}.jsonl"), "w") as f:
+            f.write(json.dumps({"name": "allreduce", "ph": "B", "ts": 1.0, "pid": pid, "tid": 0}) + "\n")
+            if pid == 11:
+                f.write(json.dumps({"name": "allreduce", "ph": "E", "ts": 2.0, "pid": pid, "tid": 0}) + "\n")
+            f.write('{"name": "allre')
+    r = subprocess.run([sys.executable, "-m", "hvdlite.cli", "timeline", str(trace_file) + ".parts"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    events = json.loads(trace_file.read_text())["traceEvents"]
+    assert sorted((e["pid"], e["ph"]) for e in events) == [(11, "B"), (11, "E"), (12, "B"), (12, "E")]
+    assert [e["args"] for e in events if e["pid"] == 12 and e["ph"] == "E"] == [{"unfinished": True}]
+    bad = subprocess.run([sys.executable, "-m", "hvdlite.cli", "timeline", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "is a directory" in bad.stderr and len(bad.stderr.splitlines()) == 1

@@ -18,6 +18,22 @@ def test_events_read_as_sentences():
     assert sentence("something_new", {"x": 1}) == "something_new x=1"
 
 
+def test_sentences_count_right():
+    assert sentence("round_complete", {"round": 4, "size": 1, "commit": 9}) == \
+        "world 4 formed: 1 worker goes on from commit 9"
+    assert sentence("round_complete", {"round": 1, "size": 1}) == "world 1 formed: 1 worker starts training"
+    assert sentence("round_complete", {"round": 1, "size": 2}) == "world 1 formed: 2 workers start training"
+    assert sentence("hosts_changed", {"kind": "mixed", "added": ["a", "c"], "removed": [],
+                                      "resized": {"a": [2, 3]}, "hosts": ["a:3", "c:1"]}) == \
+        "hosts changed: a 2 -> 3 slots; added c; now a:3, c:1"
+    assert sentence("job_start", {"mode": "elastic", "np": 2, "min_np": 1, "max_np": 4}) == \
+        "starting an elastic job of 2 workers (at least 1, at most 4)"
+    assert sentence("job_start", {"mode": "static", "np": 1}) == "starting a static job of 1 worker"
+    assert sentence("discovery_recovered", {"failures": 1}) == "host discovery works again, after 1 failed run"
+    assert sentence("job_end", {"result": "success", "resets": 1, "failed": ["rank 1 on a exited with code 1"]}) \
+        == "job finished after 1 reset; 1 worker failed on the way: rank 1 on a exited with code 1"
+
+
 def view(size, commit, **kw):
     return JobView(**{"round": 1, "world_size": size, "target_size": 3, "commit": commit, "joining": 0,
                       "blacklisted_slots": 0, "resets": 0, **kw})
@@ -91,3 +107,59 @@ def test_a_short_join_stays_visible_in_its_lane():
     phases = {state: (int(x), int(w)) for x, w, _, state in rects}
     (join_x, join_w), (member_x, _) = phases["joining"], phases["member"]
     assert join_w >= render.MIN_PHASE_W and member_x >= join_x + join_w
+
+
+def test_a_static_job_is_one_world_of_every_rank():
+    records = [
+        {"time": 0, "event": "job_start", "mode": "static", "np": 2},
+        {"time": 0.1, "event": "worker_start", "slot": "h/0", "rank": 0},
+        {"time": 0.1, "event": "worker_start", "slot": "h/1", "rank": 1},
+        {"time": 5, "event": "worker_exit", "slot": "h/1", "rank": 1, "code": 1},
+        {"time": 5.2, "event": "worker_exit", "slot": "h/0", "rank": 0, "code": -15},
+        {"time": 5.3, "event": "job_end", "result": "failure"}]
+    for log in (records, records[1:]):  # with job_start, and as logs written before it were
+        s = story.build(log)
+        assert s.mode == "static" and s.worlds == 1 and s.failures == 2
+        assert [(g.state, g.label) for g in s.segments["h/1"]] == [("member", "rank 1")]
+        assert s.sizes == [(0.1, 1), (0.1, 2), (5, 1), (5.2, 0)]
+    assert render.summary(story.build(records)).startswith(
+        "hvdlite timeline: static job, 2 slots, 1 world, 2 failures, 0 re-formations")
+    assert "1 failure," in render.summary(story.build(records[:4]))
+
+
+def test_runs_appended_to_one_log_are_drawn_each_and_the_resume_marked():
+    killed = [{"time": 0, "event": "job_start", "mode": "elastic", "np": 1},
+              {"time": 0, "event": "worker_start", "slot": "h/0"},
+              {"time": 1, "event": "round_complete", "round": 1, "size": 1, "members": {"h/0": 0}}]
+    resumed = [{**r, "time": r["time"] + 100} for r in killed] + [
+        {"time": 105, "event": "worker_exit", "slot": "h/0", "rank": 0, "code": 0},
+        {"time": 105, "event": "job_end", "result": "success"}]
+    older = [{k: v for k, v in r.items()} for r in resumed if r["event"] != "job_start"]  # no job_start
+    for log in (killed + resumed, resumed[1:] + older):
+        runs = story.runs(log)
+        assert len(runs) == 2 and [r.run for r in runs] == [1, 2]
+    runs = story.runs(killed + resumed)
+    assert runs[0].result == "" and runs[1].result == "success" and runs[0].end == 1
+    page = render.page(runs)
+    assert page.count("<svg") == 2 and "resume (run 2)" in page
+    assert "run 1 of 2: elastic job, 1 slot, 1 world, 0 failures" in page
+    assert "no end recorded (was the driver killed?)" in page
+
+
+def test_reformation_labels_do_not_overlap():
+    records = [{"time": 0, "event": "worker_start", "slot": "h/0"},
+               {"time": 0, "event": "worker_start", "slot": "h/1"}]
+    for k in range(6):  # re-formations 0.2 s apart in a 60 s job: a few pixels apart
+        records.append({"time": 10 + 0.2 * k, "event": "round_complete", "round": k + 1, "size": 2,
+                        "members": {"h/0": 0, "h/1": 1}, "reformed_in": 0.05, "cause": "failure"})
+        records.append({"time": 10 + 0.2 * k, "event": "hosts_changed", "kind": "added",
+                        "added": [f"host-{k}"], "removed": []})
+    records.append({"time": 60, "event": "job_end", "result": "success"})
+    page = render.html(story.build(records))
+    labels = [(float(x), float(y), text) for x, y, text in
+              re.findall(r'<text class="small" x="([\d.]+)" y="([\d.]+)"[^>]*>([^<]*(?: s|host-\d))</text>', page)]
+    assert len(labels) >= 2 * render.LABEL_ROWS
+    for i, (x1, y1, t1) in enumerate(sorted(labels)):
+        for x2, y2, t2 in sorted(labels)[i + 1:]:
+            if y1 == y2:  # the later one starts where the earlier one's text ends
+                assert x2 >= x1 + render.CHAR_W * len(t1), (t1, t2)

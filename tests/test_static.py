@@ -38,6 +38,19 @@ def test_failing_worker_fails_the_job_naming_it(tmp_path):
     assert time.monotonic() - start < 30
 
 
+def test_a_raising_worker_is_named_with_its_error_and_the_echo_on_its_peer_is_one_line(tmp_path):
+    script = tmp_path / "raise.py"
+    script.write_text("import time, torch, hvdlite.torch as hvd\nhvd.init()\nhvd.allreduce(torch.ones(2))\n"
+                      "if hvd.rank() == 1:\n    raise ValueError('boom on rank 1')\n"
+                      "for _ in range(200):\n    hvd.allreduce(torch.ones(2))\n    time.sleep(0.05)\n")
+    r = run_job(["-np", "2", sys.executable, str(script)], tmp_path, timeout=60)
+    assert r.code == 1
+    assert r.stderr.strip().splitlines()[-1] == \
+        "hvdlite: error: rank 1 on localhost exited with code 1 (ValueError: boom on rank 1); stopping the job"
+    survivor = [line for line in r.stderr.splitlines() if line.startswith("[0]<stderr>:")]
+    assert len(survivor) <= 1 and all("HorovodInternalError: " in line for line in survivor), survivor
+
+
 def alive(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -56,6 +69,7 @@ def test_ctrl_c_leaves_no_worker_behind(tmp_path):
         job.proc.send_signal(signal.SIGINT)
         r = job.finish(30)
     assert r.code == 130
+    assert r.stderr.strip().splitlines()[-1] == "hvdlite: job interrupted by SIGINT"
     deadline = time.monotonic() + 10
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)

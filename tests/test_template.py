@@ -159,6 +159,7 @@ def test_worker_looks_like_a_plain_launch(spawner, capsys):
         print("fds", sorted(int(f) for f in os.listdir("/proc/self/fd")))
         print("stdin", repr(sys.stdin.read()))
         print("threads", len(os.listdir("/proc/self/task")))
+        print("cmdline", open("/proc/self/cmdline").read().replace(chr(0), " ").strip())
         print("oops", file=sys.stderr)
         sys.exit(3)
     """)
@@ -175,7 +176,8 @@ def test_worker_looks_like_a_plain_launch(spawner, capsys):
     assert lines[0] == f"[0]<stdout>:argv ['a b', 'c'] cwd {workdir} path0 {spawner.tmp_path}"
     assert lines[1:] == ["[0]<stdout>:env yes None", "[0]<stdout>:leader True",
                          "[0]<stdout>:fds [0, 1, 2, 3]",  # 3: the listing itself
-                         "[0]<stdout>:stdin ''", "[0]<stdout>:threads 1"]
+                         "[0]<stdout>:stdin ''", "[0]<stdout>:threads 1",
+                         f"[0]<stdout>:cmdline {sys.executable} {script} 'a b' c"]  # what ps shows
     assert out.err == "[0]<stderr>:oops\n"
 
 
@@ -349,7 +351,8 @@ def test_numpy_backend_worker_comes_from_a_template_on_its_own_interpreter(spawn
 
 # ---- a whole job through the driver -------------------------------------------------------
 
-PARENT = "import os\nprint('parent', open(f'/proc/{os.getppid()}/cmdline').read().split(chr(0))[1:3])\n"
+# The template's words as ps shows them (setproctitle, set up there, joins its argv into one string).
+PARENT = "import os\nprint('parent', open(f'/proc/{os.getppid()}/cmdline').read().replace(chr(0), ' ').split()[1:3])\n"
 
 
 @pytest.mark.parametrize("python, check", [

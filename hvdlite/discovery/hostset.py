@@ -6,6 +6,7 @@ from dataclasses import dataclass
 class HostChange:
     added: tuple  # host names new in the list, or with more slots
     removed: tuple  # host names gone from the list, or with fewer slots
+    resized: tuple = ()  # (name, old slots, new slots) of hosts in both lists
 
     @property
     def kind(self):
@@ -18,7 +19,8 @@ def diff(old, new) -> HostChange:
     before, after = dict(old), dict(new)
     added = tuple(h for h, n in new if n > before.get(h, 0))
     removed = tuple(h for h, n in old if n > after.get(h, 0))
-    return HostChange(added, removed)
+    resized = tuple((h, before[h], n) for h, n in new if before.get(h, n) != n)
+    return HostChange(added, removed, resized)
 
 
 def reorder(old, new):

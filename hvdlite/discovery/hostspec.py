@@ -39,7 +39,7 @@ def parse_hosts(spec: str):
 
 
 def parse_hostfile(path: str):
-    """Lines 'host slots=N' (or just 'host'); '#' starts a comment."""
+    """Lines 'host slots=N', 'host:N' or just 'host'; '#' starts a comment."""
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.read().splitlines()
@@ -52,12 +52,15 @@ def parse_hostfile(path: str):
             continue
         where = f"{path}:{number}"
         name, *rest = line.split()
-        if not rest:
+        if not rest and ":" in name:  # 'host:N', as -H and discovery spell it
+            host, _, slots = name.rpartition(":")
+            pairs.append(_host(host, slots, where))
+        elif not rest:
             pairs.append(_host(name, "1", where))
         elif len(rest) == 1 and rest[0].startswith("slots="):
             pairs.append(_host(name, rest[0][len("slots="):], where))
         else:
-            raise HostSpecError(f"{where}: expected 'host slots=N', got {line!r}")
+            raise HostSpecError(f"{where}: expected 'host slots=N' or 'host:N', got {line!r}")
     if not pairs:
         raise HostSpecError(f"hostfile {path} lists no hosts")
     return _merge(pairs)

@@ -20,6 +20,13 @@ class EventLog:
         self._lock = threading.Lock()
 
     def emit(self, event: str, **fields) -> None:
+        self._record(event, fields, self._on_console)
+
+    def announce(self, event: str, **fields) -> None:
+        """emit(), said on the console even in a job that shows no events (an interruption)."""
+        self._record(event, fields, True)
+
+    def _record(self, event, fields, on_console) -> None:
         record = {"time": time.time(), "event": event, **fields}
         with self._lock:
             if self._file:
@@ -27,7 +34,8 @@ class EventLog:
                 self._file.flush()
             for listener in self._listeners:
                 listener(event, fields, record["time"])
-            if self._on_console:
+            # A failure's end is said once, by error(): `hvdlite: error: why`.
+            if on_console and not (event == "job_end" and fields.get("result") == "failure"):
                 TERMINAL.write("stderr", f"hvdlite: {sentence(event, fields)}")
 
     def error(self, message: str) -> None:

@@ -13,6 +13,7 @@ from hvdlite.errors import first_line
 
 LAUNCH_THREADS = 32  # hosts started at once
 OUTPUT_DRAIN = 5.0  # seconds at the job's end for the last lines of each worker to be printed
+EXCEPTION_DRAIN = 0.3  # seconds for a failed worker's last lines, which say what it raised
 
 
 class Executor:
@@ -72,7 +73,13 @@ class Executor:
             handle.stop(grace)
         while (code := handle.wait(1.0)) is None:
             pass
-        self.post(Exited(a.worker, code, getattr(handle, "error", None)))
+        error = getattr(handle, "error", None)
+        if error is None and code > 0:
+            # A worker that raised: its exception's line names why (its output is read first;
+            # a death by signal is not delayed).
+            handle.finish_output(EXCEPTION_DRAIN)
+            error = self.outputs[a.worker].exception
+        self.post(Exited(a.worker, code, error))
 
     def _stop(self, a: Stop):
         with self._lock:

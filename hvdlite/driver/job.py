@@ -14,7 +14,7 @@ import time
 from hvdlite.discovery.script import DiscoveryError
 from hvdlite.discovery.sources import host_source
 from hvdlite.driver.decisions.assignment import assign
-from hvdlite.driver.decisions.core import ElasticCore, Policy, describe_exit
+from hvdlite.driver.decisions.core import ElasticCore, JobView, Policy, describe_exit
 from hvdlite.driver.decisions.messages import (
     DiscoveryFailed, Exited, Heartbeats, HostsFound, Launch, Launched, LaunchFailed, Tick)
 from hvdlite.driver.eventlog import EventLog
@@ -128,15 +128,22 @@ class Job:
         self._describe(source)
         self.start_server(any(not self.launchers.is_local(h) for h, _ in hosts))
         places = assign(hosts, s.num_proc)
-        running = {}
+        running, started, commits = {}, set(), {}  # commits: worker -> newest it reported
         for place in places:
             slot = f"{place.hostname}/{place.local_rank}"
             running[f"{slot}#1"] = place
             self.executor.apply([Launch(f"{slot}#1", slot, place.hostname, place.local_size, place)])
         while running:
             event = self.next_event(TICK)
-            self.rendezvous.drain_heartbeats()
+            commits.update(self.rendezvous.drain_heartbeats())
+            # One world of every rank: what the status of an elastic job says, for /metrics.
+            members = len(started & running.keys())
+            self.stats.on_view(JobView(round=1 if members else 0, world_size=members,
+                                       target_size=s.num_proc, commit=max(commits.values(), default=0),
+                                       joining=len(running) - members, blacklisted_slots=0, resets=0),
+                               time.time())
             if isinstance(event, Launched):
+                started.add(event.worker)
                 self.log.emit("worker_start", slot=event.worker.split("#")[0], worker=event.worker,
                               rank=running[event.worker].rank, pid=event.pid, started=event.started)
             elif isinstance(event, LaunchFailed):
@@ -179,6 +186,9 @@ def run(settings) -> int:
     log = EventLog(settings.event_log, on_console=on_console,
                    verbose=settings.verbose or level == "DEBUG", listeners=[stats.on_event])
     job = Job(settings, log, stats)
+    # Each run's first line: `hvdlite timeline` tells runs appended to one log apart by it.
+    log.emit("job_start", mode="elastic" if settings.elastic else "static", np=settings.num_proc,
+             min_np=settings.min_np, max_np=settings.max_np)
     if settings.timeline_filename:
         discard_parts(settings.timeline_filename)  # an earlier job's
     # On a terminal, an elastic job's state stays in view under its events.
@@ -193,7 +203,7 @@ def run(settings) -> int:
     try:
         return job.run_elastic() if settings.elastic else job.run_static()
     except _Signalled as e:
-        log.emit("job_end", result="interrupted", signal=signal.Signals(e.signum).name)
+        log.announce("job_end", result="interrupted", signal=signal.Signals(e.signum).name)
         return EXIT_SIGNALLED[e.signum]
     except HvdliteError as e:
         log.emit("job_end", result="failure", reason=str(e))

@@ -14,6 +14,8 @@ class RankOutput:
 
     def __init__(self, label: str, output_dir=None, folder=None):
         self.label = label
+        self.exception = None  # the last line a Python traceback ended with: what it raised
+        self._in_traceback = False
         self._files = {}
         if output_dir:
             folder = os.path.join(output_dir, folder or f"rank.{label}")
@@ -23,6 +25,12 @@ class RankOutput:
 
     def line(self, stream: str, text: str) -> None:
         TERMINAL.write(stream, f"[{self.label}]<{stream}>:{text}")
+        if stream == "stderr":
+            if text.startswith("Traceback (most recent call last):"):
+                self._in_traceback = True
+            elif self._in_traceback and text.strip() and not text[0].isspace():
+                self._in_traceback = False
+                self.exception = text.strip()[:300]
         if stream in self._files:
             self._files[stream].write(text)
             self._files[stream].flush()

@@ -34,8 +34,8 @@ def _round_complete(f):
     size = f.get("size", 0)
     start = f"world {f.get('round')} formed: " + _plural(size, "worker")
     if f.get("round") == 1:
-        return f"{start} start training"
-    text = f"{start} go on from commit {f.get('commit', 0)}"
+        return f"{start} start{'s' if size == 1 else ''} training"  # 1 worker starts, 2 start
+    text = f"{start} go{'es' if size == 1 else ''} on from commit {f.get('commit', 0)}"
     if f.get("reformed_in") is not None:
         after = "the failure" if f.get("cause") == "failure" else "the host update"
         text += f" (re-formed in {f['reformed_in']:.2f} s after {after})"
@@ -43,11 +43,14 @@ def _round_complete(f):
 
 
 def _hosts_changed(f):
-    parts = []
-    if f.get("added"):
-        parts.append(f"added {_names(f['added'])}")
-    if f.get("removed"):
-        parts.append(f"removed {_names(f['removed'])}")
+    resized = f.get("resized") or {}  # a host whose slot count changed is neither added nor removed
+    parts = [f"{h} {old} -> {new} slots" for h, (old, new) in resized.items()]
+    added = [h for h in f.get("added") or () if h not in resized]
+    removed = [h for h in f.get("removed") or () if h not in resized]
+    if added:
+        parts.append(f"added {_names(added)}")
+    if removed:
+        parts.append(f"removed {_names(removed)}")
     return f"hosts changed: {'; '.join(parts) or f.get('kind', '?')}; now {_names(f.get('hosts', []))}"
 
 
@@ -55,13 +58,27 @@ def _job_end(f):
     result = f.get("result")
     if result == "success":
         resets = f.get("resets")
-        return "job finished" + (f" after {_plural(resets, 'reset')}" if resets is not None else "")
+        text = "job finished" + (f" after {_plural(resets, 'reset')}" if resets is not None else "")
+        failed = f.get("failed") or []
+        if failed:
+            text += f"; {_plural(len(failed), 'worker')} failed on the way: " + "; ".join(failed)
+        return text
     if result == "interrupted":
         return f"job interrupted by {f.get('signal')}"
     return f"job failed: {f.get('reason')}"
 
 
+def _job_start(f):
+    mode = f.get("mode") or ""
+    article = "an" if mode.startswith(("a", "e", "i", "o", "u")) else "a"
+    text = f"starting {article} {mode} job of {_plural(f.get('np') or 0, 'worker')}"
+    if f.get("mode") == "elastic":
+        text += f" (at least {f.get('min_np')}, at most {f.get('max_np') or 'one per slot'})"
+    return text
+
+
 _SENTENCES = {
+    "job_start": _job_start,
     "worker_start": lambda f: f"{_who(f)} started (pid {f.get('pid')}, {f.get('started', 'process')})",
     "worker_exit": _worker_exit,
     "launch_failed": lambda f: f"worker {f.get('slot')} could not be launched: {f.get('error')}",
@@ -77,7 +94,10 @@ _SENTENCES = {
                              f"going on from commit {f.get('resumed')}",
     "waiting_for_workers": lambda f: f"waiting for workers: {f.get('ready')} ready, "
                                      f"--min-np {f.get('min_np')}",
-    "discovery_failed": lambda f: f"host discovery failed: {f.get('error')}; retrying",
+    "discovery_failed": lambda f: f"host discovery failed: {f.get('error')}; retrying quietly "
+                                  f"until it works again",
+    "discovery_recovered": lambda f: f"host discovery works again, after "
+                                     f"{_plural(f.get('failures', 0), 'failed run')}",
     "job_end": _job_end,
 }
 

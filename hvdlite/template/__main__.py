@@ -17,7 +17,7 @@ import socket
 import sys
 import tempfile
 
-from hvdlite.template import server, wire
+from hvdlite.template import child, server, wire
 
 
 def _listen():
@@ -60,6 +60,7 @@ def main(argv=None) -> int:
                      help="kept template: serve spawn clients on PATH until --idle seconds without any")
     p.add_argument("--idle", type=float, default=60.0, help="seconds a kept template waits idle")
     args = p.parse_args(argv)
+    child.prepare_title()
     if args.listen or args.keep:
         frames = os.dup(1)
         os.dup2(2, 1)  # what preloaded modules print must not end up among the frames

@@ -4,6 +4,7 @@ import importlib.util
 import io
 import os
 import runpy
+import shlex
 import signal
 import sys
 
@@ -58,6 +59,31 @@ def become_worker(stdout_fd: int, stderr_fd: int, env: dict, cwd: str, unbuffere
         sys.modules["numpy.random"].seed()
 
 
+def prepare_title() -> None:
+    """In the template, before any fork: setproctitle finds the memory ps reads only while the
+    process's environment is the one it started with (a child replaces it)."""
+    try:
+        import setproctitle
+    except ImportError:
+        return
+    setproctitle.getproctitle()
+
+
+def show_as(words, name: str) -> None:
+    """Make `ps` show the forked worker's own command line, not the template's (`ps | grep
+    train.py` finds it): setproctitle rewrites it; without it only the process name changes."""
+    try:
+        import setproctitle
+    except ImportError:
+        try:
+            with open("/proc/self/comm", "w") as f:
+                f.write(name[:15])  # the kernel keeps 15 bytes
+        except OSError:
+            pass
+        return
+    setproctitle.setproctitle(shlex.join(words))
+
+
 def run(kind: str, target: str, args, program: str) -> None:
     """Run the training command as __main__; errors end the process as the interpreter
     would end it, with the traceback starting at the user's code."""
@@ -82,6 +108,7 @@ def run(kind: str, target: str, args, program: str) -> None:
             sys.stderr.write(f"{program}: No module named {target}\n")
             sys.exit(1)
         runner = lambda: runpy.run_module(target, run_name="__main__", alter_sys=True)  # noqa: E731
+    show_as([program] + ([target] if kind == "path" else ["-m", target]) + list(args), os.path.basename(target))
     try:
         runner()
     except Exception:

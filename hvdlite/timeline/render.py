@@ -11,10 +11,13 @@ SIZE_H = 120  # world size chart
 LANE_H = 24
 MIN_PHASE_W = 3  # pixels: the narrowest a lane shows a phase
 LANE_GAP = 6
-AXIS_H = 30
+LABEL_ROWS = 3  # rows for labels that would overlap (re-formation times, host changes)
+ROW_H = 11
+CHAR_W = 6  # pixels per character of a small label, about
+AXIS_H = 30 + (LABEL_ROWS - 1) * ROW_H
 COLOURS = {"joining": "#f2a93b", "member": "#2f9e44", "blacklisted": "#495057",
            "failure": "#e03131", "exit": "#1c7ed6", "hosts": "#7048e8", "broken": "#adb5bd",
-           "recovery": "#ffe3e3", "size": "#1c7ed6"}
+           "recovery": "#ffe3e3", "size": "#1c7ed6", "resume": "#7048e8"}
 
 STYLE = """
 body { font: 13px sans-serif; margin: 0; padding: 0; color: #212529; background: #fff; }
@@ -33,13 +36,55 @@ def lane_top(index: int) -> int:
     return TOP + SIZE_H + AXIS_H + index * (LANE_H + LANE_GAP)
 
 
-def summary(story: Story) -> str:
-    return (f"hvdlite timeline: {len(story.slots)} slots, {len(story.sizes)} worlds, "
-            f"{story.failures} failures, {len(story.recoveries)} re-formations, "
-            f"{story.end - story.start:.1f} s, {story.result or 'unfinished'}")
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def summary(story: Story, runs: int = 1) -> str:
+    run = f"run {story.run} of {runs}: " if runs > 1 else ""
+    mode = f"{story.mode} job, " if story.mode else ""
+    result = story.result or "no end recorded (was the driver killed?)"
+    return (f"hvdlite timeline: {run}{mode}{_count(len(story.slots), 'slot')}, "
+            f"{_count(story.worlds, 'world')}, {_count(story.failures, 'failure')}, "
+            f"{_count(len(story.recoveries), 're-formation')}, {story.end - story.start:.1f} s, {result}")
+
+
+def place_labels(labels, left: int = LEFT, right: int = WIDTH):
+    """Rows for labels [(x, text)] so that none covers another: each takes the first of
+    LABEL_ROWS rows where it fits, else None (its shape's tooltip still tells)."""
+    ends = [left - 1e9] * LABEL_ROWS  # right edge of the last label in each row
+    rows = []
+    for x, text in labels:
+        width = len(text) * CHAR_W
+        x = min(x, right - width)
+        row = next((i for i, end in enumerate(ends) if x >= end + 4), None)
+        if row is not None:
+            ends[row] = x + width
+        rows.append((x, row))
+    return rows
+
+
+def page(stories) -> str:
+    """Every run of an event log, one under the other; the later ones are marked as resumes."""
+    title = summary(stories[0]) if len(stories) == 1 else \
+        f"hvdlite timeline: {_count(len(stories), 'run')} of one event log"
+    legend = "".join(f'<span><i style="background:{COLOURS[k]}"></i>{label}</span>' for k, label in [
+        ("joining", "starting / joining"), ("member", "member of a world (rank)"),
+        ("blacklisted", "blacklisted"), ("failure", "failed (exit code / signal)"),
+        ("exit", "exited"), ("hosts", "host change"), ("recovery", "re-formation (duration)"),
+        ("resume", "run started again on the same log (a resume)")])
+    return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
+            f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>"
+            + "\n".join(svg(story, len(stories)) for story in stories)
+            + f'\n<div class="legend">{legend}</div>\n</body></html>\n')
 
 
 def html(story: Story) -> str:
+    """The page of one run."""
+    return page([story])
+
+
+def svg(story: Story, runs: int = 1) -> str:
     span = max(story.end - story.start, 1e-3)
     plot_w = WIDTH - LEFT - RIGHT
 
@@ -55,14 +100,22 @@ def html(story: Story) -> str:
 
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
            f'viewBox="0 0 {WIDTH} {height}">',
-           f'<text x="{LEFT}" y="20" style="font-size:14px">{escape(summary(story))}</text>']
+           f'<text x="{LEFT}" y="20" style="font-size:14px">{escape(summary(story, runs))}</text>']
+    if story.run > 1:  # the same job started again on this log: a resume (from its checkpoints)
+        out.append(f'<rect x="{LEFT - 4}" y="{TOP}" width="4" height="{height - TOP}" '
+                   f'fill="{COLOURS["resume"]}"><title>run {story.run}: started again</title></rect>'
+                   f'<text x="8" y="20" style="font-size:14px;fill:{COLOURS["resume"]}">'
+                   f'resume (run {story.run})</text>')
     # recoveries: shaded across the whole page, with their duration
-    for start, end, cause in story.recoveries:
+    texts = [f"{end - start:.2f} s" for start, end, _ in story.recoveries]
+    places = place_labels([(x(end) + 2, text) for (_, end, _), text in zip(story.recoveries, texts)])
+    for (start, end, cause), text, (lx, row) in zip(story.recoveries, texts, places):
         w = max(x(end) - x(start), 1.5)
         out.append(f'<rect x="{x(start):.1f}" y="{TOP}" width="{w:.1f}" height="{height - TOP}" '
                    f'fill="{COLOURS["recovery"]}"><title>re-formed in {end - start:.3f} s '
                    f'({escape(cause)})</title></rect>')
-        out.append(f'<text class="small" x="{x(end) + 2:.1f}" y="{TOP + 12}">{end - start:.2f} s</text>')
+        if row is not None:
+            out.append(f'<text class="small" x="{lx:.1f}" y="{TOP + 12 + row * ROW_H}">{text}</text>')
     # world size over time
     out.append(f'<text x="8" y="{TOP + 14}">world size</text>')
     for n in range(0, top_size + 1, max(1, top_size // 4)):
@@ -87,15 +140,18 @@ def html(story: Story) -> str:
                    f'<text class="small" x="{x(story.start + t):.1f}" y="{axis_y}">{t:g} s</text>')
         t += step
     # job-wide marks: host changes, broken worlds
-    for m in story.marks:
-        if m.slot is None:
-            colour = COLOURS[m.kind]
-            dash = ' stroke-dasharray="4 3"' if m.kind == "hosts" else ""
-            out.append(f'<line x1="{x(m.time):.1f}" x2="{x(m.time):.1f}" y1="{TOP + 20}" y2="{height - 10}" '
-                       f'stroke="{colour}"{dash}><title>{escape(m.label)}</title></line>')
-            if m.kind == "hosts":
-                out.append(f'<text class="small" x="{x(m.time) + 3:.1f}" y="{TOP + SIZE_H + 24}" '
-                           f'style="fill:{colour}">hosts {escape(m.label)}</text>')
+    job_marks = [m for m in story.marks if m.slot is None]
+    hosts = [m for m in job_marks if m.kind == "hosts"]
+    rows = dict(zip(map(id, hosts), place_labels([(x(m.time) + 3, f"hosts {m.label}") for m in hosts])))
+    for m in job_marks:
+        colour = COLOURS[m.kind]
+        dash = ' stroke-dasharray="4 3"' if m.kind == "hosts" else ""
+        out.append(f'<line x1="{x(m.time):.1f}" x2="{x(m.time):.1f}" y1="{TOP + 20}" y2="{height - 10}" '
+                   f'stroke="{colour}"{dash}><title>{escape(m.label)}</title></line>')
+        lx, row = rows.get(id(m), (0, None))
+        if row is not None:
+            out.append(f'<text class="small" x="{lx:.1f}" y="{TOP + SIZE_H + 24 + row * ROW_H}" '
+                       f'style="fill:{colour}">hosts {escape(m.label)}</text>')
     # one lane per slot
     for i, slot in enumerate(story.slots):
         y = lane_top(i)
@@ -129,13 +185,7 @@ def html(story: Story) -> str:
                            f'<text class="small" x="{mx + 7:.1f}" y="{y + 13}" '
                            f'style="fill:{COLOURS[m.kind]}">{escape(m.label)}</text>')
     out.append("</svg>")
-    legend = "".join(f'<span><i style="background:{COLOURS[k]}"></i>{label}</span>' for k, label in [
-        ("joining", "starting / joining"), ("member", "member of a world (rank)"),
-        ("blacklisted", "blacklisted"), ("failure", "failed (exit code / signal)"),
-        ("exit", "exited"), ("hosts", "host change"), ("recovery", "re-formation (duration)")])
-    return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
-            f"<title>{escape(summary(story))}</title><style>{STYLE}</style></head><body>"
-            + "\n".join(out) + f'\n<div class="legend">{legend}</div>\n</body></html>\n')
+    return "\n".join(out)
 
 
 def _tick(span: float) -> float:

@@ -2,7 +2,11 @@
 
 A slot's lane: `joining` from its worker's start until a world takes it in (starting up and
 waiting in the rendezvous: the log does not tell the two apart), `member` while it is in a
-world, then its exit. Blacklisting is drawn over the lanes of the slots it takes out.
+world, then its exit. Blacklisting is drawn over the lanes of the slots it takes out. A static
+job's workers are members, with their rank, from their start: its one world is every rank.
+
+One event log may hold several runs (a killed job, then the same command resuming it from
+--checkpoint-dir): `runs()` tells them apart, at each `job_start` or after a `job_end`.
 """
 import signal
 from dataclasses import dataclass, field
@@ -35,6 +39,9 @@ class Story:
     sizes: list = field(default_factory=list)  # [(time, world size)], a step function
     recoveries: list = field(default_factory=list)  # [(start, end, cause)]
     result: str = ""
+    mode: str = ""  # "static" or "elastic" when the log says (job_start), else ""
+    worlds: int = 0  # worlds formed
+    run: int = 1  # which run of the event log, from 1
 
     @property
     def failures(self) -> int:
@@ -55,12 +62,42 @@ def _slot_order(slot):
     return host, int(index) if index.isdigit() else 0
 
 
+def _valid(records):
+    return [r for r in records if isinstance(r.get("time"), (int, float)) and "event" in r]
+
+
+def runs(records) -> list:
+    """A Story per run of the job in the records, oldest first."""
+    records = _valid(records)
+    if not records:
+        raise ValueError("the event log has no events")
+    groups, ended = [[]], False
+    for r in records:
+        if groups[-1] and (r["event"] == "job_start" or ended):
+            groups.append([])
+        groups[-1].append(r)
+        ended = r["event"] == "job_end"
+    stories = [build(group) for group in groups]
+    for number, story in enumerate(stories, 1):
+        story.run = number
+    return stories
+
+
 def build(records) -> Story:
-    """The story of the records (event log lines as dicts, in order of time)."""
-    records = [r for r in records if isinstance(r.get("time"), (int, float)) and "event" in r]
+    """The story of the records of one run (event log lines as dicts, in order of time)."""
+    records = _valid(records)
     if not records:
         raise ValueError("the event log has no events")
     story = Story(start=records[0]["time"], end=records[-1]["time"], slots=[])
+    first = records[0]
+    story.mode = first.get("mode", "") if first["event"] == "job_start" else ""
+    # Logs written before job_start existed: a static job's worker_start carries its rank.
+    static = story.mode == "static" or not story.mode and not any(
+        r["event"] == "round_complete" for r in records) and any(
+        r["event"] == "worker_start" and r.get("rank") is not None for r in records)
+    if static:
+        story.mode = "static"
+        story.worlds = 1
     hosts = []  # in order of appearance
     member = set()
     blacklisted = {}  # key -> segments opened for it
@@ -83,7 +120,12 @@ def build(records) -> Story:
         slot = r.get("slot")
         if event == "worker_start" and slot:
             close(slot, t)
-            lane(slot).append(Segment(t, None, "joining"))
+            if static:
+                lane(slot).append(Segment(t, None, "member", f"rank {r.get('rank')}"))
+                member.add(slot)
+                story.sizes.append((t, len(member)))
+            else:
+                lane(slot).append(Segment(t, None, "joining"))
             story.marks.append(Mark(t, "start", f"started ({r.get('started', 'process')})", slot))
         elif event == "round_complete":
             members = r.get("members", {})
@@ -94,11 +136,15 @@ def build(records) -> Story:
                 close(s, t)
                 lane(s).append(Segment(t, None, "joining"))
             member = set(members)
+            story.worlds += 1
             story.sizes.append((t, r.get("size", len(members))))
             if r.get("reformed_in") is not None:
                 story.recoveries.append((t - r["reformed_in"], t, r.get("cause", "")))
         elif event == "worker_exit" and slot:
             close(slot, t)
+            if static and slot in member:
+                member.discard(slot)
+                story.sizes.append((t, len(member)))
             member.discard(slot)
             code = r.get("code", 0)
             failed = code != 0 and not r.get("removed")
@@ -113,7 +159,10 @@ def build(records) -> Story:
         elif event == "round_broken":
             story.marks.append(Mark(t, "broken", f"world {r.get('round')} broke"))
         elif event == "hosts_changed":
-            change = [f"+{h}" for h in r.get("added", [])] + [f"-{h}" for h in r.get("removed", [])]
+            resized = r.get("resized") or {}
+            change = [f"{h} {old}->{new}" for h, (old, new) in resized.items()] + \
+                [f"+{h}" for h in r.get("added", []) if h not in resized] + \
+                [f"-{h}" for h in r.get("removed", []) if h not in resized]
             story.marks.append(Mark(t, "hosts", " ".join(change) or r.get("kind", "hosts")))
         elif event == "blacklisted" and r.get("key"):
             blacklisted.setdefault(r["key"], []).append(Segment(t, None, "blacklisted", r.get("cooldown", "")))

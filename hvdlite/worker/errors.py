@@ -1,4 +1,6 @@
 """Exceptions shared by every collective backend, named as in Horovod so its scripts run as is."""
+import re
+import sys
 
 
 class HorovodInternalError(RuntimeError):
@@ -11,3 +13,19 @@ class HostsUpdatedInterrupt(RuntimeError):
     def __init__(self, skip_sync=False):
         super().__init__("hosts updated")
         self.skip_sync = skip_sync
+
+
+def quiet_broken_world() -> None:
+    """In a static job a HorovodInternalError that ends the script only echoes a peer's failure
+    (which the peer and the driver report): print it as one line, not a traceback."""
+    previous = sys.excepthook
+
+    def hook(kind, error, tb):
+        if not issubclass(kind, HorovodInternalError):
+            return previous(kind, error, tb)
+        # gloo's text: "[path/pair.cc:553] Connection closed by peer [addr]:port. This is ...".
+        why = re.sub(r"^\[[^\]]*\]\s*", "", (str(error).strip().splitlines() or [""])[0]).split(". ")[0]
+        sys.stderr.write(f"HorovodInternalError: {why[:200]} (a peer left the job: the driver "
+                         f"names it and why)\n")
+
+    sys.excepthook = hook

@@ -16,6 +16,7 @@ import time
 
 from hvdlite import defaults
 from hvdlite.worker import durable, env
+from hvdlite.worker.errors import quiet_broken_world
 from hvdlite.worker.kvclient import Heartbeats, KVClient
 from hvdlite.worker.world import WorldInfo
 
@@ -47,6 +48,8 @@ class Session:
         self.environ = environ
         self.worker = environ.get(env.WORKER, "")  # this launch's incarnation id
         self.elastic = environ.get(env.ELASTIC) == "1"
+        if not self.elastic:
+            quiet_broken_world()
         self.liveness_timeout = float(environ.get(env.LIVENESS_TIMEOUT, defaults.LIVENESS_TIMEOUT))
         self.client = KVClient(self.addr, self.port, secret)
         # Signed datagrams with a short timeout: cheap for the driver at thousands of workers,

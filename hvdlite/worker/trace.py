@@ -148,16 +148,17 @@ def _close_open(events) -> list:
             for spans in open_spans.values() for b in reversed(spans)]
 
 
-def merge_parts(path: str, remove: bool = True) -> None:
-    """Write FILE from its parts (atomically); `remove` deletes the parts afterwards."""
+def merge_parts(path: str, remove: bool = True, out: str = None) -> None:
+    """Write FILE (or `out`) from FILE's parts, atomically; `remove` deletes the parts afterwards."""
     folder = parts_dir(path)
     if not os.path.isdir(folder):
         return
     events = read_parts(path)
-    tmp = f"{path}.tmp{os.getpid()}"
+    out = out or path
+    tmp = f"{out}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
-    os.replace(tmp, path)
+    os.replace(tmp, out)
     if remove:
         discard_parts(path)
 

@@ -117,6 +117,9 @@ class ElasticCore:
         self.succeeded = False
         self.ended = False
         self.first_failure = None
+        self.failures = []  # why each failed worker failed, for the job's summary
+        self.discovery_failing = 0  # discovery runs failed in a row
+        self.discovery_error = None  # the last one's error, already said
         self.short_since = None  # when the job started waiting for --min-np workers
         self.announced = frozenset()  # joiners the last host update was announced for
         self.last_tick = None
@@ -171,14 +174,19 @@ class ElasticCore:
     # ---- events -------------------------------------------------------------------------
     def _on_hosts(self, event: HostsFound):
         self.hosts_known = True
+        if self.discovery_failing:
+            self._log("discovery_recovered", failures=self.discovery_failing)
+            self.discovery_failing, self.discovery_error = 0, None
         change = diff(self.hosts, event.hosts)
         if change.kind is None:
             return
         self.hosts = reorder(self.hosts, list(event.hosts))
         self.slots_of = dict(self.hosts)
         self.hosts_dirty = True
+        resized = {h: [old, new] for h, old, new in change.resized}
         self._log("hosts_changed", kind=change.kind, added=list(change.added),
-                  removed=list(change.removed), hosts=[f"{h}:{n}" for h, n in self.hosts])
+                  removed=list(change.removed), hosts=[f"{h}:{n}" for h, n in self.hosts],
+                  **({"resized": resized} if resized else {}))
         gone = sorted(self.workers[w].slot for w in self.world
                       if self.workers[w].alive and not self._slot_exists(self.workers[w].slot))
         if gone:
@@ -188,7 +196,11 @@ class ElasticCore:
                 self._remove(inc)
 
     def _on_discovery_failed(self, event: DiscoveryFailed):
-        self._log("discovery_failed", error=event.error, action="retrying")
+        # Said once per kind of failure, then once when a run succeeds again.
+        self.discovery_failing += 1
+        if event.error != self.discovery_error:
+            self.discovery_error = event.error
+            self._log("discovery_failed", error=event.error, action="retrying")
 
     def _on_launched(self, event: Launched):
         inc = self._current(event.worker)
@@ -202,8 +214,9 @@ class ElasticCore:
             return
         self._set_phase(inc, Phase.GONE)
         self._log("launch_failed", slot=inc.slot, worker=inc.id, error=event.error)
+        self.failures.append(f"{inc.name} on {inc.host} could not be launched: {event.error}")
         if self.first_failure is None:
-            self.first_failure = f"{inc.name} on {inc.host} could not be launched: {event.error}"
+            self.first_failure = self.failures[-1]
         self._blacklist(inc.host)  # the host cannot be reached or refused us
 
     def _on_ready(self, event: Ready):
@@ -251,9 +264,10 @@ class ElasticCore:
         if event.code == 0 and inc.killed is None:
             self.succeeded = True
             return
+        self.failures.append(f"{inc.name} on {inc.host} {describe_exit(event.code)}" +
+                             (f" ({inc.killed})" if inc.killed else f" ({event.error})" if event.error else ""))
         if self.first_failure is None:
-            self.first_failure = f"{inc.name} on {inc.host} {describe_exit(event.code)}" + \
-                (f" ({inc.killed})" if inc.killed else f" ({event.error})" if event.error else "")
+            self.first_failure = self.failures[-1]
         self._blacklist_failed(inc)
 
     def _on_tick(self, event: Tick):
@@ -287,7 +301,8 @@ class ElasticCore:
                 if inc.phase in (Phase.STARTING, Phase.WAITING):
                     self._remove(inc)
             if not self._any_live():
-                self._log("job_end", result="success", resets=self.resets)
+                self._log("job_end", result="success", resets=self.resets,
+                          **({"failed": list(self.failures)} if self.failures else {}))
                 self._end(0)
             return
         if not self._any_live() and self.first_failure is not None and not self._resumable_from_disk():
