@@ -20,7 +20,8 @@ answered with what the ``set_heartbeat`` handler says for the batch.
 
 Unauthenticated connections are bounded (count, head size, time to authenticate; the oldest
 is dropped for a new one), and a body is read only after the head's signature checked out, so
-a flood of them costs bounded memory and does not lock real workers out.
+a flood of them costs bounded memory and does not lock real workers out. The caps follow the
+descriptor limit (descriptors.py); should accept() still run out, the oldest stranger goes.
 
 This module holds the data, the routes and the server's life; its parts read alone: kvparse
 (HTTP), kvauth (signatures), kvconnection (one client), kvpolls (answers that come later),
@@ -33,6 +34,7 @@ import threading
 import time
 from concurrent.futures import Future
 
+from hvdlite.driver.descriptors import connection_caps
 from hvdlite.driver.kvauth import Gate
 from hvdlite.driver.kvconnection import Connection
 from hvdlite.driver.kvfamilies import MAX_FAMILY, Families
@@ -44,11 +46,11 @@ from hvdlite.worker import kvproto
 MAX_WAIT = 60.0  # one long-poll or deferred route answer; clients loop for longer waits
 IDLE_TIMEOUT = 10.0  # seconds an idle kept-alive connection, or one request in transit, may take
 AUTH_TIMEOUT = 5.0  # seconds a new connection has to send its first signed request
-# Connections not yet authenticated; the oldest goes for a new one. Room for thousands of
-# workers connecting at once (a few KiB each), while a flood is bounded and cannot lock out.
-MAX_UNAUTHENTICATED = 4096
-MAX_CONNECTIONS = 16384
 BACKLOG = 4096
+ACCEPT_BATCH = 16  # connections accepted and not yet admitted, at most: a flood cannot hold
+# the loop, nor more descriptors than the caps allow and this
+ACCEPT_PAUSE = 0.1  # seconds accepting rests when out of descriptors with no stranger to drop
+EXHAUSTED_EVERY = 60.0  # seconds between two reports of running out of descriptors
 UDP_BUFFER = 4 * 1024 * 1024
 BEAT_POLL = 0.01  # seconds between reads of the heartbeat socket: a beat waits this at most
 MAX_BEATS_PER_POLL = 10000
@@ -57,10 +59,17 @@ MAX_BEATS_PER_POLL = 10000
 class KVServer:
     def __init__(self, secret: str, bind: str = "127.0.0.1", port: int = 0,
                  idle_timeout: float = IDLE_TIMEOUT, auth_timeout: float = AUTH_TIMEOUT,
-                 max_unauthenticated: int = MAX_UNAUTHENTICATED, max_wait: float = MAX_WAIT):
+                 max_unauthenticated=None, max_connections=None, max_wait: float = MAX_WAIT,
+                 on_exhausted=None):
+        """The connection caps default to what the descriptor limit leaves room for
+        (descriptors.connection_caps). on_exhausted(n), on the server's thread, at most once
+        per EXHAUSTED_EVERY: n connections could not be accepted for want of descriptors."""
         self.gate = Gate(secret)
         self.idle_timeout, self.auth_timeout, self.max_wait = idle_timeout, auth_timeout, max_wait
-        self.max_unauthenticated = max_unauthenticated
+        unauthenticated, total = connection_caps()
+        self.max_unauthenticated = max_unauthenticated or unauthenticated
+        self.max_connections = max_connections or total
+        self._on_exhausted, self._exhausted, self._exhausted_said = on_exhausted, 0, None
         self._lock = threading.Lock()  # data, waiters: the driver's threads use them too
         self._data = {}  # scope -> {key: bytes}
         self._waiters = Waiters()  # who waits for which key
@@ -70,6 +79,7 @@ class KVServer:
         self.pump = Pump()  # big answers, in turn
         self._connections = {}  # Connection -> None, oldest first
         self._unauthenticated = {}  # the same, not authenticated yet
+        self._opening = 0  # accepted, not admitted yet
         self._stopped = False
         self._loop = asyncio.new_event_loop()
         self._loop_thread = None
@@ -92,8 +102,7 @@ class KVServer:
         loop = self._loop
         asyncio.set_event_loop(loop)
         self._loop_thread = threading.get_ident()
-        self._listener = loop.run_until_complete(
-            loop.create_server(lambda: Connection(self), sock=self._tcp, backlog=BACKLOG))
+        loop.add_reader(self._tcp.fileno(), self._accept)
         loop.call_soon(self._sweep)
         loop.call_soon(self._drain_beats)
         ready.set()
@@ -114,7 +123,8 @@ class KVServer:
         self._thread.join(10)
 
     def _shutdown(self):
-        self._listener.close()
+        self._loop.remove_reader(self._tcp.fileno())
+        self._tcp.close()
         self._udp.close()
         with self._lock:
             waiting = self._waiters.drain() + self._families.drain()
@@ -341,11 +351,60 @@ class KVServer:
 
     # -- connections (server thread) --------------------------------------------------------
 
+    def _accept(self):
+        """Take the connections waiting, a batch per loop turn (asyncio's own accept logs a
+        traceback for every failure, thousands a second, and drops no one to make room)."""
+        while self._opening < ACCEPT_BATCH:
+            try:
+                sock, _ = self._tcp.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionAbortedError:
+                continue  # that client went away
+            except OSError:  # out of descriptors (EMFILE, ENFILE) or buffers
+                return self._out_of_descriptors()
+            sock.setblocking(False)
+            self._opening += 1
+            self._loop.create_task(self._open(sock))
+
+    async def _open(self, sock):
+        try:
+            await self._loop.connect_accepted_socket(lambda: Connection(self), sock)
+        except OSError:  # the client went away meanwhile
+            sock.close()
+        finally:
+            self._opening -= 1
+
+    def _out_of_descriptors(self):
+        """The oldest stranger goes (its descriptor is free by the next loop turn); with none
+        to drop, accepting rests a little. Said once in a while, not once a failure."""
+        if self._unauthenticated:
+            next(iter(self._unauthenticated)).close()
+        else:
+            self._loop.remove_reader(self._tcp.fileno())
+            self._loop.call_later(ACCEPT_PAUSE, self._resume_accepting)
+        self._exhausted += 1
+        now = time.monotonic()
+        if self._on_exhausted is not None and \
+                (self._exhausted_said is None or now - self._exhausted_said >= EXHAUSTED_EVERY):
+            self._exhausted_said, count, self._exhausted = now, self._exhausted, 0
+            try:
+                self._on_exhausted(count)
+            except Exception:  # noqa: BLE001 - a report must not stop the server
+                pass
+
+    def _resume_accepting(self):
+        if not self._stopped:
+            self._loop.add_reader(self._tcp.fileno(), self._accept)
+
     def admit(self, conn) -> bool:
-        if self._stopped or len(self._connections) >= MAX_CONNECTIONS:
+        if self._stopped:
             return False
-        if len(self._unauthenticated) >= self.max_unauthenticated:
+        if len(self._unauthenticated) >= self.max_unauthenticated or \
+                (len(self._connections) >= self.max_connections and self._unauthenticated):
             next(iter(self._unauthenticated)).close()  # the oldest: a flood cannot lock us out
+        if len(self._connections) >= self.max_connections:
+            return False
         self._connections[conn] = None
         self._unauthenticated[conn] = None
         return True
