@@ -131,3 +131,28 @@ def test_the_soft_limit_is_raised_to_the_hard_one_and_the_caps_follow_it():
     assert connection_caps(256) == (96, 192)  # 64 descriptors kept for launches and files
     assert connection_caps(1024) == (384, 768)
     assert connection_caps(1 << 20) == (MAX_UNAUTHENTICATED, MAX_CONNECTIONS)
+
+
+def launches(job, slot):
+    return len([e for e in job.events() if e["event"] in ("worker_start", "launch_failed")
+                and e["slot"] == slot])
+
+
+@needs_pygloo
+def test_output_files_are_closed_when_a_worker_ends(tmp_path):
+    # Slot 1 prints a line on each stream and fails at once; its cooldown brings it back, so
+    # it is launched again and again while slot 0 trains.
+    script = ('case "$HVDLITE_SLOT" in */1) echo out; echo err >&2; exit 3;; esac; '
+              f'exec {PYTHON} {SCRIPTS}/numpy_elastic_job.py')
+    with Job(["-H", "localhost:2", "--min-np", "1", "--blacklist-cooldown-range", "0.1", "0.1",
+              "--output-filename", str(tmp_path / "out"), "sh", "-c", script], tmp_path,
+             env=job_env(tmp_path, TOTAL_STEPS=100000, STEP_SLEEP=0.05)) as job:
+        job.wait_for(lambda _: launches(job, "localhost/1") >= 10, 60)
+        time.sleep(1)
+        at_10, counted = open_fds(job.proc.pid), launches(job, "localhost/1")
+        job.wait_for(lambda _: launches(job, "localhost/1") >= counted + 40, 120)
+        time.sleep(1)
+        grown = open_fds(job.proc.pid) - at_10
+        later = launches(job, "localhost/1") - counted
+    assert grown < 10, f"the driver's descriptors grew by {grown} over {later} launches"
+    assert (tmp_path / "out" / "slot.localhost.1" / "stderr").read_text().count("err") >= counted + 40

@@ -14,6 +14,7 @@ class RankOutput:
 
     def __init__(self, label: str, output_dir=None, folder=None):
         self.label = label
+        self._lock = threading.Lock()  # the pumps write, the executor closes
         self._files = {}
         if output_dir:
             folder = os.path.join(output_dir, folder or f"rank.{label}")
@@ -23,9 +24,10 @@ class RankOutput:
 
     def line(self, stream: str, text: str) -> None:
         TERMINAL.write(stream, f"[{self.label}]<{stream}>:{text}")
-        if stream in self._files:
-            self._files[stream].write(text)
-            self._files[stream].flush()
+        with self._lock:
+            if stream in self._files:
+                self._files[stream].write(text)
+                self._files[stream].flush()
 
     def pump(self, stream: str, pipe) -> threading.Thread:
         """Forward a binary pipe line by line on a daemon thread until EOF."""
@@ -38,5 +40,8 @@ class RankOutput:
         return thread
 
     def close(self) -> None:
-        for f in self._files.values():
+        """Close the files (the worker's output ended); a line still coming is only printed."""
+        with self._lock:
+            files, self._files = self._files, {}
+        for f in files.values():
             f.close()
