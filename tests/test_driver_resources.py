@@ -156,3 +156,31 @@ def test_output_files_are_closed_when_a_worker_ends(tmp_path):
         later = launches(job, "localhost/1") - counted
     assert grown < 10, f"the driver's descriptors grew by {grown} over {later} launches"
     assert (tmp_path / "out" / "slot.localhost.1" / "stderr").read_text().count("err") >= counted + 40
+
+
+def threads_of(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+@needs_pygloo
+def test_idle_metrics_connections_cost_no_thread_and_scrapes_still_answer(tmp_path):
+    import urllib.request
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    idle = []
+    with Job(["-H", "localhost:2", "--min-np", "1", "--metrics-port", str(port), *NUMPY_JOB], tmp_path,
+             env=job_env(tmp_path, TOTAL_STEPS=100000, STEP_SLEEP=0.05)) as job:
+        try:
+            wait_progress(job, tmp_path, 3)
+            before = threads_of(job.proc.pid)
+            idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(300)]
+            time.sleep(1)
+            grown = threads_of(job.proc.pid) - before
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                text = r.read().decode()
+        finally:
+            for sock in idle:
+                sock.close()
+    assert grown < 10, f"300 idle connections added {grown} threads to the driver"
+    assert "hvdlite_world_size 2" in text
