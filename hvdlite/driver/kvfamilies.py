@@ -62,8 +62,10 @@ class Families:
                 family.present -= 1
                 family.snapshot = None
 
-    def drop(self, scope) -> None:
-        self._by_scope.pop(scope, None)
+    def drop(self, scope, under) -> None:
+        """Forget the scope's families and those of the scopes whose names start with `under`."""
+        for name in [s for s in self._by_scope if s == scope or s.startswith(under)]:
+            del self._by_scope[name]
 
     def drain(self) -> list:
         """Every waiter's callback, forgotten (the server is stopping)."""

@@ -197,9 +197,19 @@ class KVServer:
             return found
 
     def delete_scope(self, scope: str) -> None:
+        """Forget the scope and the scopes under it ("<scope>.<more>": a world's process sets)."""
+        under = scope + "."
         with self._lock:
-            self._data.pop(scope, None)
-            self._families.drop(scope)
+            for name in [s for s in self._data if s == scope or s.startswith(under)]:
+                del self._data[name]
+            self._families.drop(scope, under)
+
+    def sizes(self) -> dict:
+        """How much the server holds, for soak checks: scopes, key waiters, family scopes,
+        connections."""
+        with self._lock:
+            return {"scopes": len(self._data), "waiters": len(self._waiters),
+                    "families": len(self._families), "connections": len(self._connections)}
 
     def add(self, scope: str, key: str, amount: int) -> int:
         with self._lock:
