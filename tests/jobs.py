@@ -1,6 +1,7 @@
 """Running `hvdlite run` from tests: bounded in time, every process ended even on failure."""
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -30,13 +31,16 @@ class Result:
 class Job:
     """A driver started in its own session; `finish()` waits, `close()` ends it for sure."""
 
-    def __init__(self, args, tmp_path, env=None):
+    def __init__(self, args, tmp_path, env=None, nofile=None):
+        """nofile: the driver runs under `ulimit -n nofile` (its soft and hard limit)."""
         self.event_log = os.path.join(tmp_path, "events.jsonl")
         self.out = open(os.path.join(tmp_path, "driver.out"), "w+")
         self.err = open(os.path.join(tmp_path, "driver.err"), "w+")
         cmd = [sys.executable, "-m", "hvdlite.cli", "run", "--event-log", self.event_log, *args]
         self.proc = subprocess.Popen(cmd, stdout=self.out, stderr=self.err, stdin=subprocess.DEVNULL,
-                                     env={**os.environ, **(env or {})}, start_new_session=True)
+                                     env={**os.environ, **(env or {})}, start_new_session=True,
+                                     preexec_fn=None if nofile is None else lambda: resource.setrlimit(
+                                         resource.RLIMIT_NOFILE, (nofile, nofile)))
 
     def events(self):
         try:

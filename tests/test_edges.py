@@ -105,7 +105,7 @@ FORBIDDEN = {  # package -> what it must never import: data flows cli -> driver 
     "template": ("hvdlite.driver", "hvdlite.cli", "hvdlite.discovery"),  # runs as the worker's python
     "driver": ("hvdlite.cli", "hvdlite.torch", "hvdlite.numpy"),
     "driver/decisions": ("hvdlite.driver.executor", "hvdlite.driver.job", "hvdlite.driver.launchers",
-                         "hvdlite.driver.rendezvous", "hvdlite.driver.kvserver"),
+                         "hvdlite.driver.rendezvous", "hvdlite.driver.kv"),  # kvserver and its parts
     "driver/launchers": ("hvdlite.driver.decisions", "hvdlite.driver.executor", "hvdlite.driver.job"),
 }
 

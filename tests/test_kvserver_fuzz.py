@@ -192,13 +192,13 @@ def test_slow_clients_do_not_stop_real_ones():
 def test_query_strings_read_as_parse_qsl_reads_them(raw):
     from urllib.parse import parse_qsl
 
-    from hvdlite.driver.kvserver import _BadRequest, _parse_query
+    from hvdlite.driver.kvparse import BadRequest, parse_query
     try:
         expected = dict(parse_qsl(raw, keep_blank_values=True, strict_parsing=True, errors="strict"))
     except (ValueError, UnicodeDecodeError):
         expected = "refused"
     try:
-        got = _parse_query(raw)
-    except _BadRequest:
+        got = parse_query(raw)
+    except BadRequest:
         got = "refused"
     assert got == expected

@@ -8,7 +8,8 @@ from concurrent.futures import Future
 
 import pytest
 
-from hvdlite.driver.kvserver import KVServer, Replays, Senders
+from hvdlite.driver.kvauth import Replays, Senders
+from hvdlite.driver.kvserver import KVServer
 from hvdlite.worker import kvproto, objects
 from hvdlite.worker.kvclient import Heartbeats, KVClient, KVError
 from hvdlite.worker.scopestore import ScopeStore
@@ -212,9 +213,9 @@ def test_a_family_of_keys_in_one_answer(server):
 
 def test_a_rank_sends_its_own_key_with_its_read_of_the_family():
     class Counting(KVServer):  # the real server, its requests noted
-        def _serve(self, conn, method, target, body):
+        def serve(self, method, target, body):
             seen.append((method, target.partition("?")[0]))
-            return super()._serve(conn, method, target, body)
+            return super().serve(method, target, body)
     seen, got = [], {}
     srv = Counting(SECRET)
     srv.start()

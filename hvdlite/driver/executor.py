@@ -63,6 +63,7 @@ class Executor:
                              a.worker, a.slot, a.slots_on_host, a.world, self.elastic)
             handle = self.launchers.launch(a.host, env, self.outputs[a.worker], a.joining, a.slots_on_host)
         except Exception as e:  # noqa: BLE001 - every launcher error is the host's failure
+            self._forget(a.worker)
             self.post(LaunchFailed(a.worker, _one_line(e)))
             return
         with self._lock:
@@ -80,12 +81,25 @@ class Executor:
             handle.finish_output(EXCEPTION_DRAIN)
             error = self.outputs[a.worker].exception
         self.post(Exited(a.worker, code, error))
+        handle.finish_output(OUTPUT_DRAIN)
+        self._forget(a.worker)
+
+    def _forget(self, worker):
+        """A worker that ended or never started: close its output files, keep nothing of it."""
+        with self._lock:
+            self.handles.pop(worker, None)
+            self._stop_when_started.pop(worker, None)
+            self._host_of.pop(worker, None)
+            output = self.outputs.pop(worker, None)
+        if output is not None:
+            output.close()
 
     def _stop(self, a: Stop):
         with self._lock:
             handle = self.handles.get(a.worker)
             if handle is None:
-                self._stop_when_started[a.worker] = a.grace
+                if a.worker in self.outputs:  # still launching, not ended meanwhile
+                    self._stop_when_started[a.worker] = a.grace
                 return
         threading.Thread(target=handle.stop, args=(a.grace,), daemon=True,
                          name=f"hvdlite-stop-{a.worker}").start()

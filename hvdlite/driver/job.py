@@ -17,6 +17,7 @@ from hvdlite.driver.decisions.assignment import assign
 from hvdlite.driver.decisions.core import ElasticCore, JobView, Policy, describe_exit
 from hvdlite.driver.decisions.messages import (
     DiscoveryFailed, Exited, Heartbeats, HostsFound, Launch, Launched, LaunchFailed, Tick)
+from hvdlite.driver.descriptors import raise_limit
 from hvdlite.driver.eventlog import EventLog
 from hvdlite.driver.executor import Executor
 from hvdlite.driver.jobstats import JobStats, status_line
@@ -48,7 +49,9 @@ class Job:
 
     def start_server(self, remote_possible: bool):
         addr = bind_address(self.settings.bind_address, self.settings.network_interfaces, remote_possible)
-        self.server = KVServer(self.secret, bind=addr)
+        limit = raise_limit()  # the connection caps follow it
+        self.server = KVServer(self.secret, bind=addr, on_exhausted=lambda n: self.log.emit(
+            "descriptors_exhausted", refused=n, limit=limit))
         self.server.add_route("/rdzv/", self.rendezvous.route)
         self.server.set_heartbeat(self.rendezvous.heartbeat)
         self.server.start()

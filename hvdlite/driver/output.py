@@ -16,6 +16,7 @@ class RankOutput:
         self.label = label
         self.exception = None  # the last line a Python traceback ended with: what it raised
         self._in_traceback = False
+        self._lock = threading.Lock()  # the pumps write, the executor closes
         self._files = {}
         if output_dir:
             folder = os.path.join(output_dir, folder or f"rank.{label}")
@@ -31,9 +32,10 @@ class RankOutput:
             elif self._in_traceback and text.strip() and not text[0].isspace():
                 self._in_traceback = False
                 self.exception = text.strip()[:300]
-        if stream in self._files:
-            self._files[stream].write(text)
-            self._files[stream].flush()
+        with self._lock:
+            if stream in self._files:
+                self._files[stream].write(text)
+                self._files[stream].flush()
 
     def pump(self, stream: str, pipe) -> threading.Thread:
         """Forward a binary pipe line by line on a daemon thread until EOF."""
@@ -46,5 +48,8 @@ class RankOutput:
         return thread
 
     def close(self) -> None:
-        for f in self._files.values():
+        """Close the files (the worker's output ended); a line still coming is only printed."""
+        with self._lock:
+            files, self._files = self._files, {}
+        for f in files.values():
             f.close()

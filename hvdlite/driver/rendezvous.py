@@ -50,8 +50,19 @@ class Rendezvous:
             self._waiting[worker] = answer
         if earlier is not None:
             _settle(earlier, (408, b"superseded by a newer request"))
+        # Forgotten once settled or cancelled (its worker went away, or its wait timed out).
+        answer.add_done_callback(lambda done: self._forget(worker, done))
         self._post(Ready(worker, after, commit))
-        return answer  # the server answers when it is settled, or 408 at its long-poll cap
+        return answer
+
+    def _forget(self, worker, answer):
+        with self._lock:
+            if self._waiting.get(worker) is answer:
+                del self._waiting[worker]
+
+    def waiting(self) -> int:
+        with self._lock:
+            return len(self._waiting)  # the server answers when it is settled, or 408 at its long-poll cap
 
     def answer(self, worker, status, body: dict):
         """Answer the worker's pending request; without one the core answers its next."""

@@ -94,6 +94,9 @@ _SENTENCES = {
                              f"going on from commit {f.get('resumed')}",
     "waiting_for_workers": lambda f: f"waiting for workers: {f.get('ready')} ready, "
                                      f"--min-np {f.get('min_np')}",
+    "descriptors_exhausted": lambda f: f"out of file descriptors (limit {f.get('limit')}): "
+                                       f"{_plural(f.get('refused', 0), 'connection')} refused or "
+                                       f"dropped, the oldest not signed first; raise `ulimit -n`",
     "discovery_failed": lambda f: f"host discovery failed: {f.get('error')}; retrying quietly "
                                   f"until it works again",
     "discovery_recovered": lambda f: f"host discovery works again, after "

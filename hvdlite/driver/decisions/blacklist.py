@@ -15,7 +15,8 @@ class Blacklist:
 
     def cooldown(self, n: int) -> float:
         low, high = self.cooldown_range
-        return min(max(low * 2 ** n + self.rng() * low, low), high)
+        # 2**n past 1023 overflows a float; the delay is clamped to MAX long before.
+        return min(max(low * 2 ** min(n, 64) + self.rng() * low, low), high)
 
     def add(self, key: str, now: float):
         """Blacklist key; returns the time it returns, or None if never."""

@@ -101,13 +101,14 @@ class ElasticCore:
         self.hosts = []  # [(name, slots)]: survivors in their old order, new hosts last
         self.slots_of = {}  # name -> slots, of self.hosts
         self.hosts_known = False
-        self.workers = {}  # incarnation id -> Incarnation, every one ever launched
+        self.workers = {}  # incarnation id -> Incarnation: live ones, and the current world's
         # Indexes that keep each event's work small at thousands of workers:
         self.phases = {p: {} for p in Phase if p is not Phase.GONE}  # phase -> {id: Incarnation}
         self.staying = set()  # members of the current world that have not left it
         self.joiners = {}  # live incarnations not in a world yet (not leaving): id -> Incarnation
         self.hosts_dirty = False  # hosts or blacklist changed: is every host blacklisted now?
-        self.launches = {}  # slot -> how many times it was launched
+        self.launches = {}  # slot -> how many times it was launched (fences its earlier ones)
+        self.commit_seen = 0  # newest commit any incarnation that is gone reported
         self.round = 0  # the current world's number; 0 before the first
         self.world = {}  # incarnation id -> WorldInfo in the current world
         self.updates = 0  # host updates announced to workers
@@ -139,7 +140,7 @@ class ElasticCore:
             # The job is over, or the worker is an earlier (or unknown) process: nothing it
             # says changes anything; one still waiting is told to go.
             if isinstance(event, Ready):
-                known = event.worker in self.workers or self.ended
+                known = self._ever_launched(event.worker) or self.ended
                 self._emit(Answer(event.worker, 200, REMOVED) if known
                            else Answer(event.worker, 404, {"error": "unknown worker"}))
             return self._out
@@ -402,6 +403,9 @@ class ElasticCore:
                 self._remove(self.workers[c.worker])
         if old_round:
             self._emit(DropScope(f"gloo.{old_round}"))
+        for w in self.world:  # the old world's members that are gone are kept no longer
+            if w not in world and not self.workers[w].alive:
+                del self.workers[w]
         self.world, self.staying = world, set(world)
         leaving = sorted(self.workers[w].slot for w in world
                          if not self._usable(self.workers[w].slot))
@@ -422,7 +426,7 @@ class ElasticCore:
         match, so a world formed from an older one says `commit_lost`, or fails if none is left."""
         if not self.policy.durable:
             return False
-        self.commit_high = max([self.commit_high] + [w.commit for w in self.workers.values()])
+        self.commit_high = max([self.commit_high, self.commit_seen] + [w.commit for w in self.workers.values()])
         permanent = self.blacklist.permanent
         return self.commit_high > 0 and any(
             not permanent(f"{h}/{i}") and not permanent(h) for h, n in self.hosts for i in range(n))
@@ -438,6 +442,15 @@ class ElasticCore:
         if phase in (Phase.LEAVING, Phase.GONE):
             self.joiners.pop(inc.id, None)
         inc.phase = phase
+        if phase is Phase.GONE:  # a job of a million relaunches keeps what fencing needs only
+            self.commit_seen = max(self.commit_seen, inc.commit)
+            if inc.id not in self.world:
+                del self.workers[inc.id]
+
+    def _ever_launched(self, worker) -> bool:
+        """An incarnation id this job gave out ("slot#n", n up to the slot's launches)."""
+        slot, _, n = worker.rpartition("#")
+        return n.isdigit() and 0 < int(n) <= self.launches.get(slot, 0)
 
     def _current(self, worker) -> Optional[Incarnation]:
         inc = self.workers.get(worker)

@@ -106,7 +106,8 @@ class Log:
 
 @dataclass(frozen=True)
 class DropScope:
-    """A world everyone left: its gloo bootstrap keys are garbage."""
+    """A world everyone left: its gloo bootstrap keys are garbage, and so are its process
+    sets' (scopes under it)."""
     scope: str
 
 

@@ -1,0 +1,108 @@
+"""Nothing the driver holds grows with the rounds or launches of a long job: the elastic core
+over 1,000 kill-and-rejoin cycles (pure), the KV server's scopes and a real job's descriptors
+and threads over a short soak (bench/soak.py is the long one)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hvdlite.driver.decisions.core import ElasticCore, Policy
+from hvdlite.driver.decisions.messages import (
+    Answer, Exited, HostsFound, Launch, Launched, LaunchFailed, Ready, Tick)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Cycle:
+    """A two-slot job where slot a/1 dies and comes back after its cooldown, again and again."""
+
+    def __init__(self):
+        self.core = ElasticCore(Policy(min_np=1, cooldown_range=(0.5, 0.5)), rng=lambda: 0.0)
+        self.now, self.pid, self.commit = 0.0, 100, 0
+        out = self.send(HostsFound((("a", 2),)))
+        for worker in self.launch(out):
+            self.send(Ready(worker, -1, 0))
+        assert self.core.round == 1
+
+    def send(self, event):
+        self.now += 0.01
+        return self.core.handle(event, self.now)
+
+    def launch(self, out):
+        ids = [a.worker for a in out if isinstance(a, Launch)]
+        for worker in ids:
+            self.pid += 1
+            self.send(Launched(worker, self.pid))
+        return ids
+
+    def member(self, slot):
+        return next(w for w in self.core.world if self.core.workers[w].slot == slot)
+
+    def round_trip(self, fail_launch=False):
+        """a/1 killed; the survivor re-forms alone; a/1 relaunched (or its launch fails once
+        first) and joins; the world re-forms at two."""
+        victim, survivor = self.member("a/1"), self.member("a/0")
+        self.commit += 1
+        self.send(Exited(victim, -9))
+        self.send(Ready(survivor, self.core.round, self.commit))
+        self.now += 1.0
+        out = self.send(Tick())
+        if fail_launch:
+            (worker,) = [a.worker for a in out if isinstance(a, Launch)]
+            self.send(LaunchFailed(worker, "boom"))
+            self.now += 1.0
+            out = self.send(Tick())
+        (joiner,) = self.launch(out)
+        self.send(Ready(joiner, -1, 0))
+        self.send(Ready(survivor, self.core.round, self.commit))
+        return victim
+
+
+def test_1000_rounds_of_kill_and_rejoin_keep_the_core_flat_and_old_workers_fenced():
+    cycle = Cycle()
+    sizes = []
+    for n in range(1000):
+        victim = cycle.round_trip(fail_launch=n % 10 == 0)
+        sizes.append((len(cycle.core.workers), len(cycle.core.blacklist.until), len(cycle.core.launches)))
+    assert cycle.core.round > 2000 and len(cycle.core.world) == 2
+    assert sizes[10] == sizes[-1] and max(sizes) == sizes[-1], sizes[:20]
+    assert len(cycle.core.workers) <= 3
+    # The first incarnation and the last killed one are gone from memory, and still refused.
+    for old in ("a/1#1", victim):
+        assert old not in cycle.core.workers
+        out = cycle.send(Ready(old, -1, 0))
+        assert out == [Answer(old, 200, {"removed": True})]
+    out = cycle.send(Ready("a/1#99999", -1, 0))  # never launched
+    assert out[0].status == 404
+
+
+def test_a_blacklisting_past_the_1024th_still_has_a_cooldown():
+    from hvdlite.driver.decisions.blacklist import Blacklist
+    assert Blacklist((0.5, 2.0), rng=lambda: 0.0).cooldown(5000) == 2.0  # was an OverflowError
+
+
+def test_dropping_a_rounds_scope_drops_its_process_sets_scopes():
+    from hvdlite.driver.kvserver import KVServer
+    server = KVServer("s3cret")
+    try:
+        for scope in ("gloo.1", "gloo.1.set.1.0-1", "gloo.1.set.2.1", "gloo.10", "gloo.2"):
+            server.put(scope, "0", b"x")
+        server.delete_scope("gloo.1")
+        assert server.get("gloo.10", "0") == server.get("gloo.2", "0") == b"x"
+        assert server.sizes()["scopes"] == 2
+    finally:
+        server.stop()
+
+
+def test_the_assign_request_of_a_worker_gone_while_waiting_is_forgotten():
+    from hvdlite.driver.rendezvous import Rendezvous
+    posted = []
+    rendezvous = Rendezvous(posted.append)
+    answer = rendezvous.route("GET", "assign", {"worker": "a/0#1", "after": "-1"}, b"")
+    assert rendezvous.waiting() == 1 and posted
+    answer.cancel()  # what the server does when the connection closes
+    assert rendezvous.waiting() == 0
+    answer = rendezvous.route("GET", "assign", {"worker": "a/0#2", "after": "-1"}, b"")
+    rendezvous.answer("a/0#2", 200, {"world": {}})
+    assert answer.result()[0] == 200 and rendezvous.waiting() == 0
