@@ -4,8 +4,8 @@ One sequence per defect the core once had and per Horovod rule it follows.
 """
 from hvdlite.driver.decisions.core import ElasticCore, Phase, Policy
 from hvdlite.driver.decisions.messages import (
-    Answer, EndJob, Exited, Heartbeats, HostsFound, Launch, Launched, LaunchFailed, Log, Publish,
-    Ready, Stop, Tick)
+    Answer, EndJob, Exited, Heartbeats, HostsFound, Launch, Launched, LaunchFailed, LoadFailed, Log,
+    Publish, Ready, Stop, TemplateDied, Tick)
 
 
 class Sim:
@@ -328,7 +328,7 @@ def test_state_is_handed_over_before_its_last_holder_leaves():
     sim.ready(c)
     sim.ready(a, after=1, commit=4)
     assert sim.world() == {"a/0": 0, "c/0": 1}  # a stays until c has synced from it
-    assert sim.core.updates >= 2  # and the handover is announced, so the world re-forms
+    assert handover_world(sim)  # and the members leave it once c has synced
     leave(sim, [a, c], commit=4)
     assert sim.world() == {"c/0": 0}
     assert sim.core.workers[a].phase is Phase.LEAVING
@@ -370,3 +370,150 @@ def test_the_end_of_a_job_names_every_worker_that_failed_on_the_way():
     assert end["result"] == "success" and sim.end().code == 0
     assert end["failed"] == ["rank 1 on a exited with code 1 (ValueError: boom)",
                              "rank 2 on a was killed by SIGKILL"]
+
+
+# ---- the training state is never thrown away while someone holds it (issue 19) -------------
+def handover_world(sim):
+    """The current world's answer says it only hands the state over: members leave it right
+    after their first sync."""
+    bodies = [answers(sim.actions, w)[-1] for w in sim.core.world]
+    return {b["world"]["handover"] for b in bodies} == {True}
+
+
+def joined(sim, hosts, commit=0):
+    """Discovery shows `hosts`; the one new worker starts and waits holding `commit`."""
+    out = sim.send(HostsFound(tuple(hosts)))
+    (new,) = sim.launched(out)
+    sim.ready(new, commit=commit)
+    return new
+
+
+def test_a_live_holder_on_a_blacklisted_host_hands_the_state_over():
+    # x runs {x/0, x/1} at commit 100; y joins holding nothing; x/0 dies before the next
+    # commit, so x is blacklisted (two hosts: the host rule). x/1 still holds commit 100.
+    for cooldown in (None, (5.0, 10.0)):
+        sim, (x0, x1) = first_world([("x", 2)], cooldown_range=cooldown)
+        y = joined(sim, [("x", 2), ("y", 1)])
+        sim.send(Exited(x0, -9))
+        assert [f["key"] for f in sim.logged("blacklisted")] == ["x"]
+        sim.ready(x1, after=1, commit=100)
+        assert sim.end() is None, sim.end()
+        assert sim.world() == {"x/1": 0, "y/0": 1} and handover_world(sim)
+        assert sim.logged("round_complete")[-1]["commit"] == 100
+        leave(sim, [x1, y], commit=100)  # y synced: x/1 leaves, y goes on from commit 100
+        assert sim.world() == {"y/0": 0} and not handover_world(sim)
+        assert answers(sim.actions, x1)[-1] == {"removed": True}
+
+
+def test_rank0_dying_during_a_new_hosts_first_sync_leaves_the_other_holder_as_source():
+    for durable, disk in ((False, 0), (True, 5)):  # with --checkpoint-dir y can read commit 5
+        sim, (x0, x1) = first_world([("x", 2)], durable=durable)
+        y = joined(sim, [("x", 2), ("y", 1)], commit=disk)
+        leave(sim, [x0, x1], commit=7)  # world 2: x/0 (rank 0), x/1, y
+        assert sim.world() == {"x/0": 0, "x/1": 1, "y/0": 2}
+        sim.send(Exited(x0, -9))  # during the first sync: y got nothing
+        sim.ready(x1, after=2, commit=7)
+        sim.ready(y, after=2, commit=disk)
+        assert sim.end() is None and sim.world() == {"x/1": 0, "y/0": 1} and handover_world(sim)
+        assert not sim.logged("commit_lost")
+
+
+def test_with_no_hosts_listed_the_holder_keeps_the_state_without_training():
+    sim, (a, b) = first_world([("a", 1), ("b", 1)], elastic_timeout=5.0)
+    sim.send(HostsFound(()))  # discovery lists nobody
+    leave(sim, [a, b], commit=3)
+    assert sim.core.round == 1, "a world formed on removed slots"
+    assert sim.logged("state_kept") and sim.logged("state_kept")[0]["commit"] == 3
+    # hosts return before --elastic-timeout: the holder hands the state over, then leaves
+    c = joined(sim, [("c", 1)])
+    holder = next(w for w in sim.core.world)
+    assert sim.world() in ({"a/0": 0, "c/0": 1}, {"b/0": 0, "c/0": 1}) and handover_world(sim)
+    leave(sim, [holder, c], commit=3)
+    assert sim.world() == {"c/0": 0}
+
+
+def test_with_no_hosts_listed_until_the_elastic_timeout_the_job_ends_saying_so():
+    sim, (a,) = first_world([("a", 1)], elastic_timeout=5.0)
+    sim.send(HostsFound(()))
+    leave(sim, [a], commit=3)
+    for _ in range(12):
+        sim.send(Heartbeats(((a, 3),)), after=0.5)
+        sim.send(Tick(), after=0.0)
+    end = sim.end()
+    assert end is not None and end.code == 1
+    assert "--elastic-timeout 5 s" in end.error and "commit 3" in end.error
+    assert sim.core.round == 1
+
+
+def test_a_template_dying_relaunches_its_workers_and_blacklists_nothing():
+    sim, (s0, s1) = first_world([("localhost", 2)])
+    out = sim.send(TemplateDied(s1))  # forked from it; s0 started plainly
+    assert [a.worker for a in out if isinstance(a, Launch)] == ["localhost/1#2"]
+    assert not sim.logged("blacklisted") and sim.core.first_failure is None
+    assert sim.logged("worker_exit")[-1]["cause"] == "its template died"
+    sim.launched(out)
+    sim.ready("localhost/1#2")
+    leave(sim, [s0], commit=4)
+    leave(sim, [s0, "localhost/1#2"], commit=4)
+    assert sim.world() == {"localhost/0": 0, "localhost/1": 1}
+    # every worker forked from it: all relaunched, the job goes on (from disk with one)
+    sim, ids = first_world([("localhost", 2)], durable=True)
+    for worker in ids:
+        sim.send(TemplateDied(worker))
+    assert sim.end() is None and not sim.logged("blacklisted")
+    assert len([a for a in sim.actions if isinstance(a, Launch)]) == 4
+
+
+def test_a_failed_launch_of_a_worker_told_to_leave_is_not_a_failure():
+    sim, (a, b) = first_world([("a", 1), ("b", 1)])
+    sim.send(HostsFound((("a", 1), ("b", 1), ("c", 1))))
+    sim.send(HostsFound((("a", 1), ("b", 1))))  # c leaves discovery while its launch runs
+    assert Stop("c/0#1", 3.0) in sim.actions
+    sim.send(LaunchFailed("c/0#1", "SSH connection to c port 22 refused"))
+    assert not sim.logged("blacklisted") and sim.core.first_failure is None
+    sim.send(Exited(b, 3))
+    assert sim.core.first_failure.startswith("rank 1 on b exited with code 3")
+    sim.send(HostsFound((("a", 1), ("b", 1), ("c", 1))))  # c is back: usable
+    assert [x.worker for x in sim.actions if isinstance(x, Launch)][-1] == "c/0#2"
+
+
+def test_a_worker_killed_for_silence_is_never_placed_in_the_next_world():
+    sim, (a, b) = first_world([("a", 1), ("b", 1)], liveness_timeout=5.0)
+    sim.send(HostsFound((("a", 1), ("b", 1), ("c", 1))))
+    (c,) = sim.launched(sim.actions[-3:])
+    sim.ready(c)
+    sim.send(Heartbeats(((a, 8), (b, 8), (c, 0))))
+    sim.ready(b, after=1, commit=9)  # b left for the host update ...
+    for _ in range(30):  # ... and then fell silent (SIGSTOP)
+        sim.send(Heartbeats(((a, 8), (c, 0))), after=0.2)
+        sim.send(Tick(), after=0.0)
+    assert Stop(b, 0.0) in sim.actions
+    sim.ready(a, after=1, commit=8)
+    assert "b/0" not in sim.world() and sim.world() == {"a/0": 0, "c/0": 1}
+    assert sim.logged("commit_lost") == [{"newest": 9, "resumed": 8}]
+
+
+def test_a_member_that_never_leaves_a_broken_world_is_killed_after_the_elastic_timeout():
+    sim, (a, b, c) = first_world([("a", 1), ("b", 1), ("c", 1)], elastic_timeout=10.0)
+    sim.send(Exited(c, 1))  # the world breaks
+    sim.ready(a, after=1, commit=4)
+    for _ in range(19):  # b is stuck in user code, its heartbeat thread goes on
+        sim.send(Heartbeats(((a, 4), (b, 4))), after=0.5)
+        sim.send(Tick(), after=0.0)
+    assert Stop(b, 0.0) not in sim.actions
+    for _ in range(4):
+        sim.send(Heartbeats(((a, 4), (b, 4))), after=0.5)
+        sim.send(Tick(), after=0.0)
+    assert Stop(b, 0.0) in sim.actions
+    (stuck,) = sim.logged("worker_stuck")
+    assert stuck["worker"] == b and "--elastic-timeout 10 s" in stuck["reason"]
+    sim.send(Exited(b, -9))
+    assert sim.world() == {"a/0": 0}
+
+
+def test_a_commit_that_does_not_load_ends_the_job_naming_it():
+    sim, (a, b) = first_world([("a", 1), ("b", 1)], durable=True)
+    sim.send(LoadFailed(a, "/ckpt/commit-00000007.pt: no class Net in module __main__"))
+    end = sim.end()
+    assert end.code == 1 and end.error == ("rank 0 on a cannot load the commit it reported: "
+                                           "/ckpt/commit-00000007.pt: no class Net in module __main__")

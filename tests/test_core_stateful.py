@@ -1,8 +1,9 @@
 """Random interleavings of everything that can happen to an elastic job, checked after every
 step against the rules the core must keep (hypothesis RuleBasedStateMachine, no processes).
 
-The workers are modelled just enough to behave like real ones: they wait in the rendezvous,
-train in lockstep (commits), sync from rank 0 (or fail to), exit when told, crash at any time.
+The workers are modelled just enough to behave like real ones: they wait in the rendezvous
+(as long as it takes), train in lockstep (commits), sync from rank 0 (or fail to), exit when
+told, crash at any time, die with their template, fail to load a checkpoint.
 """
 import dataclasses
 import os
@@ -12,8 +13,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from hvdlite.driver.decisions.core import ElasticCore, Phase, Policy
 from hvdlite.driver.decisions.messages import (
-    Answer, EndJob, Exited, Heartbeats, HostsFound, Launch, Launched, LaunchFailed, Log, Ready,
-    Stop, Tick)
+    Answer, EndJob, Exited, Heartbeats, HostsFound, Launch, Launched, LaunchFailed, LoadFailed, Log,
+    Ready, Stop, TemplateDied, Tick)
 
 UNIVERSE = [("a", 2), ("b", 1), ("c", 2), ("d", 1)]
 STEPS = 100
@@ -28,6 +29,8 @@ class Proc:
         self.started = False
         self.alive = True
         self.round = None  # the world it was last answered with
+        self.handover = False  # that world only hands the state over: leave it once synced
+        self.stuck = False  # in user code for good (its heartbeat thread goes on)
         self.waiting = None  # `after` of its unanswered rendezvous request
         self.commit = 0  # commits its training state holds
         self.exit_code = None  # how it will exit: told to go, or stopped
@@ -47,6 +50,7 @@ class ElasticJob(RuleBasedStateMachine):
         self.last_actions = []
         self.lost = 0  # the newest commit the core has said was lost
         self.disk = None  # with --checkpoint-dir: the newest commit on disk, read by new workers
+        self.loads = []  # LoadFailed events sent
         self.send(HostsFound(tuple(UNIVERSE[:2])))
 
     @initialize(durable=st.booleans())
@@ -59,14 +63,23 @@ class ElasticJob(RuleBasedStateMachine):
     # ---- plumbing -----------------------------------------------------------------------
     def send(self, event, dt=0.0):
         self.now += dt
+        inc = self.core.workers.get(getattr(event, "worker", None))
+        current = inc is not None and inc.alive
+        phase, killed = (inc.phase, inc.killed) if current else (None, None)
         if isinstance(event, Exited) and event.code == 0:
-            inc = self.core.workers.get(event.worker)
-            if inc is not None and inc.alive and inc.phase is not Phase.LEAVING and inc.killed is None:
+            if current and phase is not Phase.LEAVING and killed is None:
                 self.success_allowed = True
         actions = self.core.handle(event, self.now)
         self.last_actions = actions
         for action in actions:
             self.perform(action)
+        keys = [a.fields["key"] for a in actions if isinstance(a, Log) and a.event == "blacklisted"]
+        if keys:  # no host (or slot) is blacklisted but for its own worker's failure
+            failed = isinstance(event, LaunchFailed) or killed is not None or \
+                isinstance(event, Exited) and event.code != 0
+            assert current and failed and phase is not Phase.LEAVING, \
+                f"{keys} blacklisted on {event} (worker {phase}, killed: {killed})"
+            assert set(keys) <= {inc.slot, inc.host}, f"{keys} blacklisted for {inc.slot}'s failure"
         return actions
 
     def perform(self, action):
@@ -82,6 +95,7 @@ class ElasticJob(RuleBasedStateMachine):
                 proc.exit_code = 0
             elif "world" in action.body:
                 proc.round = action.body["world"]["round"]
+                proc.handover = action.body["world"]["handover"]
                 if action.body["world"]["rank"] == 0:  # rank 0 loads the disk when it is newer
                     proc.commit = self.said(proc)
         elif isinstance(action, Stop):
@@ -91,8 +105,15 @@ class ElasticJob(RuleBasedStateMachine):
             elif proc.alive:
                 proc.exit_code = -9 if action.grace == 0 else -15
         elif isinstance(action, EndJob):
+            load = [a for a in self.loads if a.reason in (action.error or "")]
+            assert not self.loads or (action.code == 1 and load), \
+                f"a commit that does not load ended the job with {action}"
             assert self.ended is None, "the job ended twice"
             self.ended = action
+            if "training state is gone" in (action.error or ""):
+                holders = [p.worker for p in self.running() if p.commit > 0
+                           and self.core.workers[p.worker].killed is None]
+                assert not holders, f"{action.error}, but {holders} hold it"
             if action.code == 0:
                 assert self.success_allowed, "success without an exit 0 of a current incarnation"
                 waiting = [p.worker for p in self.procs.values() if p.alive and p.waiting is not None]
@@ -109,7 +130,8 @@ class ElasticJob(RuleBasedStateMachine):
 
     def members(self):
         return [p for p in self.procs.values()
-                if p.alive and p.round == self.core.round and p.waiting is None and p.exit_code is None]
+                if p.alive and p.round == self.core.round and p.waiting is None and p.exit_code is None
+                and not p.stuck]
 
     def running(self):
         return [p for p in self.procs.values() if p.started and p.alive]
@@ -135,7 +157,8 @@ class ElasticJob(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def enters_rendezvous(self, data):
-        idle = sorted(p.worker for p in self.running() if p.waiting is None and p.exit_code is None)
+        idle = sorted(p.worker for p in self.running() if p.waiting is None and p.exit_code is None
+                      and not p.stuck)
         if not idle:
             return
         proc = self.procs[data.draw(st.sampled_from(idle))]
@@ -152,7 +175,8 @@ class ElasticJob(RuleBasedStateMachine):
     @rule()
     def idle_workers_enter_rendezvous(self):
         for proc in self.running():
-            if proc.waiting is None and proc.exit_code is None and proc.round != self.core.round:
+            if proc.waiting is None and proc.exit_code is None and proc.round != self.core.round \
+                    and not proc.stuck:
                 proc.waiting = -1 if proc.round is None else proc.round
                 self.send(Ready(proc.worker, proc.waiting, self.said(proc)), dt=0.01)
 
@@ -171,6 +195,21 @@ class ElasticJob(RuleBasedStateMachine):
             proc = self.procs[data.draw(st.sampled_from(waiting))]
             self.send(Ready(proc.worker, proc.waiting, self.said(proc)), dt=0.01)
 
+    @rule(data=st.data())
+    def wait_outlasts_the_elastic_timeout(self, data):
+        """A worker's rendezvous wait goes on past --elastic-timeout (the members commit once
+        an epoch, say): it keeps asking, heartbeating; a wait is never a failure."""
+        waiting = sorted(p.worker for p in self.running() if p.waiting is not None)
+        if not waiting:
+            return
+        proc = self.procs[data.draw(st.sampled_from(waiting))]
+        for _ in range(int(self.core.policy.elastic_timeout) + 2):
+            self.send(Heartbeats(tuple((p.worker, p.commit) for p in self.running())), dt=1.0)
+            self.send(Tick(), dt=0.0)
+            if self.ended is not None or proc.waiting is None or not proc.alive:
+                return
+            self.send(Ready(proc.worker, proc.waiting, self.said(proc)), dt=0.0)
+
     @rule(fails=st.sets(st.integers(0, 3), max_size=2))
     def syncs_from_rank0(self, fails):
         """A new world's members take rank 0's commit; some may fail to (they keep theirs)."""
@@ -185,8 +224,8 @@ class ElasticJob(RuleBasedStateMachine):
     @rule(data=st.data())
     def commits(self, data):
         """Members commit in lockstep, but a world that breaks mid-commit leaves some ranks one
-        commit ahead of the others."""
-        members = sorted(p.worker for p in self.members())
+        commit ahead of the others. A world that only hands the state over never commits."""
+        members = sorted(p.worker for p in self.members() if not p.handover)
         if members:
             for w in data.draw(st.lists(st.sampled_from(members), unique=True, min_size=1)):
                 self.procs[w].commit += 1
@@ -200,6 +239,76 @@ class ElasticJob(RuleBasedStateMachine):
             proc = self.procs[data.draw(st.sampled_from(live))]
             proc.alive = False
             self.send(Exited(proc.worker, code), dt=0.01)
+
+    @rule(data=st.data(), code=st.sampled_from([1, -9]))
+    def fails_beside_a_holder(self, data, code):
+        """A worker fails on the host of a live member holding the world's newest commit: the
+        host (or the slot) is blacklisted while that holder lives."""
+        members = self.members()
+        if not members:
+            return
+        top = max(p.commit for p in members)
+        holder = data.draw(st.sampled_from(sorted(p.worker for p in members if p.commit == top)))
+        host = holder.split("/")[0]
+        others = sorted(p.worker for p in self.running() if p.worker != holder and p.worker.split("/")[0] == host)
+        if others:
+            proc = self.procs[data.draw(st.sampled_from(others))]
+            proc.alive = False
+            self.send(Exited(proc.worker, code), dt=0.01)
+
+    @rule(data=st.data())
+    def waiting_worker_falls_silent(self, data):
+        """A worker waiting in the rendezvous stops heartbeating (SIGSTOP): the driver kills
+        it; it may still ask for its place before it dies."""
+        waiting = sorted(p.worker for p in self.running() if p.waiting is not None)
+        if not waiting:
+            return
+        proc = self.procs[data.draw(st.sampled_from(waiting))]
+        for _ in range(int(self.core.policy.liveness_timeout) + 2):
+            if self.ended is not None:
+                return
+            self.send(Heartbeats(tuple((p.worker, p.commit) for p in self.running() if p is not proc)), dt=1.0)
+            self.send(Tick(), dt=0.0)
+        if proc.alive and proc.waiting is not None:
+            self.send(Ready(proc.worker, proc.waiting, self.said(proc)), dt=0.01)
+
+    @rule(data=st.data(), dice=st.integers(0, 4))
+    def gets_stuck(self, data, dice):
+        """A member never leaves its broken world: stuck in user code (outside hvdlite's
+        collectives, so cutting its connections does not reach it), still heartbeating."""
+        members = sorted(p.worker for p in self.members())
+        if members and dice == 0 and self.core.broken >= self.core.round:
+            self.procs[data.draw(st.sampled_from(members))].stuck = True
+
+    @rule(data=st.data())
+    def template_dies(self, data):
+        """A host's template dies: the workers forked from it die with it (-9)."""
+        live = sorted(p.worker for p in self.running())
+        if live:
+            for w in data.draw(st.lists(st.sampled_from(live), unique=True, min_size=1)):
+                self.procs[w].alive = False
+                self.send(TemplateDied(w), dt=0.01)
+
+    @rule(data=st.data())
+    def launch_fails_for_a_leaving_worker(self, data):
+        """A worker told to go (its host left discovery) while its launch ran: the launch fails."""
+        pending = sorted(p.worker for p in self.procs.values() if not p.started and p.alive
+                         and p.stop_when_started is not None)
+        if pending:
+            proc = self.procs[data.draw(st.sampled_from(pending))]
+            proc.alive = False
+            self.send(LaunchFailed(proc.worker, "no route to host"), dt=0.01)
+
+    @precondition(lambda self: self.disk)
+    @rule(data=st.data(), dice=st.integers(0, 9))
+    def checkpoint_fails_to_load(self, data, dice):
+        """Rank 0 of a new world cannot load the commit it reported from --checkpoint-dir."""
+        ranks0 = sorted(p.worker for p in self.members() if self.core.world[p.worker].rank == 0)
+        if ranks0 and dice == 0:
+            event = LoadFailed(ranks0[0], f"commit-{self.disk}.pt: no class Net in module __main__")
+            self.loads.append(event)
+            self.send(event, dt=0.01)
+            assert self.ended is not None, "a commit that does not load did not end the job"
 
     @rule(data=st.data())
     def exits_as_told(self, data):
@@ -253,32 +362,38 @@ class ElasticJob(RuleBasedStateMachine):
         c = self.core
         slots = [c.workers[w].slot for w in c.world]
         assert len(slots) == len(set(slots)), f"a slot twice in one world: {slots}"
-        for w in c.world:
-            slot = c.workers[w].slot
-            host = slot.split("/")[0]
-            assert not c.blacklist.blocked(slot, self.now) and not c.blacklist.blocked(host, self.now), \
-                f"world {c.round} holds blacklisted {slot}"
         commits = {w: c.workers[w].commit for w in c.world}
         rank0 = next(w for w, p in c.world.items() if p.rank == 0)
         assert commits[rank0] == max(commits.values()), f"rank 0 does not hold the newest commit: {commits}"
-        # No commit lost while a holder lives: nobody alive outside the world holds more,
-        # unless the core said so.
+        # A member on a blacklisted or removed slot is the world's state source: rank 0, with a
+        # newer commit than every other member, in a world that only hands it over.
+        sidelined = [w for w in c.world if self.sidelined(w)]
+        assert not sidelined or (sidelined == [rank0] and c.world[rank0].handover and all(
+            commits[w] < commits[rank0] for w in c.world if w != rank0)), \
+            f"world {c.round} trains on sidelined {sidelined}: {commits}"
+        assert all(p.handover == bool(sidelined) for p in c.world.values())
+        assert len(c.world) > len(sidelined), f"world {c.round} is only on sidelined slots {sidelined}"
+        killed = [w for w in c.world if c.workers[w].killed is not None]
+        assert not killed, f"world {c.round} holds {killed}, which the driver is killing"
+        # No commit lost while a holder lives, blacklisted or not: nobody alive outside the
+        # world holds more, unless the core said so (its holder was being killed).
         outside = [p.commit for w, p in self.procs.items() if p.alive and w not in c.world
-                   and self.procs[w].started and not self.blacklisted(w)]
+                   and self.procs[w].started]
         lost = [a for a in self.last_actions if isinstance(a, Log) and a.event == "commit_lost"]
         assert lost or max(outside, default=0) <= max(commits[rank0], self.lost), \
             f"a live holder of commit {max(outside)} was left out of a world at {commits[rank0]}"
 
-    def blacklisted(self, worker):
-        slot = self.core.workers[worker].slot
-        return self.core.blacklist.blocked(slot, self.now) or \
-            self.core.blacklist.blocked(slot.split("/")[0], self.now)
+    def sidelined(self, worker):
+        """Its slot is blacklisted or gone from discovery."""
+        host, index = self.core.workers[worker].slot.split("/")
+        return self.core.blacklist.blocked(f"{host}/{index}", self.now) or \
+            self.core.blacklist.blocked(host, self.now) or int(index) >= dict(self.core.hosts).get(host, 0)
 
     @invariant()
     def waiting_holders_are_never_ignored(self):
         """While the world re-forms, no waiting holder of a newer commit than the world's is
-        left out, unless its slot is blacklisted or discovery removed it and the commit is
-        handed over."""
+        left out, wherever it sits, unless the core said that commit was lost (its holder was
+        being killed)."""
         c = self.core
         if c.ended or not c.world:
             return
@@ -287,7 +402,7 @@ class ElasticJob(RuleBasedStateMachine):
             top = max([top] + [self.procs[w].commit for w in c.world])
         for w, inc in c.workers.items():
             if inc.phase is Phase.WAITING and inc.after < c.round and w not in c.world:
-                assert inc.commit <= top or self.blacklisted(w), \
+                assert inc.commit <= max(top, self.lost), \
                     f"{w} waits with commit {inc.commit} above the world's {top}"
 
     @invariant()
@@ -300,7 +415,7 @@ class ElasticJob(RuleBasedStateMachine):
         update was announced after it formed (HostsUpdatedInterrupt at the next commit)."""
         places = list(self.core.world.values())
         return self.core.broken >= self.core.round or (
-            bool(places) and self.core.updates > places[0].updates)
+            bool(places) and (places[0].handover or self.core.updates > places[0].updates))
 
     def teardown(self):
         """Let every worker cooperate: the job must end, and a success answers everyone."""
@@ -316,7 +431,7 @@ class ElasticJob(RuleBasedStateMachine):
                 elif proc.exit_code is not None:
                     proc.alive = False
                     self.send(Exited(proc.worker, proc.exit_code), dt=0.01)
-                elif proc.waiting is None and proc.round != self.core.round:
+                elif proc.waiting is None and proc.round != self.core.round and not proc.stuck:
                     proc.waiting = -1 if proc.round is None else proc.round
                     self.send(Ready(proc.worker, proc.waiting, self.said(proc)), dt=0.01)
             # Every world starts with a sync from rank 0, a collective all members finish

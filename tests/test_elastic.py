@@ -201,3 +201,72 @@ def test_a_group_that_cannot_connect_is_said_and_given_up(tmp_path):
     assert [e["code"] for e in r.of("worker_exit") if e["slot"] == "127.0.0.3/0"] == [1]
     assert [e["key"] for e in r.of("blacklisted")] == ["127.0.0.3"]
     assert sizes(check_training_continuous(tmp_path, 10)) == [2]
+
+
+# ---- issue 19: nothing committed is lost, no healthy host is punished -------------------------
+def joiners_wait(events):
+    return any(e["event"] == "hosts_updated" and "ready to join" in e["reason"] for e in events)
+
+
+def go(tmp_path):
+    """Ends the HOLD_AT step of the test job."""
+    (tmp_path / "go").touch()
+
+
+def test_a_live_holder_on_a_blacklisted_host_hands_the_state_to_a_new_host(tmp_path):
+    # Two hosts, so a failure blacklists its host. 127.0.0.1 runs the world; 127.0.0.2 joins
+    # holding nothing, and 127.0.0.1/0 dies before the next commit: 127.0.0.1/1 still holds
+    # every commit. It is the next world's rank 0 until 127.0.0.2 has synced, then it leaves.
+    schedule = [[0, ["127.0.0.1:2"]], [4, ["127.0.0.1:2", "127.0.0.2:1"]]]
+    with Job([*discovery(tmp_path, schedule), "--min-np", "1", *JOB], tmp_path,
+             env=job_env(tmp_path, TOTAL_STEPS=20, STEP_SLEEP=0.05, HOLD_AT=4)) as job:
+        job.wait_for(joiners_wait, 90)
+        os.kill(slot_pid(job, "127.0.0.1/0"), signal.SIGKILL)
+        job.wait_for(lambda events: any(e["event"] == "round_broken" for e in events), 30)
+        go(tmp_path)
+        r = job.finish(120)
+    assert r.code == 0, r.stderr
+    assert [e["key"] for e in r.of("blacklisted")] == ["127.0.0.1"]
+    worlds = r.of("round_complete")
+    assert worlds[1]["members"] == {"127.0.0.1/1": 0, "127.0.0.2/0": 1} and worlds[1]["handover"]
+    assert worlds[1]["commit"] == 4 and worlds[2]["members"] == {"127.0.0.2/0": 0}
+    assert not r.of("commit_lost")
+    removed = [e for e in r.of("worker_exit") if e["slot"] == "127.0.0.1/1"]
+    assert removed[0]["code"] == 0 and removed[0].get("removed")
+    records = check_training_continuous(tmp_path, 20)
+    assert sizes(records) == [2, 1]  # the handover world trained no step
+
+
+def test_a_joiner_waiting_longer_than_the_elastic_timeout_is_not_a_failure(tmp_path):
+    # The members' step lasts longer than --elastic-timeout (an epoch between commits, say):
+    # the joiner keeps waiting, and joins at the next commit.
+    schedule = [[0, ["127.0.0.1:1"]], [2, ["127.0.0.1:1", "127.0.0.2:1"]]]
+    with Job([*discovery(tmp_path, schedule), "--min-np", "1", "--elastic-timeout", "2", *JOB],
+             tmp_path, env=job_env(tmp_path, TOTAL_STEPS=10, STEP_SLEEP=0.05, HOLD_AT=3)) as job:
+        job.wait_for(joiners_wait, 90)
+        time.sleep(4)
+        go(tmp_path)
+        r = job.finish(120)
+    assert r.code == 0, r.stderr
+    assert not r.of("blacklisted")
+    assert [e["code"] for e in r.of("worker_exit") if e["slot"] == "127.0.0.2/0"] == [0]
+    assert sizes(check_training_continuous(tmp_path, 10)) == [1, 2]
+
+
+def test_with_no_hosts_listed_nobody_trains_and_the_elastic_timeout_ends_the_job(tmp_path):
+    schedule = [[0, ["127.0.0.1:1"]], [5, []]]
+    start = None
+    with Job([*discovery(tmp_path, schedule), "--min-np", "1", "--elastic-timeout", "3", *JOB],
+             tmp_path, env=job_env(tmp_path, TOTAL_STEPS=1000, STEP_SLEEP=0.05)) as job:
+        job.wait_for(lambda events: any(e["event"] == "hosts_changed" and e["kind"] == "removed"
+                                        for e in events), 90)
+        start = time.monotonic()
+        r = job.finish(60)
+    assert r.code == 1
+    (kept,) = r.of("state_kept")
+    assert kept["slot"] == "127.0.0.1/0"
+    assert f"--elastic-timeout 3 s; stopping the job (commit {kept['commit']} was kept on 127.0.0.1/0" \
+        in r.stderr
+    assert 2.5 <= time.monotonic() - start < 30
+    # nothing trained after the commit at which the host left discovery
+    assert max(r["step"] for r in steps_log(tmp_path)) < kept["commit"]

@@ -15,7 +15,7 @@ from hvdlite.driver.launchers.template import Templates, TemplateWorker
 from hvdlite.driver.output import RankOutput
 from hvdlite.template.command import Refused, plan
 from jobs import (SCRIPTS, Job, _tree, check_training_continuous, discovery, job_env, run_job, sizes,
-                  wait_until)
+                  wait_progress, wait_until)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYGLOO_PYTHON = os.environ.get("HVDLITE_PYGLOO_PYTHON", os.path.join(ROOT, ".venv-pygloo", "bin", "python"))
@@ -41,6 +41,20 @@ def state(pid):
 def parent(pid):
     with open(f"/proc/{pid}/stat") as f:
         return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def templates_under(pid):
+    """The template processes (python -m hvdlite.template) among pid's descendants, not the
+    workers forked from them (which keep their command line)."""
+    found = []
+    for child in _tree(pid)[1:]:
+        try:
+            with open(f"/proc/{child}/cmdline") as f:
+                if f.read().split("\0")[1:3] == ["-m", "hvdlite.template"]:
+                    found.append(child)
+        except OSError:
+            pass  # it has ended meanwhile
+    return [p for p in found if parent(p) not in found]
 
 
 def kill_group(pid):
@@ -216,6 +230,7 @@ def test_kill_9_and_sigstop(spawner, capsys):
     handle.signal(signal.SIGCONT)
     os.kill(handle.pid, signal.SIGKILL)
     assert handle.wait(10) == -signal.SIGKILL
+    assert not handle.template_died  # its own death, not its template's
 
 
 def test_stop_ends_the_process_group_with_the_workers_children(spawner, capsys):
@@ -290,6 +305,7 @@ def test_template_death_kills_its_workers_and_the_next_spawn_restarts_it(own_spa
     (template_pid,) = spawner.template_pids()
     os.kill(template_pid, signal.SIGKILL)
     assert handle.wait(15) == -signal.SIGKILL
+    assert handle.template_died  # which the driver does not hold against the worker
     assert not alive(handle.pid)
     again = spawner.spawn([sys.executable, script])
     assert isinstance(again, TemplateWorker)
@@ -401,16 +417,7 @@ def test_when_workers_may_join_the_template_starts_with_the_job(tmp_path, slots)
     schedule = [[0, [f"127.0.0.1:{slots}"]]]
     with Job([*discovery(tmp_path, schedule), "--min-np", "1", *ELASTIC_JOB], tmp_path,
              env=job_env(tmp_path, TOTAL_STEPS=5, STEP_SLEEP=0.05)) as job:
-        def template_running():
-            for pid in _tree(job.proc.pid)[1:]:
-                try:
-                    with open(f"/proc/{pid}/cmdline") as f:
-                        if f.read().split("\0")[1:3] == ["-m", "hvdlite.template"]:
-                            return True
-                except OSError:
-                    pass
-            return False
-        wait_until(template_running, 30, "a template process under the driver")
+        wait_until(lambda: templates_under(job.proc.pid), 30, "a template process under the driver")
         formed = [e for e in job.events() if e["event"] == "round_complete"]
         result = job.finish(120)
     assert result.code == 0, result.stderr
@@ -418,3 +425,23 @@ def test_when_workers_may_join_the_template_starts_with_the_job(tmp_path, slots)
         assert not formed, "the template started only once the first world formed"
     assert {e["started"] for e in result.of("worker_start")} == {"template" if slots >= CORES else "process"}
     assert "without a preloaded template" not in result.stderr
+
+
+def test_a_template_killed_9_costs_its_workers_a_relaunch_and_blacklists_nothing(tmp_path):
+    # Every worker of this one-host job forks from the template (--preload), so kill -9 of it
+    # kills them all. They did nothing wrong: they are relaunched (from a new template) and
+    # resume from --checkpoint-dir; no slot is blacklisted, and the job finishes.
+    flags = ["-H", "localhost:2", "--min-np", "1", "--preload", "torch", "--checkpoint-dir",
+             str(tmp_path / "ckpt"), "--checkpoint-interval", "0", *ELASTIC_JOB]
+    with Job(flags, tmp_path, env=job_env(tmp_path, TOTAL_STEPS=30, STEP_SLEEP=0.05)) as job:
+        wait_progress(job, tmp_path, 8)
+        (template,) = templates_under(job.proc.pid)
+        os.kill(template, signal.SIGKILL)
+        r = job.finish(180)
+    assert r.code == 0, r.stderr
+    assert not r.of("blacklisted")
+    died = [e["slot"] for e in r.of("worker_exit") if e.get("cause") == "its template died"]
+    assert sorted(died) == ["localhost/0", "localhost/1"]
+    assert {"localhost/0#2", "localhost/1#2"} <= {e["worker"] for e in r.of("worker_start")}
+    assert {e["started"] for e in r.of("worker_start")} == {"template"}
+    check_training_continuous(tmp_path, 30)

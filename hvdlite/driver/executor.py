@@ -5,7 +5,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from hvdlite.driver.decisions.messages import (
-    Answer, DropScope, EndJob, Exited, Launch, Launched, LaunchFailed, Log, Publish, Stop)
+    Answer, DropScope, EndJob, Exited, Launch, Launched, LaunchFailed, Log, Publish, Stop,
+    TemplateDied)
 from hvdlite.driver.network import ANY, advertised_address
 from hvdlite.driver.output import RankOutput
 from hvdlite.driver.workerenv import worker_env
@@ -80,7 +81,12 @@ class Executor:
             # a death by signal is not delayed).
             handle.finish_output(EXCEPTION_DRAIN)
             error = self.outputs[a.worker].exception
-        self.post(Exited(a.worker, code, error))
+        # Only a local template's child can tell (launchers/template.py): a remote one's
+        # spawn client reports the same -9 as any kill.
+        if getattr(handle, "template_died", False):
+            self.post(TemplateDied(a.worker))
+        else:
+            self.post(Exited(a.worker, code, error))
         handle.finish_output(OUTPUT_DRAIN)
         self._forget(a.worker)
 

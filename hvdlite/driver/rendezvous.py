@@ -6,12 +6,16 @@
   at once with what the core published (host updates announced, newest broken round).
   Heartbeats reach the core in batches, not one event each.
 - PUT /rdzv/exiting?worker=ID: the worker is exiting; becomes an Exiting event.
+- PUT /rdzv/load_failed?worker=ID, the reason as the body (one line naming the file and the
+  cause): the worker cannot load the commit it reported; becomes a LoadFailed event.
 """
 import json
 import threading
 from concurrent.futures import Future, InvalidStateError
 
-from hvdlite.driver.decisions.messages import Exiting, Ready
+from hvdlite.driver.decisions.messages import Exiting, LoadFailed, Ready
+
+MAX_REASON = 1000  # characters of a load failure's reason kept
 
 class Rendezvous:
     def __init__(self, post):
@@ -33,6 +37,10 @@ class Rendezvous:
             return self._assign(worker, after, commit)
         if subpath == "exiting" and method == "PUT":
             self._post(Exiting(worker))
+            return 200, b""
+        if subpath == "load_failed" and method == "PUT":
+            reason = " ".join(bytes(body).decode("utf-8", "replace").split())[:MAX_REASON]
+            self._post(LoadFailed(worker, reason or "no reason given"))
             return 200, b""
         return 404, b"unknown rendezvous endpoint"
 

@@ -19,8 +19,7 @@ def worker_env(settings, rendezvous: tuple, secret: str, worker: str, slot: str,
     # Several workers on one host, each with torch's default thread count, spin on each
     # other's cores and starve gloo; one thread each, as torchrun does, unless the user chose.
     threads = {"OMP_NUM_THREADS": "1"} if workers_on_host > 1 and "OMP_NUM_THREADS" not in base else {}
-    mode = {env.ELASTIC: "1", env.HOROVOD_ELASTIC: "1",
-            env.ELASTIC_TIMEOUT: str(settings.elastic_timeout)} if elastic else {}
+    mode = {env.ELASTIC: "1", env.HOROVOD_ELASTIC: "1"} if elastic else {}
     durable = {env.CHECKPOINT_DIR: settings.checkpoint_dir,
                env.CHECKPOINT_INTERVAL: str(settings.checkpoint_interval),
                env.CHECKPOINT_KEEP: str(settings.checkpoint_keep)} if settings.checkpoint_dir else {}

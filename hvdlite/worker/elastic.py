@@ -133,6 +133,8 @@ def run(func):
             try:
                 durable.catch_up(state)
                 state.sync()
+                if backend.info().handover:  # its source sits on a slot no world may keep
+                    raise HostsUpdatedInterrupt()
                 return func(state, *args, **kwargs)
             except HorovodInternalError:
                 backend.abort()

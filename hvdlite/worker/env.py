@@ -16,7 +16,6 @@ WORKER = "HVDLITE_WORKER_ID"  # this launch of the slot, "host/index#generation"
 ELASTIC = "HVDLITE_ELASTIC"
 COLLECTIVE_TIMEOUT = "HVDLITE_COLLECTIVE_TIMEOUT"  # seconds
 LIVENESS_TIMEOUT = "HVDLITE_LIVENESS_TIMEOUT"  # seconds
-ELASTIC_TIMEOUT = "HVDLITE_ELASTIC_TIMEOUT"  # seconds a worker waits for a new world
 START_TIMEOUT = "HVDLITE_START_TIMEOUT"  # seconds to form the first world
 CHECKPOINT_DIR = "HVDLITE_CHECKPOINT_DIR"  # where rank 0 writes commits; unset: nowhere
 CHECKPOINT_INTERVAL = "HVDLITE_CHECKPOINT_INTERVAL"  # seconds between checkpoint writes

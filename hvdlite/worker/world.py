@@ -16,6 +16,7 @@ class WorldInfo:
     hostname: str
     round: int = 0  # rendezvous round; names the store scope of this world
     updates: int = 0  # host updates the driver had announced when this world formed
+    handover: bool = False  # the world only hands the state over: leave it once synced
 
     @classmethod
     def from_env(cls, environ=os.environ) -> "WorldInfo":

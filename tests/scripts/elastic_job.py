@@ -7,7 +7,8 @@ BATCH, FAILS="slot:step,..." (that worker raises once at that step), RESIZE (res
 RUN (logged: which run of a job resumed from --checkpoint-dir wrote the record),
 DIE_CONNECTING=slot (that worker is killed once, right after publishing its gloo address for
 its second group, so that its peers are left waiting for it to connect), CONNECT_FAILS=slot
-(that worker's groups never connect).
+(that worker's groups never connect), HOLD_AT=step (every worker, once, waits at that step
+until $LOG_DIR/go exists: a long step, during which a test arranges what happens around it).
 """
 import json
 import os
@@ -30,6 +31,8 @@ SLOT = os.environ[env.SLOT]
 DATASET = int(os.environ.get("DATASET", "64"))
 FAILS = os.environ.get("FAILS", "").split(",")
 RUN = int(os.environ.get("RUN", "0"))
+HOLD_AT = int(os.environ.get("HOLD_AT", "-1"))
+HOLD_LIMIT = 120.0  # seconds a held worker waits for the test's go
 
 
 def log(record):
@@ -80,6 +83,10 @@ def train(state):
         if not indices:  # epoch finished: start the next one
             state.sampler.set_epoch(state.sampler.epoch + 1)
             continue
+        if state.step == HOLD_AT and once(f"held.{SLOT.replace('/', '_')}"):
+            deadline = time.monotonic() + HOLD_LIMIT
+            while not os.path.exists(os.path.join(LOG_DIR, "go")) and time.monotonic() < deadline:
+                time.sleep(0.05)
         if f"{SLOT}:{state.step}" in FAILS and once(f"failed.{state.step}"):
             raise ValueError(f"injected failure at step {state.step}")
         x, y = batch(indices)

@@ -19,9 +19,9 @@ from hvdlite.discovery.hostset import diff, reorder
 from hvdlite.driver.decisions.blacklist import Blacklist
 from hvdlite.driver.decisions.messages import (
     Answer, DiscoveryFailed, DropScope, EndJob, Exited, Exiting, Heartbeats, HostsFound, Launch,
-    Launched, LaunchFailed, Log, Publish, Ready, Stop, Tick)
+    Launched, LaunchFailed, LoadFailed, Log, Publish, Ready, Stop, TemplateDied, Tick)
 from hvdlite.driver.decisions.plan import (
-    Candidate, best_holder, free_slots, host_of, plan_world, prospective_places)
+    Candidate, free_slots, host_of, plan_world, prospective_places, state_source)
 
 REMOVED = {"removed": True}
 
@@ -113,6 +113,8 @@ class ElasticCore:
         self.world = {}  # incarnation id -> WorldInfo in the current world
         self.updates = 0  # host updates announced to workers
         self.broken = 0  # newest round that fell apart
+        self.broken_at = 0.0  # when it did
+        self.kept = None  # the holder last said to keep the state for want of anyone to hand it to
         self.resets = 0
         self.commit_high = 0  # newest commit any waiting worker held
         self.succeeded = False
@@ -129,7 +131,9 @@ class ElasticCore:
         self._handlers = {HostsFound: self._on_hosts, DiscoveryFailed: self._on_discovery_failed,
                           Launched: self._on_launched, LaunchFailed: self._on_launch_failed,
                           Ready: self._on_ready, Heartbeats: self._on_heartbeats,
-                          Exiting: self._on_exiting, Exited: self._on_exited, Tick: self._on_tick}
+                          Exiting: self._on_exiting, Exited: self._on_exited,
+                          TemplateDied: self._on_template_died, LoadFailed: self._on_load_failed,
+                          Tick: self._on_tick}
 
     # ---- entry ------------------------------------------------------------------------
     def handle(self, event, now: float) -> list:
@@ -148,7 +152,7 @@ class ElasticCore:
             self._handlers[type(event)](event)
             # Only these can free a slot (exits, host changes, cooldowns): the others need
             # no search for free slots.
-            self._decide(grow=isinstance(event, (HostsFound, Exited, LaunchFailed, Tick)))
+            self._decide(grow=isinstance(event, (HostsFound, Exited, TemplateDied, LaunchFailed, Tick)))
         except JobFailed as e:
             self._emit(Log("job_end", {"result": "failure", "reason": str(e)}))
             self._end(1, str(e))
@@ -213,8 +217,12 @@ class ElasticCore:
         inc = self._current(event.worker)
         if inc is None:
             return
+        leaving = inc.phase is Phase.LEAVING
         self._set_phase(inc, Phase.GONE)
-        self._log("launch_failed", slot=inc.slot, worker=inc.id, error=event.error)
+        self._log("launch_failed", slot=inc.slot, worker=inc.id, error=event.error,
+                  **({"removed": True} if leaving else {}))
+        if leaving:
+            return  # nobody needs that worker any more: its host is not judged by it
         self.failures.append(f"{inc.name} on {inc.host} could not be launched: {event.error}")
         if self.first_failure is None:
             self.first_failure = self.failures[-1]
@@ -251,15 +259,7 @@ class ElasticCore:
         inc = self._current(event.worker)
         if inc is None:
             return  # an earlier process of the slot, or told twice
-        was = inc.phase
-        self._set_phase(inc, Phase.GONE)
-        self.staying.discard(inc.id)
-        fields = {"removed": True} if was is Phase.LEAVING else {}
-        if event.error:
-            fields["error"] = event.error
-        self._log("worker_exit", slot=inc.slot, worker=inc.id, rank=inc.rank, code=event.code, **fields)
-        if inc.id in self.world and event.code != 0:  # a clean exit closes its connections itself
-            self._mark_broken()
+        was = self._gone(inc, event.code, **({"error": event.error} if event.error else {}))
         if was is Phase.LEAVING:
             return
         if event.code == 0 and inc.killed is None:
@@ -271,6 +271,19 @@ class ElasticCore:
             self.first_failure = self.failures[-1]
         self._blacklist_failed(inc)
 
+    def _on_template_died(self, event: TemplateDied):
+        inc = self._current(event.worker)
+        if inc is None:
+            return
+        if inc.killed is not None:  # the driver was ending it as failed anyway
+            return self._on_exited(Exited(inc.id, -signal.SIGKILL))
+        # Not the worker's failure: its slot is free again and a new worker is launched there.
+        self._gone(inc, -signal.SIGKILL, cause="its template died")
+
+    def _on_load_failed(self, event: LoadFailed):
+        inc = self.workers[event.worker]
+        raise JobFailed(f"{inc.name} on {inc.host} cannot load the commit it reported: {event.reason}")
+
     def _on_tick(self, event: Tick):
         now, p = self._now, self.policy
         if self.last_tick is not None and now - self.last_tick > p.stall:
@@ -279,6 +292,7 @@ class ElasticCore:
             for inc in self._live():
                 inc.heard_at = None if inc.heard_at is None else inc.heard_at + gap
                 inc.launched_at += gap
+            self.broken_at += gap
         self.last_tick = now
         for key in self.blacklist.expire(now):
             self._log("whitelisted", key=key)
@@ -294,6 +308,12 @@ class ElasticCore:
             elif inc.phase is Phase.STARTING and inc.answer is None \
                     and now - inc.launched_at > p.start_timeout:
                 self._kill(inc, "worker_start_timeout", f"not ready within {p.start_timeout:g} s")
+            elif inc.id in self.staying and self.broken >= self.round \
+                    and now - self.broken_at > p.elastic_timeout:
+                # Stuck outside hvdlite's collectives (its heartbeat thread goes on), holding
+                # every other worker in the rendezvous.
+                self._kill(inc, "worker_stuck", f"still in round {self.round}, which broke over "
+                                                f"--elastic-timeout {p.elastic_timeout:g} s ago")
 
     # ---- decisions after every event ----------------------------------------------------
     def _decide(self, grow: bool):
@@ -355,19 +375,16 @@ class ElasticCore:
                 return  # the first world waits for every launched worker (start timeout)
         elif self.staying:
             return  # a member is still in the current world
-        waiting = list(self.phases[Phase.WAITING].values())
+        # A worker being killed (silent, too slow to start, stuck) is in no world.
         candidates = [Candidate(inc.id, inc.slot, inc.host, inc.commit,
                                 self.world[inc.id].rank if inc.id in self.world else None)
-                      for inc in waiting]
+                      for inc in self.phases[Phase.WAITING].values() if inc.killed is None]
         usable = [c for c in candidates if self._usable(c.slot)]
-        allowed = [c for c in candidates if not self._blacklisted(c.slot)]
-        if allowed and max((c.commit for c in usable), default=-1) < max(c.commit for c in allowed):
-            # Every holder of the newest commit sits on a slot discovery took away: keep the
-            # best of them in until the others have synced from it.
-            usable.append(best_holder(self.hosts, allowed))
-        if len(usable) < self.policy.min_np:
-            return self._check_short(len(usable))
-        top = max(c.commit for c in usable)
+        source = state_source(self.hosts, candidates, usable)
+        if not usable or len(usable) < self.policy.min_np:
+            return self._check_short(len(usable), source)
+        members = usable + [source] if source is not None else usable
+        top = max(c.commit for c in members)
         if top < self.commit_high:
             if top == 0:
                 raise JobFailed(f"every worker holding the training state is gone (last commit "
@@ -377,9 +394,12 @@ class ElasticCore:
                 and self.resets >= self.policy.reset_limit:
             raise JobFailed(f"reset limit {self.policy.reset_limit} reached (--reset-limit); "
                             f"stopping the job")
-        self._form(plan_world(self.hosts, usable, self.policy.max_np), candidates, top)
+        max_np = self.policy.max_np
+        if source is not None and max_np is not None:
+            max_np += 1  # the source only syncs the others, then leaves
+        self._form(plan_world(self.hosts, members, max_np), candidates, top, handover=source is not None)
 
-    def _form(self, plan, candidates, commit):
+    def _form(self, plan, candidates, commit, handover=False):
         if self.round >= 1:
             self.resets += 1
         old_round, self.round = self.round, self.round + 1
@@ -387,12 +407,12 @@ class ElasticCore:
         if self.disrupted is not None:  # how long the job went without a world to train in
             reformed = {"reformed_in": round(self._now - self.disrupted[0], 3), "cause": self.disrupted[1]}
             self.disrupted = None
-        self.short_since, self.announced, self.commit_high = None, frozenset(), commit
+        self.short_since, self.announced, self.commit_high, self.kept = None, frozenset(), commit, None
         world = {}
         hosts = sorted({place.hostname for _, place in plan})
         for worker, place in plan:
             inc = self.workers[worker]
-            world[worker] = replace(place, round=self.round, updates=self.updates)
+            world[worker] = replace(place, round=self.round, updates=self.updates, handover=handover)
             self._set_phase(inc, Phase.TRAINING)
             self.joiners.pop(worker, None)
             inc.rank = place.rank
@@ -407,13 +427,9 @@ class ElasticCore:
             if w not in world and not self.workers[w].alive:
                 del self.workers[w]
         self.world, self.staying = world, set(world)
-        leaving = sorted(self.workers[w].slot for w in world
-                         if not self._usable(self.workers[w].slot))
-        if leaving and len(world) > len(leaving):
-            self._announce(f"state handed over, slots removed: {leaving}")
         self._log("round_complete", round=self.round, size=len(world), resets=self.resets,
                   commit=commit, members={self.workers[w].slot: p.rank for w, p in world.items()},
-                  **reformed)
+                  **({"handover": True} if handover else {}), **reformed)
 
     # ---- helpers ----------------------------------------------------------------------
     def _live(self):
@@ -464,7 +480,7 @@ class ElasticCore:
 
     def _mark_broken(self):
         if self.round and self.broken < self.round:
-            self.broken = self.round
+            self.broken, self.broken_at = self.round, self._now
             self._disrupt("failure")
             self._log("round_broken", round=self.round)
             self._emit(Publish(self.updates, self.broken))
@@ -485,6 +501,18 @@ class ElasticCore:
         else:
             self._emit(Stop(inc.id, self.policy.stop_grace))
 
+    def _gone(self, inc: Incarnation, code, **fields) -> Phase:
+        """The worker's process ended; returns the phase it was in."""
+        was = inc.phase
+        self._set_phase(inc, Phase.GONE)
+        self.staying.discard(inc.id)
+        if was is Phase.LEAVING:
+            fields["removed"] = True
+        self._log("worker_exit", slot=inc.slot, worker=inc.id, rank=inc.rank, code=code, **fields)
+        if inc.id in self.world and code != 0:  # a clean exit closes its connections itself
+            self._mark_broken()
+        return was
+
     def _kill(self, inc: Incarnation, event, why):
         inc.killed = why
         self._log(event, slot=inc.slot, worker=inc.id, rank=inc.rank, reason=why, action="killing it")
@@ -492,13 +520,19 @@ class ElasticCore:
         if inc.id in self.world:
             self._mark_broken()
 
-    def _check_short(self, ready):
+    def _check_short(self, ready, source):
         if self.short_since is None:
             self.short_since = self._now
             self._log("waiting_for_workers", ready=ready, min_np=self.policy.min_np)
-        elif self._now - self.short_since > self.policy.elastic_timeout:
+        if source is not None and source.worker != self.kept:
+            self.kept = source.worker  # it waits in the rendezvous: no training on its slot
+            self._log("state_kept", worker=source.worker, slot=source.slot, commit=source.commit,
+                      reason="its slot is gone or blacklisted and no usable worker waits")
+        if self._now - self.short_since > self.policy.elastic_timeout:
+            kept = "" if source is None else \
+                f" (commit {source.commit} was kept on {source.slot}, a slot gone or blacklisted)"
             raise JobFailed(f"fewer than --min-np {self.policy.min_np} workers for --elastic-timeout "
-                            f"{self.policy.elastic_timeout:g} s; stopping the job")
+                            f"{self.policy.elastic_timeout:g} s; stopping the job{kept}")
 
     def _slot_exists(self, slot):
         host, index = slot.rsplit("/", 1)

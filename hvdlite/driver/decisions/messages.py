@@ -61,6 +61,21 @@ class Exited:
 
 
 @dataclass(frozen=True)
+class TemplateDied:
+    """The template the worker was forked from died, and took the worker with it (the
+    parent-death signal): the worker did nothing wrong."""
+    worker: str
+
+
+@dataclass(frozen=True)
+class LoadFailed:
+    """The worker cannot load the commit it reported (a damaged file, a class the script no
+    longer defines, a changed shape); `reason` names the file and the cause, in one line."""
+    worker: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class Tick:
     """Time passed: timeouts, cooldowns and liveness are due for a check."""
 

@@ -39,6 +39,15 @@ def best_holder(host_order, candidates) -> Candidate:
     return min(candidates, key=_priority(host_order))
 
 
+def state_source(host_order, candidates, usable) -> Optional[Candidate]:
+    """A candidate on a slot the next world cannot keep (blacklisted, or gone from discovery)
+    that holds a newer commit than every usable one: the best of them, which the next world
+    syncs from before it leaves. None when a usable candidate holds the newest commit."""
+    top = max((c.commit for c in usable), default=-1)
+    holders = [c for c in candidates if c.commit > top]
+    return best_holder(host_order, holders) if holders else None
+
+
 def plan_world(host_order, candidates, max_np=None):
     """Ranks for the next world: [(worker, WorldInfo)] in rank order.
 

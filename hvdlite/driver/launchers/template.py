@@ -5,7 +5,8 @@ environment) on this host, fork workers from it, fall back to a plain launch oth
     handle = templates.spawn(command, env, cwd, output)   # LocalWorker's face either way
 
 A worker's exit status comes from the template, which is its parent. If the template dies,
-its workers die with it (parent-death signal) and report -9; the next spawn starts a new one.
+its workers die with it (parent-death signal) and report -9 with `template_died` set, which
+the driver does not hold against them; the next spawn starts a new template.
 """
 import itertools
 import os
@@ -45,6 +46,7 @@ class TemplateProcess:
     def __init__(self, pid: int):
         self.pid = pid
         self.returncode = None
+        self.template_died = False
         self._done = threading.Event()
 
     def exited(self, code: int) -> None:
@@ -55,6 +57,7 @@ class TemplateProcess:
     def orphaned(self) -> None:
         """The template is gone, and with it the child's exit status: a dead template's
         children got SIGKILL (parent-death signal). Say -9 once the child is gone."""
+        self.template_died = True
         def watch():
             while not _gone(self.pid):
                 time.sleep(0.02)
@@ -80,6 +83,11 @@ class TemplateWorker(LocalWorker):
         self.proc = proc
         self._pumps = [output.pump("stdout", os.fdopen(stdout_fd, "rb")),
                        output.pump("stderr", os.fdopen(stderr_fd, "rb"))]
+
+    @property
+    def template_died(self) -> bool:
+        """It died because its template did (not of anything it did)."""
+        return self.proc.template_died
 
 
 class Outdated(Refused):
