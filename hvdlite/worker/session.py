@@ -86,11 +86,11 @@ class Session:
         A static job's worker has it in its environment. An elastic worker blocks in the
         driver's rendezvous until a round after `after_round` (None: any round) includes it;
         that GET is the barrier that tells the driver the worker is ready. The commit it
-        reports is the newest it holds in memory (`commit`) or can read from --checkpoint-dir.
+        reports is the newest it holds in memory (`commit`) or can load from --checkpoint-dir.
         """
         if not self.elastic:
             return WorldInfo.from_env(self.environ)
-        commit = max(commit, durable.available_commit())
+        commit = durable.reportable(commit)
         deadline = time.monotonic() + float(self.environ.get(env.ELASTIC_TIMEOUT, defaults.ELASTIC_TIMEOUT))
         query = {"worker": self.worker, "after": str(-1 if after_round is None else after_round),
                  "commit": str(commit)}
@@ -127,6 +127,10 @@ class Session:
                     sys.stderr.write(f"hvdlite: lost contact with the driver at {self.addr}:"
                                      f"{self.port} for {self.liveness_timeout:g} s; exiting\n")
                     sys.stderr.flush()
+                except (OSError, ValueError):
+                    pass
+                try:
+                    durable.finish()  # rank 0's newest commit reaches the disk first
                 finally:
                     os._exit(75)
             asleep, interval = time.monotonic(), self.interval
