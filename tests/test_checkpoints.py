@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hvdlite.torch import elastic
-from hvdlite.worker import checkpointdir, checkpoints, durable
+from hvdlite.worker import checkpointdir, checkpoints, durable, trusted
 from hvdlite.worker.checkpoints import CorruptCheckpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -260,3 +260,54 @@ def test_kill_9_during_writes_never_leaves_a_checkpoint_that_fails_or_mixes(tmp_
         commit = found[0]
     leftovers = [n for n in os.listdir(directory) if n.endswith(".tmp")]
     assert len(leftovers) <= 40  # junk of killed writes: removed once stale
+
+
+class Config:
+    """A script's own class kept in its state."""
+
+    def __init__(self, lr):
+        self.lr = lr
+
+
+class Payload:
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+def test_a_malicious_pickle_runs_nothing(tmp_path, monkeypatch):
+    marker = tmp_path / "it-ran"
+    with monkeypatch.context() as m:  # as a writer that does not check would write it
+        m.setattr(checkpoints.trusted, "loads", lambda data, buffers: None)
+        _write(tmp_path / "c", 1, {"step": Payload(f"touch {marker}")})
+    with pytest.raises(trusted.Untrusted, match=r"posix\.system"):
+        checkpoints.load(str(tmp_path / "c"))
+    assert not marker.exists()
+
+
+def test_a_state_holding_an_untrusted_class_is_refused_at_the_write_and_loads_once_trusted(tmp_path):
+    with pytest.raises(trusted.Untrusted, match=r"\.Config, which is neither a plain value"):
+        checkpointdir.write(str(tmp_path), LINEAGE, 1, {"cfg": Config(0.5)}, keep=2)
+    assert checkpointdir.files(str(tmp_path)) == []  # nothing written, nothing pruned
+    trusted.trust(Config)
+    try:
+        checkpointdir.write(str(tmp_path), LINEAGE, 1, {"cfg": Config(0.5)}, keep=2)
+        state = checkpointdir.load(str(tmp_path / checkpointdir.file_name(1, LINEAGE)), 1, LINEAGE)
+    finally:
+        trusted._trusted.discard((Config.__module__, Config.__qualname__))
+    assert isinstance(state["cfg"], Config) and state["cfg"].lr == 0.5
+
+
+def test_plain_values_load_without_trusting_anything(tmp_path):
+    import collections
+    import datetime
+    state = {"od": collections.OrderedDict(a=1), "dd": collections.defaultdict(list, b=[2]),
+             "when": datetime.datetime(2026, 1, 2), "c": 1 + 2j, "fs": frozenset({1}), "b": bytearray(b"x"),
+             "dtype": torch.float16, "device": torch.device("cpu"), "size": torch.Size([2, 3]),
+             "np_scalar": np.float32(1.5), "np_object": np.array([1, "a"], dtype=object)}
+    checkpointdir.write(str(tmp_path), LINEAGE, 1, state, keep=2)
+    back = checkpointdir.load(str(tmp_path / checkpointdir.file_name(1, LINEAGE)), 1, LINEAGE)
+    assert {k: v for k, v in back.items() if k != "np_object"} == {k: v for k, v in state.items() if k != "np_object"}
+    assert list(back["np_object"]) == [1, "a"]
