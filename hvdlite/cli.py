@@ -9,6 +9,7 @@ import sys
 
 from hvdlite import __version__, defaults
 from hvdlite.template import DEFAULT_PRELOAD
+from hvdlite.worker import checkpointdir
 from hvdlite.discovery.hostspec import parse_hostfile, parse_hosts
 from hvdlite.driver.settings import Settings
 from hvdlite.errors import HvdliteError, UsageError
@@ -134,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
                         f"every commit (default {defaults.CHECKPOINT_INTERVAL:g})")
     c.add_argument("--checkpoint-keep", type=_positive(int), metavar="K", default=defaults.CHECKPOINT_KEEP,
                    help=f"checkpoints kept in DIR (default {defaults.CHECKPOINT_KEEP})")
+    c.add_argument("--fresh", action="store_true",
+                   help="start training anew instead of resuming from DIR; DIR's files are kept, "
+                        "and later runs resume this one")
 
     w = g["watching"]
     w.add_argument("--output-filename", dest="output_dir", metavar="DIR",
@@ -212,6 +216,8 @@ def parse_settings(argv) -> Settings:
             raise UsageError(f"--{name.replace('_', '-')}: no such file {path}")
     if args.checkpoint_dir is not None:
         args.checkpoint_dir = checkpoint_dir(args.checkpoint_dir)
+    elif args.fresh:
+        raise UsageError("--fresh starts anew instead of resuming from --checkpoint-dir: give one")
     keep_warm = keep_warm_seconds(args.keep_warm, os.environ.get("HVDLITE_KEEP_WARM"))
     if keep_warm and args.no_preload:
         raise UsageError("--keep-warm keeps a preloaded template: drop --no-preload")
@@ -233,7 +239,8 @@ def parse_settings(argv) -> Settings:
         elastic_timeout=args.elastic_timeout, liveness_timeout=args.liveness_timeout,
         preload=() if args.no_preload else tuple(_modules(args.preload)) if args.preload else DEFAULT_PRELOAD,
         preload_first=bool(args.preload), keep_warm=keep_warm, checkpoint_dir=args.checkpoint_dir,
-        checkpoint_interval=args.checkpoint_interval, checkpoint_keep=args.checkpoint_keep)
+        checkpoint_interval=args.checkpoint_interval, checkpoint_keep=args.checkpoint_keep,
+        checkpoint_lineage=checkpointdir.new_lineage() if args.fresh else None)
 
 
 def checkpoint_dir(path: str) -> str:

@@ -12,16 +12,19 @@ import pytest
 import torch
 
 from hvdlite.torch import elastic
-from hvdlite.worker import checkpoints, durable
+from hvdlite.worker import checkpointdir, checkpoints, durable, trusted
 from hvdlite.worker.checkpoints import CorruptCheckpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+LINEAGE = "0" * checkpoints.LINEAGE_CHARS
+
+
 def _write(path, commit, state):
     fd = os.open(path, os.O_WRONLY | os.O_CREAT)
     try:
-        checkpoints.dump(fd, commit, state)
+        checkpoints.dump(fd, commit, LINEAGE, state)
     finally:
         os.close(fd)
 
@@ -34,8 +37,8 @@ def test_tensors_arrays_and_plain_values_come_back_equal(tmp_path):
              "param": torch.nn.Parameter(torch.ones(2)), "np": np.arange(10, dtype=np.int16),
              "fortran": np.asfortranarray(np.ones((3, 2))), "plain": {"epoch": 3, "seen": [1, 2]}}
     _write(tmp_path / "c", 42, state)
-    commit, back = checkpoints.load(str(tmp_path / "c"))
-    assert commit == 42
+    commit, lineage, back = checkpoints.load(str(tmp_path / "c"))
+    assert commit == 42 and lineage == LINEAGE
     for key in ("t", "half", "empty", "scalar", "strided", "grad", "param"):
         assert back[key].dtype == state[key].dtype and torch.equal(back[key], state[key]), key
     assert back["grad"].requires_grad and isinstance(back["param"], torch.nn.Parameter)
@@ -61,57 +64,78 @@ def test_arrays_at_any_offset_within_a_page_and_of_any_size_come_back_equal(tmp_
                                                 (0, 1024), (9, 2_999_000)]}
     state["np"] = np.arange(10 ** 6, dtype=np.int8)[3:]
     path = str(tmp_path / "c")
-    fd, _ = checkpoints._create(path)  # O_DIRECT here: the fast path is the one tested
+    fd, _ = checkpoints.create(path)  # O_DIRECT here: the fast path is the one tested
     try:
-        checkpoints.dump(fd, 7, state, direct=True)
+        checkpoints.dump(fd, 7, LINEAGE, state, direct=True)
     finally:
         os.close(fd)
-    commit, back = checkpoints.load(path)
+    commit, _, back = checkpoints.load(path)
     assert commit == 7 and sorted(back) == sorted(state)
     for key, value in state.items():
         assert (back[key] == value).all(), key
 
 
-@pytest.mark.parametrize("damage", ["truncate", "extend", "flip_header", "flip_pickle"])
-def test_a_damaged_file_is_refused_and_the_next_older_one_loads(tmp_path, damage):
-    for commit in (1, 2):
-        checkpoints.write(str(tmp_path), commit, {"w": np.full(1000, commit)}, keep=5)
-    path = tmp_path / checkpoints.file_name(2)
+def _array_offset(data: bytes, array) -> int:
+    return bytes(data).index(array.tobytes()[:256])
+
+
+@pytest.mark.parametrize("damage", ["truncate", "extend", "flip_header", "flip_pickle", "flip_array"])
+def test_a_damaged_file_is_refused(tmp_path, damage):
+    array = np.arange(10_000) * 7 + 13
+    checkpointdir.write(str(tmp_path), LINEAGE, 2, {"w": array}, keep=5)
+    path = tmp_path / checkpointdir.file_name(2, LINEAGE)
     data = bytearray(path.read_bytes())
     if damage == "truncate":
         data = data[:-10]
     elif damage == "extend":
         data += b"x"
+    elif damage == "flip_array":  # a byte of the tensor data, far from the header
+        data[_array_offset(data, array) + 40_000] ^= 0x01
     else:
-        data[8 if damage == "flip_header" else 60] ^= 0xFF
+        data[8 if damage == "flip_header" else 120] ^= 0xFF
     path.write_bytes(bytes(data))
     with pytest.raises(CorruptCheckpoint):
-        checkpoints.load(str(path))
-    warnings = []
-    commit, _, state = checkpoints.load_newest(str(tmp_path), warn=warnings.append)
-    assert commit == 1 and (state["w"] == 1).all()
-    assert len(warnings) == 1 and "does not load" in warnings[0]
+        checkpointdir.load(str(path), 2, LINEAGE)
 
 
-def test_the_newest_k_are_kept_and_only_stale_temporary_files_removed(tmp_path):
+def test_a_file_renamed_to_another_commit_or_lineage_is_refused(tmp_path):
+    checkpointdir.write(str(tmp_path), LINEAGE, 2, {"w": 1}, keep=5)
+    with pytest.raises(CorruptCheckpoint, match="not what its name says"):
+        checkpointdir.load(str(tmp_path / checkpointdir.file_name(2, LINEAGE)), 3, LINEAGE)
+
+
+OLD, NEW = "0000000000aa" + "0" * 8, "0000000000bb" + "0" * 8  # NEW started later
+
+
+def test_only_the_writers_lineage_is_pruned_and_its_newest_always_kept(tmp_path):
     stale, fresh = tmp_path / ".commit-000000000009.ckpt.h.1.tmp", tmp_path / ".commit-000000000010.ckpt.h.2.tmp"
     stale.write_bytes(b"x")
     fresh.write_bytes(b"x")
-    old = time.time() - checkpoints.STALE_TEMP - 1
+    old = time.time() - checkpointdir.STALE_TEMP - 1
     os.utime(stale, (old, old))
+    # an earlier run's higher-numbered commit: the new run's 1, 2, 3 must not be pruned against it
+    checkpointdir.write(str(tmp_path), OLD, 10, {"c": 10}, keep=2)
     for commit in (3, 1, 5, 4):
-        checkpoints.write(str(tmp_path), commit, {"c": commit}, keep=2)
-    assert checkpoints.commits(str(tmp_path)) == [5, 4]
+        checkpointdir.write(str(tmp_path), NEW, commit, {"c": commit}, keep=2)
+    assert checkpointdir.files(str(tmp_path)) == [(10, OLD), (5, NEW), (4, NEW)]
     assert not stale.exists() and fresh.exists()
-    assert checkpoints.newest_commit(str(tmp_path)) == 5
-    assert checkpoints.newest_commit(str(tmp_path / "missing")) == 0
+    assert checkpointdir.newest(str(tmp_path))[:2] == (5, NEW)  # the newest lineage, not the highest commit
+    assert checkpointdir.newest(str(tmp_path), OLD)[:2] == (10, OLD)
+    assert checkpointdir.newest(str(tmp_path), "f" * 20) is None
+    assert checkpointdir.newest(str(tmp_path / "missing")) is None
 
 
 def test_decisions():
-    assert checkpoints.to_prune([1, 5, 3, 4], 2) == [3, 1]
-    assert checkpoints.to_prune([1], 0) == []  # the newest is never deleted
-    assert checkpoints.commit_of(checkpoints.file_name(12)) == 12
-    assert checkpoints.commit_of(".commit-000000000012.ckpt.h.3.tmp") is None
+    files = [(1, NEW), (5, NEW), (3, NEW), (4, NEW), (10, OLD)]
+    assert checkpointdir.to_prune(files, NEW, 2) == [(3, NEW), (1, NEW)]
+    assert checkpointdir.to_prune([(1, NEW), (9, OLD)], NEW, 0) == []  # the newest is never deleted
+    assert checkpointdir.name_of(checkpointdir.file_name(12, NEW)) == (12, NEW)
+    assert checkpointdir.name_of("commit-000000000012.ckpt") == (12, "")  # before lineages
+    assert checkpointdir.name_of(".commit-000000000012.ckpt.h.3.tmp") is None
+    first, second = checkpointdir.new_lineage(), checkpointdir.new_lineage()
+    assert len(first) == checkpoints.LINEAGE_CHARS and first != second
+    time.sleep(0.002)
+    assert checkpointdir.new_lineage() > first
     assert durable.wait_before_write(10.0, None, 5.0) == 0.0
     assert durable.wait_before_write(10.0, 8.0, 5.0) == 3.0
     assert durable.wait_before_write(10.0, 2.0, 5.0) == 0.0
@@ -125,15 +149,19 @@ def test_the_writer_writes_the_newest_commit_and_at_most_every_interval(tmp_path
     writer = durable.Writer(durable.Config(str(tmp_path), interval=0.5, keep=100))
     start = time.monotonic()
     for commit in range(1, 101):
-        writer.offer(commit, {"c": commit})
+        writer.offer(LINEAGE, commit, {"c": commit})
         time.sleep(0.01)
     assert writer.flush(10, forced=False)
-    written = checkpoints.commits(str(tmp_path))
+    written = [commit for commit, _ in checkpointdir.files(str(tmp_path))]
     assert written[0] == 100  # the newest always ends on disk
     assert len(written) <= (time.monotonic() - start) / 0.5 + 1
-    writer.offer(101, {"c": 101})
+    writer.offer(LINEAGE, 101, {"c": 101})
     assert writer.flush(10)  # forced: not held back by the interval
-    assert checkpoints.newest_commit(str(tmp_path)) == 101
+    assert checkpointdir.newest(str(tmp_path))[0] == 101
+    writer.offer(LINEAGE, 102, {"c": 102})
+    assert writer.flush(10, last=True)  # the process is about to end: nothing offered later is written
+    writer.offer(LINEAGE, 103, {"c": 103})
+    assert writer.flush(10) and checkpointdir.newest(str(tmp_path))[0] == 102
 
 
 def test_a_pacer_told_to_hurry_holds_nothing():
@@ -147,7 +175,7 @@ def test_a_write_error_is_said_once_and_training_goes_on(tmp_path, capfd):
     blocker.write_text("")
     writer = durable.Writer(durable.Config(str(blocker / "sub"), interval=0, keep=2))
     for commit in (1, 2):
-        writer.offer(commit, {"c": commit})
+        writer.offer(LINEAGE, commit, {"c": commit})
         assert writer.flush(10)
     err = capfd.readouterr().err
     assert err.count("could not write checkpoint") == 1 and "training goes on" in err
@@ -175,12 +203,12 @@ def test_a_torch_state_snapshot_restores_every_object_in_place(tmp_path):
         state._commits += 1
         state.save()  # what commit() does locally
     commit, snapshot = state._snapshot()
-    checkpoints.write(str(tmp_path), commit, snapshot, keep=2)
+    checkpointdir.write(str(tmp_path), LINEAGE, commit, snapshot, keep=2)
 
     model2, opt2, sched2, sampler2 = _torch_objects()  # a fresh process's objects
     fresh = elastic.TorchState(model2, opt2, sched=sched2, sampler=sampler2, epoch=0, history=[])
-    found_commit, _, found = checkpoints.load_newest(str(tmp_path))
-    fresh._load_snapshot(found_commit, found)
+    found_commit, _, path = checkpointdir.newest(str(tmp_path))
+    fresh._load_snapshot(found_commit, checkpointdir.load(path, found_commit, LINEAGE))
     assert fresh._commits == 3 and fresh.epoch == 2 and fresh.history == [0, 1, 2]
     assert fresh.model is model2 and fresh.optimizer is opt2
     for a, b in zip(model.state_dict().values(), model2.state_dict().values()):
@@ -197,14 +225,14 @@ def test_a_checkpoint_of_another_state_is_a_clear_error():
 
 WRITER = """
 import sys, numpy as np
-from hvdlite.worker import checkpoints
+from hvdlite.worker import checkpointdir
 directory, commit = sys.argv[1], int(sys.argv[2])
 print("writing", flush=True)
 while True:
     commit += 1
     # every array holds the commit number: a file mixing two commits would show it
-    checkpoints.write(directory, commit, {"commit": commit, "a": np.full(1 << 20, commit),
-                                          "b": [np.full(1000 * k, commit) for k in range(1, 20)]}, keep=3)
+    checkpointdir.write(directory, "0" * 20, commit, {"commit": commit, "a": np.full(1 << 20, commit),
+                                                     "b": [np.full(1000 * k, commit) for k in range(1, 20)]}, keep=3)
 """
 
 
@@ -222,13 +250,64 @@ def test_kill_9_during_writes_never_leaves_a_checkpoint_that_fails_or_mixes(tmp_
             proc.stdout.close()
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
-        found = checkpoints.commits(directory)
+        found = [c for c, _ in checkpointdir.files(directory)]
         assert found, f"trial {trial}: nothing written"
         for c in found:
-            loaded, state = checkpoints.load(os.path.join(directory, checkpoints.file_name(c)))
+            loaded, _, state = checkpoints.load(os.path.join(directory, checkpointdir.file_name(c, LINEAGE)))
             assert loaded == c == state["commit"], f"trial {trial}"
             assert (state["a"] == c).all() and all((b == c).all() for b in state["b"]), f"trial {trial}"
         assert len(found) <= 3 + 1  # a kill between rename and prune may leave one extra
         commit = found[0]
     leftovers = [n for n in os.listdir(directory) if n.endswith(".tmp")]
     assert len(leftovers) <= 40  # junk of killed writes: removed once stale
+
+
+class Config:
+    """A script's own class kept in its state."""
+
+    def __init__(self, lr):
+        self.lr = lr
+
+
+class Payload:
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+def test_a_malicious_pickle_runs_nothing(tmp_path, monkeypatch):
+    marker = tmp_path / "it-ran"
+    with monkeypatch.context() as m:  # as a writer that does not check would write it
+        m.setattr(checkpoints.trusted, "loads", lambda data, buffers: None)
+        _write(tmp_path / "c", 1, {"step": Payload(f"touch {marker}")})
+    with pytest.raises(trusted.Untrusted, match=r"posix\.system"):
+        checkpoints.load(str(tmp_path / "c"))
+    assert not marker.exists()
+
+
+def test_a_state_holding_an_untrusted_class_is_refused_at_the_write_and_loads_once_trusted(tmp_path):
+    with pytest.raises(trusted.Untrusted, match=r"\.Config, which is neither a plain value"):
+        checkpointdir.write(str(tmp_path), LINEAGE, 1, {"cfg": Config(0.5)}, keep=2)
+    assert checkpointdir.files(str(tmp_path)) == []  # nothing written, nothing pruned
+    trusted.trust(Config)
+    try:
+        checkpointdir.write(str(tmp_path), LINEAGE, 1, {"cfg": Config(0.5)}, keep=2)
+        state = checkpointdir.load(str(tmp_path / checkpointdir.file_name(1, LINEAGE)), 1, LINEAGE)
+    finally:
+        trusted._trusted.discard((Config.__module__, Config.__qualname__))
+    assert isinstance(state["cfg"], Config) and state["cfg"].lr == 0.5
+
+
+def test_plain_values_load_without_trusting_anything(tmp_path):
+    import collections
+    import datetime
+    state = {"od": collections.OrderedDict(a=1), "dd": collections.defaultdict(list, b=[2]),
+             "when": datetime.datetime(2026, 1, 2), "c": 1 + 2j, "fs": frozenset({1}), "b": bytearray(b"x"),
+             "dtype": torch.float16, "device": torch.device("cpu"), "size": torch.Size([2, 3]),
+             "np_scalar": np.float32(1.5), "np_object": np.array([1, "a"], dtype=object)}
+    checkpointdir.write(str(tmp_path), LINEAGE, 1, state, keep=2)
+    back = checkpointdir.load(str(tmp_path / checkpointdir.file_name(1, LINEAGE)), 1, LINEAGE)
+    assert {k: v for k, v in back.items() if k != "np_object"} == {k: v for k, v in state.items() if k != "np_object"}
+    assert list(back["np_object"]) == [1, "a"]

@@ -13,10 +13,16 @@ from jobs import (SCRIPTS, Job, check_training_continuous, effective_steps, job_
                   ssh_flags, steps_log, wait_progress)
 from test_elastic import check_exactly_once_per_epoch
 from test_numpy_backend import JOB as NUMPY_JOB, check_training_continuous as check_numpy, needs_pygloo
-from hvdlite.worker import checkpoints
+from hvdlite.worker import checkpointdir
 
 JOB = [sys.executable, os.path.join(SCRIPTS, "elastic_job.py")]
 TOTAL = 40
+
+
+def newest_written(directory) -> int:
+    """The commit of the newest checkpoint of the newest lineage in directory; 0 if none."""
+    newest = checkpointdir.newest(str(directory))
+    return newest[0] if newest is not None else 0
 
 
 def crash_then_resume(tmp_path, args, at_step, kill_hosts=lambda: None, **knobs):
@@ -31,7 +37,7 @@ def crash_then_resume(tmp_path, args, at_step, kill_hosts=lambda: None, **knobs)
         wait_progress(job, tmp_path, at_step)
         job.kill_everything()
         kill_hosts()
-    made, written = progress(tmp_path), checkpoints.newest_commit(str(ckpt))
+    made, written = progress(tmp_path), newest_written(ckpt)
     with Job(flags, tmp_path / "run2", env=job_env(tmp_path, TOTAL_STEPS=TOTAL, RUN=2, **knobs)) as job:
         result = job.finish(120)
     assert result.code == 0, result.stderr
@@ -72,7 +78,7 @@ def test_every_worker_killed_while_the_driver_lives_resumes_from_the_newest_chec
         made = progress(tmp_path)
         for pid in victims:
             wait_gone(pid, 10)
-        written = checkpoints.newest_commit(ckpt)
+        written = newest_written(ckpt)
         result = job.finish(120)
     assert result.code == 0, result.stderr
     assert 0 < made - 3 <= written <= made  # at most the commits made during the last write
@@ -110,7 +116,7 @@ def test_a_finished_job_run_again_ends_at_once_with_its_result(tmp_path):
             result = job.finish(90)
         assert result.code == 0, result.stderr
     # the interval held back every write but the first; the exit wrote the last commit
-    assert checkpoints.commits(ckpt) == [10, 1]
+    assert [commit for commit, _ in checkpointdir.files(ckpt)] == [10, 1]
     assert "resumed from commit 10" in result.stdout + result.stderr
     assert {r["run"] for r in steps_log(tmp_path)} == {1}
     check_training_continuous(tmp_path, 10)

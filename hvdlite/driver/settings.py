@@ -46,6 +46,7 @@ class Settings:
     checkpoint_dir: str = None  # absolute; None: commits live only in the workers' memory
     checkpoint_interval: float = defaults.CHECKPOINT_INTERVAL
     checkpoint_keep: int = defaults.CHECKPOINT_KEEP
+    checkpoint_lineage: str = None  # --fresh: the lineage this job starts; None: resume the newest
     env: dict = field(default_factory=lambda: dict(os.environ))
 
     @property

@@ -22,7 +22,9 @@ def worker_env(settings, rendezvous: tuple, secret: str, worker: str, slot: str,
     mode = {env.ELASTIC: "1", env.HOROVOD_ELASTIC: "1"} if elastic else {}
     durable = {env.CHECKPOINT_DIR: settings.checkpoint_dir,
                env.CHECKPOINT_INTERVAL: str(settings.checkpoint_interval),
-               env.CHECKPOINT_KEEP: str(settings.checkpoint_keep)} if settings.checkpoint_dir else {}
+               env.CHECKPOINT_KEEP: str(settings.checkpoint_keep),
+               **({env.CHECKPOINT_LINEAGE: settings.checkpoint_lineage} if settings.checkpoint_lineage else {}),
+               } if settings.checkpoint_dir else {}
     return {
         **base, **threads, **(world.env() if world is not None else {}), **mode, **durable,
         env.RENDEZVOUS_ADDR: addr, env.RENDEZVOUS_PORT: str(port), env.SECRET: secret,

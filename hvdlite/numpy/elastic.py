@@ -5,6 +5,7 @@ import numpy as np
 from hvdlite.numpy import basics, ops
 from hvdlite.worker import elastic as core
 from hvdlite.worker.elastic import run  # noqa: F401
+from hvdlite.worker.trusted import trust  # noqa: F401
 
 
 def _broadcast_flag(value: int) -> int:

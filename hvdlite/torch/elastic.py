@@ -9,6 +9,7 @@ from hvdlite.torch.statehandlers import (  # noqa: F401
     StateHandler, get_handler_registry, handler_for, register_handler, set_handler_registry)
 from hvdlite.worker import elastic as core
 from hvdlite.worker.elastic import run  # noqa: F401
+from hvdlite.worker.trusted import trust  # noqa: F401
 
 
 def _broadcast_flag(value: int) -> int:

@@ -4,12 +4,21 @@ DIR in the background, and a worker resumes from DIR when it holds less (torch-f
 - Writing: commit() hands rank 0's writer the copy it has just saved (never copied again,
   never changed afterwards); a thread serialises it and writes it, at most every
   `--checkpoint-interval` seconds, the newest commit winning over ones not written yet.
-- Resuming: a worker tells the driver the newest commit it holds in memory *or* can read
-  from DIR, so the driver makes rank 0 the one with the newest of either; rank 0 reads DIR
-  before syncing when DIR is newer than its memory. So a new job on the same DIR resumes,
-  and so does a job whose every worker died while the driver lived on.
+- Resuming: a worker tells the driver the newest commit it holds in memory *or* can load
+  from DIR (of the lineage it resumes: checkpointdir.py), so the driver makes rank 0 the one
+  with the newest of either. A checkpoint counts only once it has loaded in full, every byte
+  checked and nothing untrusted called; before the first sync every worker holding less puts
+  it into its state. So a new job on the same DIR resumes, and so does a job whose every
+  worker died while the driver lived on.
+- A checkpoint that exists but does not load (damaged, a class or shape the script no longer
+  has) ends the worker with one line naming the file and the cause, and exit code
+  EXIT_UNLOADABLE, after telling the driver; never a fresh start over it. `--fresh` starts a
+  new lineage on purpose.
+- The writer's newest commit reaches the disk before the worker exits, within EXIT_FLUSH, even
+  when it exits because the driver is gone.
 """
 import atexit
+import json
 import os
 import sys
 import threading
@@ -17,16 +26,18 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from hvdlite.worker import checkpoints, env
+from hvdlite.worker import checkpointdir, env
 
 EXIT_FLUSH = 20.0  # seconds a finishing worker waits to write its newest commit (exit grace: 30)
+EXIT_UNLOADABLE = 65  # a checkpoint in DIR does not load (sysexits' EX_DATAERR)
 WRITER_NICE = 10
-# What a write may take of one core and of the disk. 100 MB take ~13 ms of CPU (all in the
-# kernel: O_DIRECT from the tensors' memory). The bytes cost more: measured in one process on
-# this 2-core VM, writing 100 MB each 1.3 s slowed training steps 6%, the same writer with the
-# write() calls left out 0.2%. So 100 MB take 2.5 s at 40 MB/s, and at interval 0 the newest
-# checkpoint trails the newest commit by about that.
-CPU_SHARE = 0.01
+# What a write may take of one core and of the disk. 100 MB take ~13 ms of CPU to write (all
+# in the kernel: O_DIRECT from the tensors' memory) and ~26 ms to checksum. The bytes cost
+# more: measured in one process on this 2-core VM, writing 100 MB each 1.3 s slowed training
+# steps 6%, the same writer with the write() calls left out 0.2%. So 100 MB take 2.5 s at
+# 40 MB/s (2 s of it for the CPU share), and at interval 0 the newest checkpoint trails the
+# newest commit by about that.
+CPU_SHARE = 0.02
 DISK_RATE = 40e6  # bytes per second
 
 
@@ -35,6 +46,7 @@ class Config:
     directory: str
     interval: float  # seconds between the starts of two writes; 0: write every commit
     keep: int  # checkpoints kept
+    lineage: Optional[str] = None  # --fresh: the lineage this job starts; None: resume the newest
 
 
 def config(environ=os.environ) -> Optional[Config]:
@@ -42,7 +54,13 @@ def config(environ=os.environ) -> Optional[Config]:
     if not directory:
         return None
     return Config(directory, float(environ.get(env.CHECKPOINT_INTERVAL, "0")),
-                  int(environ.get(env.CHECKPOINT_KEEP, "2")))
+                  int(environ.get(env.CHECKPOINT_KEEP, "2")), environ.get(env.CHECKPOINT_LINEAGE) or None)
+
+
+def lineage() -> str:
+    """The lineage of a state that starts from nothing: --fresh's, or a new one."""
+    cfg = config()
+    return cfg.lineage if cfg is not None and cfg.lineage else checkpointdir.new_lineage()
 
 
 def wait_before_write(now: float, last_start: Optional[float], interval: float) -> float:
@@ -87,23 +105,26 @@ class Writer:
     def __init__(self, cfg: Config, clock=time.monotonic):
         self.cfg, self.clock = cfg, clock
         self._cond = threading.Condition()
-        self._pending = None  # (commit, snapshot) not written yet
+        self._pending = None  # (lineage, commit, snapshot) not written yet
         self._busy = False
         self._last_start = None
         self._hurry = False  # a forced flush: the training is over, write at full speed
+        self._closed = False  # a last flush: later commits are not written
         self._errors = set()
         threading.Thread(target=self._run, daemon=True, name="hvdlite-checkpoint").start()
 
-    def offer(self, commit: int, snapshot) -> None:
+    def offer(self, lineage: str, commit: int, snapshot) -> None:
         with self._cond:
-            self._pending = (commit, snapshot)
-            self._cond.notify_all()
+            if not self._closed:
+                self._pending = (lineage, commit, snapshot)
+                self._cond.notify_all()
 
-    def flush(self, timeout: float, forced=True) -> bool:
-        """Write what is pending now, whatever the interval, and if `forced` unpaced; True if
-        done within timeout."""
+    def flush(self, timeout: float, forced=True, last=False) -> bool:
+        """Write what is pending now, whatever the interval, and if `forced` unpaced; if
+        `last`, nothing offered later; True if done within timeout."""
         deadline = self.clock() + timeout
         with self._cond:
+            self._closed = self._closed or last
             if forced:
                 self._last_start, self._hurry = None, True
                 self._cond.notify_all()
@@ -123,13 +144,13 @@ class Writer:
                     if self._pending is not None and wait <= 0:
                         break
                     self._cond.wait(wait if self._pending is not None else None)
-                (commit, snapshot), self._pending = self._pending, None
+                (lineage, commit, snapshot), self._pending = self._pending, None
                 self._busy, self._last_start = True, self.clock()
             try:
-                checkpoints.write(self.cfg.directory, commit, snapshot, self.cfg.keep,
-                                  Pacer(CPU_SHARE, DISK_RATE, lambda: self._hurry))
+                checkpointdir.write(self.cfg.directory, lineage, commit, snapshot, self.cfg.keep,
+                                    Pacer(CPU_SHARE, DISK_RATE, lambda: self._hurry))
             except Exception as e:  # noqa: BLE001 - a full disk must not stop training
-                why = f"{type(e).__name__}: {e}"
+                why = _cause(e)
                 if why not in self._errors:
                     self._errors.add(why)
                     _say(f"could not write checkpoint {commit} to {self.cfg.directory} ({why}); "
@@ -152,6 +173,7 @@ def _low_priority():
 
 
 _writer = None
+_found = None  # (commit, lineage, path, state) of the checkpoint verified last, until used
 
 
 def committed(state) -> None:
@@ -163,26 +185,78 @@ def committed(state) -> None:
     if _writer is None:
         _writer = Writer(cfg)
         # A finished job's last commit is on disk, so running the same command again ends at once.
-        atexit.register(_writer.flush, EXIT_FLUSH)
-    _writer.offer(*state._snapshot())
+        atexit.register(finish)
+    _writer.offer(state._lineage, *state._snapshot())
 
 
-def available_commit() -> int:
-    """The newest commit this worker could restore from disk (0: none, or no --checkpoint-dir)."""
-    cfg = config()
-    return checkpoints.newest_commit(cfg.directory) if cfg is not None else 0
+def finish() -> None:
+    """Before this process exits (at exit, or because the driver is gone): the newest commit
+    offered reaches the disk, within EXIT_FLUSH seconds; later commits are not written."""
+    if _writer is not None:
+        _writer.flush(EXIT_FLUSH, last=True)
+
+
+def reportable(commit: int) -> int:
+    """The commit to tell the driver this worker holds: `commit` (in memory), or the newest
+    checkpoint's when that is newer and loads (in full: checked, then kept for catch_up)."""
+    found = _verified(commit)
+    return found[0] if found is not None else commit
 
 
 def catch_up(state) -> None:
-    """Before a sync: rank 0 loads the newest checkpoint when it is newer than its memory."""
+    """Before a sync: a worker holding less than the newest checkpoint puts it into its state,
+    so the state that rank 0 syncs is one that was loaded, and a checkpoint that does not fit
+    the script ends every worker here, before any of them waits in a collective."""
+    global _found
+    found, _found = _verified(state._commits), None
+    if found is None:
+        return
+    commit, lineage_id, path, snapshot = found
+    try:
+        state._load_snapshot(commit, snapshot)
+    except Exception as e:  # noqa: BLE001 - whatever the script's objects raise: said, then the end
+        unloadable(path, e)
+    state._lineage = lineage_id
+    if state.backend.info().rank == 0:
+        _say(f"resumed from commit {commit} ({path})")
+
+
+def _verified(commit: int):
+    """(commit, lineage, path, state) of the newest checkpoint of the lineage this worker
+    resumes, loaded, if it is newer than `commit`; None if there is none newer."""
+    global _found
     cfg = config()
-    if cfg is None or state.backend.info().rank != 0:
-        return
-    if checkpoints.newest_commit(cfg.directory) <= state._commits:
-        return
-    found = checkpoints.load_newest(cfg.directory, warn=_say)
-    if found is None or found[0] <= state._commits:
-        return
-    commit, path, snapshot = found
-    state._load_snapshot(commit, snapshot)
-    _say(f"resumed from commit {commit} ({path})")
+    newest = checkpointdir.newest(cfg.directory, cfg.lineage) if cfg is not None else None
+    if newest is None or newest[0] <= commit:
+        return None
+    if _found is not None and _found[:3] == newest:
+        return _found
+    try:
+        _found = (*newest, checkpointdir.load(newest[2], newest[0], newest[1]))
+    except FileNotFoundError:
+        return _verified(commit)  # pruned meanwhile: its writer wrote a newer one
+    except Exception as e:  # noqa: BLE001 - any reason it does not load: said, then the end
+        unloadable(newest[2], e)
+    return _found
+
+
+def unloadable(path: str, error: BaseException) -> None:
+    """End this worker: the checkpoint at path exists but does not load. One line here, the
+    same facts to the driver (PUT /rdzv/unloadable?worker=ID, body {"path", "cause"}), and
+    exit code EXIT_UNLOADABLE. Nothing in the folder is touched."""
+    from hvdlite.worker.session import session  # session imports this module
+    cause = _cause(error)
+    _say(f"checkpoint {path} does not load: {cause}. Nothing was deleted. Fix the script so that "
+         f"it loads, or start anew on purpose with --fresh")
+    try:
+        me = session()
+        me.client.request("PUT", "/rdzv/unloadable", json.dumps({"path": path, "cause": cause}).encode(),
+                          query={"worker": me.worker}, timeout=2)
+    except Exception:  # noqa: BLE001 - the driver may be gone; the exit code says it too
+        pass
+    raise SystemExit(EXIT_UNLOADABLE)
+
+
+def _cause(error: BaseException) -> str:
+    """An exception on one line (torch's load_state_dict errors span several)."""
+    return " ".join(f"{type(error).__name__}: {error}".split()).rstrip(".")

@@ -42,6 +42,9 @@ class State:
         # How many commits this state holds; rank 0 of a new world holds the most. Private:
         # a State reserves no public attribute names (a script may have its own `commits`).
         self._commits = 0
+        # The training history this state belongs to (durable commits: checkpointdir.py);
+        # rank 0's is every rank's after a sync.
+        self._lineage = durable.lineage()
         self._reset_callbacks = []
 
     def register_reset_callbacks(self, callbacks):
@@ -106,7 +109,8 @@ class ObjectState(State):
         self._commits = self._saved_commits
 
     def sync(self):
-        values, self._commits = self.backend.broadcast_object((self._values(), self._commits), 0)
+        values, self._commits, self._lineage = self.backend.broadcast_object(
+            (self._values(), self._commits, self._lineage), 0)
         for name, value in values.items():
             setattr(self, name, value)
         self.save()

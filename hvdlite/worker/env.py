@@ -20,6 +20,7 @@ START_TIMEOUT = "HVDLITE_START_TIMEOUT"  # seconds to form the first world
 CHECKPOINT_DIR = "HVDLITE_CHECKPOINT_DIR"  # where rank 0 writes commits; unset: nowhere
 CHECKPOINT_INTERVAL = "HVDLITE_CHECKPOINT_INTERVAL"  # seconds between checkpoint writes
 CHECKPOINT_KEEP = "HVDLITE_CHECKPOINT_KEEP"  # checkpoints kept
+CHECKPOINT_LINEAGE = "HVDLITE_CHECKPOINT_LINEAGE"  # --fresh: the new lineage; unset: resume the newest
 TIMELINE = "HVDLITE_TIMELINE"  # collective trace file (--timeline-filename); unset: none
 
 # Horovod's names for the same facts, for scripts written for horovodrun.
@@ -33,5 +34,5 @@ TORCH = {RANK: "RANK", SIZE: "WORLD_SIZE", LOCAL_RANK: "LOCAL_RANK", LOCAL_SIZE:
 # Who a worker is and where its driver listens: never inherited from an enclosing job.
 IDENTITY = (RANK, SIZE, LOCAL_RANK, LOCAL_SIZE, CROSS_RANK, CROSS_SIZE, HOSTNAME, RENDEZVOUS_ADDR,
             RENDEZVOUS_PORT, SECRET, ROUND, SLOT, WORKER, ELASTIC, HOROVOD_ELASTIC,
-            CHECKPOINT_DIR, CHECKPOINT_INTERVAL, CHECKPOINT_KEEP, TIMELINE, *HOROVOD.values(),
+            CHECKPOINT_DIR, CHECKPOINT_INTERVAL, CHECKPOINT_KEEP, CHECKPOINT_LINEAGE, TIMELINE, *HOROVOD.values(),
             *TORCH.values())

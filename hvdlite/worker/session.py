@@ -89,7 +89,7 @@ class Session:
         A static job's worker has it in its environment. An elastic worker blocks in the
         driver's rendezvous until a round after `after_round` (None: any round) includes it;
         that GET is the barrier that tells the driver the worker is ready. The commit it
-        reports is the newest it holds in memory (`commit`) or can read from --checkpoint-dir.
+        reports is the newest it holds in memory (`commit`) or can load from --checkpoint-dir.
 
         The wait has no deadline of its own: waiting is never a failure. The driver ends it
         (a place, removal, or the job's end with the --min-np message after --elastic-timeout),
@@ -97,7 +97,7 @@ class Session:
         """
         if not self.elastic:
             return WorldInfo.from_env(self.environ)
-        commit = max(commit, durable.available_commit())
+        commit = durable.reportable(commit)
         query = {"worker": self.worker, "after": str(-1 if after_round is None else after_round),
                  "commit": str(commit)}
         while True:  # each request is a long-poll the server answers 408 at its cap
@@ -132,6 +132,10 @@ class Session:
                     sys.stderr.write(f"hvdlite: lost contact with the driver at {self.addr}:"
                                      f"{self.port} for {self.liveness_timeout:g} s; exiting\n")
                     sys.stderr.flush()
+                except (OSError, ValueError):
+                    pass
+                try:
+                    durable.finish()  # rank 0's newest commit reaches the disk first
                 finally:
                     os._exit(75)
             asleep, interval = time.monotonic(), self.interval

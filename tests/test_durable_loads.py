@@ -1,0 +1,190 @@
+"""Durable commits that load, through the CLI with real workers on both backends: a damaged or
+unfitting checkpoint ends the job with one line per worker naming the file, never a fresh
+start; another run's files are never pruned against; a malicious pickle runs nothing; the
+driver's kill -9 still gets rank 0's last commit to the disk."""
+import os
+import re
+import signal
+import sys
+import time
+
+import pytest
+
+from jobs import SCRIPTS, Job, job_env, progress, wait_progress
+from test_numpy_backend import PYTHON as NUMPY_PYTHON
+from hvdlite.worker import checkpointdir, checkpoints, trusted
+from hvdlite.worker.durable import EXIT_UNLOADABLE
+
+SCRIPT = os.path.join(SCRIPTS, "durable_edit.py")
+BACKENDS = [
+    pytest.param("torch", id="torch"),
+    pytest.param("numpy", id="numpy", marks=pytest.mark.skipif(
+        not os.path.exists(NUMPY_PYTHON), reason=f"no pygloo venv at {NUMPY_PYTHON}")),
+]
+ELASTIC = ["-H", "localhost:2", "--min-np", "1"]
+
+
+def run(tmp_path, backend, name, *flags, timeout=120, **knobs):
+    """One job of durable_edit.py on tmp_path/ckpt to its end; its Result."""
+    folder = tmp_path / name
+    folder.mkdir()
+    python = NUMPY_PYTHON if backend == "numpy" else sys.executable
+    env = job_env(tmp_path, BACKEND=backend, RUN=name, **knobs)
+    with Job(["--checkpoint-dir", str(tmp_path / "ckpt"), *flags, *ELASTIC, python, SCRIPT], folder, env=env) as job:
+        return job.finish(timeout)
+
+
+def runs_logged(tmp_path):
+    """{run: [steps]} from every worker's steps.txt lines."""
+    found = {}
+    with open(tmp_path / "steps.txt") as f:
+        for line in f:
+            name, step = line.split()
+            found.setdefault(name, []).append(int(step))
+    return found
+
+
+def files_and_bytes(directory):
+    return {name: (directory / name).read_bytes() for name in sorted(os.listdir(directory))}
+
+
+def check_ended_by(result, path, cause):
+    """Every worker said one line naming the file and the cause, and nothing else; the job
+    failed; no traceback, no gloo noise."""
+    said = [line for line in (result.stdout + result.stderr).splitlines() if "<stderr>:" in line]
+    assert said, result.stdout + result.stderr
+    line = re.compile(rf"^\[[^\]]+\]<stderr>:hvdlite: checkpoint {re.escape(str(path))} does not load: "
+                      rf"{cause}.*Nothing was deleted.*--fresh$")
+    assert all(line.match(s) for s in said), said
+    assert len(said) <= 2  # one a worker
+    assert result.code != 0
+    assert f"code {EXIT_UNLOADABLE}" in result.stderr
+    for noise in ("Traceback", "Connection refused", "Connection reset"):
+        assert noise not in result.stdout + result.stderr
+
+
+def first_run(tmp_path, backend, total=5):
+    result = run(tmp_path, backend, "1", "--checkpoint-interval", "0", TOTAL_STEPS=total)
+    assert result.code == 0, result.stderr
+    commit, lineage, path = checkpointdir.newest(str(tmp_path / "ckpt"))
+    assert commit == total
+    return lineage, path
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_flipped_byte_in_tensor_data_ends_the_job_naming_the_file(tmp_path, backend):
+    _, path = first_run(tmp_path, backend)
+    with open(path, "r+b") as f:
+        _, _, _, layout = checkpoints._read_manifest(f, os.fstat(f.fileno()).st_size)
+        f.seek(layout[1] + 5)  # a byte of the first array: the model's weights
+        byte = f.read(1)[0]
+        f.seek(layout[1] + 5)
+        f.write(bytes([byte ^ 0x10]))
+    before = files_and_bytes(tmp_path / "ckpt")
+    result = run(tmp_path, backend, "2", TOTAL_STEPS=8)
+    check_ended_by(result, path, "CorruptCheckpoint: the checksum of array 0")
+    assert files_and_bytes(tmp_path / "ckpt") == before
+    assert "2" not in runs_logged(tmp_path)  # no step of a fresh start
+
+
+EDITS = [
+    pytest.param("torch", {"CLASS": "Settings"}, r"Untrusted: it holds __main__\.Config", id="torch-renamed-class"),
+    pytest.param("torch", {"WIDTH": 3}, r"RuntimeError: Error\(s\) in loading state_dict for Linear: size mismatch",
+                 id="torch-changed-shape"),
+    pytest.param(*BACKENDS[1].values, {"CLASS": "Settings"}, r"Untrusted: it holds __main__\.Config",
+                 id="numpy-renamed-class", marks=BACKENDS[1].marks),
+]
+
+
+@pytest.mark.parametrize("backend, edit, cause", EDITS)
+def test_an_edited_script_ends_the_job_with_one_line_and_the_original_still_resumes(tmp_path, backend, edit, cause):
+    _, path = first_run(tmp_path, backend)
+    before = files_and_bytes(tmp_path / "ckpt")
+    result = run(tmp_path, backend, "2", TOTAL_STEPS=8, **edit)
+    check_ended_by(result, path, cause)
+    assert files_and_bytes(tmp_path / "ckpt") == before  # nothing pruned or written
+    assert "2" not in runs_logged(tmp_path)
+    result = run(tmp_path, backend, "3", TOTAL_STEPS=8)  # the script as it was
+    assert result.code == 0, result.stderr
+    assert f"resumed from commit 5 ({path})" in result.stdout + result.stderr
+    assert min(runs_logged(tmp_path)["3"]) == 6
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fresh_keeps_an_earlier_runs_higher_commits_and_prunes_only_its_own(tmp_path, backend):
+    old_lineage, _ = first_run(tmp_path, backend, total=10)
+    old = files_and_bytes(tmp_path / "ckpt")
+    result = run(tmp_path, backend, "2", "--fresh", "--checkpoint-interval", "0", "--checkpoint-keep", "3",
+                 TOTAL_STEPS=5)
+    assert result.code == 0, result.stderr
+    assert min(runs_logged(tmp_path)["2"]) == 1  # anew, on purpose
+    found = checkpointdir.files(str(tmp_path / "ckpt"))
+    new_lineage = next(lineage for _, lineage in found if lineage != old_lineage)
+    assert found == [(10, old_lineage), (9, old_lineage), (5, new_lineage), (4, new_lineage), (3, new_lineage)]
+    assert {name: data for name, data in files_and_bytes(tmp_path / "ckpt").items() if name in old} == old
+    # without --fresh, a run resumes the newest lineage, not the highest commit of any
+    result = run(tmp_path, backend, "3", TOTAL_STEPS=8)
+    assert result.code == 0, result.stderr
+    assert "resumed from commit 5 (" in result.stdout + result.stderr and min(runs_logged(tmp_path)["3"]) == 6
+
+
+class Payload:
+    """A pickle that, loaded by pickle.loads, runs a shell command."""
+
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_malicious_checkpoint_runs_nothing(tmp_path, backend, monkeypatch):
+    ckpt, marker = tmp_path / "ckpt", tmp_path / "it-ran"
+    ckpt.mkdir()
+    lineage = checkpointdir.new_lineage()
+    path = ckpt / checkpointdir.file_name(3, lineage)
+    with monkeypatch.context() as m:  # as a writer that does not check would write it
+        m.setattr(trusted, "loads", lambda data, buffers: None)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+        try:
+            checkpoints.dump(fd, 3, lineage, {"values": {"step": Payload(f"touch {marker}")}})
+        finally:
+            os.close(fd)
+    result = run(tmp_path, backend, "1", TOTAL_STEPS=5)
+    check_ended_by(result, path, r"Untrusted: it holds posix\.system")
+    assert not marker.exists()
+
+
+def wait_exited(pid, timeout):
+    """Until pid has exited (gone, or a zombie nobody reaped yet)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return
+        except FileNotFoundError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"worker {pid} still runs {timeout} s after the driver died")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_drivers_kill_9_still_gets_rank_0s_last_commit_to_disk(tmp_path, backend):
+    # The interval holds every write back but the first: only the flush at exit writes more.
+    # One worker: with more, a peer's exit breaks the world and rank 0 ends by an exception
+    # (its rendezvous refused), not by losing the driver's heartbeat answers.
+    python = NUMPY_PYTHON if backend == "numpy" else sys.executable
+    flags = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval", "600",
+             "--liveness-timeout", "2", "-H", "localhost:1", "--min-np", "1", python, SCRIPT]
+    with Job(flags, tmp_path, env=job_env(tmp_path, BACKEND=backend, TOTAL_STEPS=10_000, STEP_SLEEP=0.1)) as job:
+        wait_progress(job, tmp_path, 8)
+        workers = job.worker_pids()
+        job.proc.send_signal(signal.SIGKILL)
+        job.proc.wait(10)
+        made = progress(tmp_path)
+        for pid in workers:
+            wait_exited(pid, 30)
+        written = checkpointdir.newest(str(tmp_path / "ckpt"))[0]
+    assert made <= written <= progress(tmp_path)
