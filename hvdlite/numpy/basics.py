@@ -36,9 +36,9 @@ def join(after_round=None, commit=0) -> None:
     runtime.activate(context, info)
 
 
-def _context(info: WorldInfo, abandoned):
+def _context(info: WorldInfo, abandoned, seen):
     s = session()
-    kv = ScopeStore(s.client, info.store_scope, abandoned, peers=info.size)
+    kv = ScopeStore(s.client, info.store_scope, abandoned, peers=info.size, seen=seen)
     store = GlooStore(kv, float(s.environ.get(env.START_TIMEOUT, defaults.START_TIMEOUT)))
     context = pygloo.rendezvous.Context(info.rank, info.size)
     device = pygloo.transport.tcp.CreateDevice(pygloo.transport.tcp.attr(s.local_address(info.rank)))

@@ -41,8 +41,8 @@ def join(after_round=None, commit=0) -> None:
     runtime.activate(pg, info)
 
 
-def _group(info: WorldInfo, abandoned):
-    return gloo.connect(info.store_scope, info.rank, info.size, abandoned)
+def _group(info: WorldInfo, abandoned, seen):
+    return gloo.connect(info.store_scope, info.rank, info.size, abandoned, seen)
 
 
 def abort() -> None:
