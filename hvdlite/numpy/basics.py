@@ -28,7 +28,7 @@ def join(after_round=None, commit=0) -> None:
     global _voucher
     s = session()
     if _voucher is None:
-        _voucher = vouch.Voucher(s.environ)
+        _voucher = vouch.Voucher(s.environ, lambda: s.client.offset)
     # pygloo holds the GIL while it connects, so no thread here can give up on a round that
     # breaks meanwhile: the voucher, a process of its own, can.
     info, context = _links.join(s, _context, after_round, commit, connecting=_voucher.connecting)
