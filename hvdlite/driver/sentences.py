@@ -61,6 +61,12 @@ def _job_end(f):
     return f"job failed: {f.get('reason')}"
 
 
+def _workers_failed(f):
+    workers = f.get("workers", [])
+    return f"{_plural(len(workers), 'slot')} had failed workers during the job: " + "; ".join(
+        f"{w.get('slot')} {_plural(w.get('times', 1), 'time')} (first: {w.get('reason')})" for w in workers)
+
+
 _SENTENCES = {
     "worker_start": lambda f: f"{_who(f)} started (pid {f.get('pid')}, {f.get('started', 'process')})",
     "worker_exit": _worker_exit,
@@ -79,6 +85,7 @@ _SENTENCES = {
                                      f"--min-np {f.get('min_np')}",
     "discovery_failed": lambda f: f"host discovery failed: {f.get('error')}; retrying",
     "job_end": _job_end,
+    "workers_failed": _workers_failed,
 }
 
 

@@ -1,11 +1,12 @@
 """init / shutdown and the rank queries of the numpy face, on a pygloo context."""
 import atexit
 
+import numpy as np
 import pygloo
 
 from hvdlite.numpy.store import GlooStore
 from hvdlite import defaults
-from hvdlite.worker import env, vouch
+from hvdlite.worker import elastic, env, vouch
 from hvdlite.worker.links import Links
 from hvdlite.worker.runtime import Runtime
 from hvdlite.worker.scopestore import ScopeStore
@@ -33,7 +34,12 @@ def join(after_round=None, commit=0) -> None:
     # breaks meanwhile: the voucher, a process of its own, can.
     info, context = _links.join(s, _context, after_round, commit, connecting=_voucher.connecting)
     _voucher.watch(*_links.current())
-    runtime.activate(context, info)
+    runtime.activate(context, info, elastic.entry_check(_count, info.size) if s.elastic else None)
+
+
+def _count(flag: int) -> int:
+    from hvdlite.numpy import ops  # ops imports this module
+    return int(ops.allreduce(np.array([flag], dtype=np.int32), op=ops.Sum)[0])
 
 
 def _context(info: WorldInfo, abandoned, seen):
