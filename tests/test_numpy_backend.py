@@ -101,7 +101,7 @@ def test_rank_waiting_longer_than_liveness_timeout_is_not_taken_for_hung(tmp_pat
 @needs_pygloo
 def test_sigstopped_worker_is_evicted_and_the_others_go_on(tmp_path):
     with Job(["-H", "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1", "--min-np", "1",
-              "--liveness-timeout", "2", *JOB], tmp_path,
+              "--liveness-timeout", "4", *JOB], tmp_path,
              env=job_env(tmp_path, TOTAL_STEPS=40, STEP_SLEEP=0.05)) as job:
         wait_progress(job, tmp_path, 10)
         os.kill(slot_pid(job, "127.0.0.3/0"), signal.SIGSTOP)
@@ -128,3 +128,23 @@ def test_partitioned_peer_costs_the_others_no_gloo_timeout(tmp_path, ssh_hosts):
     assert "host-3/0" not in reformed["members"]
     assert seconds < 3 + 6  # the liveness timeout and some, not gloo's 30 s
     assert sizes(check_training_continuous(tmp_path, 60)) == [3, 2]
+
+
+@needs_pygloo
+@pytest.mark.parametrize("settle", [
+    4,  # the driver heard the ranks: it would kill the waiting one unless its voucher beats
+    0,  # the waiting rank's first beat (sent before it knew the offset) went unanswered: its own
+        # heartbeat thread must not count the time the GIL was held as lost contact
+])
+def test_a_rank_waiting_in_a_long_collective_on_a_skewed_clock_is_not_killed(tmp_path, settle):
+    # With the worker's clock 100 s off the driver's, its heartbeats must carry the worker's
+    # correction, or the driver drops them all.
+    skewed = os.path.join(SCRIPTS, "skewed")
+    path = os.pathsep.join(p for p in (skewed, os.environ.get("PYTHONPATH")) if p)
+    r = run_job(["-H", "localhost:2", "--min-np", "2", "--liveness-timeout", "4",
+                 PYTHON, os.path.join(SCRIPTS, "numpy_slow_peer.py")], tmp_path, timeout=90,
+                env={"PYTHONPATH": path, "CLOCK_SKEW": "100", "SETTLE": str(settle), "HOLD": "10"})
+    assert r.code == 0, r.stderr
+    assert not r.of("worker_unresponsive"), r.of("worker_unresponsive")
+    assert sorted(line.split(":", 1)[1] for line in r.stdout.splitlines() if "DONE" in line) == \
+        ["DONE rank 0", "DONE rank 1"]

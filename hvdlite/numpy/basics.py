@@ -1,11 +1,12 @@
 """init / shutdown and the rank queries of the numpy face, on a pygloo context."""
 import atexit
 
+import numpy as np
 import pygloo
 
 from hvdlite.numpy.store import GlooStore
 from hvdlite import defaults
-from hvdlite.worker import env, vouch
+from hvdlite.worker import elastic, env, vouch
 from hvdlite.worker.links import Links
 from hvdlite.worker.runtime import Runtime
 from hvdlite.worker.scopestore import ScopeStore
@@ -28,17 +29,22 @@ def join(after_round=None, commit=0) -> None:
     global _voucher
     s = session()
     if _voucher is None:
-        _voucher = vouch.Voucher(s.environ)
+        _voucher = vouch.Voucher(s.environ, lambda: s.client.offset)
     # pygloo holds the GIL while it connects, so no thread here can give up on a round that
     # breaks meanwhile: the voucher, a process of its own, can.
     info, context = _links.join(s, _context, after_round, commit, connecting=_voucher.connecting)
     _voucher.watch(*_links.current())
-    runtime.activate(context, info)
+    runtime.activate(context, info, elastic.entry_check(_count, info.size) if s.elastic else None)
 
 
-def _context(info: WorldInfo, abandoned):
+def _count(flag: int) -> int:
+    from hvdlite.numpy import ops  # ops imports this module
+    return int(ops.allreduce(np.array([flag], dtype=np.int32), op=ops.Sum)[0])
+
+
+def _context(info: WorldInfo, abandoned, seen):
     s = session()
-    kv = ScopeStore(s.client, info.store_scope, abandoned, peers=info.size)
+    kv = ScopeStore(s.client, info.store_scope, abandoned, peers=info.size, seen=seen)
     store = GlooStore(kv, float(s.environ.get(env.START_TIMEOUT, defaults.START_TIMEOUT)))
     context = pygloo.rendezvous.Context(info.rank, info.size)
     device = pygloo.transport.tcp.CreateDevice(pygloo.transport.tcp.attr(s.local_address(info.rank)))

@@ -2,9 +2,11 @@
 import atexit
 import os
 
+import torch
+
 from hvdlite.torch import gloo, runtime
 from hvdlite.torch.processsets import add_process_set
-from hvdlite.worker import env, trace
+from hvdlite.worker import elastic, env, trace
 from hvdlite.worker.links import Links
 from hvdlite.worker.session import session
 from hvdlite.worker.world import WorldInfo
@@ -38,11 +40,16 @@ def join(after_round=None, commit=0) -> None:
         end(failed=True)
         raise
     end(round=info.round, rank=info.rank, size=info.size)
-    runtime.activate(pg, info)
+    runtime.activate(pg, info, elastic.entry_check(_count, info.size) if session().elastic else None)
 
 
-def _group(info: WorldInfo, abandoned):
-    return gloo.connect(info.store_scope, info.rank, info.size, abandoned)
+def _count(flag: int) -> int:
+    from hvdlite.torch import ops  # ops' process sets import this module's peers: load it late
+    return int(ops.allreduce(torch.tensor([flag], dtype=torch.int32), op=ops.Sum).item())
+
+
+def _group(info: WorldInfo, abandoned, seen):
+    return gloo.connect(info.store_scope, info.rank, info.size, abandoned, seen)
 
 
 def abort() -> None:

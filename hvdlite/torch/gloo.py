@@ -15,12 +15,13 @@ def _timeout(name: str, default: float) -> timedelta:
     return timedelta(seconds=float(session().environ.get(name, default)))
 
 
-def connect(scope: str, rank: int, size: int, abandoned=lambda: False):
+def connect(scope: str, rank: int, size: int, abandoned=lambda: False, seen=None):
     """A gloo group of `size` ranks bootstrapped under KV `scope` (a fresh one per group: gloo
     never deletes its keys). The collective timeout is set explicitly: a group made with
-    torch's new_group would not inherit it."""
+    torch's new_group would not inherit it. `seen`: see ScopeStore."""
     s = session()
-    store = KVStore(s.client, scope, _timeout(env.START_TIMEOUT, defaults.START_TIMEOUT), abandoned, size)
+    store = KVStore(s.client, scope, _timeout(env.START_TIMEOUT, defaults.START_TIMEOUT), abandoned,
+                    size, seen)
     options = dist.ProcessGroupGloo._Options()
     options._devices = [dist.ProcessGroupGloo.create_device(hostname=s.local_address(rank))]
     options._timeout = _timeout(env.COLLECTIVE_TIMEOUT, defaults.COLLECTIVE_TIMEOUT)

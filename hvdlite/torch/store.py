@@ -16,12 +16,12 @@ from hvdlite.worker.scopestore import ScopeStore
 
 class KVStore(dist.Store):
     """`abandoned()` tells a waiting get/wait to give up early; `peers`, the group's size,
-    lets gloo's reads of its peers' addresses cost one request (see ScopeStore)."""
+    lets gloo's reads of its peers' addresses cost one request; `seen`: see ScopeStore."""
 
     def __init__(self, client: KVClient, scope: str, timeout: timedelta = timedelta(seconds=300),
-                 abandoned=lambda: False, peers: int = 0):
+                 abandoned=lambda: False, peers: int = 0, seen=None):
         super().__init__()
-        self.kv = ScopeStore(client, scope, abandoned, error=dist.DistStoreError, peers=peers)
+        self.kv = ScopeStore(client, scope, abandoned, error=dist.DistStoreError, peers=peers, seen=seen)
         self.set_timeout(timeout)
 
     def set(self, key: str, value) -> None:

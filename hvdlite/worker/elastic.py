@@ -13,6 +13,8 @@ State classes whose `backend` attribute is it.
 """
 import copy
 import functools
+import os
+import traceback
 from dataclasses import dataclass
 from typing import Callable
 
@@ -127,26 +129,65 @@ class ObjectState(State):
         self.restore()
 
 
+_inside_run = 0  # how many run() calls this worker is in
+
+
 def run(func):
     """Run `func(state, ...)` until it returns, re-forming the world whenever it breaks."""
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
+        global _inside_run
         backend = state.backend
         backend.init()
-        while True:
-            try:
-                durable.catch_up(state)
-                state.sync()
-                if backend.info().handover:  # its source sits on a slot no world may keep
-                    raise HostsUpdatedInterrupt()
-                return func(state, *args, **kwargs)
-            except HorovodInternalError:
-                backend.abort()
-                state.restore()
-            except HostsUpdatedInterrupt:
-                pass
-            _reset(state, backend)
+        _inside_run += 1
+        try:
+            while True:
+                try:
+                    durable.catch_up(state)
+                    state.sync()
+                    if backend.info().handover:  # its source sits on a slot no world may keep
+                        raise HostsUpdatedInterrupt()
+                    return func(state, *args, **kwargs)
+                except HorovodInternalError:
+                    backend.abort()
+                    state.restore()
+                except HostsUpdatedInterrupt:
+                    pass
+                _reset(state, backend)
+        finally:
+            _inside_run -= 1
     return wrapper
+
+
+def entry_check(count_inside, size: int):
+    """A check for the first collective of an elastic worker's new world (Runtime.activate's
+    first_use): every rank must be inside run() or every rank outside it.
+
+    A worker joining a running job finds its peers syncing the state in run(); a collective it
+    runs before (a top-level broadcast_parameters written for static jobs) would be matched
+    with theirs and abort the process inside gloo. `count_inside(flag)` sums a flag over the
+    world's ranks (a collective alike on every rank, so it always matches)."""
+    def check():
+        inside = count_inside(int(_inside_run > 0))
+        if inside in (0, size):
+            return
+        if not _inside_run:
+            raise SystemExit(f"hvdlite: {_caller()} runs a collective outside @hvd.elastic.run on a "
+                             f"worker that joined a running job, whose other workers are syncing the "
+                             f"training state in run(): move it into the function decorated with "
+                             f"@hvd.elastic.run, or put what it syncs into the State (e.g. "
+                             f"TorchState(model, optimizer)), which run() syncs on every join")
+        raise HorovodInternalError("a worker joining this world ran a collective outside @hvd.elastic.run")
+    return check
+
+
+def _caller() -> str:
+    """file:line of the innermost call from outside hvdlite (the script's)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for frame in reversed(traceback.extract_stack()):
+        if not os.path.abspath(frame.filename).startswith(package + os.sep):
+            return f"{os.path.basename(frame.filename)}:{frame.lineno}"
+    return "this script"
 
 
 def _reset(state, backend):

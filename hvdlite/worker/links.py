@@ -30,8 +30,9 @@ class Links:
 
     def join(self, session, connect, after_round=None, commit=0, connecting=None):
         """Join the next world assigned to this worker (see Session.assignment): returns its
-        WorldInfo and connect(info, abandoned), the group; `abandoned()` tells the group's
-        store that the driver gave the round up. From now on the driver's word that a round
+        WorldInfo and connect(info, abandoned, seen), the group; `abandoned()` tells the group's
+        store that the driver gave the round up, and the store appends to the list `seen` every
+        value gloo set or read (see ScopeStore). From now on the driver's word that a round
         broke cuts the group's connections. An elastic worker whose world fails while its group
         connects (a peer died) moves on to the next world; one whose group cannot connect for
         another reason (a firewall between hosts, say) says why on stderr, tries the next world,
@@ -57,8 +58,9 @@ class Links:
             after_round = info.round
 
     def _connect(self, info, session, connect, connecting):
-        """connect(info, abandoned), which forms the group's connections; remember the sockets
-        it opened (not the driver's).
+        """connect(info, abandoned, seen), which forms the group's connections; remember the
+        sockets it opened: those with an end whose address gloo published through the store.
+        Other threads' sockets opened meanwhile (a data loader's, a tracker's) are not gloo's.
 
         It runs on a helper thread so that the caller gives up (RuntimeError) as soon as the
         round is abandoned: a gloo rank waiting for a peer that died while connecting waits five
@@ -70,11 +72,11 @@ class Links:
         before = sockets.open_sockets()
         if connecting is not None:
             connecting(info.round, before)
-        outcome = {}
+        outcome, seen = {}, []
 
         def run():
             try:
-                outcome["group"] = connect(info, abandoned)
+                outcome["group"] = connect(info, abandoned, seen)
             except BaseException as e:  # noqa: BLE001 - handed to the caller
                 outcome["error"] = e
         helper = threading.Thread(target=run, daemon=True, name="hvdlite-connect")
@@ -88,7 +90,7 @@ class Links:
                 raise RoundAbandoned(f"hvdlite: round {info.round} fell apart while its group "
                                      f"connected") from outcome["error"]
             raise outcome["error"]
-        fds = sockets.tcp_fds(sockets.opened_since(before), exclude_peer=(session.addr, session.port))
+        fds = sockets.gloo_fds(sockets.opened_since(before), seen)
         with self._lock:
             self._round, self._fds = info.round, fds
         return outcome["group"]

@@ -10,28 +10,35 @@ class Runtime:
     """Holds the backend's group object (a torch process group, a pygloo context)."""
 
     def __init__(self):
-        self._group, self._info = None, None
+        self._group, self._info, self._first_use = None, None, None
 
-    def activate(self, group, info: WorldInfo) -> None:
-        self._group, self._info = group, info
+    def activate(self, group, info: WorldInfo, first_use=None) -> None:
+        """`first_use()`, if given, runs once, before the first collective takes the group."""
+        self._group, self._info, self._first_use = group, info, first_use
 
     def deactivate(self):
         """Forget the current group; returns it so the caller decides its fate."""
-        group, self._group, self._info = self._group, None, None
+        group, self._group, self._info, self._first_use = self._group, None, None, None
         return group
 
     def is_initialized(self) -> bool:
         return self._group is not None
 
     def group(self):
-        if self._group is None:
-            raise NotInitializedError(
-                "hvdlite has not been initialized; call hvd.init() first (or again after hvd.shutdown())")
+        self._check_initialized()
+        first_use, self._first_use = self._first_use, None
+        if first_use is not None:
+            first_use()
         return self._group
 
     def info(self) -> WorldInfo:
-        self.group()
+        self._check_initialized()
         return self._info
+
+    def _check_initialized(self):
+        if self._group is None:
+            raise NotInitializedError(
+                "hvdlite has not been initialized; call hvd.init() first (or again after hvd.shutdown())")
 
     def query(self, field: str):
         """A function returning `field` (rank, size, ...) of this worker's place in the world."""

@@ -23,11 +23,13 @@ ABANDON_POLL = 0.5  # seconds between checks whether the round was given up
 class ScopeStore:
     """`abandoned()` tells a waiting get/wait to give up early: the round it bootstraps fell
     apart (a peer died before publishing its address), so waiting out the timeout is useless.
-    Giving up raises `error` (the caller's library's store error)."""
+    Giving up raises `error` (the caller's library's store error). Every value gloo sets or
+    reads is appended to `seen`, if given: they hold the addresses gloo's sockets use."""
 
     def __init__(self, client: KVClient, scope: str, abandoned=lambda: False, error=RuntimeError,
-                 peers: int = 0):
+                 peers: int = 0, seen=None):
         self.client, self.scope = client, scope
+        self.seen = [] if seen is None else seen
         self.abandoned, self.error = abandoned, error
         self.peers = peers
         self._known = {}  # key -> value from a family's snapshot
@@ -37,6 +39,7 @@ class ScopeStore:
     def set(self, key: str, value) -> None:
         self._send()
         value = value.encode("utf-8") if isinstance(value, str) else bytes(value)
+        self.seen.append(value)
         prefix = self._family(key)
         if prefix is None:
             self.client.put(self.scope, key, value)
@@ -45,7 +48,9 @@ class ScopeStore:
 
     def get(self, key: str, seconds: float) -> bytes:
         """The value once the key is set, waiting up to `seconds`."""
-        return self._wait_one(key, seconds, seconds)
+        value = self._wait_one(key, seconds, seconds)
+        self.seen.append(value)
+        return value
 
     def wait(self, keys, seconds: float) -> None:
         """Return once every key is set, within `seconds` in all."""

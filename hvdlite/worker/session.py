@@ -117,7 +117,11 @@ class Session:
     def _beat(self):
         last_contact = time.monotonic()
         while True:
+            sent = time.monotonic()
             body = self._beats.beat(self.worker, self.commits)
+            starved = time.monotonic() - sent - HEARTBEAT_TIMEOUT
+            if body is None and starved > STALL:  # its wait ended, then the GIL was held elsewhere
+                last_contact += starved
             try:
                 if body is not None:
                     answer = json.loads(body)

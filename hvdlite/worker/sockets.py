@@ -5,6 +5,7 @@ down makes every pending operation fail at once, here and, through the closed co
 on every peer. That turns one worker's failure into a fast, world-wide error.
 """
 import os
+import re
 import socket
 import struct
 
@@ -44,20 +45,31 @@ def _wrap(fd) -> socket.socket:
     return socket.socket(fileno=os.dup(fd))
 
 
-def tcp_fds(fds, exclude_peer) -> set:
-    """The connected TCP sockets among fds, minus those connected to exclude_peer (host, port).
-    Listening sockets are left out: collectives never wait on them, and gloo's listener
-    aborts the process when accept() fails on a socket shut down under it."""
+def gloo_fds(fds, published) -> set:
+    """The connected TCP sockets among fds with an end at an address gloo published (in
+    `published`, the values its rendezvous exchanged: each holds a sockaddr, the port then the
+    host's address): connected to a peer's listener, or accepted on this worker's. Another
+    thread's connection opened meanwhile has neither. Listening sockets are left out:
+    collectives never wait on them, and gloo's listener aborts the process when accept() fails
+    on a socket shut down under it."""
     kept = set()
     for fd in fds:
         try:
             with _wrap(fd) as s:
                 if s.type == socket.SOCK_STREAM and s.family in (socket.AF_INET, socket.AF_INET6) \
-                        and s.getpeername()[:2] != exclude_peer:
+                        and any(_published(s.family, end, published)
+                                for end in (s.getsockname(), s.getpeername())):
                     kept.add(fd)
         except OSError:
             pass  # closed meanwhile, or not connected (a listening socket has no peer)
     return kept
+
+
+def _published(family, end, published) -> bool:
+    port, host = struct.pack(">H", end[1]), socket.inet_pton(family, end[0])
+    # sockaddr_in: port, address; sockaddr_in6: port, 4 bytes of flow information, address
+    pattern = re.escape(port) + (b"" if family == socket.AF_INET else b".{4}") + re.escape(host)
+    return any(re.search(pattern, value, re.DOTALL) for value in published)
 
 
 def cut(fds) -> None:

@@ -5,7 +5,9 @@ silent, so the driver would take a rank waiting for a slow peer for a hung one, 
 acts on the driver's word that the round broke, so a survivor of a partitioned peer would wait
 out gloo's 30 s timeout. This process does both in the worker's place:
 - it heartbeats as long as the worker exists and is not stopped (SIGSTOP), so a frozen worker
-  is still evicted after the liveness timeout;
+  is still evicted after the liveness timeout; its beats carry the time corrected by the
+  worker's offset to the driver's clock (told with every message), or the driver would drop
+  them all on a host whose clock is off by more than the signatures' skew;
 - it holds copies of the worker's gloo sockets (passed over a Unix socket with SCM_RIGHTS) and
   shuts them down once the driver says their round broke, which fails the pending collective;
 - while the worker connects a group (pygloo holds the GIL for all of it), it knocks on the
@@ -39,7 +41,9 @@ NO_ROUND = -1  # "hold nothing": the worker left its group
 class Voucher:
     """The worker's end: starts the helper and hands it the current group's sockets."""
 
-    def __init__(self, environ):
+    def __init__(self, environ, offset):
+        """`offset()`: the worker's clock offset to the driver's (KVClient.offset), as of now."""
+        self._offset = offset
         self._channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         with theirs:
             self.proc = subprocess.Popen(
@@ -53,7 +57,7 @@ class Voucher:
         for start in range(0, len(fds), MAX_FDS) if fds else [0]:
             chunk = array.array("i", fds[start:start + MAX_FDS])
             ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, chunk)] if chunk else []
-            self._channel.sendmsg([str(round_number).encode()], ancillary)
+            self._channel.sendmsg([f"{round_number} {self._offset()!r}".encode()], ancillary)
 
     def release(self) -> None:
         self.watch(NO_ROUND, [])
@@ -62,7 +66,7 @@ class Voucher:
         """The worker starts connecting the group of `round_number`; `before` (an
         open_sockets() result) are the sockets it had until then, which are never knocked on."""
         inodes = " ".join(map(str, sockets.inodes(before)))
-        self._channel.sendmsg([f"connecting {round_number} {inodes}".encode()])
+        self._channel.sendmsg([f"connecting {round_number} {self._offset()!r} {inodes}".encode()])
 
 
 def _running(pid: int) -> bool:
@@ -80,6 +84,7 @@ class _Held:
 
     def __init__(self):
         self.round, self.fds = NO_ROUND, []
+        self.offset = 0.0  # the worker's clock offset to the driver's, as last told
         self.connecting = None  # (round, socket inodes not to knock on) while the worker connects
 
     def receive(self, channel) -> None:
@@ -89,16 +94,17 @@ class _Held:
                 data, ancillary, _, _ = channel.recvmsg(1 << 16, size, socket.MSG_DONTWAIT)
             except BlockingIOError:
                 return
-            if data.startswith(b"connecting "):
-                words = data.split()
-                self.connecting = int(words[1]), {int(inode) for inode in words[2:]}
+            words = data.split()
+            if words[0] == b"connecting":
+                self.offset = float(words[2])
+                self.connecting = int(words[1]), {int(inode) for inode in words[3:]}
                 continue
             self.connecting = None  # connected (or gone): what it holds now is its group
             fds = array.array("i")
             for level, kind, payload in ancillary:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                     fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
-            round_number = int(data)
+            round_number, self.offset = int(words[0]), float(words[1])
             if round_number != self.round:
                 for fd in self.fds:
                     os.close(fd)
@@ -126,6 +132,7 @@ def main(pid: int, channel_fd: int) -> None:
     held = _Held()
     while os.getppid() == pid:
         held.receive(channel)
+        beats.client.offset = held.offset
         if _running(pid):
             body = beats.beat(worker)
             try:

@@ -63,7 +63,7 @@ if os.environ.get("DIE_CONNECTING") == SLOT:
 if os.environ.get("CONNECT_FAILS") == SLOT:  # as if a firewall stood between this host and the others
     from hvdlite.torch import basics
 
-    def refuse(info, abandoned):
+    def refuse(info, abandoned, seen):
         raise RuntimeError("Connection refused")
     basics._group = refuse
 
