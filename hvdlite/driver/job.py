@@ -216,10 +216,6 @@ def run(settings) -> int:
         for sig in EXIT_SIGNALLED:
             signal.signal(sig, signal.SIG_IGN)
         job.close()
-        failed = stats.summary().failed
-        if failed and settings.elastic:  # a static job ends at its first failure, naming it
-            log.emit("workers_failed", workers=[{"slot": slot, "times": n, "reason": why}
-                                                for slot, n, why in failed])
         if status is not None:
             status.stop()
         for sig, handler in previous.items():

@@ -4,7 +4,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
-from hvdlite.driver.decisions.core import JobView, describe_exit
+from hvdlite.driver.decisions.core import JobView
 
 RECOVERY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 RATE_WINDOW = 10.0  # seconds of commits steps/s is measured over
@@ -16,7 +16,6 @@ class Summary:
     steps_per_second: float
     commits: int  # newest commit the job reached (never goes down)
     failures: int  # workers that exited failed or could not be launched
-    failed: tuple  # ((slot, times, first reason), ...) of those workers, slots in order of first failure
     recoveries: tuple  # re-formation seconds of every world after the first, oldest first
     last_event: float  # time of the last event (as passed in), or None
 
@@ -34,7 +33,6 @@ class JobStats:
         self._samples = deque()  # (time, commit) within RATE_WINDOW, commit never decreasing
         self._commits = 0
         self._failures = 0
-        self._failed = {}  # slot -> [times, first reason]
         self._recoveries = []
         self._last_event = None
 
@@ -45,9 +43,6 @@ class JobStats:
                 or event == "launch_failed"
             if failed:
                 self._failures += 1
-                reason = fields.get("error") if event == "launch_failed" else \
-                    describe_exit(fields.get("code", 0)) + (f" ({fields['error']})" if fields.get("error") else "")
-                self._failed.setdefault(fields.get("slot", "?"), [0, reason])[0] += 1
             if event == "round_complete" and fields.get("reformed_in") is not None:
                 self._recoveries.append(fields["reformed_in"])
 
@@ -69,7 +64,6 @@ class JobStats:
                 (t0, c0), (t1, c1) = self._samples[0], self._samples[-1]
                 rate = (c1 - c0) / (t1 - t0) if t1 > t0 else 0.0
             return Summary(self._view, rate, self._commits, self._failures,
-                           tuple((slot, n, why) for slot, (n, why) in self._failed.items()),
                            tuple(self._recoveries), self._last_event)
 
 

@@ -77,12 +77,6 @@ def _job_start(f):
     return text
 
 
-def _workers_failed(f):
-    workers = f.get("workers", [])
-    return f"{_plural(len(workers), 'slot')} had failed workers during the job: " + "; ".join(
-        f"{w.get('slot')} {_plural(w.get('times', 1), 'time')} (first: {w.get('reason')})" for w in workers)
-
-
 _SENTENCES = {
     "job_start": _job_start,
     "worker_start": lambda f: f"{_who(f)} started (pid {f.get('pid')}, {f.get('started', 'process')})",
@@ -108,7 +102,6 @@ _SENTENCES = {
     "discovery_recovered": lambda f: f"host discovery works again, after "
                                      f"{_plural(f.get('failures', 0), 'failed run')}",
     "job_end": _job_end,
-    "workers_failed": _workers_failed,
 }
 
 
