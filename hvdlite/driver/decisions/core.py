@@ -101,6 +101,7 @@ class ElasticCore:
         self.hosts = []  # [(name, slots)]: survivors in their old order, new hosts last
         self.slots_of = {}  # name -> slots, of self.hosts
         self.hosts_known = False
+        self.drained = set()  # hosts drained on purpose: their workers' exits are no failure
         self.workers = {}  # incarnation id -> Incarnation, every one ever launched
         # Indexes that keep each event's work small at thousands of workers:
         self.phases = {p: {} for p in Phase if p is not Phase.GONE}  # phase -> {id: Incarnation}
@@ -171,6 +172,14 @@ class ElasticCore:
     # ---- events -------------------------------------------------------------------------
     def _on_hosts(self, event: HostsFound):
         self.hosts_known = True
+        self.drained -= {h for h, _ in event.hosts}  # back in the list: a failure counts again
+        for host in set(event.drained) - self.drained:
+            self.drained.add(host)
+            self._log("host_drained", host=host)
+        for host in event.failed:
+            for inc in self._live():
+                if inc.host == host and inc.killed is None:
+                    self._kill(inc, "host_failed", "its host failed")
         change = diff(self.hosts, event.hosts)
         if change.kind is None:
             return
@@ -202,6 +211,8 @@ class ElasticCore:
             return
         self._set_phase(inc, Phase.GONE)
         self._log("launch_failed", slot=inc.slot, worker=inc.id, error=event.error)
+        if inc.host in self.drained:
+            return  # the host was going away
         if self.first_failure is None:
             self.first_failure = f"{inc.name} on {inc.host} could not be launched: {event.error}"
         self._blacklist(inc.host)  # the host cannot be reached or refused us
@@ -238,16 +249,17 @@ class ElasticCore:
         if inc is None:
             return  # an earlier process of the slot, or told twice
         was = inc.phase
+        drained = event.drained or inc.host in self.drained
         self._set_phase(inc, Phase.GONE)
         self.staying.discard(inc.id)
-        fields = {"removed": True} if was is Phase.LEAVING else {}
+        fields = {"removed": True} if was is Phase.LEAVING else {"drained": True} if drained else {}
         if event.error:
             fields["error"] = event.error
         self._log("worker_exit", slot=inc.slot, worker=inc.id, rank=inc.rank, code=event.code, **fields)
         if inc.id in self.world and event.code != 0:  # a clean exit closes its connections itself
             self._mark_broken()
-        if was is Phase.LEAVING:
-            return
+        if was is Phase.LEAVING or drained and event.code != 0:
+            return  # taken out on purpose: not the host's fault
         if event.code == 0 and inc.killed is None:
             self.succeeded = True
             return
