@@ -72,7 +72,7 @@ class Executor:
             handle.stop(grace)
         while (code := handle.wait(1.0)) is None:
             pass
-        self.post(Exited(a.worker, code, getattr(handle, "error", None)))
+        self.post(Exited(a.worker, code, getattr(handle, "error", None), getattr(handle, "drained", False)))
 
     def _stop(self, a: Stop):
         with self._lock:

@@ -1,0 +1,142 @@
+"""Hosts from a Ray cluster: the alive nodes of `ray.nodes()`, each keyed by its NodeID.
+
+Several Ray nodes may share one IP (containers, `ray.cluster_utils.Cluster`), so the NodeID,
+not the address, names a host. A node's slots come from its CPUs and GPUs (`--cpus-per-slot`,
+`--gpus-per-slot`) or from a named resource. Ray says how a node left: a drain (autoscaler idle
+or preemption, or an operator's `ray stop`) is no failure, an unexpected death is one; the
+elastic core hears both (HostsFound.drained / .failed). `ray` is imported only here and in the
+Ray launcher, so that hvdlite runs without it.
+"""
+import json
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from hvdlite.discovery.script import DiscoveryError
+
+# NodeDeathInfo.Reason in Ray's protocol: 1 EXPECTED_TERMINATION, 3 AUTOSCALER_DRAIN_PREEMPTED,
+# 4 AUTOSCALER_DRAIN_IDLE are a node taken away on purpose; 2 UNEXPECTED_TERMINATION and 0
+# (unspecified) are failures.
+GRACEFUL = {1, 3, 4}
+CONNECT_TIMEOUT = 30.0  # seconds ray.init may take to reach the cluster
+
+
+@dataclass(frozen=True)
+class SlotShape:
+    """What one slot takes of a node: CPUs and GPUs, or one unit of a named resource."""
+    cpus: float = 1.0
+    gpus: float = 0.0
+    resource: Optional[str] = None
+
+    def slots(self, resources: dict) -> int:
+        if self.resource:
+            return int(resources.get(self.resource, 0))
+        counts = [resources.get("CPU", 0) / self.cpus] if self.cpus else []
+        if self.gpus:
+            counts.append(resources.get("GPU", 0) / self.gpus)
+        return int(min(counts)) if counts else 0
+
+    def bundle(self) -> dict:
+        """The resources one slot's actor asks Ray for."""
+        if self.resource:
+            return {self.resource: 1}
+        return {k: v for k, v in (("CPU", self.cpus), ("GPU", self.gpus)) if v}
+
+
+class Hosts(list):
+    """[(NodeID, slots)], with the NodeIDs of nodes that left: `drained`, `failed`."""
+    drained = ()
+    failed = ()
+
+
+def listing(nodes, shape: SlotShape, draining=frozenset()) -> Hosts:
+    """The hosts of a `ray.nodes()` answer: alive nodes with slots, in address order; nodes
+    being drained (`draining`: NodeIDs) are no longer offered."""
+    alive = sorted((n for n in nodes if n.get("Alive")),
+                   key=lambda n: (n.get("NodeManagerAddress", ""), n["NodeID"]))
+    hosts = Hosts((n["NodeID"], shape.slots(n.get("Resources", {}))) for n in alive
+                  if n["NodeID"] not in draining)
+    hosts[:] = [(h, s) for h, s in hosts if s > 0]
+    dead = [n for n in nodes if not n.get("Alive")]
+    hosts.drained = tuple(sorted({n["NodeID"] for n in dead if n.get("DeathReason") in GRACEFUL}
+                                 | set(draining)))
+    hosts.failed = tuple(sorted(n["NodeID"] for n in dead if n.get("DeathReason") not in GRACEFUL))
+    return hosts
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise DiscoveryError("--ray needs the ray package: pip install 'hvdlite[ray]'") from None
+    return ray
+
+
+def connect(address: Optional[str]):
+    """The ray module, this process connected to the cluster at `address` ("auto", HOST:PORT,
+    or None: $RAY_ADDRESS, else the cluster started on this machine)."""
+    ray = import_ray()
+    if ray.is_initialized():
+        return ray
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # else a stale token file may turn auth on
+    where = address or os.environ.get("RAY_ADDRESS") or "auto"
+    try:
+        ray.init(address=where, logging_level="ERROR", log_to_driver=False,
+                 configure_logging=True, namespace="hvdlite")
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        text = str(e).strip().splitlines()
+        raise DiscoveryError(f"no Ray cluster at {where}: {text[0] if text else type(e).__name__}") from None
+    return ray
+
+
+def draining_nodes(ray) -> frozenset:
+    """NodeIDs Ray is draining: alive, but going away once idle or at their deadline."""
+    try:
+        return frozenset(ray._private.state.state.get_draining_nodes())
+    except Exception:  # noqa: BLE001 - an internal of Ray 2.60: else a drain shows on death
+        return frozenset()
+
+
+class RayNodes:
+    """The host source of `hvdlite run --ray`; polled, since nodes come and go."""
+    changes = True
+
+    def __init__(self, address, shape: SlotShape, need: int = 1, max_np: Optional[int] = None):
+        self.address, self.shape, self.need, self.max_np = address, shape, need, max_np
+        self.ray = None
+
+    def read(self) -> Hosts:
+        first = self.ray is None
+        if first:
+            self.ray = connect(self.address)
+            if self.max_np:  # an autoscaler grows the cluster toward the job; none ignores it
+                from ray.autoscaler.sdk import request_resources
+                request_resources(bundles=[self.shape.bundle()] * self.max_np)
+        hosts = listing(self.ray.nodes(), self.shape, draining_nodes(self.ray))
+        if first and sum(n for _, n in hosts) < self.need and not autoscaler(self.ray):
+            raise DiscoveryError(
+                f"the Ray cluster has {sum(n for _, n in hosts)} slots of {self.describe_shape()}, "
+                f"fewer than the {self.need} the job needs, and no autoscaler to add nodes")
+        return hosts
+
+    def describe_shape(self) -> str:
+        return " + ".join(f"{v:g} {k}" for k, v in self.shape.bundle().items())
+
+    def describe(self) -> str:
+        return f"hosts: the nodes of the Ray cluster at {self.address or 'auto'}, one slot per " \
+               f"{self.describe_shape()}"
+
+
+def autoscaler(ray) -> bool:
+    """Whether an autoscaler that can add nodes watches the cluster: one with a cluster config
+    (autoscaler v2, KubeRay), or a v1 one whose node types are its own. `ray start` alone runs a
+    read-only monitor that names each node's type `node_<NodeID>`."""
+    try:
+        if ray._private.state.state.get_cluster_config() is not None:
+            return True
+        from ray.experimental.internal_kv import _internal_kv_get
+        status = json.loads(_internal_kv_get("__autoscaling_status") or b"{}")
+    except Exception:  # noqa: BLE001 - no readable status: no autoscaler
+        return False
+    types = status.get("autoscaler_report", {}).get("node_type_mapping") or {}
+    return any(kind != f"node_{node}" for node, kind in types.items())
