@@ -9,6 +9,7 @@
     cluster.drain_node("n2")         # Ray's graceful drain (preemption), then the node stops
     cluster.partition("n2"); cluster.heal("n2")
     cluster.leftovers("n1")          # command lines of the node's processes other than Ray's
+    cluster.alive()                  # the names of the nodes Ray lists alive
     cluster.close()
 
 The head runs in the root namespace on the bridge address 10.213.Y.1 (a driver on this machine
@@ -245,6 +246,10 @@ class RayCluster:
             return None
         nodes = json.loads(r.stdout.strip().splitlines()[-1])
         return nodes if every else [n for n in nodes if n["Alive"]]
+
+    def alive(self):
+        """The names of the nodes Ray lists alive now."""
+        return self._refresh()
 
     def _refresh(self):
         """The names of the nodes Ray lists alive, their NodeIDs noted."""

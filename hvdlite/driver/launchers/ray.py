@@ -17,7 +17,8 @@ from hvdlite.driver.launchers.rayslot import Slot
 
 LOST = 255  # exit code of a worker whose actor died before its exit status arrived
 READ_WAIT = 1.0  # seconds one read of a worker's output waits for lines
-CALL_TIMEOUT = 10.0  # seconds an actor call may take beyond its own wait
+CALL_TIMEOUT = 10.0  # seconds an output read may take beyond its own wait
+STOP_ANSWER = 2.0  # seconds a stop waits (beyond its grace) for the actor before giving the node up
 
 
 class RayLauncher:
@@ -131,7 +132,7 @@ class RayWorker:
     def stop(self, grace: float = 3.0) -> None:
         if self._code is None:
             try:
-                code = self.ray.get(self.actor.stop.remote(grace), timeout=grace + CALL_TIMEOUT)
+                code = self.ray.get(self.actor.stop.remote(grace), timeout=grace + STOP_ANSWER)
             except Exception:  # noqa: BLE001 - the actor is unreachable or gone
                 code = None
             if code is None or self.wait(grace + 5.0) is None:
