@@ -9,16 +9,18 @@ Ray launcher, so that hvdlite runs without it.
 """
 import json
 import os
+import socket
 from dataclasses import dataclass
 from typing import Optional
 
 from hvdlite.discovery.script import DiscoveryError
+from hvdlite.errors import first_line
 
 # NodeDeathInfo.Reason in Ray's protocol: 1 EXPECTED_TERMINATION, 3 AUTOSCALER_DRAIN_PREEMPTED,
 # 4 AUTOSCALER_DRAIN_IDLE are a node taken away on purpose; 2 UNEXPECTED_TERMINATION and 0
 # (unspecified) are failures.
 GRACEFUL = {1, 3, 4}
-CONNECT_TIMEOUT = 30.0  # seconds ray.init may take to reach the cluster
+GCS_CHECK = 5.0  # seconds to connect to the cluster's GCS before ray.init is tried
 
 
 @dataclass(frozen=True)
@@ -80,13 +82,32 @@ def connect(address: Optional[str]):
         return ray
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # else a stale token file may turn auth on
     where = address or os.environ.get("RAY_ADDRESS") or "auto"
+    gcs = gcs_address(where)
     try:
-        ray.init(address=where, logging_level="ERROR", log_to_driver=False,
-                 configure_logging=True, namespace="hvdlite")
+        ray.init(address=gcs, logging_level="ERROR", log_to_driver=False, namespace="hvdlite")
     except (ConnectionError, RuntimeError, ValueError) as e:
-        text = str(e).strip().splitlines()
-        raise DiscoveryError(f"no Ray cluster at {where}: {text[0] if text else type(e).__name__}") from None
+        raise DiscoveryError(f"no Ray cluster at {where}: {first_line(e)}") from None
     return ray
+
+
+def gcs_address(where: str) -> str:
+    """HOST:PORT of the cluster's GCS, checked to accept connections: ray.init would retry an
+    address where nothing listens for minutes."""
+    from ray._private.services import canonicalize_bootstrap_address
+    try:
+        gcs = canonicalize_bootstrap_address(where)
+    except (ConnectionError, ValueError) as e:
+        raise DiscoveryError(f"no Ray cluster at {where}: {first_line(e)}") from None
+    if gcs is None:
+        raise DiscoveryError(f"no Ray cluster at {where}: none runs on this machine "
+                             f"(start one with `ray start --head`, or give --ray-address HOST:PORT)")
+    host, port = gcs.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=GCS_CHECK).close()
+    except OSError as e:
+        raise DiscoveryError(f"no Ray cluster at {where}: cannot connect to {gcs}: "
+                             f"{e.strerror or type(e).__name__}") from None
+    return gcs
 
 
 def draining_nodes(ray) -> frozenset:
@@ -128,15 +149,20 @@ class RayNodes:
 
 
 def autoscaler(ray) -> bool:
-    """Whether an autoscaler that can add nodes watches the cluster: one with a cluster config
-    (autoscaler v2, KubeRay), or a v1 one whose node types are its own. `ray start` alone runs a
-    read-only monitor that names each node's type `node_<NodeID>`."""
+    """Whether an autoscaler that can add nodes watches the cluster."""
     try:
-        if ray._private.state.state.get_cluster_config() is not None:
-            return True
         from ray.experimental.internal_kv import _internal_kv_get
+        config = ray._private.state.state.get_cluster_config()
         status = json.loads(_internal_kv_get("__autoscaling_status") or b"{}")
     except Exception:  # noqa: BLE001 - no readable status: no autoscaler
         return False
-    types = status.get("autoscaler_report", {}).get("node_type_mapping") or {}
+    return can_add_nodes(config, status)
+
+
+def can_add_nodes(cluster_config, status: dict) -> bool:
+    """An autoscaler with a cluster config (v2, KubeRay), or a v1 one whose node types are its
+    own: `ray start` alone runs a read-only monitor that names each node's type `node_<NodeID>`."""
+    if cluster_config is not None:
+        return True
+    types = (status.get("autoscaler_report") or {}).get("node_type_mapping") or {}
     return any(kind != f"node_{node}" for node, kind in types.items())
