@@ -82,7 +82,7 @@ class RayWorker:
         self._pid, self.output = pid, output
         self._code = None
         self._ended = threading.Event()
-        self._stopping = False
+        self._unreachable = False  # the last read of its output got no answer
         self._pump = threading.Thread(target=self._read, daemon=True, name=f"ray-output-{output.label}")
         self._pump.start()
 
@@ -100,10 +100,13 @@ class RayWorker:
                 self._finish(LOST, f"its Ray actor died: {_one_line(e)}")
                 break
             except (errors.ActorUnavailableError, errors.GetTimeoutError):
-                # The node does not answer (dead or cut off): heartbeats decide, or stop() does.
+                # The node does not answer (dead or cut off): heartbeats decide, and a stop
+                # meanwhile gives the node up at once.
+                self._unreachable = True
                 if self._ended.wait(0.5):
                     break
                 continue
+            self._unreachable = False
             for stream, text in lines:
                 self.output.line(stream, text)
             if code is not None:
@@ -131,10 +134,12 @@ class RayWorker:
 
     def stop(self, grace: float = 3.0) -> None:
         if self._code is None:
-            try:
-                code = self.ray.get(self.actor.stop.remote(grace), timeout=grace + STOP_ANSWER)
-            except Exception:  # noqa: BLE001 - the actor is unreachable or gone
-                code = None
+            code = None
+            if not self._unreachable:
+                try:
+                    code = self.ray.get(self.actor.stop.remote(grace), timeout=grace + STOP_ANSWER)
+                except Exception:  # noqa: BLE001 - the actor is unreachable or gone
+                    pass
             if code is None or self.wait(grace + 5.0) is None:
                 # Unreachable: end the actor (its worker dies with it, once Ray reaches the node);
                 # if the worker lives on behind a partition, its incarnation is refused.
