@@ -107,10 +107,10 @@ def main():
     finally:
         cluster.close()
     ours, theirs = figures["hvdlite on Ray"], figures["Ray Train 2.60"]
-    print(f"\n{'':34s}{'hvdlite on Ray':>16s}{'Ray Train 2.60':>16s}{'ratio':>8s}")
+    print(f"\n{'':38s}{'hvdlite on Ray':>16s}{'Ray Train 2.60':>16s}{'ratio':>8s}")
     for i, what in enumerate(["start -> first step", "node kill -9 -> survivors' next step",
                               "node added -> first step at 3"]):
-        print(f"{what:34s}{ours[i]:15.2f}s{theirs[i]:15.2f}s{ours[i] / theirs[i]:8.2f}")
+        print(f"{what:38s}{ours[i]:15.2f}s{theirs[i]:15.2f}s{ours[i] / theirs[i]:8.2f}")
 
 
 if __name__ == "__main__":
