@@ -5,6 +5,7 @@ backends, a node killed, added, drained and cut off, a cluster too small.
 Each test leaves the cluster as it found it: three alive nodes (a node taken away is started
 again, as a new Ray node with a new NodeID)."""
 import os
+import signal
 import sys
 import time
 
@@ -144,3 +145,13 @@ def test_more_slots_than_the_cluster_has_is_one_line(tmp_path, cluster):
         "hvdlite: error: the Ray cluster has 3 slots of 1 CPU, fewer than the 5 the job needs, "
         "and no autoscaler to add nodes")
     assert "Traceback" not in r.stderr
+
+
+def test_a_terminated_driver_exits_quietly_and_leaves_no_worker(tmp_path, cluster):
+    with elastic(cluster, tmp_path, TOTAL_STEPS=100000, STEP_SLEEP=0.1) as job:
+        wait_progress(job, tmp_path, 3, timeout=90)
+        job.proc.send_signal(signal.SIGTERM)
+        r = job.finish(60)
+    assert r.code == 143, r.stderr
+    assert "SIGTERM received" not in r.stdout + r.stderr  # Ray's native stack dump
+    wait_no_leftovers(cluster)

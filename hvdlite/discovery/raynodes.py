@@ -9,7 +9,9 @@ Ray launcher, so that hvdlite runs without it.
 """
 import json
 import os
+import signal
 import socket
+import threading
 from dataclasses import dataclass
 from typing import Optional
 
@@ -83,10 +85,17 @@ def connect(address: Optional[str]):
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # else a stale token file may turn auth on
     where = address or os.environ.get("RAY_ADDRESS") or "auto"
     gcs = gcs_address(where)
+    # ray.init puts Ray's native handlers on SIGTERM and SIGINT (a stack dump, then death by
+    # the signal): the job's own handlers, which stop the workers and exit 143/130, come back.
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         ray.init(address=gcs, logging_level="ERROR", log_to_driver=False, namespace="hvdlite")
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise DiscoveryError(f"no Ray cluster at {where}: {first_line(e)}") from None
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
     return ray
 
 
@@ -125,6 +134,7 @@ class RayNodes:
     def __init__(self, address, shape: SlotShape, need: int = 1, max_np: Optional[int] = None):
         self.address, self.shape, self.need, self.max_np = address, shape, need, max_np
         self.ray = None
+        self.known = set()  # NodeIDs this job saw offered: only their departures are news
 
     def read(self) -> Hosts:
         first = self.ray is None
@@ -134,6 +144,9 @@ class RayNodes:
                 from ray.autoscaler.sdk import request_resources
                 request_resources(bundles=[self.shape.bundle()] * self.max_np)
         hosts = listing(self.ray.nodes(), self.shape, draining_nodes(self.ray))
+        hosts.drained = tuple(h for h in hosts.drained if h in self.known)
+        hosts.failed = tuple(h for h in hosts.failed if h in self.known)
+        self.known.update(h for h, _ in hosts)
         if first and sum(n for _, n in hosts) < self.need and not autoscaler(self.ray):
             raise DiscoveryError(
                 f"the Ray cluster has {sum(n for _, n in hosts)} slots of {self.describe_shape()}, "
