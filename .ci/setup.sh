@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything the tests need on a fresh machine: OpenSSH and network tools for the SSH test
-# hosts, then hvdlite with its test dependencies (torch pinned to the CPU build on disk).
+# hosts, then hvdlite with its test dependencies (torch pinned to the CPU build on disk) and
+# Ray 2.60 for the --ray tests (tests/raycluster.py runs a real cluster of it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -f .ci/install-ssh.sh ]; then bash .ci/install-ssh.sh; fi
@@ -13,7 +14,7 @@ if ! command -v chromium >/dev/null 2>&1; then
     echo "setup: not root, no chromium; the page rendering tests will be skipped" >&2
   fi
 fi
-python3 -m pip install -q -e '.[test]'
+python3 -m pip install -q -e '.[test,ray]'
 # The numpy backend's workers run on pygloo, whose wheels exist for CPython 3.8-3.10 only:
 # a torch-free venv in .venv-pygloo/ (gitignored), when such an interpreter exists.
 pygloo_python() {

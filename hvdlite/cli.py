@@ -69,6 +69,7 @@ GROUPS = {
     "hosts": None,
     "elastic": "on with --min-np or --host-discovery-script",
     "remote hosts": None,
+    "ray": "hosts are the nodes of a Ray cluster; workers start in its actors",
     "durable commits": None,
     "watching": None,
     "start-up": None,
@@ -171,6 +172,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--start-timeout", **_seconds(defaults.START_TIMEOUT,
                                                  "seconds for a worker to start and meet the others"))
 
+    r = g["ray"]
+    r.add_argument("--ray", action="store_true", help="run the job's workers on a Ray cluster")
+    r.add_argument("--ray-address", metavar="auto|HOST:PORT",
+                   help="the cluster's address (default $RAY_ADDRESS, else auto: the one on this machine)")
+    r.add_argument("--cpus-per-slot", type=_positive(float, zero=True), default=1.0, metavar="N",
+                   help="CPUs of a Ray node per slot (default 1)")
+    r.add_argument("--gpus-per-slot", type=_positive(float, zero=True), default=0.0, metavar="N",
+                   help="GPUs of a Ray node per slot (default 0)")
+    r.add_argument("--slot-resource", metavar="NAME",
+                   help="one slot per unit of this Ray resource, instead of CPUs and GPUs")
+
     a = g["advanced"]
     a.add_argument("--gloo-timeout-seconds", dest="collective_timeout",
                    **_seconds(defaults.COLLECTIVE_TIMEOUT, "seconds a collective waits for a peer"))
@@ -197,6 +209,7 @@ def parse_settings(argv) -> Settings:
         raise UsageError(f"-np {args.num_proc} is smaller than --min-np {args.min_np}")
     if args.discovery_script and (args.hosts or args.hostfile):
         raise UsageError("use either --host-discovery-script or -H/--hostfile, not both")
+    ray_flags(args)
     if args.cooldown_range and args.cooldown_range[0] > args.cooldown_range[1]:
         raise UsageError("--blacklist-cooldown-range: MIN is larger than MAX")
     if args.hosts:
@@ -207,7 +220,9 @@ def parse_settings(argv) -> Settings:
         hosts = [("localhost", args.num_proc or args.max_np or min_np)]
     slots = sum(n for _, n in hosts)
     num_proc = args.num_proc or slots
-    if not args.discovery_script and max(num_proc if not elastic else min_np, 1) > slots:
+    if args.ray:
+        num_proc = args.num_proc
+    elif not args.discovery_script and max(num_proc if not elastic else min_np, 1) > slots:
         raise UsageError(f"-np {num_proc if not elastic else min_np} asks for more processes "
                          f"than the {slots} slot{'' if slots == 1 else 's'} available")
     for name in ("ssh_identity_file", "hostfile", "ssh_config"):
@@ -222,13 +237,15 @@ def parse_settings(argv) -> Settings:
     if keep_warm and args.no_preload:
         raise UsageError("--keep-warm keeps a preloaded template: drop --no-preload")
     return Settings(
-        command=command, num_proc=num_proc, hosts=None if args.discovery_script else hosts,
+        command=command, num_proc=num_proc, hosts=None if args.discovery_script or args.ray else hosts,
         start_timeout=args.start_timeout, collective_timeout=args.collective_timeout,
         output_dir=args.output_dir, verbose=args.verbose, log_level=args.log_level,
         network_interfaces=args.network_interfaces.split(",") if args.network_interfaces else None,
         bind_address=args.bind_address,
         ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,
         ssh_accept_unknown_hosts=args.ssh_accept_unknown_hosts, ssh_config=args.ssh_config,
+        launcher="ray" if args.ray else None, ray_address=args.ray_address,
+        cpus_per_slot=args.cpus_per_slot, gpus_per_slot=args.gpus_per_slot, slot_resource=args.slot_resource,
         event_log=args.event_log, metrics_port=args.metrics_port, metrics_addr=args.metrics_addr,
         timeline_filename=os.path.abspath(args.timeline_filename) if args.timeline_filename else None,
         elastic=elastic, min_np=min_np, max_np=args.max_np, slots_per_host=args.slots_per_host,
@@ -241,6 +258,18 @@ def parse_settings(argv) -> Settings:
         preload_first=bool(args.preload), keep_warm=keep_warm, checkpoint_dir=args.checkpoint_dir,
         checkpoint_interval=args.checkpoint_interval, checkpoint_keep=args.checkpoint_keep,
         checkpoint_lineage=checkpointdir.new_lineage() if args.fresh else None)
+
+
+def ray_flags(args):
+    """--ray takes its hosts from the cluster; the Ray flags mean nothing without it."""
+    if not args.ray:
+        if args.ray_address or args.slot_resource:
+            raise UsageError("--ray-address and --slot-resource need --ray")
+        return
+    if args.hosts or args.hostfile or args.discovery_script:
+        raise UsageError("--ray takes the hosts from the Ray cluster: drop -H/--hostfile/--host-discovery-script")
+    if not args.slot_resource and not args.cpus_per_slot and not args.gpus_per_slot:
+        raise UsageError("--cpus-per-slot and --gpus-per-slot are both 0: a slot must take something")
 
 
 def checkpoint_dir(path: str) -> str:

@@ -37,3 +37,19 @@ def ssh_hosts():
     yield make
     for group in groups:
         group.close()
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(request):
+    """A real Ray cluster (tests/raycluster.py) shared by a module: a head and
+    `RAY_NODES` (module attribute, default 3) one-CPU nodes in namespaces, torn down by pid when
+    the module ends, also when a test failed. Skips without root or without ray."""
+    from raycluster import RayCluster, missing
+    reason = missing()
+    if reason:
+        pytest.skip(reason)
+    cluster = RayCluster(getattr(request.module, "RAY_NODES", 3))
+    try:
+        yield cluster
+    finally:
+        cluster.close()

@@ -71,7 +71,7 @@ def test_help_lists_the_commands_and_groups_the_flags():
     r = hvdlite("run", "--help")
     assert r.returncode == 0 and "--host-discovery-script" in r.stdout
     titles = [line[:-1] for line in r.stdout.splitlines() if line.endswith(":") and not line.startswith(" ")]
-    assert titles == ["options", "hosts", "elastic", "remote hosts", "durable commits", "watching",
+    assert titles == ["options", "hosts", "elastic", "remote hosts", "ray", "durable commits", "watching",
                       "start-up", "advanced", "examples"]
     assert r.stdout.rstrip().splitlines()[-1].startswith("Exit codes:")
     assert [line for line in r.stdout.splitlines() if line.strip().startswith("hvdlite run")]

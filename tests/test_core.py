@@ -517,3 +517,33 @@ def test_a_commit_that_does_not_load_ends_the_job_naming_it():
     end = sim.end()
     assert end.code == 1 and end.error == ("rank 0 on a cannot load the commit it reported: "
                                            "/ckpt/commit-00000007.pt: no class Net in module __main__")
+
+
+def test_a_drained_host_leaves_without_blacklisting_and_its_workers_hand_over():
+    sim, ids = first_world([("a", 1), ("b", 1), ("c", 1)], min_np=1)
+    sim.send(HostsFound((("a", 1), ("b", 1)), drained=("c",)))
+    assert sim.logged("host_drained") == [{"host": "c"}]
+    assert sim.logged("hosts_updated")[-1]["reason"] == "slots removed: ['c/0']"
+    # the node went away before its worker left: killed, yet no failure
+    sim.send(Exited(ids[2], -9))
+    assert sim.logged("blacklisted") == [] and sim.core.first_failure is None
+    assert sim.logged("worker_exit")[-1]["drained"] is True
+    for worker in ids[:2]:
+        sim.ready(worker, after=1, commit=1)
+    assert sim.world() == {"a/0": 0, "b/0": 1} and sim.end() is None
+
+
+def test_the_launcher_can_say_a_worker_went_with_its_drained_host():
+    sim, ids = first_world([("a", 1), ("b", 1)], min_np=1)
+    sim.send(Exited(ids[1], 255, "actor died", drained=True))  # before discovery said so
+    assert sim.logged("blacklisted") == [] and sim.core.first_failure is None
+
+
+def test_a_failed_host_kills_its_workers_as_failed_and_is_blacklisted():
+    sim, ids = first_world([("a", 1), ("b", 1), ("c", 1)], min_np=1)
+    out = sim.send(HostsFound((("a", 1), ("b", 1)), failed=("c",)))
+    assert Stop(ids[2], 0.0) in out
+    assert sim.logged("host_failed")[0]["worker"] == ids[2]
+    sim.send(Exited(ids[2], -9))
+    assert sim.logged("blacklisted") == [{"key": "c", "cooldown": "permanent"}]
+    assert "its host failed" in sim.core.first_failure

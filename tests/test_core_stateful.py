@@ -83,6 +83,9 @@ class ElasticJob(RuleBasedStateMachine):
         return actions
 
     def perform(self, action):
+        if isinstance(action, Log) and action.event == "blacklisted":
+            host = action.fields["key"].split("/")[0]
+            assert host not in self.core.drained, f"{action.fields['key']} blacklisted though drained"
         if isinstance(action, Launch):
             assert action.worker not in self.procs, "an incarnation id was used twice"
             self.procs[action.worker] = Proc(action.worker)
@@ -137,9 +140,12 @@ class ElasticJob(RuleBasedStateMachine):
         return [p for p in self.procs.values() if p.started and p.alive]
 
     # ---- rules ---------------------------------------------------------------------------
-    @rule(hosts=st.lists(st.sampled_from(UNIVERSE), unique=True, max_size=4))
-    def discover(self, hosts):
-        self.send(HostsFound(tuple(hosts)), dt=0.05)
+    @rule(hosts=st.lists(st.sampled_from(UNIVERSE), unique=True, max_size=4),
+          how=st.sampled_from(["", "drained", "failed"]))
+    def discover(self, hosts, how):
+        """Hosts come and go; a source like Ray's says how the gone ones left."""
+        gone = tuple(h for h, _ in self.core.hosts if h not in dict(hosts))
+        self.send(HostsFound(tuple(hosts), **({how: gone} if how else {})), dt=0.05)
 
     @rule(data=st.data(), ok=st.booleans())
     def launch_completes(self, data, ok):

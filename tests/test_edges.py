@@ -107,7 +107,16 @@ FORBIDDEN = {  # package -> what it must never import: data flows cli -> driver 
     "driver/decisions": ("hvdlite.driver.executor", "hvdlite.driver.job", "hvdlite.driver.launchers",
                          "hvdlite.driver.rendezvous", "hvdlite.driver.kv"),  # kvserver and its parts
     "driver/launchers": ("hvdlite.driver.decisions", "hvdlite.driver.executor", "hvdlite.driver.job"),
+    "ray": ("hvdlite.cli", "hvdlite.torch", "hvdlite.numpy"),  # RayExecutor drives a job: driver -> ray
 }
+# Code that runs inside Ray's processes or the workers on the nodes: no driver, and no ray.
+NODE_SIDE = {"driver/launchers/rayslot.py": (), "ray/worker.py": ("hvdlite.worker",)}
+
+
+@pytest.mark.parametrize("path", sorted(NODE_SIDE))
+def test_what_runs_on_ray_nodes_imports_little(path):
+    found = _imports(os.path.join(ROOT, path))
+    assert all(m.startswith(NODE_SIDE[path]) for m in found), found
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))

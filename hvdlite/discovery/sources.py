@@ -36,6 +36,11 @@ class ScriptHosts:
 
 
 def host_source(settings):
+    if settings.launcher == "ray":
+        from hvdlite.discovery.raynodes import RayNodes, SlotShape
+        shape = SlotShape(settings.cpus_per_slot, settings.gpus_per_slot, settings.slot_resource)
+        need = settings.min_np if settings.elastic else settings.num_proc
+        return RayNodes(settings.ray_address, shape, need or 1, settings.max_np)
     if settings.discovery_script:
         return ScriptHosts(settings.discovery_script, settings.discovery_timeout, settings.slots_per_host)
     return FixedHosts(settings.hosts)

@@ -86,7 +86,7 @@ class Executor:
         if getattr(handle, "template_died", False):
             self.post(TemplateDied(a.worker))
         else:
-            self.post(Exited(a.worker, code, error))
+            self.post(Exited(a.worker, code, error, getattr(handle, "drained", False)))
         handle.finish_output(OUTPUT_DRAIN)
         self._forget(a.worker)
 

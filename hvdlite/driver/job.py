@@ -89,7 +89,7 @@ class Job:
             elastic_timeout=s.elastic_timeout, start_timeout=s.start_timeout,
             liveness_timeout=s.liveness_timeout, cooldown_range=s.cooldown_range,
             blacklist=s.blacklist, durable=bool(s.checkpoint_dir)))
-        event, last_tick = HostsFound(tuple(first)), time.monotonic()
+        event, last_tick = found(first), time.monotonic()
         while True:
             now = time.monotonic()
             actions = core.handle(event, now) if event is not None else []
@@ -113,7 +113,7 @@ class Job:
         # Never dies: a failing, hanging or crashing discovery run is reported and retried.
         while not self.stopping.wait(self.settings.discovery_interval):
             try:
-                self.events.put(HostsFound(tuple(source.read())))
+                self.events.put(found(source.read()))
             except DiscoveryError as e:
                 self.events.put(DiscoveryFailed(str(e)))
             except Exception as e:  # noqa: BLE001 - reported, then the next run is tried
@@ -174,6 +174,11 @@ class Job:
         self.rendezvous.close()
         if self.server is not None:
             self.server.stop()
+
+
+def found(hosts) -> HostsFound:
+    """The event of a source's read: the hosts, and how the ones that left went, if it knows."""
+    return HostsFound(tuple(hosts), tuple(getattr(hosts, "drained", ())), tuple(getattr(hosts, "failed", ())))
 
 
 class _Signalled(Exception):

@@ -23,6 +23,8 @@ def _names(items) -> str:
 def _worker_exit(f):
     if f.get("removed"):
         return f"{_who(f)} left the job (its slot is gone or not needed)"
+    if f.get("drained"):
+        return f"{_who(f)} went with its drained host ({describe_exit(f.get('code', 0))})"
     code = f.get("code", 0)
     if code == 0:
         return f"{_who(f)} finished"
@@ -87,6 +89,9 @@ _SENTENCES = {
     "hosts_changed": _hosts_changed,
     "hosts_updated": lambda f: f"workers told to re-form at their next commit: {f.get('reason')}",
     "blacklisted": lambda f: f"{f.get('key')} blacklisted ({f.get('cooldown')})",
+    "host_drained": lambda f: f"{f.get('host')} is being taken away on purpose (drained): "
+                              f"its workers leave, nothing is blacklisted",
+    "host_failed": lambda f: f"{_who(f)}: its host failed; killing it",
     "whitelisted": lambda f: f"{f.get('key')} is usable again (cooldown over)",
     "worker_unresponsive": lambda f: f"{_who(f)} is unresponsive ({f.get('reason')}); killing it",
     "worker_start_timeout": lambda f: f"{_who(f)} did not start in time ({f.get('reason')}); killing it",

@@ -37,6 +37,10 @@ class Settings:
     ssh_accept_unknown_hosts: bool = False
     ssh_config: str = None
     launcher: str = None  # a kind of launchers.KINDS for every host; None: local or SSH by host
+    ray_address: str = None  # with launcher "ray": "auto", HOST:PORT, or None ($RAY_ADDRESS, else auto)
+    cpus_per_slot: float = 1.0  # what one slot takes of a Ray node ...
+    gpus_per_slot: float = 0.0
+    slot_resource: str = None  # ... or one unit of this Ray resource
     metrics_port: int = None
     metrics_addr: str = None  # default: where the rendezvous binds
     timeline_filename: str = None  # per-rank collective trace (Chrome trace JSON)
@@ -52,7 +56,7 @@ class Settings:
     @property
     def joins_possible(self) -> bool:
         """Workers can join the running job: through discovery, or a slot back from a cooldown."""
-        return bool(self.discovery_script or self.cooldown_range)
+        return bool(self.discovery_script or self.cooldown_range or self.launcher == "ray")
 
     def __post_init__(self):
         for f in fields(self):

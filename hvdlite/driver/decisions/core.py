@@ -101,6 +101,7 @@ class ElasticCore:
         self.hosts = []  # [(name, slots)]: survivors in their old order, new hosts last
         self.slots_of = {}  # name -> slots, of self.hosts
         self.hosts_known = False
+        self.drained = set()  # hosts drained on purpose: their workers' exits are no failure
         self.workers = {}  # incarnation id -> Incarnation: live ones, and the current world's
         # Indexes that keep each event's work small at thousands of workers:
         self.phases = {p: {} for p in Phase if p is not Phase.GONE}  # phase -> {id: Incarnation}
@@ -182,6 +183,14 @@ class ElasticCore:
         if self.discovery_failing:
             self._log("discovery_recovered", failures=self.discovery_failing)
             self.discovery_failing, self.discovery_error = 0, None
+        self.drained -= {h for h, _ in event.hosts}  # back in the list: a failure counts again
+        for host in set(event.drained) - self.drained:
+            self.drained.add(host)
+            self._log("host_drained", host=host)
+        for host in event.failed:
+            for inc in self._live():
+                if inc.host == host and inc.killed is None:
+                    self._kill(inc, "host_failed", "its host failed")
         change = diff(self.hosts, event.hosts)
         if change.kind is None:
             return
@@ -221,8 +230,8 @@ class ElasticCore:
         self._set_phase(inc, Phase.GONE)
         self._log("launch_failed", slot=inc.slot, worker=inc.id, error=event.error,
                   **({"removed": True} if leaving else {}))
-        if leaving:
-            return  # nobody needs that worker any more: its host is not judged by it
+        if leaving or inc.host in self.drained:
+            return  # nobody needs that worker any more, or its host was going away: not judged
         self.failures.append(f"{inc.name} on {inc.host} could not be launched: {event.error}")
         if self.first_failure is None:
             self.first_failure = self.failures[-1]
@@ -259,9 +268,13 @@ class ElasticCore:
         inc = self._current(event.worker)
         if inc is None:
             return  # an earlier process of the slot, or told twice
-        was = self._gone(inc, event.code, **({"error": event.error} if event.error else {}))
-        if was is Phase.LEAVING:
-            return
+        drained = event.drained or inc.host in self.drained
+        fields = {"error": event.error} if event.error else {}
+        if drained and inc.phase is not Phase.LEAVING:
+            fields["drained"] = True
+        was = self._gone(inc, event.code, **fields)
+        if was is Phase.LEAVING or drained and event.code != 0:
+            return  # taken out on purpose: not the host's fault
         if event.code == 0 and inc.killed is None:
             self.succeeded = True
             return

@@ -13,6 +13,9 @@ from hvdlite.worker.world import WorldInfo
 @dataclass(frozen=True)
 class HostsFound:
     hosts: tuple  # ((name, slots), ...) in the order discovery listed them
+    # Hosts the source knows left, and how (a cluster manager says; a script cannot):
+    drained: tuple = ()  # taken away on purpose (a graceful drain): their workers' exits are no failure
+    failed: tuple = ()  # died: their workers count as failed, even before their own exits say so
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,7 @@ class Exited:
     worker: str
     code: int  # exit status, minus the signal number for a signal death
     error: Optional[str] = None  # why, when the launcher knows more (a lost SSH connection)
+    drained: bool = False  # the launcher knows its host was drained on purpose: no failure
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,286 @@
+"""A real Ray 2.60 cluster for tests: a head and N nodes n1..nN, each node in its own namespaces.
+
+    cluster = RayCluster(3)          # or the module-scoped `ray_cluster` fixture (conftest.py)
+    cluster.address                  # HEAD:PORT, for --ray-address / ray.init
+    cluster.env                      # RAY_AUTH_MODE and RAY_ADDRESS for drivers and clients
+    cluster.node_id("n2")            # the node's Ray NodeID (hex)
+    cluster.kill_node("n2")          # kill -9 every process in its network namespace
+    cluster.start_node("n2")         # a new raylet there (a new NodeID), until Ray lists it
+    cluster.drain_node("n2")         # Ray's graceful drain (preemption), then the node stops
+    cluster.partition("n2"); cluster.heal("n2")
+    cluster.leftovers("n1")          # command lines of the node's processes other than Ray's
+    cluster.alive()                  # the names of the nodes Ray lists alive
+    cluster.close()
+
+The head runs in the root namespace on the bridge address 10.213.Y.1 (a driver on this machine
+connects through the head's raylet) with 0 CPUs, so work lands on the nodes only; its Ray temp
+folder is a private one. Node i is a network namespace on tests/sshhosts.py's Bridge at
+10.213.Y.(10+i), entered with nsenter + unshare: a private mount namespace with a hosts file over
+/etc/hosts (a node's lookup of its own name would wait on an unreachable resolver) and a tmpfs over
+the head's temp folder, which nodes take from the GCS (two raylets sharing it race on socket names). RAY_AUTH_MODE is set explicitly
+everywhere: a leftover ~/.ray/auth_token would turn token auth on and leave a driver without the
+variable hanging. Daemons die with the test process (PDEATHSIG); whatever a killed session left
+behind is removed by the next one (sshhosts' remove_stale: names carry the owner's pid).
+"""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from sshhosts import NFT_PARTITION, PREFIX, Bridge, _b36, _die_with_parent, _ip, _pick_subnet, remove_stale
+
+_clusters = 0  # clusters started by this process (part of the names)
+OBJECT_STORE = "--object-store-memory=80000000"  # bytes of /dev/shm per node: tests move little
+RAY_DAEMONS = ("raylet", "gcs_server", "ray start", "ray::", "default_worker", "dashboard",
+               "log_monitor", "runtime_env", "monitor.py", "ray/_private", "ray/autoscaler")
+
+
+def missing():
+    """Why a Ray test cluster cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "the Ray test cluster needs root (network namespaces)"
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return "ray is not installed (pip install 'hvdlite[ray]'; .ci/setup.sh installs it)"
+    for tool in ("ip", "nsenter", "unshare", "nft"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (run .ci/install-ssh.sh as root)"
+    return None
+
+
+def _free_port(address):
+    with socket.socket() as s:
+        s.bind((address, 0))
+        return s.getsockname()[1]
+
+
+class RayCluster:
+    """A head + `count` nodes of `cpus` CPUs each; see the module docstring."""
+
+    def __init__(self, count: int, cpus: int = 1, start_timeout: float = 60.0):
+        reason = missing()
+        if reason:
+            raise RuntimeError(reason)
+        global _clusters
+        if _clusters == 0:
+            remove_stale()
+        _clusters += 1
+        self.tag = f"{_b36(os.getpid())}-r{_clusters}"
+        self.dir = tempfile.mkdtemp(prefix=f"hvdlite-ray-{self.tag}-")
+        os.chmod(self.dir, 0o755)
+        self.cpus, self.start_timeout = cpus, start_timeout
+        self.names = [f"n{i}" for i in range(1, count + 1)]
+        self.procs = {}  # "head" or node name -> Popen of its `ray start --block`
+        self.bridge = None
+        self.netns, self.addresses = {}, {}
+        self._ids = {}  # node name -> NodeID of its current raylet
+        try:
+            self.bridge = Bridge(f"{PREFIX}{self.tag}", _pick_subnet(os.getpid(), second="213"))
+            self.head = self.bridge.address
+            self.address = f"{self.head}:{_free_port(self.head)}"
+            for i, name in enumerate(self.names, 1):
+                self.netns[name], _, self.addresses[name] = self.bridge.add(i)
+            self._write_hosts()
+            self._start("head", ["ray", "start", "--head", f"--node-ip-address={self.head}",
+                                 f"--port={self.address.split(':')[1]}", "--num-cpus=0",
+                                 "--include-dashboard=false", "--disable-usage-stats", OBJECT_STORE,
+                                 f"--temp-dir={self.dir}/head", "--block"])
+            self._wait("the head", lambda: self._alive_nodes() is not None)
+            for name in self.names:
+                self.start_node(name, wait=False)
+            self._wait("the nodes", lambda: self._refresh() >= set(self.names))
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- public -------------------------------------------------------------------
+    @property
+    def env(self):
+        """The environment of a driver on this machine (hvdlite run, ray.init('auto'))."""
+        return {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": self.address,
+                "RAY_USAGE_STATS_ENABLED": "0"}
+
+    def node_id(self, name: str) -> str:
+        return self._ids[name]
+
+    def start_node(self, name: str, wait: bool = True) -> None:
+        """A raylet in the node's namespaces; with `wait`, until Ray lists it alive."""
+        self._ids.pop(name, None)
+        ray = os.path.join(os.path.dirname(sys.executable), "ray")
+        # A node takes the head's temp folder from the GCS: a private one over it, per node.
+        script = (f"mount --bind {self.hosts_file} /etc/hosts && "
+                  f"mount -t tmpfs tmpfs {self.dir}/head && hostname {name} && "
+                  f"exec {ray} start --address={self.address} "
+                  f"--node-ip-address={self.addresses[name]} --num-cpus={self.cpus} "
+                  f"--disable-usage-stats {OBJECT_STORE} --block")
+        self._start(name, ["nsenter", f"--net=/run/netns/{self.netns[name]}", "unshare", "--uts",
+                           "--mount", "--propagation", "private", "sh", "-c", script])
+        if wait:
+            self._wait(f"node {name}", lambda: name in self._refresh())
+
+    def node_pids(self, name: str):
+        out = _ip("netns", "pids", self.netns[name], check=False).stdout
+        return [int(p) for p in out.split()]
+
+    def kill_node(self, name: str) -> None:
+        """The node dies: SIGKILL every process in its namespace, until none is left."""
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            pids = self.node_pids(name)
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, 9)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.02)
+        proc = self.procs.pop(name, None)
+        if proc is not None:
+            proc.wait(10)
+
+    def drain_node(self, name: str, deadline: int = 30) -> None:
+        """Ask Ray to drain the node (preemption with a deadline); Ray itself never stops it."""
+        self.ray(["drain-node", f"--address={self.address}", f"--node-id={self.node_id(name)}",
+                  "--reason=DRAIN_NODE_REASON_PREEMPTION", "--reason-message=test drain",
+                  f"--deadline-remaining-seconds={deadline}"])
+
+    def stop_node(self, name: str, timeout: float = 15.0) -> None:
+        """The node's operator stops it: TERM its `ray start --block`, then whatever is left."""
+        proc = self.procs.get(name)
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill_node(name)
+
+    def partition(self, name: str) -> None:
+        """Drop every packet into and out of the node (loopback inside it still works)."""
+        self._nft(name, ["-f", "-"], NFT_PARTITION)
+
+    def heal(self, name: str) -> None:
+        self._nft(name, ["delete", "table", "inet", "partition"], None)
+
+    def leftovers(self, name: str):
+        """Command lines of the node's processes that are not Ray's own."""
+        out = []
+        for pid in self.node_pids(name):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    line = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:
+                continue
+            if line and not any(d in line for d in RAY_DAEMONS) and not line.startswith("sh -c mount"):
+                out.append(line)
+        return out
+
+    def nodes(self):
+        """ray.nodes() as a separate client sees it (this test process stays no Ray driver)."""
+        return self._alive_nodes(every=True) or []
+
+    def ray(self, args, timeout=30.0, check=True):
+        return subprocess.run([os.path.join(os.path.dirname(sys.executable), "ray"), *args],
+                              env=self.env, capture_output=True, text=True, timeout=timeout,
+                              check=check)
+
+    def close(self) -> None:
+        for name in list(self.netns):
+            self.kill_node(name)
+        proc = self.procs.pop("head", None)
+        if proc is not None:
+            proc.terminate()  # `ray start --block` ends its daemons on TERM
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                os.killpg(proc.pid, 9)  # whatever of the head's session is left
+            except ProcessLookupError:
+                pass
+            proc.wait(5)
+        if self.bridge is not None:
+            self.bridge.close()
+            self.bridge = None
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---- setup --------------------------------------------------------------------
+    def _write_hosts(self):
+        self.hosts_file = os.path.join(self.dir, "hosts")
+        with open(self.hosts_file, "w") as f:
+            f.write(f"127.0.0.1 localhost\n{self.head} {socket.gethostname()}\n")
+            f.writelines(f"{self.addresses[n]} {n}\n" for n in self.names)
+
+    def _start(self, name, argv):
+        log = open(os.path.join(self.dir, f"{name}.out"), "ab")
+        # PDEATHSIG: a test process killed outright takes its daemons along
+        self.procs[name] = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                            env=self.env, start_new_session=True,
+                                            preexec_fn=_die_with_parent)
+        log.close()
+
+    _PROBE = ("import json, ray\nray.init(address='{a}', logging_level='ERROR', log_to_driver=False)\n"
+              "print(json.dumps([{{k: n[k] for k in ('NodeID', 'Alive', 'NodeManagerAddress', "
+              "'Resources', 'DeathReason', 'DeathReasonMessage') if k in n}} for n in ray.nodes()]))")
+
+    def _alive_nodes(self, every=False):
+        """ray.nodes() from a short-lived client process, or None while the head does not answer."""
+        try:
+            r = subprocess.run([sys.executable, "-c", self._PROBE.format(a=self.address)],
+                               env=self.env, capture_output=True, text=True, timeout=30)
+        except subprocess.TimeoutExpired:
+            return None
+        if r.returncode != 0:
+            return None
+        nodes = json.loads(r.stdout.strip().splitlines()[-1])
+        return nodes if every else [n for n in nodes if n["Alive"]]
+
+    def alive(self):
+        """The names of the nodes Ray lists alive now."""
+        return self._refresh()
+
+    def _refresh(self):
+        """The names of the nodes Ray lists alive, their NodeIDs noted."""
+        by_address = {a: name for name, a in self.addresses.items()}
+        alive = set()
+        for n in self._alive_nodes() or []:
+            name = by_address.get(n["NodeManagerAddress"])
+            if name is not None:
+                self._ids[name] = n["NodeID"]
+                alive.add(name)
+        return alive
+
+    def _wait(self, what, ready):
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {proc.returncode} while starting:\n"
+                                       + self._tail(name))
+            if ready():
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"{what} not ready after {self.start_timeout:g} s:\n" + self._tail("head"))
+
+    def _tail(self, name):
+        try:
+            with open(os.path.join(self.dir, f"{name}.out"), errors="replace") as f:
+                return f.read()[-2000:]
+        except OSError:
+            return ""
+
+    def _nft(self, name, args, text):
+        subprocess.run(["nsenter", f"--net=/run/netns/{self.netns[name]}", "nft", *args],
+                       input=text, capture_output=True, text=True, timeout=10, check=text is not None)

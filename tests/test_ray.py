@@ -1,0 +1,157 @@
+"""hvdlite run --ray on a real Ray 2.60 cluster (tests/raycluster.py: a head and three one-CPU
+nodes in network namespaces, one cluster for the whole module): static and elastic jobs on both
+backends, a node killed, added, drained and cut off, a cluster too small.
+
+Each test leaves the cluster as it found it: three alive nodes (a node taken away is started
+again, as a new Ray node with a new NodeID)."""
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from jobs import (SCRIPTS, Job, check_training_continuous, effective_steps, job_env, next_world,
+                  run_job, sizes, wait_progress)
+from test_numpy_backend import PYTHON, check_training_continuous as check_numpy, needs_pygloo
+
+RAY_NODES = 3
+JOB = [sys.executable, os.path.join(SCRIPTS, "elastic_job.py")]
+NUMPY_JOB = [PYTHON, os.path.join(SCRIPTS, "numpy_elastic_job.py")]
+LIVENESS = 3.0
+
+
+@pytest.fixture
+def cluster(ray_cluster):
+    """The module's cluster; afterwards every node is alive again and runs no job's process."""
+    yield ray_cluster
+    for name in set(ray_cluster.names) - ray_cluster.alive():
+        ray_cluster.stop_node(name)
+        ray_cluster.start_node(name)
+
+
+def ray_env(cluster, tmp_path, **knobs):
+    return {**job_env(tmp_path, **knobs), "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": cluster.address}
+
+
+def elastic(cluster, tmp_path, command=JOB, extra=(), **knobs):
+    return Job(["--ray", "--min-np", "1", "--liveness-timeout", str(LIVENESS), *extra, *command],
+               tmp_path, env=ray_env(cluster, tmp_path, **knobs))
+
+
+def wait_no_leftovers(cluster, timeout=15):
+    """No process of the job (worker, or a child of one) left on any node."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = {n: cluster.leftovers(n) for n in cluster.names if n in cluster.procs}
+        if not any(left.values()):
+            return
+        assert time.monotonic() < deadline, f"processes left on the nodes: {left}"
+        time.sleep(0.2)
+
+
+def test_static_job_runs_one_rank_per_node(tmp_path, cluster):
+    r = run_job(["--ray", "-np", "3", sys.executable, os.path.join(SCRIPTS, "where.py")], tmp_path,
+                timeout=120, env=ray_env(cluster, tmp_path))
+    assert r.code == 0, r.stderr
+    lines = sorted(line.split(":", 1)[1].split() for line in r.stdout.splitlines() if "<stdout>:" in line)
+    assert [rank for rank, *_ in lines] == ["0", "1", "2"]
+    assert sorted(host for _, host, *_ in lines) == ["n1", "n2", "n3"]  # each rank on its own node
+    wait_no_leftovers(cluster)
+
+
+@needs_pygloo
+def test_static_numpy_job_across_the_nodes(tmp_path, cluster):
+    r = run_job(["--ray", "-np", "3", PYTHON, os.path.join(SCRIPTS, "numpy_check.py")], tmp_path,
+                timeout=120, env=ray_env(cluster, tmp_path))
+    assert r.code == 0, r.stderr
+    for k in range(3):
+        assert f"[{k}]<stdout>:OK {k}" in r.stdout
+
+
+@needs_pygloo
+def test_elastic_numpy_job_across_the_nodes(tmp_path, cluster):
+    with elastic(cluster, tmp_path, NUMPY_JOB, TOTAL_STEPS=30, STEP_SLEEP=0.05) as job:
+        r = job.finish(120)
+    assert r.code == 0, r.stderr
+    assert sizes(check_numpy(tmp_path, 30)) == [3]
+
+
+def test_a_killed_node_reforms_within_the_liveness_timeout(tmp_path, cluster):
+    victim = cluster.node_id("n3")
+    with elastic(cluster, tmp_path, TOTAL_STEPS=50, STEP_SLEEP=0.1) as job:
+        wait_progress(job, tmp_path, 8, timeout=90)
+        seconds, world = next_world(job, lambda: cluster.kill_node("n3"))
+        r = job.finish(120)
+    assert r.code == 0, r.stderr
+    assert world["size"] == 2 and seconds < LIVENESS + 2.0, seconds
+    assert sizes(check_training_continuous(tmp_path, 50)) == [3, 2]  # nothing lost
+    assert [e["key"] for e in r.of("blacklisted")] == [victim]  # a failure counts
+    assert not cluster.node_pids("n3")
+    wait_no_leftovers(cluster)
+
+
+def test_a_node_added_joins_the_job(tmp_path, cluster):
+    cluster.stop_node("n3")
+    with elastic(cluster, tmp_path, TOTAL_STEPS=60, STEP_SLEEP=0.1, RESIZE="30:3") as job:
+        wait_progress(job, tmp_path, 5, timeout=90)
+        cluster.start_node("n3")
+        r = job.finish(150)
+    assert r.code == 0, r.stderr
+    assert sizes(check_training_continuous(tmp_path, 60)) == [2, 3]
+    assert cluster.node_id("n3") in [e["slot"].split("/")[0] for e in r.of("worker_start")]
+
+
+def test_a_drained_node_leaves_and_nothing_is_blacklisted(tmp_path, cluster):
+    victim = cluster.node_id("n3")
+    with elastic(cluster, tmp_path, TOTAL_STEPS=50, STEP_SLEEP=0.1) as job:
+        wait_progress(job, tmp_path, 8, timeout=90)
+        seconds, world = next_world(job, lambda: cluster.drain_node("n3", deadline=60))
+        r = job.finish(120)
+    assert r.code == 0, r.stderr
+    assert world["size"] == 2
+    assert not r.of("blacklisted")
+    assert [e["host"] for e in r.of("host_drained")] == [victim]
+    exits = [e for e in r.of("worker_exit") if e["slot"].startswith(victim)]
+    assert exits and all(e.get("removed") or e.get("drained") for e in exits), exits
+    assert sizes(check_training_continuous(tmp_path, 50)) == [3, 2]
+    wait_no_leftovers(cluster)
+
+
+def test_a_partitioned_worker_is_fenced_and_refused_after_the_heal(tmp_path, cluster):
+    with elastic(cluster, tmp_path, TOTAL_STEPS=80, STEP_SLEEP=0.1) as job:
+        wait_progress(job, tmp_path, 8, timeout=90)
+        try:
+            seconds, world = next_world(job, lambda: cluster.partition("n3"))
+            # heartbeats silent for LIVENESS s, then the actor gets 2 s to answer a stop
+            assert world["size"] == 2 and seconds < LIVENESS + 4.0, seconds
+            time.sleep(2)
+        finally:
+            cluster.heal("n3")
+        r = job.finish(150)
+        # After the heal the cut-off worker is told it is no longer part of the job and exits.
+        wait_no_leftovers(cluster, timeout=LIVENESS + 15)
+    assert r.code == 0, r.stderr
+    records = check_training_continuous(tmp_path, 80)
+    assert sizes(records) == [3, 2]
+    assert all(len(rs) == rs[0]["size"] for rs in effective_steps(records).values())
+
+
+def test_more_slots_than_the_cluster_has_is_one_line(tmp_path, cluster):
+    r = run_job(["--ray", "-np", "5", sys.executable, os.path.join(SCRIPTS, "where.py")], tmp_path,
+                timeout=60, env=ray_env(cluster, tmp_path))
+    assert r.code == 1, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (
+        "hvdlite: error: the Ray cluster has 3 slots of 1 CPU, fewer than the 5 the job needs, "
+        "and no autoscaler to add nodes")
+    assert "Traceback" not in r.stderr
+
+
+def test_a_terminated_driver_exits_quietly_and_leaves_no_worker(tmp_path, cluster):
+    with elastic(cluster, tmp_path, TOTAL_STEPS=100000, STEP_SLEEP=0.1) as job:
+        wait_progress(job, tmp_path, 3, timeout=90)
+        job.proc.send_signal(signal.SIGTERM)
+        r = job.finish(60)
+    assert r.code == 143, r.stderr
+    assert "SIGTERM received" not in r.stdout + r.stderr  # Ray's native stack dump
+    wait_no_leftovers(cluster)

@@ -1,0 +1,96 @@
+"""hvdlite on Ray without a cluster: reading ray.nodes() answers, slot shapes, the autoscaler
+check, the --ray flags, and the errors that need no cluster (none at the address, no ray)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hvdlite.cli import parse_settings
+from hvdlite.discovery.raynodes import SlotShape, can_add_nodes, listing
+from hvdlite.errors import UsageError
+
+
+def node(node_id, address, alive=True, death=0, **resources):
+    return {"NodeID": node_id, "Alive": alive, "NodeManagerAddress": address,
+            "Resources": resources, "DeathReason": death}
+
+
+NODES = [
+    node("b2", "10.0.0.2", CPU=4.0, GPU=2.0),
+    node("a1", "10.0.0.2", CPU=2.0),  # same address: still a host of its own
+    node("head", "10.0.0.1", CPU=0.0),  # no slots: not a host
+    node("c3", "10.0.0.3", CPU=2.0, accel=3.0),
+    node("gone", "10.0.0.4", alive=False, death=3, CPU=2.0),  # drained (preempted)
+    node("idle", "10.0.0.5", alive=False, death=4, CPU=2.0),  # drained (idle)
+    node("stop", "10.0.0.6", alive=False, death=1, CPU=2.0),  # ray stop: expected
+    node("dead", "10.0.0.7", alive=False, death=2, CPU=2.0),  # unexpected: a failure
+]
+
+
+def test_hosts_are_alive_nodes_by_node_id_in_address_order():
+    hosts = listing(NODES, SlotShape())
+    assert hosts == [("a1", 2), ("b2", 4), ("c3", 2)]
+    assert hosts.drained == ("gone", "idle", "stop") and hosts.failed == ("dead",)
+
+
+def test_a_node_being_drained_is_no_longer_offered_and_counts_as_drained():
+    hosts = listing(NODES, SlotShape(), draining=frozenset({"b2"}))
+    assert hosts == [("a1", 2), ("c3", 2)] and "b2" in hosts.drained
+
+
+@pytest.mark.parametrize("shape, slots", [
+    (SlotShape(cpus=2), [("a1", 1), ("b2", 2), ("c3", 1)]),
+    (SlotShape(cpus=1, gpus=1), [("b2", 2)]),  # GPUs bound it; nodes without GPUs have none
+    (SlotShape(cpus=0, gpus=0.5), [("b2", 4)]),
+    (SlotShape(resource="accel"), [("c3", 3)]),
+])
+def test_slots_come_from_cpus_gpus_or_a_named_resource(shape, slots):
+    assert listing(NODES, shape) == slots
+
+
+def test_a_slots_actor_asks_for_its_shape():
+    assert SlotShape(cpus=2, gpus=1).bundle() == {"CPU": 2, "GPU": 1}
+    assert SlotShape(cpus=1).bundle() == {"CPU": 1}
+    assert SlotShape(resource="accel").bundle() == {"accel": 1}
+
+
+def test_only_an_autoscaler_that_can_launch_nodes_counts():
+    readonly = {"autoscaler_report": {"node_type_mapping": {"ab": "node_ab", "cd": "node_cd"}}}
+    scaling = {"autoscaler_report": {"node_type_mapping": {"ab": "ray.head.default"}}}
+    assert not can_add_nodes(None, readonly) and not can_add_nodes(None, {})
+    assert can_add_nodes(None, scaling) and can_add_nodes(object(), {})
+
+
+def test_ray_flags():
+    s = parse_settings(["--ray", "--min-np", "2", "--max-np", "4", "--cpus-per-slot", "2", "true"])
+    assert (s.launcher, s.elastic, s.hosts, s.cpus_per_slot, s.ray_address) == ("ray", True, None, 2.0, None)
+    assert parse_settings(["--ray", "--ray-address", "h:6379", "true"]).num_proc is None  # all slots
+    for argv, message in [(["--ray", "-H", "a:1", "true"], "takes the hosts from the Ray cluster"),
+                          (["--ray-address", "auto", "true"], "need --ray"),
+                          (["--ray", "--cpus-per-slot", "0", "true"], "must take something")]:
+        with pytest.raises(UsageError, match=message):
+            parse_settings(argv)
+
+
+def run(argv, tmp_path, **env):
+    return subprocess.run([sys.executable, "-m", "hvdlite.cli", "run", *argv], capture_output=True,
+                          text=True, timeout=60, cwd=tmp_path, env={**os.environ, **env})
+
+
+def test_no_cluster_at_the_address_is_one_line(tmp_path):
+    pytest.importorskip("ray", reason="ray is not installed: this checks what ray.init would do")
+    r = run(["--ray", "--ray-address", "127.0.0.1:1", "-np", "1", "true"], tmp_path, RAY_AUTH_MODE="disabled")
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [r.stderr.strip().splitlines()[0]]
+    assert r.stderr.startswith("hvdlite: error: no Ray cluster at 127.0.0.1:1: cannot connect to ")
+
+
+def test_ray_not_installed_is_one_line(tmp_path):
+    fake = tmp_path / "noray" / "ray"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError(\"No module named 'ray'\")\n")
+    path = os.pathsep.join([str(tmp_path / "noray"), os.environ.get("PYTHONPATH", "")])
+    r = run(["--ray", "-np", "1", "true"], tmp_path, PYTHONPATH=path)
+    assert (r.returncode, r.stderr) == (1, "hvdlite: error: --ray needs the ray package: "
+                                           "pip install 'hvdlite[ray]'\n")
