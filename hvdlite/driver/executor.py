@@ -25,6 +25,7 @@ class Executor:
         self.handles = {}  # worker -> launched handle
         self.outputs = {}  # worker -> RankOutput
         self._host_of = {}  # worker -> host it was launched on
+        self.on_forget = None  # called with (worker, its last rank label) once a worker ended
         self._stop_when_started = {}  # worker -> grace: stopped while its launch was under way
         self._remote_routes = {}  # remote host -> this machine's address on the route to it
         # Warm the templates once the first world formed, if workers may join (a local one
@@ -98,6 +99,8 @@ class Executor:
             self._host_of.pop(worker, None)
             output = self.outputs.pop(worker, None)
         if output is not None:
+            if self.on_forget is not None:
+                self.on_forget(worker, output.label)
             output.close()
 
     def _stop(self, a: Stop):

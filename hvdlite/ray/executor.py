@@ -153,9 +153,11 @@ class _CallJob(Job):
         super().__init__(settings, log)
         self._call_bytes = call
         self._served = threading.Event()
+        self._labels = {}  # worker -> the rank its output was labelled with last, once it ended
 
     def start_server(self, remote_possible: bool):
         super().start_server(True)  # the workers are on Ray nodes
+        self.executor.on_forget = self._labels.__setitem__
         self.server.put(SCOPE, "call", self._call_bytes)
         self._served.set()
 
@@ -165,10 +167,11 @@ class _CallJob(Job):
         if self.server is None or self.executor is None:
             return {}
         out = {}
-        for worker, output in self.executor.outputs.items():
+        labels = {**self._labels, **{w: o.label for w, o in self.executor.outputs.items()}}
+        for worker, label in labels.items():
             raw = self.server.get(SCOPE, f"result.{worker}")
-            if raw is not None and output.label.isdigit():
-                out[int(output.label)] = cloudpickle.loads(raw)
+            if raw is not None and label.isdigit():
+                out[int(label)] = cloudpickle.loads(raw)
         return out
 
     def relay_logs(self, callbacks, done: threading.Event):
