@@ -3,12 +3,11 @@
 Launches run on the executor's threads, never on the decision thread: name lookups, SSH
 connects and remote start-up can take seconds.
 """
-import functools
 import os
 import threading
 
 from hvdlite.driver.launchers import ssh
-from hvdlite.driver.launchers.kept import obtain
+from hvdlite.driver.launchers.kept import Keeper
 from hvdlite.driver.launchers.local import LocalWorker
 from hvdlite.driver.launchers.locality import is_local
 from hvdlite.driver.launchers.ssh.template import RemoteTemplates, fallback_line
@@ -42,7 +41,7 @@ class Launchers:
         # plainly until it is ready.
         self._say = SayOnce()
         # With --keep-warm the local template is a kept one, and every local worker forks from it.
-        keeper = functools.partial(obtain, idle=settings.keep_warm) if settings.keep_warm else None
+        keeper = Keeper(settings.keep_warm) if settings.keep_warm else None
         self._templates = Templates(settings.preload, say=self._say, keeper=keeper) if settings.preload else None
         self._remote_templates = RemoteTemplates(settings.preload, self._say) if settings.preload else None
         self._preload_first = settings.preload_first
@@ -71,8 +70,13 @@ class Launchers:
             if worker.fallback:
                 self._say(fallback_line(hostname, worker.fallback))
             return worker
-        if self._templates and (joining or self._preload_first or self._keep_warm or (
+        if self._templates and (joining or self._preload_first or (
                 self._joins_possible and fork_first_world(local_workers, self._cores))):
+            return self._templates.spawn(self.command, env, os.getcwd(), output)
+        # --keep-warm: fork from the kept template when one serves; the first such job starts
+        # its workers as a plain job does (their imports in parallel) and leaves the kept
+        # template starting behind it (close), so that it costs no more than a plain job.
+        if self._keep_warm and self._templates and self._templates.kept_serving(self.command, env, os.getcwd()):
             return self._templates.spawn(self.command, env, os.getcwd(), output)
         with self._lock:
             first, self._warm_env = self._warm_env is None, self._warm_env or env
@@ -106,4 +110,8 @@ class Launchers:
             for host in self._remote.values():
                 host.close()
         if self._templates:
+            with self._lock:
+                env = self._warm_env  # set by a plain local launch
+            if self._keep_warm and env is not None:
+                self._templates.keep_behind(self.command, env, os.getcwd())
             self._templates.close()
