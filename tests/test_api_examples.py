@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from jobs import Job, run_job
+from jobs import Job, run_job, slot_pid
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 
@@ -46,8 +46,7 @@ def test_train_numpy_learns_and_survives_a_kill_9(tmp_path):
     with Job(["-np", "2", "--min-np", "1", NUMPY_PYTHON, os.path.join(EXAMPLES, "train_numpy.py")],
              tmp_path, env={"STEP_SLEEP": "0.02"}) as job:
         job.wait_for(lambda _: "step 50 " in Job.read(job.out), 90)
-        os.kill([e["pid"] for e in job.events() if e["event"] == "worker_start"
-                 and e["slot"] == "localhost/1"][0], signal.SIGKILL)
+        os.kill(slot_pid(job, "localhost/1"), signal.SIGKILL)
         r = job.finish(120)
     assert r.code == 0, r.stderr
     steps = [line for line in r.stdout.splitlines() if "<stdout>:step" in line]

@@ -141,6 +141,23 @@ def keep(tmp_path):
 WHO = "import os\nprint('parent', os.getppid())\n"
 
 
+def test_first_job_starts_plainly_and_leaves_the_kept_template_for_the_next(keep):
+    """Without --preload the first --keep-warm job costs what a plain one does: its workers
+    import in parallel as plain processes, and the kept template starts as the job ends (it
+    holds the start lock until it listens, so the next job waits for it rather than importing)."""
+    script = keep.script("who.py", WHO)
+    parents, drivers = [], []
+    for n in range(2):
+        with Job(["-np", "2", "--keep-warm", "30", sys.executable, script], keep.tmp_path, env=keep.env) as job:
+            drivers.append(job.proc.pid)
+            result = job.finish(120)
+        assert result.code == 0, result.stderr
+        parents.append({int(p) for p in re.findall(r"stdout>:parent (\d+)", result.stdout)})
+        assert ("starting for later --keep-warm jobs" in result.stderr) == (n == 0), result.stderr
+    (pid,) = keep.kept_pids()
+    assert parents == [{drivers[0]}, {pid}]  # plain children of the driver, then forked
+
+
 @pytest.mark.parametrize("python, check, preload", [
     (sys.executable, None, "kwmod"),
     pytest.param(PYGLOO_PYTHON, "numpy_check.py", "kwmod,numpy,hvdlite.numpy", marks=needs_pygloo),

@@ -59,6 +59,7 @@ def main(argv=None) -> int:
     how.add_argument("--keep", metavar="PATH",
                      help="kept template: serve spawn clients on PATH until --idle seconds without any")
     p.add_argument("--idle", type=float, default=60.0, help="seconds a kept template waits idle")
+    p.add_argument("--lock-fd", type=int, help="kept template: the start lock, held until it listens")
     args = p.parse_args(argv)
     child.prepare_title()
     if args.listen or args.keep:
@@ -89,6 +90,8 @@ def main(argv=None) -> int:
         except OSError as e:
             say({"op": "unusable", "reason": f"cannot listen on {args.keep}: {e.strerror}"})
             return 1
+        if args.lock_fd is not None:
+            os.close(args.lock_fd)  # listening: a driver waiting for the lock connects now
         say(dict(ready, socket=args.keep))
         os.close(frames)
         os.chdir("/")  # it outlives the job that started it: hold on to none of its directories

@@ -77,16 +77,23 @@ def _locked(lock_path: str, timeout: float):
             time.sleep(0.05)
 
 
-def _start(python: str, env: dict, preload, idle: float, path: str, log_path: str) -> dict:
-    """Start a kept template in its own session, its output in `log_path`; its `ready`."""
+def _popen(python, env, preload, idle, path, log_path, stdout, lock=None):
+    """A kept template in its own session, its output in `log_path`. With `lock` (the start
+    lock's fd) it holds the lock until it listens, so no other driver starts a second one."""
     command = [python, "-m", "hvdlite.template", "--preload", ",".join(preload),
-               "--keep", path, "--idle", repr(idle)]
+               "--keep", path, "--idle", repr(idle)] + (["--lock-fd", str(lock)] if lock is not None else [])
     with open(os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600), "ab") as log:
         try:
-            proc = subprocess.Popen(command, env=template_env(env), stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=log, start_new_session=True)
+            return subprocess.Popen(command, env=template_env(env), stdin=subprocess.DEVNULL,
+                                    stdout=stdout, stderr=log, start_new_session=True,
+                                    pass_fds=() if lock is None else (lock,))
         except OSError as e:
             raise Unavailable(f"cannot start {python}: {e.strerror}") from None
+
+
+def _start(python: str, env: dict, preload, idle: float, path: str, log_path: str) -> dict:
+    """Start a kept template and wait for its `ready`."""
+    proc = _popen(python, env, preload, idle, path, log_path, subprocess.PIPE)
     reader, deadline = wire.Reader(), time.monotonic() + READY_TIMEOUT
     try:
         while time.monotonic() < deadline:
@@ -103,16 +110,57 @@ def _start(python: str, env: dict, preload, idle: float, path: str, log_path: st
         proc.stdout.close()
 
 
-def obtain(python: str, env: dict, preload, say, idle: float):
-    """The kept template for this interpreter, preload list and startup environment, started
-    (and said with `say`) if none serves yet. Unavailable with one line why not."""
+def _where(python: str, env: dict, preload):
+    """(uid, folder, identity, socket path) of the kept template that would serve."""
     uid = os.getuid()
     folder = kept.runtime_dir(env, uid)
     problem = kept.private_dir(folder, uid)
     if problem:
         raise Unavailable(problem)
     ident = kept.identity(python, preload, startup_env(env))
-    path = kept.socket_path(folder, ident)
+    return uid, folder, ident, kept.socket_path(folder, ident)
+
+
+def serving(python: str, env: dict, preload):
+    """The kept template that serves now, or None; never starts one, but waits for one that
+    is starting (it holds the start lock until it listens): it is further on than an import."""
+    uid, folder, ident, path = _where(python, env, preload)
+    found = connect(path, uid)
+    if found is None:
+        os.close(_locked(os.path.join(folder, f"warm-{ident}.lock"), READY_TIMEOUT + 10))
+        found = connect(path, uid)
+    return found
+
+
+def start_behind(python: str, env: dict, preload, say, idle: float) -> None:
+    """Start the kept template for later jobs without waiting for it (a job that ran without
+    it ends): unless one serves, or another driver is starting one."""
+    uid, folder, ident, path = _where(python, env, preload)
+    try:
+        lock = _locked(os.path.join(folder, f"warm-{ident}.lock"), 0)
+    except Unavailable:
+        return  # another driver is starting it
+    try:
+        found = connect(path, uid)
+        if found is not None:
+            found.close()
+            return
+        try:
+            os.unlink(path)  # stale: its template is gone
+        except FileNotFoundError:
+            pass
+        log_path = os.path.join(folder, f"warm-{ident}.log")
+        proc = _popen(python, env, preload, idle, path, log_path, subprocess.DEVNULL, lock)
+        say(f"hvdlite: kept template {proc.pid} starting for later --keep-warm jobs; it serves "
+            f"until {idle:g} s idle (`kill {proc.pid}` ends it; log {log_path})")
+    finally:
+        os.close(lock)
+
+
+def obtain(python: str, env: dict, preload, say, idle: float):
+    """The kept template for this interpreter, preload list and startup environment, started
+    (and said with `say`) if none serves yet. Unavailable with one line why not."""
+    uid, folder, ident, path = _where(python, env, preload)
     found = connect(path, uid)
     if found is not None:
         return found
@@ -135,3 +183,21 @@ def obtain(python: str, env: dict, preload, say, idle: float):
         return found
     finally:
         os.close(lock)
+
+
+class Keeper:
+    """Kept templates for Templates, with the job's --keep-warm seconds: called, the template
+    (started and waited for if none serves); `serving` and `start_behind` as above."""
+
+    def __init__(self, idle: float):
+        self.idle = idle
+
+    def __call__(self, python, env, preload, say):
+        return obtain(python, env, preload, say, self.idle)
+
+    @staticmethod
+    def serving(python, env, preload):
+        return serving(python, env, preload)
+
+    def start_behind(self, python, env, preload, say) -> None:
+        start_behind(python, env, preload, say, self.idle)

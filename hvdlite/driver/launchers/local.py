@@ -1,9 +1,8 @@
 """Workers on this machine: a subprocess per slot, or a fork of the local template."""
-import functools
 import os
 import threading
 
-from hvdlite.driver.launchers.kept import obtain
+from hvdlite.driver.launchers.kept import Keeper
 from hvdlite.driver.launchers.locality import is_local
 from hvdlite.driver.launchers.process import LocalWorker
 from hvdlite.driver.launchers.start import StartRule
@@ -16,8 +15,9 @@ class LocalLauncher:
         self.command = settings.command
         self._rule = StartRule(settings)
         self._ssh_config = settings.ssh_config or "default"  # a host named in it may be this one
-        # With --keep-warm the local template is a kept one, and every local worker forks from it.
-        keeper = functools.partial(obtain, idle=settings.keep_warm) if settings.keep_warm else None
+        # With --keep-warm the local template is a kept one, and every local worker forks from it
+        # once it serves.
+        keeper = Keeper(settings.keep_warm) if settings.keep_warm else None
         self._templates = Templates(settings.preload, say=say, keeper=keeper) if settings.preload else None
         self._lock = threading.Lock()
         self._warm_env = None  # a local worker's environment, to start the template with
@@ -30,6 +30,11 @@ class LocalLauncher:
 
     def start(self, host, env: dict, output, joining: bool, local_workers: int = 1):
         if self._templates and self._rule.fork_locally(joining, local_workers):
+            return self._templates.spawn(self.command, env, os.getcwd(), output)
+        # --keep-warm: fork from the kept template when one serves; the first such job starts
+        # its workers as a plain job does (their imports in parallel) and leaves the kept
+        # template starting behind it (close), so that it costs no more than a plain job.
+        if self._rule.keep_warm and self._templates and self._templates.kept_serving(self.command, env, os.getcwd()):
             return self._templates.spawn(self.command, env, os.getcwd(), output)
         with self._lock:
             first, self._warm_env = self._warm_env is None, self._warm_env or env
@@ -47,4 +52,8 @@ class LocalLauncher:
 
     def close(self):
         if self._templates:
+            with self._lock:
+                env = self._warm_env  # set by a plain local launch
+            if self._rule.keep_warm and env is not None:
+                self._templates.keep_behind(self.command, env, os.getcwd())
             self._templates.close()

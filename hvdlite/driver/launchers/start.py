@@ -3,8 +3,8 @@ a template that imported the heavy modules already (hvdlite.template).
 
 Workers that join a running job fork from a template (all workers with --preload). When workers
 may join, a host's template starts with the first world, so that an early join need not wait
-for its imports (see fork_first_world). With --keep-warm every local worker forks from a kept
-template.
+for its imports (see fork_first_world). With --keep-warm local workers fork from a kept
+template once one serves (local.py).
 """
 import os
 
@@ -35,7 +35,7 @@ class StartRule:
         self.cores = len(os.sched_getaffinity(0))
 
     def fork_locally(self, joining: bool, local_workers: int) -> bool:
-        return bool(self.preload) and (joining or self.preload_first or self.keep_warm or (
+        return bool(self.preload) and (joining or self.preload_first or (
             self.joins_possible and fork_first_world(local_workers, self.cores)))
 
     def template_remotely(self, joining: bool) -> bool:

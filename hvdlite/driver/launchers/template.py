@@ -304,6 +304,36 @@ class Templates:
                     raise Unavailable(self.failed[key]) from None
             return current
 
+    def kept_serving(self, command, env: dict, cwd: str) -> bool:
+        """A kept template serves `command` now (found, not started: see keep_behind)."""
+        python, key = self._key(command, env, cwd)
+        with self.lock:
+            current = self.templates.get(key)
+            if current is not None and current.alive():
+                return current.kept
+            if key in self.unkept or key in self.failed:
+                return False
+            try:
+                found = self.keeper.serving(python, env, self.preload)
+            except Unavailable as e:
+                self._unkeep(key, e)
+                return False
+            if found is not None:
+                self.templates[key] = found
+            return found is not None
+
+    def keep_behind(self, command, env: dict, cwd: str) -> None:
+        """Start the kept template for later jobs, not waiting for it, unless this job has it."""
+        python, key = self._key(command, env, cwd)
+        with self.lock:
+            current = self.templates.get(key)
+            if key in self.unkept or current is not None and current.kept and current.alive():
+                return
+        try:
+            self.keeper.start_behind(python, env, self.preload, self._say_once)
+        except Unavailable as e:
+            self._say_once(f"hvdlite: not keeping a template ({e})")
+
     def _unkeep(self, key, reason) -> None:
         """This job does without the kept template (lock held)."""
         self.unkept.add(key)
