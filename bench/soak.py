@@ -176,9 +176,8 @@ def measure(driver, log_, sizes_path, round_):
     worker = [e["pid"] for e in log_.read() if e["event"] == "worker_start" and e["slot"] == "localhost/0"][-1]
     with open(sizes_path) as f:
         sizes = json.load(f)
-    if os.environ.get("SOAK_DEBUG"):
-        print("   worker threads:", thread_names(worker), "fds:", sorted(os.readlink(f"/proc/{worker}/fd/{n}") for n in os.listdir(f"/proc/{worker}/fd")))
-    return {"round": round_, "driver": usage(driver), "worker": usage(worker), "sizes": sizes}
+    return {"round": round_, "driver": usage(driver), "worker": usage(worker), "sizes": sizes,
+            "worker_threads": thread_names(worker)}
 
 
 def report(backend, figures):
@@ -188,6 +187,8 @@ def report(backend, figures):
         for i, what in enumerate(("RSS MB", "descriptors", "threads")):
             a, b = early[who][i], late[who][i]
             print(f"  {who:6} {what:11} {a:>8} -> {b:>8}  ({(b - a) / a * 100:+.1f}%)")
+    if early["worker_threads"] != late["worker_threads"]:
+        print(f"  worker thread names {early['worker_threads']} -> {late['worker_threads']}")
     for name in early["sizes"]:
         print(f"  driver table {name:14} {early['sizes'][name]:>5} -> {late['sizes'][name]:>5}")
 
