@@ -2,7 +2,6 @@
 over 1,000 kill-and-rejoin cycles (pure), the KV server's scopes and a real job's descriptors
 and threads over a short soak (bench/soak.py is the long one)."""
 import os
-import subprocess
 import sys
 
 import pytest
@@ -106,3 +105,17 @@ def test_the_assign_request_of_a_worker_gone_while_waiting_is_forgotten():
     answer = rendezvous.route("GET", "assign", {"worker": "a/0#2", "after": "-1"}, b"")
     rendezvous.answer("a/0#2", 200, {"world": {}})
     assert answer.result()[0] == 200 and rendezvous.waiting() == 0
+
+
+@pytest.mark.parametrize("backend", ["torch", "numpy"])
+def test_a_short_soak_keeps_the_driver_and_a_survivor_flat(backend):
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import soak
+    if backend == "numpy" and not os.path.exists(soak.PYGLOO):
+        pytest.skip(f"no pygloo venv at {soak.PYGLOO}")
+    figures = soak.soak(backend, rounds=50, early=10, say=lambda _: None)
+    early, late = figures["early"], figures["late"]
+    for who in ("driver", "worker"):  # descriptors and threads; RSS is the long soak's
+        assert late[who][1:] == early[who][1:], (who, early, late)
+    connections = late["sizes"].pop("connections") - early["sizes"].pop("connections")
+    assert late["sizes"] == early["sizes"] and abs(connections) <= 2, (early, late)
