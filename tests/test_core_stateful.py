@@ -11,7 +11,9 @@ import os
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from hvdlite.driver.decisions.core import ElasticCore, Phase, Policy
+from hvdlite.driver.decisions.core import ElasticCore
+from hvdlite.driver.decisions.policy import Policy
+from hvdlite.driver.decisions.workers import Phase
 from hvdlite.driver.decisions.messages import (
     Answer, EndJob, Exited, Heartbeats, HostsFound, Launch, Launched, LaunchFailed, LoadFailed, Log,
     Ready, Stop, TemplateDied, Tick)

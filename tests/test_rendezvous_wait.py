@@ -2,7 +2,6 @@
 rendezvous endpoints, a real worker session; the test plays the decision thread."""
 import queue
 import threading
-import time
 
 import pytest
 

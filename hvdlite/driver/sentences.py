@@ -1,6 +1,6 @@
 """The driver's events as sentences for people: `sentence("worker_exit", fields)` ->
 "rank 2 on host-a was killed by SIGKILL". The event log keeps the fields as they are."""
-from hvdlite.driver.decisions.core import describe_exit
+from hvdlite.driver.decisions.workers import describe_exit
 from hvdlite.driver.decisions.plan import host_of
 
 
