@@ -26,6 +26,8 @@ def _worker_exit(f):
     code = f.get("code", 0)
     if code == 0:
         return f"{_who(f)} finished"
+    if f.get("cause"):
+        return f"{_who(f)} {describe_exit(code)}: {f['cause']}; starting it again"
     why = f" ({f['error']})" if f.get("error") else ""
     return f"{_who(f)} {describe_exit(code)}{why}"
 
@@ -35,6 +37,8 @@ def _round_complete(f):
     start = f"world {f.get('round')} formed: " + _plural(size, "worker")
     if f.get("round") == 1:
         return f"{start} start training"
+    if f.get("handover"):
+        return f"{start} sync from commit {f.get('commit', 0)}, then the holder on a sidelined slot leaves"
     text = f"{start} go on from commit {f.get('commit', 0)}"
     if f.get("reformed_in") is not None:
         after = "the failure" if f.get("cause") == "failure" else "the host update"
@@ -72,6 +76,9 @@ _SENTENCES = {
     "blacklisted": lambda f: f"{f.get('key')} blacklisted ({f.get('cooldown')})",
     "whitelisted": lambda f: f"{f.get('key')} is usable again (cooldown over)",
     "worker_unresponsive": lambda f: f"{_who(f)} is unresponsive ({f.get('reason')}); killing it",
+    "worker_stuck": lambda f: f"{_who(f)} never left its broken world ({f.get('reason')}); killing it",
+    "state_kept": lambda f: f"worker {f.get('slot')} keeps commit {f.get('commit')} without training "
+                            f"({f.get('reason')}); waiting for hosts",
     "worker_start_timeout": lambda f: f"{_who(f)} did not start in time ({f.get('reason')}); killing it",
     "commit_lost": lambda f: f"every holder of commit {f.get('newest')} is gone; "
                              f"going on from commit {f.get('resumed')}",
