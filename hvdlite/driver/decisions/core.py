@@ -304,7 +304,7 @@ class ElasticCore:
                       for inc in self.phases[Phase.WAITING].values() if inc.killed is None]
         usable = [c for c in candidates if self._usable(c.slot)]
         source = state_source(self.hosts, candidates, usable)
-        if not usable or len(usable) < self.policy.min_np:
+        if len(usable) < self.policy.min_np:
             return self._check_short(len(usable), source)
         members = usable + [source] if source is not None else usable
         top = max(c.commit for c in members)
