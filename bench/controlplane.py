@@ -77,7 +77,8 @@ def serve(size: int) -> None:
     and their heartbeats refresh real incarnations."""
     import queue
 
-    from hvdlite.driver.decisions.core import ElasticCore, Policy
+    from hvdlite.driver.decisions.core import ElasticCore
+    from hvdlite.driver.decisions.policy import Policy
     from hvdlite.driver.decisions.messages import (
         Answer, Heartbeats, HostsFound, Launch, Launched, Publish, Stop, Tick)
     from hvdlite.driver.job import TICK

@@ -2,7 +2,9 @@
 
 One sequence per defect the core once had and per Horovod rule it follows.
 """
-from hvdlite.driver.decisions.core import ElasticCore, Phase, Policy
+from hvdlite.driver.decisions.core import ElasticCore
+from hvdlite.driver.decisions.policy import Policy
+from hvdlite.driver.decisions.workers import Phase
 from hvdlite.driver.decisions.messages import (
     Answer, EndJob, Exited, Heartbeats, HostsFound, Launch, Launched, LaunchFailed, LoadFailed, Log,
     Publish, Ready, Stop, TemplateDied, Tick)

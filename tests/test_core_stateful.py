@@ -11,7 +11,9 @@ import os
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from hvdlite.driver.decisions.core import ElasticCore, Phase, Policy
+from hvdlite.driver.decisions.core import ElasticCore
+from hvdlite.driver.decisions.policy import Policy
+from hvdlite.driver.decisions.workers import Phase
 from hvdlite.driver.decisions.messages import (
     Answer, EndJob, Exited, Heartbeats, HostsFound, Launch, Launched, LaunchFailed, LoadFailed, Log,
     Ready, Stop, TemplateDied, Tick)
@@ -345,13 +347,15 @@ class ElasticJob(RuleBasedStateMachine):
         self.send(Tick(), dt=dt)
 
     @precondition(lambda self: any(not p.alive for p in self.procs.values()))
-    @rule(data=st.data(), kind=st.sampled_from(["exit", "ready", "beat", "launched", "failed"]))
+    @rule(data=st.data(), kind=st.sampled_from(["exit", "ready", "beat", "launched", "failed", "template",
+                                                "load"]))
     def stale_incarnation_speaks(self, data, kind):
         proc = self.procs[data.draw(st.sampled_from(sorted(w for w, p in self.procs.items() if not p.alive)))]
         before = self.signature()
         event = {"exit": Exited(proc.worker, data.draw(st.sampled_from([0, 1, -9]))),
                  "ready": Ready(proc.worker, 99, 10 ** 6), "beat": Heartbeats(((proc.worker, 10 ** 6),)),
-                 "launched": Launched(proc.worker, 1), "failed": LaunchFailed(proc.worker, "x")}[kind]
+                 "launched": Launched(proc.worker, 1), "failed": LaunchFailed(proc.worker, "x"),
+                 "template": TemplateDied(proc.worker), "load": LoadFailed(proc.worker, "x")}[kind]
         actions = self.core.handle(event, self.now)
         assert self.signature() == before, f"a stale {kind} changed the job"
         assert all(isinstance(a, Answer) and a.body == {"removed": True} for a in actions), actions

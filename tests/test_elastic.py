@@ -237,22 +237,6 @@ def test_a_live_holder_on_a_blacklisted_host_hands_the_state_to_a_new_host(tmp_p
     assert sizes(records) == [2, 1]  # the handover world trained no step
 
 
-def test_a_joiner_waiting_longer_than_the_elastic_timeout_is_not_a_failure(tmp_path):
-    # The members' step lasts longer than --elastic-timeout (an epoch between commits, say):
-    # the joiner keeps waiting, and joins at the next commit.
-    schedule = [[0, ["127.0.0.1:1"]], [2, ["127.0.0.1:1", "127.0.0.2:1"]]]
-    with Job([*discovery(tmp_path, schedule), "--min-np", "1", "--elastic-timeout", "2", *JOB],
-             tmp_path, env=job_env(tmp_path, TOTAL_STEPS=10, STEP_SLEEP=0.05, HOLD_AT=3)) as job:
-        job.wait_for(joiners_wait, 90)
-        time.sleep(4)
-        go(tmp_path)
-        r = job.finish(120)
-    assert r.code == 0, r.stderr
-    assert not r.of("blacklisted")
-    assert [e["code"] for e in r.of("worker_exit") if e["slot"] == "127.0.0.2/0"] == [0]
-    assert sizes(check_training_continuous(tmp_path, 10)) == [1, 2]
-
-
 def test_with_no_hosts_listed_nobody_trains_and_the_elastic_timeout_ends_the_job(tmp_path):
     schedule = [[0, ["127.0.0.1:1"]], [5, []]]
     start = None

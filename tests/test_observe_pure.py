@@ -34,6 +34,17 @@ def test_sentences_count_right():
         == "job finished after 1 reset; 1 worker failed on the way: rank 1 on a exited with code 1"
 
 
+def test_what_the_core_does_for_a_holder_a_template_or_a_stuck_member_is_said():
+    assert sentence("worker_exit", {"slot": "h/1", "rank": 1, "code": -9, "cause": "its template died"}) == \
+        "rank 1 on h (slot h/1) was killed by SIGKILL: its template died; starting it again"
+    assert sentence("round_complete", {"round": 4, "size": 2, "commit": 9, "handover": True}) == \
+        "world 4 formed: 2 workers sync from commit 9, then the holder on a sidelined slot leaves"
+    assert sentence("worker_stuck", {"slot": "h/0", "rank": 0, "reason": "r"}) == \
+        "rank 0 on h (slot h/0) never left its broken world (r); killing it"
+    assert sentence("state_kept", {"slot": "h/0", "commit": 3, "reason": "r"}) == \
+        "worker h/0 keeps commit 3 without training (r); waiting for hosts"
+
+
 def view(size, commit, **kw):
     return JobView(**{"round": 1, "world_size": size, "target_size": 3, "commit": commit, "joining": 0,
                       "blacklisted_slots": 0, "resets": 0, **kw})

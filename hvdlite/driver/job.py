@@ -14,7 +14,9 @@ import time
 from hvdlite.discovery.script import DiscoveryError
 from hvdlite.discovery.sources import host_source
 from hvdlite.driver.decisions.assignment import assign
-from hvdlite.driver.decisions.core import ElasticCore, JobView, Policy, describe_exit
+from hvdlite.driver.decisions.core import ElasticCore, JobView
+from hvdlite.driver.decisions.policy import Policy
+from hvdlite.driver.decisions.workers import describe_exit
 from hvdlite.driver.decisions.messages import (
     DiscoveryFailed, Exited, Heartbeats, HostsFound, Launch, Launched, LaunchFailed, Tick)
 from hvdlite.driver.descriptors import raise_limit

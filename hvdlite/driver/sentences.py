@@ -1,6 +1,6 @@
 """The driver's events as sentences for people: `sentence("worker_exit", fields)` ->
 "rank 2 on host-a was killed by SIGKILL". The event log keeps the fields as they are."""
-from hvdlite.driver.decisions.core import describe_exit
+from hvdlite.driver.decisions.workers import describe_exit
 from hvdlite.driver.decisions.plan import host_of
 
 
@@ -28,6 +28,8 @@ def _worker_exit(f):
     code = f.get("code", 0)
     if code == 0:
         return f"{_who(f)} finished"
+    if f.get("cause"):
+        return f"{_who(f)} {describe_exit(code)}: {f['cause']}; starting it again"
     why = f" ({f['error']})" if f.get("error") else ""
     return f"{_who(f)} {describe_exit(code)}{why}"
 
@@ -37,6 +39,9 @@ def _round_complete(f):
     start = f"world {f.get('round')} formed: " + _plural(size, "worker")
     if f.get("round") == 1:
         return f"{start} start{'s' if size == 1 else ''} training"  # 1 worker starts, 2 start
+    if f.get("handover"):
+        return (f"{start} sync{'s' if size == 1 else ''} from commit {f.get('commit', 0)}, "
+                f"then the holder on a sidelined slot leaves")
     text = f"{start} go{'es' if size == 1 else ''} on from commit {f.get('commit', 0)}"
     if f.get("reformed_in") is not None:
         after = "the failure" if f.get("cause") == "failure" else "the host update"
@@ -94,6 +99,9 @@ _SENTENCES = {
     "host_failed": lambda f: f"{_who(f)}: its host failed; killing it",
     "whitelisted": lambda f: f"{f.get('key')} is usable again (cooldown over)",
     "worker_unresponsive": lambda f: f"{_who(f)} is unresponsive ({f.get('reason')}); killing it",
+    "worker_stuck": lambda f: f"{_who(f)} never left its broken world ({f.get('reason')}); killing it",
+    "state_kept": lambda f: f"worker {f.get('slot')} keeps commit {f.get('commit')} without training "
+                            f"({f.get('reason')}); waiting for hosts",
     "worker_start_timeout": lambda f: f"{_who(f)} did not start in time ({f.get('reason')}); killing it",
     "commit_lost": lambda f: f"every holder of commit {f.get('newest')} is gone; "
                              f"going on from commit {f.get('resumed')}",

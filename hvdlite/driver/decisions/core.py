@@ -9,7 +9,6 @@ Its members are the waiting workers on usable slots, rank 0 being one that holds
 commit. New workers are launched on free slots as discovery shows them; once all are waiting,
 a host update is announced, members leave at their next commit and the world re-forms.
 """
-import enum
 import random
 import signal
 from dataclasses import dataclass, replace
@@ -22,60 +21,10 @@ from hvdlite.driver.decisions.messages import (
     Launched, LaunchFailed, LoadFailed, Log, Publish, Ready, Stop, TemplateDied, Tick)
 from hvdlite.driver.decisions.plan import (
     Candidate, free_slots, host_of, plan_world, prospective_places, state_source)
+from hvdlite.driver.decisions.policy import Policy
+from hvdlite.driver.decisions.workers import Incarnation, Phase, describe_exit, overdue
 
 REMOVED = {"removed": True}
-
-
-class Phase(enum.Enum):
-    STARTING = "starting"  # launch asked for or process running; not waiting for a world yet
-    WAITING = "waiting"  # in the rendezvous, for a world formed after round `after`
-    TRAINING = "training"  # answered with a world and working in it
-    LEAVING = "leaving"  # told to go without failing (removed from the job)
-    GONE = "gone"  # exited, or never started
-
-
-@dataclass(frozen=True)
-class Policy:
-    """The settings the decisions depend on."""
-    min_np: int = 1
-    max_np: Optional[int] = None
-    reset_limit: Optional[int] = None
-    elastic_timeout: float = 600.0
-    start_timeout: float = 30.0
-    liveness_timeout: float = 5.0
-    exit_grace: float = 30.0  # seconds a worker that said it is exiting may take
-    stall: float = 1.0  # a gap between ticks this long means the driver itself was starved
-    cooldown_range: Optional[tuple] = None
-    blacklist: str = "auto"  # "host", "slot", or "auto": slot on a single-host job, else host
-    stop_grace: float = 3.0  # seconds a removed worker gets between TERM and KILL
-    durable: bool = False  # --checkpoint-dir: commits are on disk too
-
-
-@dataclass
-class Incarnation:
-    """One launch of a slot."""
-    id: str
-    slot: str
-    host: str
-    launched_at: float
-    phase: Phase = Phase.STARTING
-    pid: Optional[int] = None
-    after: int = -1  # while WAITING: the round it left
-    commit: int = 0  # commits its training state holds, as last reported
-    heard_at: Optional[float] = None  # last heartbeat
-    exiting_since: Optional[float] = None
-    killed: Optional[str] = None  # why the driver killed it as failed
-    answer: Optional[tuple] = None  # (round, body) of its last rendezvous answer
-    rank: Optional[int] = None
-
-    @property
-    def alive(self) -> bool:
-        return self.phase is not Phase.GONE
-
-    @property
-    def name(self) -> str:
-        """How messages name the worker: its rank, or its slot before it has one."""
-        return f"rank {self.rank}" if self.rank is not None else f"worker {self.slot}"
 
 
 @dataclass(frozen=True)
@@ -310,23 +259,13 @@ class ElasticCore:
         for key in self.blacklist.expire(now):
             self._log("whitelisted", key=key)
             self.hosts_dirty = True
+        # A member of a broken world that never left it (stuck outside hvdlite's collectives,
+        # its heartbeat thread going on) holds every other worker in the rendezvous.
+        broke_at = self.broken_at if self.round and self.broken >= self.round else None
         for inc in self._live():
-            if inc.killed is not None or inc.pid is None:
-                continue
-            if inc.exiting_since is not None:
-                if now - inc.exiting_since > p.exit_grace:
-                    self._kill(inc, "worker_unresponsive", f"still exiting after {p.exit_grace:g} s")
-            elif inc.heard_at is not None and now - inc.heard_at > p.liveness_timeout:
-                self._kill(inc, "worker_unresponsive", f"no heartbeat for {p.liveness_timeout:g} s")
-            elif inc.phase is Phase.STARTING and inc.answer is None \
-                    and now - inc.launched_at > p.start_timeout:
-                self._kill(inc, "worker_start_timeout", f"not ready within {p.start_timeout:g} s")
-            elif inc.id in self.staying and self.broken >= self.round \
-                    and now - self.broken_at > p.elastic_timeout:
-                # Stuck outside hvdlite's collectives (its heartbeat thread goes on), holding
-                # every other worker in the rendezvous.
-                self._kill(inc, "worker_stuck", f"still in round {self.round}, which broke over "
-                                                f"--elastic-timeout {p.elastic_timeout:g} s ago")
+            why = overdue(inc, now, p, broke_at if inc.id in self.staying else None)
+            if why is not None:
+                self._kill(inc, *why)
 
     # ---- decisions after every event ----------------------------------------------------
     def _decide(self, grow: bool):
@@ -394,7 +333,7 @@ class ElasticCore:
                       for inc in self.phases[Phase.WAITING].values() if inc.killed is None]
         usable = [c for c in candidates if self._usable(c.slot)]
         source = state_source(self.hosts, candidates, usable)
-        if not usable or len(usable) < self.policy.min_np:
+        if len(usable) < self.policy.min_np:
             return self._check_short(len(usable), source)
         members = usable + [source] if source is not None else usable
         top = max(c.commit for c in members)
@@ -576,12 +515,3 @@ class ElasticCore:
         self.hosts_dirty = True
         self._log("blacklisted", key=key,
                   cooldown="permanent" if until is None else f"{until - self._now:.1f}s")
-
-
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"

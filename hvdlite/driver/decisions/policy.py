@@ -1,0 +1,20 @@
+"""The job's settings that the elastic core's decisions depend on."""
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The settings the decisions depend on."""
+    min_np: int = 1
+    max_np: Optional[int] = None
+    reset_limit: Optional[int] = None
+    elastic_timeout: float = 600.0
+    start_timeout: float = 30.0
+    liveness_timeout: float = 5.0
+    exit_grace: float = 30.0  # seconds a worker that said it is exiting may take
+    stall: float = 1.0  # a gap between ticks this long means the driver itself was starved
+    cooldown_range: Optional[tuple] = None
+    blacklist: str = "auto"  # "host", "slot", or "auto": slot on a single-host job, else host
+    stop_grace: float = 3.0  # seconds a removed worker gets between TERM and KILL
+    durable: bool = False  # --checkpoint-dir: commits are on disk too

@@ -1,0 +1,68 @@
+"""What the elastic core knows of each launched worker, and when it gives up on one."""
+import enum
+import signal
+from dataclasses import dataclass
+from typing import Optional
+
+from hvdlite.driver.decisions.policy import Policy
+
+
+class Phase(enum.Enum):
+    STARTING = "starting"  # launch asked for or process running; not waiting for a world yet
+    WAITING = "waiting"  # in the rendezvous, for a world formed after round `after`
+    TRAINING = "training"  # answered with a world and working in it
+    LEAVING = "leaving"  # told to go without failing (removed from the job)
+    GONE = "gone"  # exited, or never started
+
+
+@dataclass
+class Incarnation:
+    """One launch of a slot."""
+    id: str
+    slot: str
+    host: str
+    launched_at: float
+    phase: Phase = Phase.STARTING
+    pid: Optional[int] = None
+    after: int = -1  # while WAITING: the round it left
+    commit: int = 0  # commits its training state holds, as last reported
+    heard_at: Optional[float] = None  # last heartbeat
+    exiting_since: Optional[float] = None
+    killed: Optional[str] = None  # why the driver killed it as failed
+    answer: Optional[tuple] = None  # (round, body) of its last rendezvous answer
+    rank: Optional[int] = None
+
+    @property
+    def alive(self) -> bool:
+        return self.phase is not Phase.GONE
+
+    @property
+    def name(self) -> str:
+        """How messages name the worker: its rank, or its slot before it has one."""
+        return f"rank {self.rank}" if self.rank is not None else f"worker {self.slot}"
+
+
+def overdue(inc: Incarnation, now: float, p: Policy, broke_at: Optional[float]):
+    """(event, reason) when the driver must kill the live worker as failed now, else None.
+    `broke_at`: when the world it is still in broke (None: it is in no broken world)."""
+    if inc.killed is not None or inc.pid is None:
+        return None
+    if inc.exiting_since is not None:
+        return ("worker_unresponsive", f"still exiting after {p.exit_grace:g} s") \
+            if now - inc.exiting_since > p.exit_grace else None
+    if inc.heard_at is not None and now - inc.heard_at > p.liveness_timeout:
+        return "worker_unresponsive", f"no heartbeat for {p.liveness_timeout:g} s"
+    if inc.phase is Phase.STARTING and inc.answer is None and now - inc.launched_at > p.start_timeout:
+        return "worker_start_timeout", f"not ready within {p.start_timeout:g} s"
+    if broke_at is not None and now - broke_at > p.elastic_timeout:
+        return "worker_stuck", f"still in a world that broke over --elastic-timeout {p.elastic_timeout:g} s ago"
+    return None
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
