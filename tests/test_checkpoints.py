@@ -311,3 +311,14 @@ def test_plain_values_load_without_trusting_anything(tmp_path):
     back = checkpointdir.load(str(tmp_path / checkpointdir.file_name(1, LINEAGE)), 1, LINEAGE)
     assert {k: v for k, v in back.items() if k != "np_object"} == {k: v for k, v in state.items() if k != "np_object"}
     assert list(back["np_object"]) == [1, "a"]
+
+
+def test_a_file_of_hvdlite_before_lineages_is_refused_with_a_reason(tmp_path):
+    old = tmp_path / "commit-000000000003.ckpt"
+    old.write_bytes(b"HVDLCKP2" + bytes(100))
+    commit, lineage, path = checkpointdir.newest(str(tmp_path))
+    assert (commit, lineage, path) == (3, "", str(old))
+    with pytest.raises(CorruptCheckpoint, match="older hvdlite"):
+        checkpointdir.load(path, commit, lineage)
+    checkpointdir.write(str(tmp_path), LINEAGE, 1, {"c": 1}, keep=1)  # any lineage is newer
+    assert checkpointdir.newest(str(tmp_path))[:2] == (1, LINEAGE) and old.exists()
