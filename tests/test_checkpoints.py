@@ -311,3 +311,32 @@ def test_plain_values_load_without_trusting_anything(tmp_path):
     back = checkpointdir.load(str(tmp_path / checkpointdir.file_name(1, LINEAGE)), 1, LINEAGE)
     assert {k: v for k, v in back.items() if k != "np_object"} == {k: v for k, v in state.items() if k != "np_object"}
     assert list(back["np_object"]) == [1, "a"]
+
+
+def test_a_file_of_hvdlite_before_lineages_is_refused_with_a_reason(tmp_path):
+    old = tmp_path / "commit-000000000003.ckpt"
+    old.write_bytes(b"HVDLCKP2" + bytes(100))
+    commit, lineage, path = checkpointdir.newest(str(tmp_path))
+    assert (commit, lineage, path) == (3, "", str(old))
+    with pytest.raises(CorruptCheckpoint, match="older hvdlite"):
+        checkpointdir.load(path, commit, lineage)
+    checkpointdir.write(str(tmp_path), LINEAGE, 1, {"c": 1}, keep=1)  # any lineage is newer
+    assert checkpointdir.newest(str(tmp_path))[:2] == (1, LINEAGE) and old.exists()
+
+
+def test_the_checkpoint_a_worker_reported_is_the_one_it_resumes_even_if_the_file_goes(tmp_path, monkeypatch):
+    from hvdlite.worker import elastic as core
+    from hvdlite.worker.world import WorldInfo
+    monkeypatch.setenv("HVDLITE_CHECKPOINT_DIR", str(tmp_path))
+    monkeypatch.setattr(durable, "_found", None)
+    checkpointdir.write(str(tmp_path), LINEAGE, 3, {"values": {"step": 3}}, keep=2)
+
+    class State(core.ObjectState):
+        backend = core.Backend(*[None] * 4, info=lambda: WorldInfo(1, 2, 1, 2, 0, 1, "h"),
+                               broadcast_flag=None, broadcast_object=None)
+    state = State(step=0)
+    assert durable.reportable(state._commits) == 3  # loaded in full before it is reported
+    os.unlink(tmp_path / checkpointdir.file_name(3, LINEAGE))  # deleted by hand meanwhile
+    durable.catch_up(state)  # rank 1 here: no "resumed" line, the same load
+    assert (state.step, state._commits, state._lineage) == (3, 3, LINEAGE)
+    assert durable.reportable(state._commits) == 3 and durable.catch_up(state) is None

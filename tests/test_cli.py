@@ -40,6 +40,7 @@ def hvdlite(*args, timeout=30):
     (["run", "-np", "1", "--checkpoint-interval", "-1", "true"], "must be non-negative"),
     (["run", "-np", "1", "--checkpoint-keep", "0", "true"], "must be positive"),
     (["run", "-np", "1", "--checkpoint-dir", "/proc/hvdlite-ckpt", "true"], "--checkpoint-dir: cannot create"),
+    (["run", "-np", "1", "--fresh", "true"], "--fresh starts anew instead of resuming from --checkpoint-dir"),
 ])
 def test_bad_flags(args, message):
     r = hvdlite(*args)
@@ -121,6 +122,10 @@ def test_checkpoint_flags_reach_every_worker(tmp_path, monkeypatch):
     env = worker_env(s, ("127.0.0.1", 1), "secret", "localhost/0#1", "localhost/0", 1, None, False)
     assert durable.config(env) == durable.Config(s.checkpoint_dir, defaults.CHECKPOINT_INTERVAL,
                                                  defaults.CHECKPOINT_KEEP)
+    assert durable.config(env).lineage is None  # resume the newest lineage in the folder
+    fresh = parse_settings(["-np", "1", "--checkpoint-dir", "ckpt/a", "--fresh", "python", "-c", "pass"])
+    env = worker_env(fresh, ("127.0.0.1", 1), "secret", "localhost/0#1", "localhost/0", 1, None, False)
+    assert durable.config(env).lineage == fresh.checkpoint_lineage and len(fresh.checkpoint_lineage) == 20
     s.checkpoint_dir = None  # and nothing when not asked for, even from the driver's environment
     s.env = {**s.env, "HVDLITE_CHECKPOINT_DIR": "/elsewhere"}
     assert durable.config(worker_env(s, ("127.0.0.1", 1), "x", "w", "localhost/0", 1, None, False)) is None

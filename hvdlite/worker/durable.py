@@ -206,9 +206,11 @@ def reportable(commit: int) -> int:
 def catch_up(state) -> None:
     """Before a sync: a worker holding less than the newest checkpoint puts it into its state,
     so the state that rank 0 syncs is one that was loaded, and a checkpoint that does not fit
-    the script ends every worker here, before any of them waits in a collective."""
+    the script ends every worker here, before any of them waits in a collective. The one
+    loaded for the report is used as it was (the file may have gone since)."""
     global _found
-    found, _found = _verified(state._commits), None
+    reported = _found if _found is not None and _found[0] > state._commits else None
+    found, _found = reported or _verified(state._commits), None
     if found is None:
         return
     commit, lineage_id, path, snapshot = found
