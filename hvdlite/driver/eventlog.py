@@ -34,6 +34,10 @@ class EventLog:
         """The one line that says why the job failed; always on the console."""
         TERMINAL.write("stderr", f"hvdlite: error: {message}")
 
+    def say(self, message: str) -> None:
+        """A line the console shows whatever the log level."""
+        TERMINAL.write("stderr", f"hvdlite: {message}")
+
     def debug(self, message: str) -> None:
         if self._verbose:
             TERMINAL.write("stderr", f"hvdlite: {message}")

@@ -1,5 +1,6 @@
 """The driver's events as sentences for people: `sentence("worker_exit", fields)` ->
 "rank 2 on host-a was killed by SIGKILL". The event log keeps the fields as they are."""
+from hvdlite import exitcodes
 from hvdlite.driver.decisions.core import describe_exit
 from hvdlite.driver.decisions.plan import host_of
 
@@ -23,6 +24,8 @@ def _names(items) -> str:
 def _worker_exit(f):
     if f.get("removed"):
         return f"{_who(f)} left the job (its slot is gone or not needed)"
+    if f.get("left"):
+        return f"{_who(f)} left the job at a commit (SIGTERM, or the job stopping)"
     code = f.get("code", 0)
     if code == 0:
         return f"{_who(f)} finished"
@@ -58,6 +61,13 @@ def _job_end(f):
         return "job finished" + (f" after {_plural(resets, 'reset')}" if resets is not None else "")
     if result == "interrupted":
         return f"job interrupted by {f.get('signal')}"
+    if result == "stopped":
+        late = f" ({_names(f['late'])} reached no commit in time: killed)" if f.get("late") else ""
+        if f.get("resumable"):
+            return f"job stopped by {f.get('signal')} at commit {f.get('commit')}{late}; its checkpoint " \
+                   f"is in --checkpoint-dir: run the same command again to resume (exit {exitcodes.RESUMABLE})"
+        return f"job stopped by {f.get('signal')} at commit {f.get('commit')}{late}; without " \
+               f"--checkpoint-dir nothing was saved"
     return f"job failed: {f.get('reason')}"
 
 
@@ -85,6 +95,9 @@ _SENTENCES = {
                                      f"--min-np {f.get('min_np')}",
     "discovery_failed": lambda f: f"host discovery failed: {f.get('error')}; retrying",
     "job_end": _job_end,
+    "stop_requested": lambda f: f"{f.get('signal')}: every worker stops at its next commit (within "
+                                f"{f.get('timeout'):g} s; a second signal stops them at once)",
+    "worker_stop_timeout": lambda f: f"{_who(f)} reached no commit in time ({f.get('reason')}); killing it",
     "workers_failed": _workers_failed,
 }
 

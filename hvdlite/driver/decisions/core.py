@@ -15,11 +15,12 @@ import signal
 from dataclasses import dataclass, replace
 from typing import Optional
 
+from hvdlite import defaults, exitcodes
 from hvdlite.discovery.hostset import diff, reorder
 from hvdlite.driver.decisions.blacklist import Blacklist
 from hvdlite.driver.decisions.messages import (
     Answer, DiscoveryFailed, DropScope, EndJob, Exited, Exiting, Heartbeats, HostsFound, Launch,
-    Launched, LaunchFailed, Log, Publish, Ready, Stop, Tick)
+    Launched, LaunchFailed, Log, Publish, Ready, Stop, StopRequested, Tick)
 from hvdlite.driver.decisions.plan import (
     Candidate, best_holder, free_slots, host_of, plan_world, prospective_places)
 
@@ -49,6 +50,7 @@ class Policy:
     blacklist: str = "auto"  # "host", "slot", or "auto": slot on a single-host job, else host
     stop_grace: float = 3.0  # seconds a removed worker gets between TERM and KILL
     durable: bool = False  # --checkpoint-dir: commits are on disk too
+    stop_timeout: float = defaults.STOP_TIMEOUT  # seconds a graceful stop waits for commits
 
 
 @dataclass
@@ -121,11 +123,14 @@ class ElasticCore:
         self.announced = frozenset()  # joiners the last host update was announced for
         self.last_tick = None
         self.disrupted = None  # (time, why) the current world was first told to re-form
+        self.left = set()  # slots whose worker left at a commit (SIGTERM): not relaunched
+        self.stopping = None  # (time, signal number) a graceful stop was asked for
         self._now, self._out = 0.0, []
         self._handlers = {HostsFound: self._on_hosts, DiscoveryFailed: self._on_discovery_failed,
                           Launched: self._on_launched, LaunchFailed: self._on_launch_failed,
                           Ready: self._on_ready, Heartbeats: self._on_heartbeats,
-                          Exiting: self._on_exiting, Exited: self._on_exited, Tick: self._on_tick}
+                          Exiting: self._on_exiting, Exited: self._on_exited, Tick: self._on_tick,
+                          StopRequested: self._on_stop}
 
     # ---- entry ------------------------------------------------------------------------
     def handle(self, event, now: float) -> list:
@@ -176,6 +181,7 @@ class ElasticCore:
             return
         self.hosts = reorder(self.hosts, list(event.hosts))
         self.slots_of = dict(self.hosts)
+        self.left = {slot for slot in self.left if self._slot_exists(slot)}
         self.hosts_dirty = True
         self._log("hosts_changed", kind=change.kind, added=list(change.added),
                   removed=list(change.removed), hosts=[f"{h}:{n}" for h, n in self.hosts])
@@ -210,6 +216,10 @@ class ElasticCore:
         inc = self.workers[event.worker]
         if inc.phase is Phase.LEAVING:
             return self._answer_removed(inc.id)
+        if self.stopping is not None:  # it left its world: out of the job, like a waiting one
+            inc.commit = max(inc.commit, event.commit)
+            self._set_phase(inc, Phase.WAITING)
+            return self._remove(inc)
         if inc.answer is not None and inc.answer[0] > event.after:
             # Its last answer got lost (the request timed out): give it again.
             return self._emit(Answer(inc.id, 200, inc.answer[1], inc.rank))
@@ -232,6 +242,7 @@ class ElasticCore:
         inc = self._current(event.worker)
         if inc is not None and inc.exiting_since is None:
             inc.exiting_since = self._now
+            inc.commit = max(inc.commit, event.commit)
 
     def _on_exited(self, event: Exited):
         inc = self._current(event.worker)
@@ -240,13 +251,17 @@ class ElasticCore:
         was = inc.phase
         self._set_phase(inc, Phase.GONE)
         self.staying.discard(inc.id)
-        fields = {"removed": True} if was is Phase.LEAVING else {}
+        left = event.code == exitcodes.LEFT and inc.killed is None  # at a commit, on purpose
+        fields = {"removed": True} if was is Phase.LEAVING else {"left": True} if left else {}
         if event.error:
             fields["error"] = event.error
         self._log("worker_exit", slot=inc.slot, worker=inc.id, rank=inc.rank, code=event.code, **fields)
-        if inc.id in self.world and event.code != 0:  # a clean exit closes its connections itself
+        if inc.id in self.world and event.code != 0 and not left:  # these close their connections
             self._mark_broken()
         if was is Phase.LEAVING:
+            return
+        if left:  # its peers re-form without it, from the same commit; nothing failed
+            self.left.add(inc.slot)
             return
         if event.code == 0 and inc.killed is None:
             self.succeeded = True
@@ -256,8 +271,32 @@ class ElasticCore:
                 (f" ({inc.killed})" if inc.killed else f" ({event.error})" if event.error else "")
         self._blacklist_failed(inc)
 
+    def _on_stop(self, event: StopRequested):
+        if self.stopping is not None:
+            return
+        self.stopping = (self._now, event.signum)
+        self._log("stop_requested", signal=_signal_name(event.signum), timeout=self.policy.stop_timeout)
+        self._emit(Publish(self.updates, self.broken, stop=True))
+        for inc in self._live():
+            if inc.phase in (Phase.STARTING, Phase.WAITING):
+                self._remove(inc)
+
+    def _stopped(self):
+        """The graceful stop is over: every worker left, or the time is up."""
+        signum, p = self.stopping[1], self.policy
+        late = sorted(inc.name for inc in self._live())
+        for inc in self._live():
+            self._kill(inc, "worker_stop_timeout", f"no commit within {p.stop_timeout:g} s of the stop")
+        commit = max(inc.commit for inc in self.workers.values())
+        resumable = p.durable and commit > 0
+        self._log("job_end", result="stopped", signal=_signal_name(signum), commit=commit,
+                  resumable=resumable, late=late)
+        self._end(exitcodes.RESUMABLE if resumable else 128 + signum)
+
     def _on_tick(self, event: Tick):
         now, p = self._now, self.policy
+        if self.stopping is not None and now - self.stopping[0] > p.stop_timeout:
+            return self._stopped()
         if self.last_tick is not None and now - self.last_tick > p.stall:
             # The driver itself was not running: that silence is not the workers'.
             gap = now - self.last_tick
@@ -282,6 +321,10 @@ class ElasticCore:
 
     # ---- decisions after every event ----------------------------------------------------
     def _decide(self, grow: bool):
+        if self.stopping is not None:
+            if not self._any_live() and not self.ended:
+                self._stopped()
+            return
         if self.succeeded:
             for inc in self._live():
                 if inc.phase in (Phase.STARTING, Phase.WAITING):
@@ -308,7 +351,7 @@ class ElasticCore:
         limit = (self.policy.max_np or 1 << 30) - (len(live) - len(self.phases[Phase.LEAVING]))
         # A slot whose earlier process is still ending is not free yet.
         occupied = {inc.slot for inc in live}
-        free = free_slots(self.hosts, occupied, self._blocked, limit)
+        free = free_slots(self.hosts, occupied, lambda key: key in self.left or self._blocked(key), limit)
         places = prospective_places(self.hosts, self._blocked, self.policy.max_np) if free else {}
         for slot in free:
             self._launch(slot, places.get(slot))
@@ -501,6 +544,13 @@ class ElasticCore:
         self.hosts_dirty = True
         self._log("blacklisted", key=key,
                   cooldown="permanent" if until is None else f"{until - self._now:.1f}s")
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def describe_exit(code: int) -> str:

@@ -51,6 +51,7 @@ class Heartbeats:
 class Exiting:
     """The worker said it is exiting: interpreter teardown may silence its heartbeat."""
     worker: str
+    commit: int = 0  # commits its training state holds
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,12 @@ class Exited:
     worker: str
     code: int  # exit status, minus the signal number for a signal death
     error: Optional[str] = None  # why, when the launcher knows more (a lost SSH connection)
+
+
+@dataclass(frozen=True)
+class StopRequested:
+    """A signal asked the job to stop gracefully: every worker leaves at its next commit."""
+    signum: int
 
 
 @dataclass(frozen=True)
@@ -93,9 +100,11 @@ class Answer:
 
 @dataclass(frozen=True)
 class Publish:
-    """What heartbeat answers tell workers: host updates announced, newest broken round."""
+    """What heartbeat answers tell workers: host updates announced, newest broken round, and
+    whether the job is stopping (every worker leaves at its next commit)."""
     updates: int
     broken: int
+    stop: bool = False
 
 
 @dataclass(frozen=True)
