@@ -189,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--liveness-timeout", **_seconds(
         defaults.LIVENESS_TIMEOUT, "seconds of heartbeat silence after which a worker is killed as "
                                    "hung, and a worker that cannot reach the driver exits"))
+    a.add_argument("--stop-timeout", **_seconds(
+        defaults.STOP_TIMEOUT, "seconds a graceful stop (SIGTERM, SIGUSR1 or Ctrl-C to the driver) "
+                               "waits for every worker to reach a commit before killing them"))
     p.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return p
 
@@ -254,6 +257,7 @@ def parse_settings(argv) -> Settings:
         reset_limit=args.reset_limit, blacklist=args.blacklist,
         cooldown_range=tuple(args.cooldown_range) if args.cooldown_range else None,
         elastic_timeout=args.elastic_timeout, liveness_timeout=args.liveness_timeout,
+        stop_timeout=args.stop_timeout,
         preload=() if args.no_preload else tuple(_modules(args.preload)) if args.preload else DEFAULT_PRELOAD,
         preload_first=bool(args.preload), keep_warm=keep_warm, checkpoint_dir=args.checkpoint_dir,
         checkpoint_interval=args.checkpoint_interval, checkpoint_keep=args.checkpoint_keep,

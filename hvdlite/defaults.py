@@ -7,6 +7,9 @@ DISCOVERY_INTERVAL = 1.0  # seconds between runs of the host discovery script
 COLLECTIVE_TIMEOUT = 30.0  # seconds a gloo collective waits for a peer (gloo's own default)
 EXIT_GRACE = 30.0  # seconds a worker that said it is exiting may take before it is killed
 STOP_GRACE = 3.0  # seconds between TERM and KILL when a worker is stopped
+# Seconds a graceful stop (a signal to the driver) waits for every worker to reach a commit and
+# write the checkpoint: under Slurm's default KillWait (30 s) between SIGTERM and SIGKILL.
+STOP_TIMEOUT = 25.0
 BLACKLIST = "auto"  # which a failure takes out: "host", "slot", or "auto" (slot on one host)
 # Seconds between checkpoint writes: a total loss costs at most this much training (plus one
 # write), about what restarting a job costs anyway, while a large state is not rewritten at

@@ -2,12 +2,17 @@
 
 One sequence per defect the core once had and per Horovod rule it follows.
 """
+import signal
+
+import pytest
+
+from hvdlite import exitcodes
 from hvdlite.driver.decisions.core import ElasticCore
 from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.workers import Phase
 from hvdlite.driver.decisions.messages import (
-    Answer, EndJob, Exited, Heartbeats, HostsFound, Launch, Launched, LaunchFailed, LoadFailed, Log,
-    Publish, Ready, Stop, TemplateDied, Tick)
+    Answer, EndJob, Exited, Exiting, Heartbeats, HostsFound, Launch, Launched, LaunchFailed,
+    LoadFailed, Log, Publish, Ready, Stop, StopRequested, TemplateDied, Tick)
 
 
 class Sim:
@@ -549,3 +554,60 @@ def test_a_failed_host_kills_its_workers_as_failed_and_is_blacklisted():
     sim.send(Exited(ids[2], -9))
     assert sim.logged("blacklisted") == [{"key": "c", "cooldown": "permanent"}]
     assert "its host failed" in sim.core.first_failure
+
+
+# ---- leaving at a commit, graceful stops (docs/signals.md) ----------------------------------
+def test_a_worker_leaving_at_a_commit_is_no_failure_and_its_slot_waits_for_discovery():
+    hosts = (("a", 1), ("b", 1), ("c", 1))
+    sim, (a, b, c) = first_world(list(hosts))
+    leave(sim, [a, b], commit=7)  # they agreed on c's leave at commit 7 and re-rendezvous
+    sim.send(Exited(c, exitcodes.LEFT))
+    assert sim.world() == {"a/0": 0, "b/0": 1} and sim.core.round == 2
+    assert not sim.logged("blacklisted")
+    assert sim.logged("worker_exit")[-1]["left"] and not sim.core.succeeded
+    assert not [x for x in sim.actions if isinstance(x, Launch) and x.slot == "c/0"][1:]
+    sim.send(Tick(), after=1.0)
+    assert len([x for x in sim.actions if isinstance(x, Launch) and x.slot == "c/0"]) == 1
+    sim.send(HostsFound(hosts[:2]))  # c leaves discovery, then comes back: usable again
+    out = sim.send(HostsFound(hosts))
+    assert [x.slot for x in out if isinstance(x, Launch)] == ["c/0"]
+
+
+def test_a_worker_killed_by_the_driver_is_a_failure_whatever_its_code():
+    sim, (a, b) = first_world([("a", 1), ("b", 1)], liveness_timeout=1.0)
+    sim.send(Heartbeats(((a, 1), (b, 1))))
+    sim.send(Heartbeats(((a, 2),)), after=1.5)
+    sim.send(Tick())
+    sim.send(Exited(b, exitcodes.LEFT))
+    assert [f["key"] for f in sim.logged("blacklisted")] == ["b"]
+
+
+def stopping(durable, signum=signal.SIGUSR1):
+    sim, (a, b) = first_world([("h", 2)], durable=durable, stop_timeout=25.0)
+    out = sim.send(StopRequested(signum))
+    assert Publish(0, 0, stop=True) in out
+    return sim, a, b
+
+
+@pytest.mark.parametrize("durable, code", [(True, exitcodes.RESUMABLE), (False, 128 + signal.SIGUSR1)])
+def test_a_stop_ends_once_every_worker_left_at_its_commit(durable, code):
+    sim, a, b = stopping(durable)
+    for w in (a, b):
+        sim.send(Exiting(w, commit=12))
+        assert sim.end() is None
+        sim.send(Exited(w, exitcodes.LEFT))
+    assert sim.end() == EndJob(code, None)
+    end = sim.logged("job_end")[-1]
+    assert end["result"] == "stopped" and end["commit"] == 12 and end["resumable"] is durable
+    assert not sim.logged("blacklisted") and not [x for x in sim.actions if isinstance(x, Launch)][2:]
+
+
+def test_a_stop_tells_a_worker_asking_for_a_world_to_go_and_kills_the_late_ones_in_time():
+    sim, a, b = stopping(durable=True)
+    assert answers(sim.ready(a, after=1, commit=3), a) == [{"removed": True}]
+    sim.send(Exited(a, 0))  # told to go: not the job's success
+    sim.send(Tick(), after=20.0)
+    assert sim.end() is None
+    out = sim.send(Tick(), after=6.0)
+    assert Stop(b, 0.0) in out and sim.end().code == exitcodes.RESUMABLE
+    assert sim.logged("job_end")[-1]["late"] == ["rank 1"]

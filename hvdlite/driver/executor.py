@@ -148,7 +148,7 @@ class Executor:
         return a.body
 
     def _publish(self, a: Publish):
-        self.rendezvous.publish(a.updates, a.broken)
+        self.rendezvous.publish(a.updates, a.broken, a.stop)
 
     def _log(self, a: Log):
         self.log.emit(a.event, **a.fields)

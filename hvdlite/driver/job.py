@@ -18,7 +18,7 @@ from hvdlite.driver.decisions.core import ElasticCore, JobView
 from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.workers import describe_exit
 from hvdlite.driver.decisions.messages import (
-    DiscoveryFailed, Exited, Heartbeats, HostsFound, Launch, Launched, LaunchFailed, Tick)
+    DiscoveryFailed, Exited, Heartbeats, HostsFound, Launch, Launched, LaunchFailed, StopRequested, Tick)
 from hvdlite.driver.descriptors import raise_limit
 from hvdlite.driver.eventlog import EventLog
 from hvdlite.driver.executor import Executor
@@ -32,7 +32,9 @@ from hvdlite.driver.terminal import StatusKeeper, is_tty
 from hvdlite.worker.trace import discard_parts, merge_parts
 from hvdlite.errors import HvdliteError, JobError
 
-EXIT_SIGNALLED = {signal.SIGINT: 130, signal.SIGTERM: 143}
+# Each stops an elastic job gracefully (every worker leaves at its next commit, docs/signals.md);
+# a second one, or any to a static job, stops it at once with 128 + the signal's number.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 TICK = 0.1  # seconds between timer events
 
 
@@ -90,7 +92,7 @@ class Job:
             min_np=s.min_np, max_np=s.max_np, reset_limit=s.reset_limit,
             elastic_timeout=s.elastic_timeout, start_timeout=s.start_timeout,
             liveness_timeout=s.liveness_timeout, cooldown_range=s.cooldown_range,
-            blacklist=s.blacklist, durable=bool(s.checkpoint_dir)))
+            blacklist=s.blacklist, durable=bool(s.checkpoint_dir), stop_timeout=s.stop_timeout))
         event, last_tick = found(first), time.monotonic()
         while True:
             now = time.monotonic()
@@ -206,21 +208,27 @@ def run(settings) -> int:
                                               shutil.get_terminal_size().columns - 1)).start() \
         if on_console and is_tty() else None
 
+    stopping = []
+
     def on_signal(signum, frame):
+        if settings.elastic and not stopping:
+            stopping.append(signum)
+            job.events.put(StopRequested(signum))
+            return
         raise _Signalled(signum)
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in EXIT_SIGNALLED}
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
     try:
         return job.run_elastic() if settings.elastic else job.run_static()
     except _Signalled as e:
         log.announce("job_end", result="interrupted", signal=signal.Signals(e.signum).name)
-        return EXIT_SIGNALLED[e.signum]
+        return 128 + e.signum
     except HvdliteError as e:
         log.emit("job_end", result="failure", reason=str(e))
         log.error(str(e))
         return e.exit_code
     finally:
-        for sig in EXIT_SIGNALLED:
+        for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
         job.close()
         if status is not None:

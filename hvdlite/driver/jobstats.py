@@ -39,8 +39,8 @@ class JobStats:
     def on_event(self, event: str, fields: dict, t: float) -> None:
         with self._lock:
             self._last_event = t
-            failed = (event == "worker_exit" and fields.get("code", 0) != 0 and not fields.get("removed")) \
-                or event == "launch_failed"
+            failed = (event == "worker_exit" and fields.get("code", 0) != 0 and not fields.get("removed")
+                      and not fields.get("left")) or event == "launch_failed"
             if failed:
                 self._failures += 1
             if event == "round_complete" and fields.get("reformed_in") is not None:

@@ -5,7 +5,7 @@
 - heartbeat datagrams (worker, commit) (signed UDP on the server's port): liveness, answered
   at once with what the core published (host updates announced, newest broken round).
   Heartbeats reach the core in batches, not one event each.
-- PUT /rdzv/exiting?worker=ID: the worker is exiting; becomes an Exiting event.
+- PUT /rdzv/exiting?worker=ID&commit=C: the worker is exiting; becomes an Exiting event.
 - PUT /rdzv/load_failed?worker=ID, the reason as the body (one line naming the file and the
   cause): the worker cannot load the commit it reported; becomes a LoadFailed event.
 """
@@ -23,7 +23,7 @@ class Rendezvous:
         self._lock = threading.Lock()
         self._waiting = {}  # worker -> Future of its pending assign request
         self._beats = {}  # worker -> commits, heard since the last drain
-        self._published = json.dumps({"updates": 0, "broken": 0}).encode()
+        self._published = json.dumps({"updates": 0, "broken": 0, "stop": False}).encode()
 
     def route(self, method, subpath, query, body):
         worker = query.get("worker")
@@ -36,7 +36,10 @@ class Rendezvous:
                 return 400, b"expected after and commit as integers"
             return self._assign(worker, after, commit)
         if subpath == "exiting" and method == "PUT":
-            self._post(Exiting(worker))
+            try:
+                self._post(Exiting(worker, int(query.get("commit", 0))))
+            except ValueError:
+                return 400, b"expected commit as an integer"
             return 200, b""
         if subpath == "load_failed" and method == "PUT":
             reason = " ".join(bytes(body).decode("utf-8", "replace").split())[:MAX_REASON]
@@ -79,9 +82,9 @@ class Rendezvous:
         if pending is not None:
             _settle(pending, (status, json.dumps(body).encode()))
 
-    def publish(self, updates, broken):
+    def publish(self, updates, broken, stop=False):
         with self._lock:
-            self._published = json.dumps({"updates": updates, "broken": broken}).encode()
+            self._published = json.dumps({"updates": updates, "broken": broken, "stop": stop}).encode()
 
     def drain_heartbeats(self) -> tuple:
         with self._lock:

@@ -1,5 +1,6 @@
 """The driver's events as sentences for people: `sentence("worker_exit", fields)` ->
 "rank 2 on host-a was killed by SIGKILL". The event log keeps the fields as they are."""
+from hvdlite import exitcodes
 from hvdlite.driver.decisions.workers import describe_exit
 from hvdlite.driver.decisions.plan import host_of
 
@@ -25,6 +26,8 @@ def _worker_exit(f):
         return f"{_who(f)} left the job (its slot is gone or not needed)"
     if f.get("drained"):
         return f"{_who(f)} went with its drained host ({describe_exit(f.get('code', 0))})"
+    if f.get("left"):
+        return f"{_who(f)} left the job at a commit (SIGTERM, or the job stopping)"
     code = f.get("code", 0)
     if code == 0:
         return f"{_who(f)} finished"
@@ -72,6 +75,13 @@ def _job_end(f):
         return text
     if result == "interrupted":
         return f"job interrupted by {f.get('signal')}"
+    if result == "stopped":
+        late = f" ({_names(f['late'])} reached no commit in time: killed)" if f.get("late") else ""
+        if f.get("resumable"):
+            return f"job stopped by {f.get('signal')} at commit {f.get('commit')}{late}; its checkpoint " \
+                   f"is in --checkpoint-dir: run the same command again to resume (exit {exitcodes.RESUMABLE})"
+        return f"job stopped by {f.get('signal')} at commit {f.get('commit')}{late}; without " \
+               f"--checkpoint-dir nothing was saved"
     return f"job failed: {f.get('reason')}"
 
 
@@ -115,6 +125,9 @@ _SENTENCES = {
     "discovery_recovered": lambda f: f"host discovery works again, after "
                                      f"{_plural(f.get('failures', 0), 'failed run')}",
     "job_end": _job_end,
+    "stop_requested": lambda f: f"{f.get('signal')}: every worker stops at its next commit (within "
+                                f"{f.get('timeout'):g} s; a second signal stops them at once)",
+    "worker_stop_timeout": lambda f: f"{_who(f)} reached no commit in time ({f.get('reason')}); killing it",
 }
 
 

@@ -27,6 +27,7 @@ class Settings:
     cooldown_range: tuple = None
     blacklist: str = defaults.BLACKLIST
     elastic_timeout: float = defaults.ELASTIC_TIMEOUT
+    stop_timeout: float = defaults.STOP_TIMEOUT  # a graceful stop's bound (docs/signals.md)
     output_dir: str = None
     verbose: bool = False
     log_level: str = "INFO"

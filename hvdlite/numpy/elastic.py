@@ -8,12 +8,12 @@ from hvdlite.worker.elastic import run  # noqa: F401
 from hvdlite.worker.trusted import trust  # noqa: F401
 
 
-def _broadcast_flag(value: int) -> int:
-    return int(ops.broadcast(np.array([value], dtype=np.int32), root_rank=0)[0])
+def _agree_flag(value: int) -> int:
+    return int(ops.allreduce(np.array([value], dtype=np.int32), op=ops.Max)[0])
 
 
 BACKEND = core.Backend(init=basics.init, join=basics.join, shutdown=basics.shutdown, abort=basics.abort,
-                       info=basics.runtime.info, broadcast_flag=_broadcast_flag,
+                       info=basics.runtime.info, agree_flag=_agree_flag,
                        broadcast_object=ops.broadcast_object)
 
 

@@ -12,12 +12,12 @@ from hvdlite.worker.elastic import run  # noqa: F401
 from hvdlite.worker.trusted import trust  # noqa: F401
 
 
-def _broadcast_flag(value: int) -> int:
-    return int(ops.broadcast(torch.tensor([value], dtype=torch.int32), root_rank=0).item())
+def _agree_flag(value: int) -> int:
+    return int(ops.allreduce(torch.tensor([value], dtype=torch.int32), op=ops.Max).item())
 
 
 BACKEND = core.Backend(init=basics.init, join=basics.join, shutdown=basics.shutdown, abort=basics.abort,
-                       info=runtime.info, broadcast_flag=_broadcast_flag,
+                       info=runtime.info, agree_flag=_agree_flag,
                        broadcast_object=ops.broadcast_object)
 
 

@@ -3,8 +3,10 @@
 The reset protocol, on every rank alike:
 - a peer's failure surfaces as HorovodInternalError: cut this world's connections (so every
   peer fails fast too), restore the last commit, re-rendezvous;
-- a host update surfaces as HostsUpdatedInterrupt at the same commit on every rank (rank 0's
-  view is broadcast): keep the live state, re-rendezvous;
+- a host update surfaces as HostsUpdatedInterrupt at the same commit on every rank (the ranks
+  agree on the largest of their views): keep the live state, re-rendezvous; a worker that is
+  leaving (hvdlite.worker.stopping) exits there instead, and so does every rank when the job
+  stops;
 - then always sync from rank 0, which the driver picks among the workers holding the newest
   commit. Always syncing means ranks can never disagree about it (Horovod bug #3494).
 
@@ -18,7 +20,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable
 
-from hvdlite.worker import durable
+from hvdlite.worker import durable, stopping
 from hvdlite.worker.errors import HorovodInternalError, HostsUpdatedInterrupt
 from hvdlite.worker.session import session
 from hvdlite.worker.world import WorldInfo
@@ -31,8 +33,11 @@ class Backend:
     shutdown: Callable  # leave the current world
     abort: Callable  # fail the current world's collectives, here and on its peers
     info: Callable[[], WorldInfo]  # this worker's place in the current world
-    broadcast_flag: Callable[[int], int]  # rank 0's small int on every rank
+    agree_flag: Callable[[int], int]  # the largest of every rank's small int, on every rank
     broadcast_object: Callable  # broadcast_object(obj, root_rank): root's object everywhere
+
+
+_STOP = 2  # check_host_updates' flag for "the job stops" (1: a host update or a leaver)
 
 
 class State:
@@ -64,9 +69,14 @@ class State:
         self.check_host_updates()
 
     def check_host_updates(self):
-        """Raise HostsUpdatedInterrupt on every rank if rank 0 heard of a host update."""
-        heard = int(session().updates > self.backend.info().updates)
-        if self.backend.broadcast_flag(heard):
+        """Raise HostsUpdatedInterrupt on every rank if any rank heard of a host update or is
+        leaving (the leaver exits instead); every rank exits if any heard that the job stops."""
+        s = session()
+        mine = _STOP if s.stopping else int(s.updates > self.backend.info().updates or stopping.requested)
+        agreed = self.backend.agree_flag(mine)
+        if agreed == _STOP or agreed and stopping.requested:
+            stopping.leave()
+        if agreed:
             raise HostsUpdatedInterrupt()
 
     def save(self):
@@ -147,6 +157,7 @@ def run(func):
                     state.sync()
                     if backend.info().handover:  # its source sits on a slot no world may keep
                         raise HostsUpdatedInterrupt()
+                    stopping.at_work = True
                     return func(state, *args, **kwargs)
                 except HorovodInternalError:
                     backend.abort()
@@ -156,6 +167,7 @@ def run(func):
                 _reset(state, backend)
         finally:
             _inside_run -= 1
+            stopping.at_work = False
     return wrapper
 
 
@@ -192,6 +204,9 @@ def _caller() -> str:
 
 def _reset(state, backend):
     """Leave this world and join the next one; a worker left out exits cleanly."""
+    stopping.at_work = False
+    if stopping.requested:  # it came while the world broke: no commit will come in this one
+        stopping.leave()
     finished = backend.info().round
     backend.shutdown()
     backend.join(finished, state._commits)

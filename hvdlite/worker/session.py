@@ -14,8 +14,8 @@ import sys
 import threading
 import time
 
-from hvdlite import defaults
-from hvdlite.worker import durable, env
+from hvdlite import defaults, exitcodes
+from hvdlite.worker import durable, env, stopping
 from hvdlite.worker.errors import quiet_broken_world
 from hvdlite.worker.kvclient import Heartbeats, KVClient
 from hvdlite.worker.world import WorldInfo
@@ -60,16 +60,20 @@ class Session:
         self.updates = 0  # host updates announced by the driver, as last heard
         self.interval = HEARTBEAT_INTERVAL  # seconds between heartbeats
         self.broken = 0  # newest round the driver saw fall apart, as last heard
+        self.stopping = False  # the driver said the job stops: leave at the next commit
         self.on_round_broken = None  # callback(round), called on every heartbeat answer
         self._heartbeat = threading.Thread(target=self._beat, daemon=True, name="hvdlite-heartbeat")
         self._heartbeat.start()
         atexit.register(self._say_goodbye)
+        if self.elastic:
+            stopping.install()
 
     def _say_goodbye(self):
         # Interpreter teardown (a full garbage collection of torch) can hold the GIL for
         # seconds, silencing the heartbeat: tell the driver this is an exit, not a hang.
         try:
-            self.client.request("PUT", "/rdzv/exiting", query={"worker": self.worker}, timeout=2)
+            self.client.request("PUT", "/rdzv/exiting", query={"worker": self.worker, "commit": str(self.commits)},
+                                timeout=2)
         except Exception:  # noqa: BLE001 - the driver may be gone; exiting regardless
             pass
 
@@ -126,6 +130,7 @@ class Session:
                 if body is not None:
                     answer = json.loads(body)
                     self.updates, self.broken = answer["updates"], answer["broken"]
+                    self.stopping = bool(answer.get("stop"))
                     last_contact = time.monotonic()
                     if self.on_round_broken is not None:
                         self.on_round_broken(self.broken)
@@ -141,7 +146,7 @@ class Session:
                 try:
                     durable.finish()  # rank 0's newest commit reaches the disk first
                 finally:
-                    os._exit(75)
+                    os._exit(exitcodes.LOST_DRIVER)
             asleep, interval = time.monotonic(), self.interval
             time.sleep(interval)
             overslept = time.monotonic() - asleep - interval

@@ -14,11 +14,12 @@ import signal
 from dataclasses import dataclass, replace
 from typing import Optional
 
+from hvdlite import exitcodes
 from hvdlite.discovery.hostset import diff, reorder
 from hvdlite.driver.decisions.blacklist import Blacklist
 from hvdlite.driver.decisions.messages import (
     Answer, DiscoveryFailed, DropScope, EndJob, Exited, Exiting, Heartbeats, HostsFound, Launch,
-    Launched, LaunchFailed, LoadFailed, Log, Publish, Ready, Stop, TemplateDied, Tick)
+    Launched, LaunchFailed, LoadFailed, Log, Publish, Ready, Stop, StopRequested, TemplateDied, Tick)
 from hvdlite.driver.decisions.plan import (
     Candidate, free_slots, host_of, plan_world, prospective_places, state_source)
 from hvdlite.driver.decisions.policy import Policy
@@ -77,13 +78,15 @@ class ElasticCore:
         self.announced = frozenset()  # joiners the last host update was announced for
         self.last_tick = None
         self.disrupted = None  # (time, why) the current world was first told to re-form
+        self.left = set()  # slots whose worker left at a commit (SIGTERM): not relaunched
+        self.stopping = None  # (time, signal number) a graceful stop was asked for
         self._now, self._out = 0.0, []
         self._handlers = {HostsFound: self._on_hosts, DiscoveryFailed: self._on_discovery_failed,
                           Launched: self._on_launched, LaunchFailed: self._on_launch_failed,
                           Ready: self._on_ready, Heartbeats: self._on_heartbeats,
                           Exiting: self._on_exiting, Exited: self._on_exited,
                           TemplateDied: self._on_template_died, LoadFailed: self._on_load_failed,
-                          Tick: self._on_tick}
+                          Tick: self._on_tick, StopRequested: self._on_stop}
 
     # ---- entry ------------------------------------------------------------------------
     def handle(self, event, now: float) -> list:
@@ -145,6 +148,7 @@ class ElasticCore:
             return
         self.hosts = reorder(self.hosts, list(event.hosts))
         self.slots_of = dict(self.hosts)
+        self.left = {slot for slot in self.left if self._slot_exists(slot)}
         self.hosts_dirty = True
         resized = {h: [old, new] for h, old, new in change.resized}
         self._log("hosts_changed", kind=change.kind, added=list(change.added),
@@ -190,6 +194,10 @@ class ElasticCore:
         inc = self.workers[event.worker]
         if inc.phase is Phase.LEAVING:
             return self._answer_removed(inc.id)
+        if self.stopping is not None:  # it left its world: out of the job, like a waiting one
+            inc.commit = max(inc.commit, event.commit)
+            self._set_phase(inc, Phase.WAITING)
+            return self._remove(inc)
         if inc.answer is not None and inc.answer[0] > event.after:
             # Its last answer got lost (the request timed out): give it again.
             return self._emit(Answer(inc.id, 200, inc.answer[1], inc.rank))
@@ -212,17 +220,24 @@ class ElasticCore:
         inc = self._current(event.worker)
         if inc is not None and inc.exiting_since is None:
             inc.exiting_since = self._now
+            inc.commit = max(inc.commit, event.commit)
 
     def _on_exited(self, event: Exited):
         inc = self._current(event.worker)
         if inc is None:
             return  # an earlier process of the slot, or told twice
         drained = event.drained or inc.host in self.drained
+        left = event.code == exitcodes.LEFT and inc.killed is None  # at a commit, on purpose
         fields = {"error": event.error} if event.error else {}
-        if drained and inc.phase is not Phase.LEAVING:
-            fields["drained"] = True
+        if inc.phase is not Phase.LEAVING and (left or drained):
+            fields["left" if left else "drained"] = True
         was = self._gone(inc, event.code, **fields)
-        if was is Phase.LEAVING or drained and event.code != 0:
+        if was is Phase.LEAVING:
+            return
+        if left:  # its peers re-form without it, from the same commit; nothing failed
+            self.left.add(inc.slot)
+            return
+        if drained and event.code != 0:
             return  # taken out on purpose: not the host's fault
         if event.code == 0 and inc.killed is None:
             self.succeeded = True
@@ -246,8 +261,32 @@ class ElasticCore:
         inc = self.workers[event.worker]
         raise JobFailed(f"{inc.name} on {inc.host} cannot load the commit it reported: {event.reason}")
 
+    def _on_stop(self, event: StopRequested):
+        if self.stopping is not None:
+            return
+        self.stopping = (self._now, event.signum)
+        self._log("stop_requested", signal=_signal_name(event.signum), timeout=self.policy.stop_timeout)
+        self._emit(Publish(self.updates, self.broken, stop=True))
+        for inc in self._live():
+            if inc.phase in (Phase.STARTING, Phase.WAITING):
+                self._remove(inc)
+
+    def _stopped(self):
+        """The graceful stop is over: every worker left, or the time is up."""
+        signum, p = self.stopping[1], self.policy
+        late = sorted(inc.name for inc in self._live())
+        for inc in self._live():
+            self._kill(inc, "worker_stop_timeout", f"no commit within {p.stop_timeout:g} s of the stop")
+        commit = max(inc.commit for inc in self.workers.values())
+        resumable = p.durable and commit > 0
+        self._log("job_end", result="stopped", signal=_signal_name(signum), commit=commit,
+                  resumable=resumable, late=late)
+        self._end(exitcodes.RESUMABLE if resumable else 128 + signum)
+
     def _on_tick(self, event: Tick):
         now, p = self._now, self.policy
+        if self.stopping is not None and now - self.stopping[0] > p.stop_timeout:
+            return self._stopped()
         if self.last_tick is not None and now - self.last_tick > p.stall:
             # The driver itself was not running: that silence is not the workers'.
             gap = now - self.last_tick
@@ -269,6 +308,10 @@ class ElasticCore:
 
     # ---- decisions after every event ----------------------------------------------------
     def _decide(self, grow: bool):
+        if self.stopping is not None:
+            if not self._any_live() and not self.ended:
+                self._stopped()
+            return
         if self.succeeded:
             for inc in self._live():
                 if inc.phase in (Phase.STARTING, Phase.WAITING):
@@ -296,7 +339,7 @@ class ElasticCore:
         limit = (self.policy.max_np or 1 << 30) - (len(live) - len(self.phases[Phase.LEAVING]))
         # A slot whose earlier process is still ending is not free yet.
         occupied = {inc.slot for inc in live}
-        free = free_slots(self.hosts, occupied, self._blocked, limit)
+        free = free_slots(self.hosts, occupied, lambda key: key in self.left or self._blocked(key), limit)
         places = prospective_places(self.hosts, self._blocked, self.policy.max_np) if free else {}
         for slot in free:
             self._launch(slot, places.get(slot))
@@ -461,7 +504,7 @@ class ElasticCore:
         if was is Phase.LEAVING:
             fields["removed"] = True
         self._log("worker_exit", slot=inc.slot, worker=inc.id, rank=inc.rank, code=code, **fields)
-        if inc.id in self.world and code != 0:  # a clean exit closes its connections itself
+        if inc.id in self.world and code != 0 and not fields.get("left"):  # these close their connections
             self._mark_broken()
         return was
 
@@ -515,3 +558,11 @@ class ElasticCore:
         self.hosts_dirty = True
         self._log("blacklisted", key=key,
                   cooldown="permanent" if until is None else f"{until - self._now:.1f}s")
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+

@@ -54,6 +54,7 @@ class Heartbeats:
 class Exiting:
     """The worker said it is exiting: interpreter teardown may silence its heartbeat."""
     worker: str
+    commit: int = 0  # commits its training state holds
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,12 @@ class LoadFailed:
     longer defines, a changed shape); `reason` names the file and the cause, in one line."""
     worker: str
     reason: str
+
+
+@dataclass(frozen=True)
+class StopRequested:
+    """A signal asked the job to stop gracefully: every worker leaves at its next commit."""
+    signum: int
 
 
 @dataclass(frozen=True)
@@ -112,9 +119,11 @@ class Answer:
 
 @dataclass(frozen=True)
 class Publish:
-    """What heartbeat answers tell workers: host updates announced, newest broken round."""
+    """What heartbeat answers tell workers: host updates announced, newest broken round, and
+    whether the job is stopping (every worker leaves at its next commit)."""
     updates: int
     broken: int
+    stop: bool = False
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 from dataclasses import dataclass
 from typing import Optional
 
+from hvdlite import defaults
+
 
 @dataclass(frozen=True)
 class Policy:
@@ -18,3 +20,4 @@ class Policy:
     blacklist: str = "auto"  # "host", "slot", or "auto": slot on a single-host job, else host
     stop_grace: float = 3.0  # seconds a removed worker gets between TERM and KILL
     durable: bool = False  # --checkpoint-dir: commits are on disk too
+    stop_timeout: float = defaults.STOP_TIMEOUT  # seconds a graceful stop waits for commits

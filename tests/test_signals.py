@@ -1,0 +1,114 @@
+"""Signals in real jobs (docs/signals.md): a signal to the driver stops an elastic job at a
+commit with its checkpoint written and the same command resumes exactly there; SIGTERM to one
+worker shrinks the world at a commit, with no rollback and no blacklisting; a second Ctrl-C,
+or the stop's time running out, stops at once; a static job says it was interrupted."""
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from jobs import (SCRIPTS, Job, check_training_continuous, job_env, sizes, slot_pid, steps_log,
+                  wait_progress, wait_until)
+from test_elastic import check_exactly_once_per_epoch
+from hvdlite import exitcodes
+from hvdlite.worker import checkpoints
+
+JOB = [sys.executable, os.path.join(SCRIPTS, "elastic_job.py")]
+TOTAL = 40
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_driver_stops_at_a_commit_and_the_same_command_resumes_there(tmp_path, sig):
+    ckpt = tmp_path / "ckpt"
+    # No periodic write within the run: the checkpoint on disk is the one the stop wrote.
+    flags = ["-H", "localhost:2", "--min-np", "1", "--checkpoint-dir", str(ckpt),
+             "--checkpoint-interval", "600", *JOB]
+    (tmp_path / "run1").mkdir()
+    (tmp_path / "run2").mkdir()
+    with Job(flags, tmp_path / "run1", env=job_env(tmp_path, TOTAL_STEPS=TOTAL, RUN=1, STEP_SLEEP=0.1)) as job:
+        wait_progress(job, tmp_path, 12)
+        job.proc.send_signal(sig)
+        first = job.finish(60)
+    assert first.code == exitcodes.RESUMABLE, first.stderr
+    stopped = first.of("job_end")[-1]
+    assert stopped["result"] == "stopped" and stopped["resumable"] and not stopped["late"]
+    written = checkpoints.newest_commit(str(ckpt))
+    ran = [r["step"] for r in steps_log(tmp_path)]
+    assert written == stopped["commit"] == max(ran) + 1  # the last step trained is on disk
+    assert f"job stopped by {sig.name} at commit {written}" in first.stderr
+    assert not first.of("blacklisted") and all(e.get("left") for e in first.of("worker_exit"))
+    assert not first.of("workers_failed")
+    with Job(flags, tmp_path / "run2", env=job_env(tmp_path, TOTAL_STEPS=TOTAL, RUN=2, STEP_SLEEP=0.05)) as job:
+        second = job.finish(120)
+    assert second.code == 0, second.stderr
+    records = check_training_continuous(tmp_path, TOTAL)
+    assert min(r["step"] for r in records if r["run"] == 2) == written  # nothing lost, nothing again
+    assert all(len({(r["run"], r["round"]) for r in rs}) == 1 for rs in _attempts(records).values())
+    check_exactly_once_per_epoch(records, dataset=64)
+
+
+def _attempts(records):
+    """step -> every record of it, whichever attempt wrote it."""
+    by_step = {}
+    for r in records:
+        by_step.setdefault(r["step"], []).append(r)
+    return by_step
+
+
+def test_sigterm_to_one_worker_shrinks_the_world_at_a_commit_without_rollback_or_blacklist(tmp_path):
+    with Job(["-H", "localhost:3", "--min-np", "1", *JOB], tmp_path,
+             env=job_env(tmp_path, TOTAL_STEPS=TOTAL, STEP_SLEEP=0.1)) as job:
+        wait_progress(job, tmp_path, 10)
+        os.kill(slot_pid(job, "localhost/2"), signal.SIGTERM)
+        r = job.finish(120)
+    assert r.code == 0, r.stderr
+    records = check_training_continuous(tmp_path, TOTAL)
+    assert sizes(records) == [3, 2]
+    # no rollback: no step was trained twice (a rollback redoes the steps after the last commit)
+    assert all(len({rec["round"] for rec in rs}) == 1 for rs in _attempts(records).values())
+    assert [(e["code"], e.get("left")) for e in r.of("worker_exit") if e["slot"] == "localhost/2"] == \
+        [(exitcodes.LEFT, True)]
+    assert not r.of("blacklisted") and not r.of("workers_failed")
+    assert len([e for e in r.of("worker_start") if e["slot"] == "localhost/2"]) == 1  # not relaunched
+    check_exactly_once_per_epoch(records, dataset=64)
+
+
+def test_a_second_ctrl_c_stops_at_once(tmp_path):
+    # Steps of 20 s: the graceful stop would wait for the next commit up to --stop-timeout.
+    with Job(["-H", "localhost:2", "--min-np", "1", *JOB], tmp_path,
+             env=job_env(tmp_path, TOTAL_STEPS=5, STEP_SLEEP=20)) as job:
+        wait_progress(job, tmp_path, 1)
+        job.proc.send_signal(signal.SIGINT)
+        job.wait_for(lambda events: any(e["event"] == "stop_requested" for e in events), 10)
+        job.proc.send_signal(signal.SIGINT)
+        start = time.monotonic()
+        r = job.finish(30)
+        took = time.monotonic() - start
+    assert r.code == 128 + signal.SIGINT, r.stderr
+    assert took < 10, took
+    assert "job interrupted by SIGINT" in r.stderr
+
+
+def test_a_worker_that_reaches_no_commit_is_killed_when_the_stop_times_out(tmp_path):
+    with Job(["-H", "localhost:2", "--min-np", "1", "--stop-timeout", "2", *JOB], tmp_path,
+             env=job_env(tmp_path, TOTAL_STEPS=5, STEP_SLEEP=30)) as job:
+        wait_progress(job, tmp_path, 1)
+        start = time.monotonic()
+        job.proc.send_signal(signal.SIGTERM)
+        r = job.finish(30)
+        took = time.monotonic() - start
+    assert r.code == 128 + signal.SIGTERM, r.stderr  # no --checkpoint-dir: nothing to resume
+    assert 2 <= took < 12, took
+    assert sorted(e["slot"] for e in r.of("worker_stop_timeout")) == ["localhost/0", "localhost/1"]
+    assert "reached no commit in time" in r.stderr and "without --checkpoint-dir nothing was saved" in r.stderr
+
+
+def test_ctrl_c_to_a_static_job_says_so_in_one_line(tmp_path):
+    with Job(["-np", "2", sys.executable, "-c", "import time; time.sleep(60)"], tmp_path) as job:
+        wait_until(lambda: len(job.worker_pids()) == 2, 30, "workers started")
+        job.proc.send_signal(signal.SIGINT)
+        r = job.finish(30)
+    assert r.code == 128 + signal.SIGINT
+    assert r.stderr.strip().splitlines() == ["hvdlite: job interrupted by SIGINT; stopping the workers"]
