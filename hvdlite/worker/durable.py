@@ -18,7 +18,6 @@ DIR in the background, and a worker resumes from DIR when it holds less (torch-f
   when it exits because the driver is gone.
 """
 import atexit
-import json
 import os
 import sys
 import threading
@@ -244,15 +243,15 @@ def _verified(commit: int):
 
 def unloadable(path: str, error: BaseException) -> None:
     """End this worker: the checkpoint at path exists but does not load. One line here, the
-    same facts to the driver (PUT /rdzv/unloadable?worker=ID, body {"path", "cause"}), and
-    exit code EXIT_UNLOADABLE. Nothing in the folder is touched."""
+    same facts to the driver (PUT /rdzv/load_failed?worker=ID, body "PATH: CAUSE"), which ends
+    the job naming them, and exit code EXIT_UNLOADABLE. Nothing in the folder is touched."""
     from hvdlite.worker.session import session  # session imports this module
     cause = _cause(error)
     _say(f"checkpoint {path} does not load: {cause}. Nothing was deleted. Fix the script so that "
          f"it loads, or start anew on purpose with --fresh")
     try:
         me = session()
-        me.client.request("PUT", "/rdzv/unloadable", json.dumps({"path": path, "cause": cause}).encode(),
+        me.client.request("PUT", "/rdzv/load_failed", f"{path}: {cause}".encode(),
                           query={"worker": me.worker}, timeout=2)
     except Exception:  # noqa: BLE001 - the driver may be gone; the exit code says it too
         pass
