@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Everything the tests need on a fresh machine: OpenSSH and network tools for the SSH test
-# hosts, then hvdlite with its test dependencies (torch pinned to the CPU build on disk).
+# hosts, Slurm and munge for the Slurm test cluster, then hvdlite with its test dependencies
+# (torch pinned to the CPU build on disk).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -f .ci/install-ssh.sh ]; then bash .ci/install-ssh.sh; fi
+if [ -f .ci/install-slurm.sh ]; then bash .ci/install-slurm.sh; fi
 python3 -m pip install -q -e '.[test]'
 # The numpy backend's workers run on pygloo, whose wheels exist for CPython 3.8-3.10 only:
 # a torch-free venv in .venv-pygloo/ (gitignored), when such an interpreter exists.

@@ -43,6 +43,7 @@ NFT_PARTITION = (
     " chain o { type filter hook output priority 0; policy drop; oif \"lo\" accept; }\n"
     "}\n")
 
+TEMP_DIRS = ("hvdlite-sshhosts-", "hvdlite-slurm-")  # + <tag>: removed once the owner is gone
 _groups = 0  # host groups created by this process (part of the names)
 
 
@@ -134,10 +135,11 @@ def remove_stale():
     """Delete namespaces, links, processes and temp dirs of earlier sessions whose process is gone."""
     tmp = tempfile.gettempdir()
     for entry in os.listdir(tmp):
-        if entry.startswith("hvdlite-sshhosts-"):
-            pid = _owner_pid(PREFIX + entry[len("hvdlite-sshhosts-"):])
-            if pid is not None and not _alive(pid):
-                shutil.rmtree(os.path.join(tmp, entry), ignore_errors=True)
+        for kind in TEMP_DIRS:
+            if entry.startswith(kind):
+                pid = _owner_pid(PREFIX + entry[len(kind):])
+                if pid is not None and not _alive(pid):
+                    shutil.rmtree(os.path.join(tmp, entry), ignore_errors=True)
     if os.geteuid() != 0 or shutil.which("ip") is None:
         return
     try:
@@ -180,15 +182,57 @@ def _used_subnets():
     return used
 
 
-def _pick_subnet(seed: int):
-    """A 10.X.Y.0/24 not on any route or interface of this machine."""
+RESERVED = {"212", "213"}  # 10.212/16: the Slurm test cluster, 10.213/16: the Ray one
+
+
+def _pick_subnet(seed: int, second=None):
+    """A 10.X.Y.0/24 not on any route or interface of this machine; X is `second` when given,
+    else any 200-253 other than the ranges RESERVED for other clusters."""
     used = _used_subnets()
     for i in range(4000):
         k = (seed + i * 7919) % (54 * 256)
-        cand = ("10", str(200 + k // 256), str(k % 256))
-        if cand not in used and not (cand[1] == "255"):
+        cand = ("10", second or str(200 + k // 256), str(k % 256))
+        if cand not in used and (second or cand[1] not in RESERVED):
             return ".".join(cand)
     raise RuntimeError("no free 10.x.y.0/24 subnet for the test bridge")
+
+
+class Bridge:
+    """A bridge `<prefix>b` at SUBNET.1/24 in the root namespace (`address`), and per host a
+    network namespace `<prefix>-hN` whose eth0 is SUBNET.(10+N), joined by veth `<prefix>vN`.
+    The namespaces have no default route: traffic stays on the bridge."""
+
+    def __init__(self, prefix: str, subnet: str):
+        self.name, self.subnet, self.prefix = f"{prefix}b", subnet, prefix
+        self.address = f"{subnet}.1"
+        self.members = []  # (netns, veth)
+        _ip("link", "add", self.name, "type", "bridge")
+        try:
+            _ip("addr", "add", f"{self.address}/24", "dev", self.name)
+            _ip("link", "set", self.name, "up")
+        except BaseException:
+            self.close()
+            raise
+
+    def add(self, i: int):
+        """(netns, veth, address) of host i, created and up."""
+        netns, veth = f"{self.prefix}-h{i}", f"{self.prefix}v{i}"
+        address = f"{self.subnet}.{10 + i}"
+        self.members.append((netns, veth))
+        _ip("netns", "add", netns)
+        _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns)
+        _ip("link", "set", veth, "master", self.name, "up")
+        _ip("-n", netns, "addr", "add", f"{address}/24", "dev", "eth0")
+        _ip("-n", netns, "link", "set", "eth0", "up")
+        _ip("-n", netns, "link", "set", "lo", "up")
+        return netns, veth, address
+
+    def close(self):
+        # the veth explicitly: deleting the namespace removes it only ~1 s later
+        for netns, veth in self.members:
+            _ip("link", "del", veth, check=False)
+            _ip("netns", "del", netns, check=False)
+        _ip("link", "del", self.name, check=False)
 
 
 def _wait_banner(addr: str, port: int, timeout: float) -> bool:
@@ -443,24 +487,12 @@ class TestHosts:
         return r.returncode == 0
 
     def _make_bridge(self, count):
-        subnet = _pick_subnet(os.getpid() * 31 + _groups)
-        self.bridge = f"{PREFIX}{self.tag}b"
-        self.driver_address = f"{subnet}.1"
-        _ip("link", "add", self.bridge, "type", "bridge")
-        _ip("addr", "add", f"{self.driver_address}/24", "dev", self.bridge)
-        _ip("link", "set", self.bridge, "up")
+        self.bridge = Bridge(f"{PREFIX}{self.tag}", _pick_subnet(os.getpid() * 31 + _groups))
+        self.driver_address = self.bridge.address
         for i in range(1, count + 1):
             name = f"host-{i}"
-            netns, veth = f"{PREFIX}{self.tag}-h{i}", f"{PREFIX}{self.tag}v{i}"
-            address = f"{subnet}.{10 + i}"
-            host = TestHost(name, address, 22, netns, veth, os.path.join(self.dir, name))
-            self.hosts[name] = host
-            _ip("netns", "add", netns)
-            _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns)
-            _ip("link", "set", veth, "master", self.bridge, "up")
-            _ip("-n", netns, "addr", "add", f"{address}/24", "dev", "eth0")
-            _ip("-n", netns, "link", "set", "eth0", "up")
-            _ip("-n", netns, "link", "set", "lo", "up")
+            netns, veth, address = self.bridge.add(i)
+            self.hosts[name] = TestHost(name, address, 22, netns, veth, os.path.join(self.dir, name))
 
     def _make_loopback(self, count):
         self.hosts = {}
@@ -508,11 +540,6 @@ class TestHosts:
                         "  StrictHostKeyChecking yes\n\n")
 
     def _teardown_network(self):
-        for h in self.hosts.values():
-            if h.veth:
-                _ip("link", "del", h.veth, check=False)
-            if h.netns:
-                _ip("netns", "del", h.netns, check=False)
         if self.bridge:
-            _ip("link", "del", self.bridge, check=False)
+            self.bridge.close()
             self.bridge = None
