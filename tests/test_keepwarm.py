@@ -176,10 +176,10 @@ def test_workers_behave_as_plain_ones(keep, capsys):
     assert out.out == "[0]<stdout>:up True [0, 1, 2, 3]\n" and out.err == "[0]<stderr>:oops\n"
     handle = templates.spawn([sys.executable, script, "sleep"], keep.env, str(keep.tmp_path), RankOutput("1"))
     wait_until(lambda: "up" in capsys.readouterr().out, 30, "worker up")
-    handle.signal_group(signal.SIGSTOP)
+    handle.signal(signal.SIGSTOP)
     wait_until(lambda: state(handle.pid) == "T", 10, "worker stopped")
     assert handle.poll() is None
-    handle.signal_group(signal.SIGCONT)
+    handle.signal(signal.SIGCONT)
     os.kill(handle.pid, signal.SIGKILL)
     assert handle.wait(10) == -signal.SIGKILL
     assert len(said) == 1 and said[0].startswith("hvdlite: kept template"), said

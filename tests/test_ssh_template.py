@@ -127,11 +127,11 @@ def test_kill_9_stop_and_sigstop_reach_the_forked_worker(hosts, remote, capsys):
     assert killed.started == stopped.started == "template"
     hosts.run("host-1", ["kill", "-9", str(killed.pid)])
     assert killed.wait(10) == -signal.SIGKILL
-    stopped.signal_group(signal.SIGSTOP)
+    stopped.signal(signal.SIGSTOP)
     wait_until(lambda: hosts.run("host-1", ["ps", "-o", "stat=", "-p", str(stopped.pid)]).stdout.startswith("T"),
                10, "worker stopped")
     assert stopped.wait(0.3) is None
-    stopped.signal_group(signal.SIGCONT)
+    stopped.signal(signal.SIGCONT)
     stopped.stop(grace=1.0)
     assert stopped.poll() == -signal.SIGTERM
     wait_until(lambda: not procs(hosts, "host-1", "hvdlite.template.spawn"), 10, "spawn clients gone")

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from hvdlite.driver.launchers import fork_first_world
-from hvdlite.driver.launchers.local import LocalWorker
+from hvdlite.driver.launchers.start import fork_first_world
+from hvdlite.driver.launchers.process import LocalWorker
 from hvdlite.driver.launchers.template import Templates, TemplateWorker
 from hvdlite.driver.output import RankOutput
 from hvdlite.template.command import Refused, plan
@@ -208,10 +208,10 @@ def test_kill_9_and_sigstop(spawner, capsys):
     script = spawner.script("sleep.py", "import time\nprint('up', flush=True)\ntime.sleep(300)\n")
     handle = spawner.spawn([sys.executable, script])
     wait_until(lambda: "up" in capsys.readouterr().out, 30, "worker up")
-    handle.signal_group(signal.SIGSTOP)
+    handle.signal(signal.SIGSTOP)
     wait_until(lambda: state(handle.pid) == "T", 10, "worker stopped")
     assert handle.poll() is None and handle.wait(0.3) is None
-    handle.signal_group(signal.SIGCONT)
+    handle.signal(signal.SIGCONT)
     os.kill(handle.pid, signal.SIGKILL)
     assert handle.wait(10) == -signal.SIGKILL
 

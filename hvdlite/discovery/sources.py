@@ -1,22 +1,41 @@
-"""Where an elastic job's hosts come from: a fixed list (-H, --hostfile) or a discovery script."""
+"""Where a job's hosts come from. A host source is a plug-in with:
+- `read() -> [(host, slots)]`, raising DiscoveryError with a one-line reason;
+- `changes`: whether the driver polls it (the hosts may change while the job runs);
+- `describe()`: the line the driver prints about where its hosts come from, or "".
+`host_source(settings)` picks the job's source.
+"""
 from hvdlite.discovery.script import discover
 
 
 class FixedHosts:
+    """-H, --hostfile, or this machine."""
+    changes = False  # nothing to poll
+
     def __init__(self, hosts):
         self.hosts = list(hosts)
-        self.changes = False  # nothing to poll
 
     def read(self):
         return self.hosts
 
+    def describe(self) -> str:
+        return ""
+
 
 class ScriptHosts:
     """Runs the script on every read; DiscoveryError says why a run gave no hosts."""
+    changes = True
 
     def __init__(self, script, timeout, default_slots=None):
         self.script, self.timeout, self.default_slots = script, timeout, default_slots
-        self.changes = True
 
     def read(self):
         return discover(self.script, self.timeout, self.default_slots)
+
+    def describe(self) -> str:
+        return ""
+
+
+def host_source(settings):
+    if settings.discovery_script:
+        return ScriptHosts(settings.discovery_script, settings.discovery_timeout, settings.slots_per_host)
+    return FixedHosts(settings.hosts)

@@ -34,6 +34,10 @@ class EventLog:
         """The one line that says why the job failed; always on the console."""
         TERMINAL.write("stderr", f"hvdlite: error: {message}")
 
+    def say(self, message: str) -> None:
+        """A line the user should see whatever the log level (where hosts come from, ...)."""
+        TERMINAL.write("stderr", f"hvdlite: {message}")
+
     def debug(self, message: str) -> None:
         if self._verbose:
             TERMINAL.write("stderr", f"hvdlite: {message}")

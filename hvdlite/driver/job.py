@@ -12,7 +12,7 @@ import threading
 import time
 
 from hvdlite.discovery.script import DiscoveryError
-from hvdlite.discovery.sources import FixedHosts, ScriptHosts
+from hvdlite.discovery.sources import host_source
 from hvdlite.driver.decisions.assignment import assign
 from hvdlite.driver.decisions.core import ElasticCore, Policy, describe_exit
 from hvdlite.driver.decisions.messages import (
@@ -74,9 +74,9 @@ class Job:
     # ---- elastic ---------------------------------------------------------------------
     def run_elastic(self) -> int:
         s = self.settings
-        source = ScriptHosts(s.discovery_script, s.discovery_timeout, s.slots_per_host) \
-            if s.discovery_script else FixedHosts(s.hosts)
+        source = host_source(s)
         first = source.read()  # a first failure is fatal (DiscoveryError)
+        self._describe(source)
         self.start_server(source.changes or any(not self.launchers.is_local(h) for h, _ in first))
         if source.changes:
             threading.Thread(target=self._poll_hosts, args=(source,), daemon=True,
@@ -116,11 +116,18 @@ class Job:
             except Exception as e:  # noqa: BLE001 - reported, then the next run is tried
                 self.events.put(DiscoveryFailed(f"{type(e).__name__}: {e}"))
 
+    def _describe(self, source):
+        if source.describe():
+            self.log.say(source.describe())
+
     # ---- static ----------------------------------------------------------------------
     def run_static(self) -> int:
         s = self.settings
-        self.start_server(any(not self.launchers.is_local(h) for h, _ in s.hosts))
-        places = assign(s.hosts, s.num_proc)
+        source = host_source(s)
+        hosts = source.read()
+        self._describe(source)
+        self.start_server(any(not self.launchers.is_local(h) for h, _ in hosts))
+        places = assign(hosts, s.num_proc)
         running = {}
         for place in places:
             slot = f"{place.hostname}/{place.local_rank}"

@@ -36,6 +36,7 @@ class Settings:
     ssh_identity_file: str = None
     ssh_accept_unknown_hosts: bool = False
     ssh_config: str = None
+    launcher: str = None  # a kind of launchers.KINDS for every host; None: local or SSH by host
     metrics_port: int = None
     metrics_addr: str = None  # default: where the rendezvous binds
     timeline_filename: str = None  # per-rank collective trace (Chrome trace JSON)

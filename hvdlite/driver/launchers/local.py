@@ -1,55 +1,50 @@
-"""Local worker processes: one subprocess per slot, each in its own process group."""
+"""Workers on this machine: a subprocess per slot, or a fork of the local template."""
+import functools
 import os
-import signal
-import subprocess
-import time
+import threading
 
-from hvdlite.driver.output import RankOutput
+from hvdlite.driver.launchers.kept import obtain
+from hvdlite.driver.launchers.locality import is_local
+from hvdlite.driver.launchers.process import LocalWorker
+from hvdlite.driver.launchers.start import StartRule
+from hvdlite.driver.launchers.template import Templates
+from hvdlite.driver.network import LOOPBACK
 
 
-class LocalWorker:
-    started = "process"  # how the worker was started, for the event log
-    def __init__(self, command, env: dict, output: RankOutput, cwd=None):
-        self.output = output
-        # A new session makes the worker the leader of its own process group, so stop()
-        # reaches everything it spawned and a Ctrl-C on the driver's terminal does not.
-        self.proc = subprocess.Popen(
-            command, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-        self._pumps = [output.pump("stdout", self.proc.stdout), output.pump("stderr", self.proc.stderr)]
+class LocalLauncher:
+    def __init__(self, settings, say):
+        self.command = settings.command
+        self._rule = StartRule(settings)
+        self._ssh_config = settings.ssh_config or "default"  # a host named in it may be this one
+        # With --keep-warm the local template is a kept one, and every local worker forks from it.
+        keeper = functools.partial(obtain, idle=settings.keep_warm) if settings.keep_warm else None
+        self._templates = Templates(settings.preload, say=say, keeper=keeper) if settings.preload else None
+        self._lock = threading.Lock()
+        self._warm_env = None  # a local worker's environment, to start the template with
 
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
+    def is_local(self, host) -> bool:
+        return is_local(host, self._ssh_config)
 
-    def poll(self):
-        """Exit code, negative for a signal, or None while running."""
-        return self.proc.poll()
+    def route_to(self, host) -> str:
+        return LOOPBACK
 
-    def wait(self, timeout: float):
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return None
+    def start(self, host, env: dict, output, joining: bool, local_workers: int = 1):
+        if self._templates and self._rule.fork_locally(joining, local_workers):
+            return self._templates.spawn(self.command, env, os.getcwd(), output)
+        with self._lock:
+            first, self._warm_env = self._warm_env is None, self._warm_env or env
+        if first and self._rule.joins_possible:
+            self.warm()
+        return LocalWorker(self.command, env, output)
 
-    def signal_group(self, sig) -> None:
-        try:
-            os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
+    def warm(self):
+        """Start the template in the background once a worker's environment is known."""
+        with self._lock:
+            env = self._warm_env
+        if self._templates and env is not None:
+            threading.Thread(target=self._templates.warm, args=(self.command, env, os.getcwd()),
+                             daemon=True, name="hvdlite-template-warm").start()
 
-    def stop(self, grace: float = 3.0) -> None:
-        """TERM the worker's process group, KILL it after `grace` seconds."""
-        if self.poll() is None:
-            self.signal_group(signal.SIGTERM)
-            if self.wait(grace) is None:
-                self.signal_group(signal.SIGKILL)
-                self.wait(5.0)
-        # Children that outlived the leader still hold the group; end them too.
-        self.signal_group(signal.SIGKILL)
-        self.finish_output()
-
-    def finish_output(self, timeout: float = 2.0) -> None:
-        deadline = time.monotonic() + timeout
-        for pump in self._pumps:
-            pump.join(max(0.0, deadline - time.monotonic()))
+    def close(self):
+        if self._templates:
+            self._templates.close()

@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 
-from hvdlite.driver.launchers.local import LocalWorker
+from hvdlite.driver.launchers.process import LocalWorker
 from hvdlite.template import DEFAULT_PRELOAD, wire
 from hvdlite.template.command import Refused, interpreter, startup_env
 from hvdlite.worker import env as worker_env

@@ -10,6 +10,7 @@ import paramiko
 
 from hvdlite.driver.launchers.ssh.connection import SSHHost, _sh, _signal_code
 from hvdlite.driver.launchers.ssh.config import SSHError
+from hvdlite.driver.launchers.start import spawn_argv
 from hvdlite.driver.output import RankOutput
 from hvdlite.template.spawn import MARK
 
@@ -54,7 +55,7 @@ def launch(host: SSHHost, command, env: dict, cwd: str, output: RankOutput,
     template socket) the spawn client asks that template to fork the worker, and launches
     it plainly if it cannot."""
     if template is not None:
-        command = [command[0], "-m", "hvdlite.template.spawn", "--socket", template, "--", *command]
+        command = spawn_argv(command, template)
     chan, skipped = _exec(host, command, env, cwd, announce=template is None)
     worker = RemoteWorker(host, chan, output, skipped)
     try:
@@ -71,6 +72,7 @@ class RemoteWorker:
     """A worker process on a remote host; same methods as LocalWorker."""
     started = "ssh"  # "template" once its marker says a template forked it
     fallback = None  # why a spawn client launched plainly after all
+    error = None     # why the worker counts as failed without exit status
 
     def __init__(self, host: SSHHost, channel: paramiko.Channel, output: RankOutput, skipped_env):
         self.host = host
@@ -79,7 +81,6 @@ class RemoteWorker:
         self.output = output
         self.skipped_env = skipped_env  # names a shell cannot export: not forwarded
         self.pgid = None
-        self.error = None               # why the worker counts as failed without exit status
         self._started = threading.Event()
         self._early_stderr = []
         self._pumps = []
@@ -179,7 +180,7 @@ class RemoteWorker:
             self.channel.status_event.wait(left)
         return code
 
-    def signal_group(self, sig) -> None:
+    def signal(self, sig) -> None:
         """Send `sig` to the remote process group (best effort, like LocalWorker)."""
         if self.pgid is not None:
             try:

@@ -1,0 +1,61 @@
+"""Workers on remote hosts over SSH: one connection per host, and the host's template."""
+import os
+import threading
+
+from hvdlite.driver.launchers.locality import is_local
+from hvdlite.driver.launchers.ssh.config import SSHSettings, host_config
+from hvdlite.driver.launchers.ssh.connection import SSHHost
+from hvdlite.driver.launchers.ssh.remote import launch
+from hvdlite.driver.launchers.ssh.template import RemoteTemplates, fallback_line
+from hvdlite.driver.launchers.start import StartRule
+from hvdlite.driver.network import route_address
+
+
+class SSHLauncher:
+    def __init__(self, settings, say):
+        self.command = settings.command
+        self.settings = SSHSettings(
+            port=settings.ssh_port, identity_file=settings.ssh_identity_file,
+            accept_unknown_hosts=settings.ssh_accept_unknown_hosts,
+            **({"ssh_config": settings.ssh_config} if settings.ssh_config else {}))
+        self._rule = StartRule(settings)
+        self._say = say
+        # A host's template starts with its first joining worker (any worker, with --preload)
+        # or once the first world formed; its workers start plainly until it is ready.
+        self._templates = RemoteTemplates(settings.preload, say) if settings.preload else None
+        self._hosts = {}  # hostname -> SSHHost, one connection per remote host
+        self._lock = threading.Lock()
+
+    def is_local(self, host) -> bool:
+        return is_local(host, self.settings.ssh_config)
+
+    def route_to(self, host) -> str:
+        """This machine's address on the route to the host's ssh HostName."""
+        return route_address(host_config(host, self.settings).address)
+
+    def start(self, host, env: dict, output, joining: bool, local_workers: int = 1):
+        connection, socket_path = self._host(host), None
+        if self._templates:
+            socket_path = self._templates.socket(connection, self.command, env, os.getcwd(),
+                                                 start=self._rule.template_remotely(joining))
+        worker = launch(connection, self.command, env, os.getcwd(), output, template=socket_path)
+        if worker.fallback:
+            self._say(fallback_line(host, worker.fallback))
+        return worker
+
+    def warm(self):
+        if self._templates:
+            self._templates.warm()
+
+    def _host(self, hostname):
+        with self._lock:
+            if hostname not in self._hosts:
+                self._hosts[hostname] = SSHHost(hostname, self.settings)
+            return self._hosts[hostname]
+
+    def close(self):
+        if self._templates:
+            self._templates.close()
+        with self._lock:
+            for host in self._hosts.values():
+                host.close()
