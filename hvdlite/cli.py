@@ -10,6 +10,7 @@ import sys
 from hvdlite import defaults
 from hvdlite.template import DEFAULT_PRELOAD
 from hvdlite.discovery.hostspec import parse_hostfile, parse_hosts
+from hvdlite.discovery.slurm import allocation
 from hvdlite.driver.settings import Settings
 from hvdlite.errors import HvdliteError, UsageError
 
@@ -73,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rendezvous-addr", dest="bind_address",
                    help="serve the rendezvous on this address (default: loopback for a job on "
                         "this machine only, else every interface)")
+    p.add_argument("--launcher", choices=["ssh", "srun", "local"],
+                   help="how workers start: over SSH, as Slurm job steps (srun), or on this machine "
+                        "(default: srun inside a Slurm allocation without -H, --hostfile or "
+                        "--host-discovery-script, else local for this machine and SSH for others)")
     p.add_argument("-p", "--ssh-port", type=_positive(int), help="SSH port of remote hosts")
     p.add_argument("-i", "--ssh-identity-file", help="SSH private key for remote hosts")
     p.add_argument("--ssh-accept-unknown-hosts", action="store_true",
@@ -150,7 +155,10 @@ def parse_settings(argv) -> Settings:
         raise UsageError("use either --host-discovery-script or -H/--hostfile, not both")
     if args.cooldown_range and args.cooldown_range[0] > args.cooldown_range[1]:
         raise UsageError("--blacklist-cooldown-range: MIN is larger than MAX")
-    if args.hosts:
+    slurm, launcher = slurm_job(args)
+    if slurm is not None:
+        hosts = slurm.hosts
+    elif args.hosts:
         hosts = parse_hosts(args.hosts)
     elif args.hostfile:
         hosts = parse_hostfile(args.hostfile)
@@ -159,8 +167,9 @@ def parse_settings(argv) -> Settings:
     slots = sum(n for _, n in hosts)
     num_proc = args.num_proc or slots
     if not args.discovery_script and max(num_proc if not elastic else min_np, 1) > slots:
+        where = f"the {slots} tasks of {slurm.describe()}" if slurm else f"the {slots} slots available"
         raise UsageError(f"-np {num_proc if not elastic else min_np} asks for more processes "
-                         f"than the {slots} slots available")
+                         f"than {where}")
     for name in ("ssh_identity_file", "hostfile", "ssh_config"):
         path = getattr(args, name)
         if path and not os.path.isfile(path):
@@ -178,6 +187,7 @@ def parse_settings(argv) -> Settings:
         bind_address=args.bind_address,
         ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,
         ssh_accept_unknown_hosts=args.ssh_accept_unknown_hosts, ssh_config=args.ssh_config,
+        launcher=launcher, slurm=slurm,
         event_log=args.event_log, metrics_port=args.metrics_port, metrics_addr=args.metrics_addr,
         timeline_filename=os.path.abspath(args.timeline_filename) if args.timeline_filename else None,
         elastic=elastic, min_np=min_np, max_np=args.max_np, slots_per_host=args.slots_per_host,
@@ -189,6 +199,28 @@ def parse_settings(argv) -> Settings:
         preload=() if args.no_preload else tuple(_modules(args.preload)) if args.preload else DEFAULT_PRELOAD,
         preload_first=bool(args.preload), keep_warm=keep_warm, checkpoint_dir=args.checkpoint_dir,
         checkpoint_interval=args.checkpoint_interval, checkpoint_keep=args.checkpoint_keep)
+
+
+def slurm_job(args):
+    """(allocation or None, launcher or None). Inside a Slurm allocation a job with no host
+    flags runs on the allocation's nodes, as srun steps unless --launcher says otherwise
+    (--launcher local: this machine only, as outside)."""
+    listed = args.hosts or args.hostfile or args.discovery_script
+    if (listed or args.launcher == "local") and args.launcher != "srun":
+        return None, args.launcher
+    try:
+        alloc = allocation()
+    except HvdliteError as e:
+        raise UsageError(str(e)) from None
+    launcher = args.launcher or ("srun" if alloc else None)
+    if launcher == "srun":
+        if alloc is None:
+            raise UsageError("--launcher srun: not inside a Slurm allocation (SLURM_JOB_ID is "
+                             "unset, or SLURM_STEP_ID is set inside a job step)")
+        if shutil.which("srun") is None:
+            raise UsageError("srun not found on PATH: workers start as Slurm job steps inside "
+                             "an allocation (or pass --launcher ssh)")
+    return (None if listed else alloc), launcher
 
 
 def checkpoint_dir(path: str) -> str:

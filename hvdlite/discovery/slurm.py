@@ -77,19 +77,32 @@ def live_nodes(job_id: str, env=None) -> list:
     return expand(nodelist)
 
 
-class SlurmHosts:
-    """Host source: the allocation's nodes still in the job, with the tasks granted at start."""
+def node_address(host: str, env=None) -> str:
+    """The address Slurm reaches the node at (NodeAddr): a node's name may resolve only on the
+    compute nodes, not where the driver runs."""
+    return _field(_scontrol(["show", "node", "-o", host], env), "NodeAddr") or host
 
-    def __init__(self, alloc: Allocation, env=None):
-        self.alloc, self.env = alloc, env
-        self.changes = True  # nodes leave an allocation under --no-kill
+
+class SlurmHosts:
+    """Host source: the allocation's nodes with the tasks granted at start. `live`: polled
+    from scontrol (elastic jobs), so that nodes that left the allocation leave the job."""
+
+    def __init__(self, alloc: Allocation, live: bool, launcher: str, env=None):
+        self.alloc, self.changes, self.launcher, self.env = alloc, live, launcher, env
 
     def read(self):
+        if not self.changes:
+            return self.alloc.hosts
         return [(h, self.alloc.slots[h]) for h in live_nodes(self.alloc.job_id, self.env)
                 if h in self.alloc.slots]
 
     def describe(self) -> str:
-        return f"hosts from {self.alloc.describe()}, polled with scontrol"
+        how = "srun steps" if self.launcher == "srun" else f"the {self.launcher} launcher"
+        line = f"{self.alloc.describe()}: hosts from the allocation, workers started as {how}"
+        if self.changes and kill_on_node_fail(self.alloc.job_id, self.env):
+            line += (f"\nwarning: job {self.alloc.job_id} shows no --no-kill: one node's failure "
+                     "cancels the whole allocation (add `#SBATCH --no-kill`)")
+        return line
 
 
 def kill_on_node_fail(job_id: str, env=None) -> bool:

@@ -37,6 +37,7 @@ class Settings:
     ssh_accept_unknown_hosts: bool = False
     ssh_config: str = None
     launcher: str = None  # a kind of launchers.KINDS for every host; None: local or SSH by host
+    slurm: object = None  # the Slurm allocation (discovery.slurm.Allocation) the hosts come from
     metrics_port: int = None
     metrics_addr: str = None  # default: where the rendezvous binds
     timeline_filename: str = None  # per-rank collective trace (Chrome trace JSON)

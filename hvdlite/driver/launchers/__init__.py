@@ -16,6 +16,7 @@ from hvdlite.driver.launchers.template import SayOnce
 KINDS = {  # name -> "module:class"; the class takes (settings, say)
     "local": "hvdlite.driver.launchers.local:LocalLauncher",
     "ssh": "hvdlite.driver.launchers.ssh.launcher:SSHLauncher",
+    "srun": "hvdlite.driver.launchers.srun:SrunLauncher",
 }
 
 
