@@ -57,7 +57,7 @@ def _free_port(address):
 class SlurmCluster:
     """munged + slurmctld + `count` slurmd nodes; see the module docstring."""
 
-    def __init__(self, count: int, start_timeout: float = 20.0):
+    def __init__(self, count: int, slurmd_timeout: int = 30, start_timeout: float = 20.0):
         reason = missing()
         if reason:
             raise RuntimeError(reason)
@@ -68,7 +68,7 @@ class SlurmCluster:
         self.tag = f"{_b36(os.getpid())}-s{_clusters}"
         self.dir = tempfile.mkdtemp(prefix=f"hvdlite-slurm-{self.tag}-")
         os.chmod(self.dir, 0o755)  # munged wants its socket's folders searchable by all
-        self.start_timeout = start_timeout
+        self.start_timeout, self.slurmd_timeout = start_timeout, slurmd_timeout
         self.names = [f"n{i}" for i in range(1, count + 1)]
         self.procs = {}  # daemon name -> Popen
         self.bridge = None
@@ -224,7 +224,7 @@ SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2
-SlurmdTimeout=30
+SlurmdTimeout={self.slurmd_timeout}
 MessageTimeout=10
 KillWait=5
 NodeName={nodes} NodeAddr={','.join(self.addresses[n] for n in self.names)} CPUs=2 RealMemory=1000 State=UNKNOWN

@@ -87,7 +87,7 @@ class SlurmHosts:
     """Host source: the allocation's nodes with the tasks granted at start. `live`: polled
     from scontrol (elastic jobs), so that nodes that left the allocation leave the job."""
 
-    def __init__(self, alloc: Allocation, live: bool, launcher: str, env=None):
+    def __init__(self, alloc: Allocation, live: bool, launcher: str = "srun", env=None):
         self.alloc, self.changes, self.launcher, self.env = alloc, live, launcher, env
 
     def read(self):
@@ -111,8 +111,8 @@ def kill_on_node_fail(job_id: str, env=None) -> bool:
     are the ones a job can see: SBATCH_NO_KILL/SALLOC_NO_KILL in its environment (sbatch and
     salloc export the submitter's), and `#SBATCH --no-kill` / `-k` in its batch script."""
     env = os.environ if env is None else env
-    if env.get("SBATCH_NO_KILL") or env.get("SALLOC_NO_KILL"):
-        return False
+    if any(env.get(name, "off").lower() != "off" for name in ("SBATCH_NO_KILL", "SALLOC_NO_KILL")):
+        return False  # set, to anything but "off" (salloc refuses most values: "" or "set")
     try:
         script = _scontrol(["write", "batch_script", job_id, "-"], env)
     except DiscoveryError:  # not a batch job (salloc), or scontrol unavailable

@@ -18,7 +18,7 @@ def main(argv) -> int:
             print("hvdlite.slurm: not in a Slurm allocation (SLURM_JOB_ID unset, or set with "
                   "SLURM_STEP_ID inside a step)", file=sys.stderr)
             return 1
-        hosts = SlurmHosts(alloc).read()
+        hosts = SlurmHosts(alloc, live=True).read()
     except HvdliteError as e:
         print(f"hvdlite.slurm: {first_line(e)}", file=sys.stderr)
         return e.exit_code

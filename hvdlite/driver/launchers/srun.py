@@ -11,7 +11,10 @@
   itself SIGKILLs the task unseen. srun is killed only when Slurm cannot end the step (the
   node died: srun waits for Slurm to notice, SlurmdTimeout, 300 s by default).
 - srun exits with the task's code, or 128+N for a task killed by signal N, and says which on
-  stderr ("task 0: Killed"); that line maps the code back to -N, as for a local worker.
+  stderr ("task 0: Killed"); that line maps the code back to -N, as for a local worker. When
+  Slurm declares the node failed, srun exits 0: that is LOST here, never a finished worker.
+- scancel of a step on a dead node blocks for MessageTimeout (11 s at 10): signals are sent
+  without waiting for scancel, so a stop takes its grace and a second, not that.
 """
 import os
 import re
@@ -29,7 +32,10 @@ MARK = "__hvdlite_step"
 _ANNOUNCE = f'echo "{MARK} $SLURM_JOB_ID.$SLURM_STEP_ID $$"; exec "$@"'
 _TASK_END = re.compile(r"^srun: error: \S+: task 0: (.*)$")
 _CANCELLED = re.compile(r"^slurmstepd\S*: error: \*\*\* STEP \S+ ON \S+ CANCELLED")
-SCANCEL_TIMEOUT = 10.0  # seconds; scancel only asks slurmctld
+_NODE_FAILED = re.compile(r"^srun: error: Node failure on (\S+)")
+LOST = 255  # the exit code of a worker whose node Slurm declared failed (as the SSH launcher's)
+SCANCEL_TIMEOUT = 60.0  # seconds before a scancel still waiting on slurmctld is killed
+KILL_WAIT = 1.0  # seconds for srun to end after scancel -s KILL before srun itself is killed
 
 
 class SrunLauncher:
@@ -102,6 +108,8 @@ class SrunWorker:
                     self._marked.set()
                     continue
                 if stream == "stderr":
+                    if _NODE_FAILED.match(text):
+                        self.error = f"Slurm declared node {self.host} failed"
                     end = _TASK_END.match(text.rstrip("\n"))
                     if end:  # the driver reports the exit itself
                         if not end.group(1).startswith("Exited with exit code"):
@@ -131,6 +139,8 @@ class SrunWorker:
         code = self.proc.poll()
         if code is not None and code > 128 and self._signal is not None:
             return -(code - 128)
+        if code == 0 and self.error:
+            return LOST
         return code
 
     def wait(self, timeout: float):
@@ -143,23 +153,27 @@ class SrunWorker:
         return self.poll()
 
     def signal(self, sig) -> None:
-        """Through Slurm, to every process of the step (best effort)."""
+        """Through Slurm, to every process of the step (best effort, without waiting)."""
         if self.step is None or self.proc.poll() is not None:
             return
         try:
-            subprocess.run(["scancel", "--quiet", "-s", signal.Signals(sig).name[3:], self.step],
-                           stdin=subprocess.DEVNULL, capture_output=True, timeout=SCANCEL_TIMEOUT)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
+            scancel = subprocess.Popen(
+                ["scancel", "--quiet", "-s", signal.Signals(sig).name[3:], self.step],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True)
+        except OSError:
+            return
+        threading.Thread(target=_reap, args=(scancel,), daemon=True, name="scancel-reap").start()
 
     def stop(self, grace: float = 3.0) -> None:
-        """scancel TERM, KILL after `grace`; srun itself is killed only if the step outlives that
+        """scancel TERM, KILL after `grace`; srun itself is killed when the step outlives that
         (its node is gone and Slurm has not noticed yet)."""
         if self.proc.poll() is None:
             self.signal(signal.SIGTERM)
             if self.wait(grace) is None:
                 self.signal(signal.SIGKILL)
-                if self.wait(5.0) is None:
+                if self.wait(KILL_WAIT) is None:
+                    self.error = f"the step on {self.host} did not end: node unreachable?"
                     self._kill_srun()
         self.finish_output()
 
@@ -177,3 +191,11 @@ class SrunWorker:
         deadline = time.monotonic() + timeout
         for t in self._pumps:
             t.join(max(0.0, deadline - time.monotonic()))
+
+
+def _reap(proc):
+    try:
+        proc.wait(SCANCEL_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
