@@ -189,7 +189,9 @@ def test_sigterm_to_one_workers_step_shrinks_the_world_with_no_rollback(tmp_path
              prefix=["salloc", "-N3", "--no-kill"]) as job:
         wait_progress(job, tmp_path, 8)
         step = _step_of(cluster, "n3")
-        seconds, world = next_world(job, lambda: cluster.run(["scancel", "-s", "TERM", step]))
+        # 22.05's scancel says "Invalid job id specified" for a signalled step, and delivers it
+        seconds, world = next_world(job, lambda: cluster.run(["scancel", "-s", "TERM", step],
+                                                             check=False))
         r = job.finish(120)
     assert r.code == 0, r.stderr
     assert world["size"] == 2
