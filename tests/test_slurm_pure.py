@@ -1,6 +1,7 @@
-"""Slurm's hostlist and task-count formats read in Python (hvdlite/discovery/hostlist.py), the
-allocation read from a job's variables, and the batch-script check for --no-kill. The expansion
-is also checked against the real `scontrol show hostnames` (needs only the scontrol binary)."""
+"""Slurm without a cluster: hostlist and task-count formats (hvdlite/discovery/hostlist.py), the
+allocation read from a job's variables, the batch-script check for --no-kill, and `hvdlite run`
+in and out of an allocation. The expansion is also checked against the real `scontrol show
+hostnames` (needs only the scontrol binary)."""
 import os
 import shutil
 import subprocess
@@ -128,3 +129,62 @@ def test_expansion_matches_scontrol_show_hostnames(scontrol_conf, items):
     proc = subprocess.run(["scontrol", "show", "hostnames", hostlist], capture_output=True,
                           text=True, timeout=30, env={**os.environ, "SLURM_CONF": scontrol_conf})
     assert proc.stdout.split() == expand(hostlist), proc.stderr
+
+
+# ---- the CLI inside and outside an allocation (no cluster: the job's variables are set here) ----
+from hvdlite.cli import parse_settings  # noqa: E402
+from hvdlite.errors import UsageError  # noqa: E402
+
+CMD = [sys.executable, "-c", "pass"]
+JOB_VARS = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_TASKS_PER_NODE": "2(x2),1"}
+
+
+@pytest.fixture
+def in_allocation(monkeypatch):
+    if shutil.which("srun") is None:
+        pytest.skip("srun is not installed (run .ci/install-slurm.sh as root)")
+    for name, value in JOB_VARS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("SLURM_STEP_ID", raising=False)
+    return monkeypatch
+
+
+def test_outside_an_allocation_nothing_changes(monkeypatch):
+    for name in ("SLURM_JOB_ID", "SLURM_STEP_ID"):
+        monkeypatch.delenv(name, raising=False)
+    s = parse_settings(CMD)
+    assert (s.launcher, s.slurm, s.hosts, s.num_proc) == (None, None, [("localhost", 1)], 1)
+
+
+def test_inside_an_allocation_the_job_runs_on_it_as_srun_steps(in_allocation):
+    s = parse_settings(CMD)
+    assert s.launcher == "srun" and s.hosts == [("n1", 2), ("n2", 2), ("n3", 1)]
+    assert s.num_proc == 5 and s.slurm.job_id == "7"  # -np defaults to every task
+    s = parse_settings(["--launcher", "ssh", *CMD])
+    assert s.launcher == "ssh" and s.hosts == [("n1", 2), ("n2", 2), ("n3", 1)]
+
+
+def test_host_flags_or_a_step_or_launcher_local_keep_the_old_rules(in_allocation):
+    s = parse_settings(["-H", "a:1", *CMD])
+    assert (s.launcher, s.slurm, s.hosts) == (None, None, [("a", 1)])
+    s = parse_settings(["--launcher", "local", *CMD])
+    assert (s.launcher, s.slurm, s.hosts) == ("local", None, [("localhost", 1)])
+    in_allocation.setenv("SLURM_STEP_ID", "0")
+    s = parse_settings(CMD)
+    assert (s.launcher, s.slurm) == (None, None)
+    with pytest.raises(UsageError, match="--launcher srun: not inside a Slurm allocation"):
+        parse_settings(["--launcher", "srun", *CMD])
+
+
+def test_bad_requests_in_an_allocation(in_allocation):
+    with pytest.raises(UsageError, match="-np 6 asks for more processes than the 5 tasks of Slurm "
+                                         r"allocation 7 \(3 nodes, 5 tasks\)"):
+        parse_settings(["-np", "6", *CMD])
+    in_allocation.setenv("SLURM_TASKS_PER_NODE", "2(x")
+    with pytest.raises(UsageError, match=r"SLURM_TASKS_PER_NODE='2\(x'"):
+        parse_settings(CMD)
+    parse_settings(["-H", "a:1", *CMD])  # a job with its own hosts does not read the variables
+    in_allocation.setenv("SLURM_TASKS_PER_NODE", "2(x2),1")
+    in_allocation.setenv("PATH", "/nonexistent")
+    with pytest.raises(UsageError, match="srun not found on PATH"):
+        parse_settings(CMD)
