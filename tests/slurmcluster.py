@@ -17,7 +17,7 @@ node is entered with nsenter + unshare, not `ip netns exec`: that remounts /sys,
 /sys/fs/cgroup, and slurmd then refuses to start. munged has its own key and socket, slurmctld
 its own port, so two sessions' clusters never meet. Daemons die with the test process
 (PDEATHSIG); whatever a killed session left behind is removed by the next one (sshhosts'
-remove_stale: names carry the owner's pid).
+new_tag: names carry the owner's pid).
 """
 import os
 import shutil
@@ -28,11 +28,10 @@ import time
 
 import pytest
 
-from sshhosts import PREFIX, Bridge, _b36, _die_with_parent, _ip, _pick_subnet, remove_stale
+from sshhosts import PREFIX, Bridge, _die_with_parent, _ip, _pick_subnet, new_tag
 
 SLURMCTLD, SLURMD, MUNGED = "/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged"
 CLIENTS = ("srun", "salloc", "sbatch", "scontrol", "scancel", "sinfo", "squeue")
-_clusters = 0  # clusters started by this process (part of the names)
 
 
 def missing():
@@ -61,11 +60,7 @@ class SlurmCluster:
         reason = missing()
         if reason:
             raise RuntimeError(reason)
-        global _clusters
-        if _clusters == 0:
-            remove_stale()
-        _clusters += 1
-        self.tag = f"{_b36(os.getpid())}-s{_clusters}"
+        self.tag = new_tag("s")
         self.dir = tempfile.mkdtemp(prefix=f"hvdlite-slurm-{self.tag}-")
         os.chmod(self.dir, 0o755)  # munged wants its socket's folders searchable by all
         self.start_timeout, self.slurmd_timeout = start_timeout, slurmd_timeout

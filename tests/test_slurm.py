@@ -50,28 +50,43 @@ def assert_nothing_left(cluster, names=None):
 
 def sbatch(cluster, tmp_path, flags, command, env, timeout=120):
     """Run `command` as a batch script (on the first node, as Slurm does) and wait for it;
-    returns (exit code, the script's output)."""
+    returns (exit code, the script's output). Polled here: `sbatch --wait` looks every 10 s."""
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/sh\n" + "".join(f"#SBATCH {f}\n" for f in flags) +
                       " ".join(command) + "\n")
     out = tmp_path / "slurm.out"
-    proc = cluster.run(["sbatch", "--wait", "-o", str(out), "-D", str(tmp_path), str(script)],
-                       env=env, check=False, timeout=timeout)
-    return proc.returncode, out.read_text() if out.exists() else proc.stderr
+    job_id = cluster.run(["sbatch", "--parsable", "-o", str(out), "-D", str(tmp_path), str(script)],
+                         env=env).stdout.strip()
+    deadline = time.monotonic() + timeout
+    while True:
+        record = cluster.run(["scontrol", "show", "job", "-o", job_id]).stdout
+        state = re.search(r"JobState=(\S+)", record).group(1)
+        if state not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+            break
+        if time.monotonic() > deadline:
+            cluster.run(["scancel", job_id], check=False)
+            raise AssertionError(f"batch job {job_id} still {state} after {timeout} s")
+        time.sleep(0.1)
+    code = int(re.search(r"ExitCode=(\d+):", record).group(1))
+    return code, out.read_text() if out.exists() else record
 
 
 def driver(*args):
     return " ".join([sys.executable, "-m", "hvdlite.cli", "run", *args])
 
 
+def run_in(via, cluster, tmp_path, flags, command, env):
+    """A static job with no host flags in `salloc FLAGS` or an sbatch script with FLAGS:
+    (exit code, everything it printed)."""
+    if via == "salloc":
+        r = run_job(command, tmp_path, timeout=120, env=env, prefix=["salloc", *flags])
+        return r.code, r.stdout + r.stderr
+    return sbatch(cluster, tmp_path, flags, [driver(*command)], env)
+
+
 @pytest.mark.parametrize("nodes, via", [(2, "salloc"), (4, "sbatch")])
 def test_torch_static_job_with_no_host_flags(tmp_path, cluster, env, nodes, via):
-    flags = [f"-N{nodes}", "--ntasks-per-node=2"]
-    if via == "salloc":
-        r = run_job(WHERE, tmp_path, timeout=120, env=env, prefix=["salloc", *flags])
-        code, out = r.code, r.stdout + r.stderr
-    else:
-        code, out = sbatch(cluster, tmp_path, flags, [driver(*WHERE)], env)
+    code, out = run_in(via, cluster, tmp_path, [f"-N{nodes}", "--ntasks-per-node=2"], WHERE, env)
     assert code == 0, out
     assert "Slurm allocation" in out and f"({nodes} nodes, {2 * nodes} tasks)" in out
     assert "workers started as srun steps" in out
@@ -85,12 +100,7 @@ def test_torch_static_job_with_no_host_flags(tmp_path, cluster, env, nodes, via)
 @pytest.mark.parametrize("nodes, via", [(2, "sbatch"), (4, "salloc")])
 def test_numpy_static_job_with_no_host_flags(tmp_path, cluster, env, nodes, via):
     check = [PYGLOO, os.path.join(SCRIPTS, "numpy_check.py")]
-    flags = [f"-N{nodes}", "--ntasks-per-node=1"]
-    if via == "salloc":
-        r = run_job(check, tmp_path, timeout=120, env=env, prefix=["salloc", *flags])
-        code, out = r.code, r.stdout + r.stderr
-    else:
-        code, out = sbatch(cluster, tmp_path, flags, [driver(*check)], env)
+    code, out = run_in(via, cluster, tmp_path, [f"-N{nodes}", "--ntasks-per-node=1"], check, env)
     assert code == 0, out
     for k in range(nodes):
         assert f"[{k}]<stdout>:OK {k}" in out
