@@ -86,13 +86,17 @@ def run_in(via, cluster, tmp_path, flags, command, env):
 
 @pytest.mark.parametrize("nodes, via", [(2, "salloc"), (4, "sbatch")])
 def test_torch_static_job_with_no_host_flags(tmp_path, cluster, env, nodes, via):
-    code, out = run_in(via, cluster, tmp_path, [f"-N{nodes}", "--ntasks-per-node=2"], WHERE, env)
+    files = tmp_path / "out"
+    code, out = run_in(via, cluster, tmp_path, [f"-N{nodes}", "--ntasks-per-node=2"],
+                       ["--output-filename", str(files), *WHERE], env)
     assert code == 0, out
     assert "Slurm allocation" in out and f"({nodes} nodes, {2 * nodes} tasks)" in out
     assert "workers started as srun steps" in out
     lines = sorted((line.split(":", 1)[1].split() for line in out.splitlines()
                     if "<stdout>:" in line), key=lambda w: int(w[0]))
     assert [(int(w[0]), w[1]) for w in lines] == [(k, f"n{k // 2 + 1}") for k in range(2 * nodes)]
+    for k in range(2 * nodes):  # --output-filename: each rank's lines in its own file too
+        assert (files / f"rank.{k}" / "stdout").read_text().split()[:2] == [str(k), f"n{k // 2 + 1}"]
     assert_nothing_left(cluster)
 
 
