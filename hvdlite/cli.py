@@ -11,6 +11,7 @@ from hvdlite import __version__, defaults
 from hvdlite.template import DEFAULT_PRELOAD
 from hvdlite.worker import checkpointdir
 from hvdlite.discovery.hostspec import parse_hostfile, parse_hosts
+from hvdlite.discovery.slurm import allocation
 from hvdlite.driver.settings import Settings
 from hvdlite.errors import HvdliteError, UsageError
 
@@ -125,6 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--rendezvous-addr", dest="bind_address", metavar="ADDR",
                    help="serve the rendezvous on this address (default: loopback for a job on "
                         "this machine only, else every interface)")
+    r.add_argument("--launcher", choices=["ssh", "srun", "local"],
+                   help="how workers start: over SSH, as Slurm job steps (srun), or on this machine "
+                        "(default: srun inside a Slurm allocation without -H, --hostfile or "
+                        "--host-discovery-script, else local for this machine and SSH for others)")
 
     c = g["durable commits"]
     c.add_argument("--checkpoint-dir", metavar="DIR",
@@ -215,7 +220,10 @@ def parse_settings(argv) -> Settings:
     ray_flags(args)
     if args.cooldown_range and args.cooldown_range[0] > args.cooldown_range[1]:
         raise UsageError("--blacklist-cooldown-range: MIN is larger than MAX")
-    if args.hosts:
+    slurm, launcher = slurm_job(args)
+    if slurm is not None:
+        hosts = slurm.hosts
+    elif args.hosts:
         hosts = parse_hosts(args.hosts)
     elif args.hostfile:
         hosts = parse_hostfile(args.hostfile)
@@ -226,8 +234,10 @@ def parse_settings(argv) -> Settings:
     if args.ray:
         num_proc = args.num_proc
     elif not args.discovery_script and max(num_proc if not elastic else min_np, 1) > slots:
+        where = f"the {slots} tasks of {slurm.describe()}" if slurm else \
+            f"the {slots} slot{'' if slots == 1 else 's'} available"
         raise UsageError(f"-np {num_proc if not elastic else min_np} asks for more processes "
-                         f"than the {slots} slot{'' if slots == 1 else 's'} available")
+                         f"than {where}")
     for name in ("ssh_identity_file", "hostfile", "ssh_config"):
         path = getattr(args, name)
         if path and not os.path.isfile(path):
@@ -247,7 +257,7 @@ def parse_settings(argv) -> Settings:
         bind_address=args.bind_address,
         ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,
         ssh_accept_unknown_hosts=args.ssh_accept_unknown_hosts, ssh_config=args.ssh_config,
-        launcher="ray" if args.ray else None, ray_address=args.ray_address,
+        launcher="ray" if args.ray else launcher, slurm=slurm, ray_address=args.ray_address,
         cpus_per_slot=args.cpus_per_slot, gpus_per_slot=args.gpus_per_slot, slot_resource=args.slot_resource,
         event_log=args.event_log, metrics_port=args.metrics_port, metrics_addr=args.metrics_addr,
         timeline_filename=os.path.abspath(args.timeline_filename) if args.timeline_filename else None,
@@ -274,6 +284,28 @@ def ray_flags(args):
         raise UsageError("--ray takes the hosts from the Ray cluster: drop -H/--hostfile/--host-discovery-script")
     if not args.slot_resource and not args.cpus_per_slot and not args.gpus_per_slot:
         raise UsageError("--cpus-per-slot and --gpus-per-slot are both 0: a slot must take something")
+
+
+def slurm_job(args):
+    """(allocation or None, launcher or None). Inside a Slurm allocation a job with no host
+    flags runs on the allocation's nodes, as srun steps unless --launcher says otherwise
+    (--launcher local: this machine only, as outside)."""
+    listed = args.hosts or args.hostfile or args.discovery_script or args.ray
+    if (listed or args.launcher == "local") and args.launcher != "srun":
+        return None, args.launcher
+    try:
+        alloc = allocation()
+    except HvdliteError as e:
+        raise UsageError(str(e)) from None
+    launcher = args.launcher or ("srun" if alloc else None)
+    if launcher == "srun":
+        if alloc is None:
+            raise UsageError("--launcher srun: not inside a Slurm allocation (SLURM_JOB_ID is "
+                             "unset, or SLURM_STEP_ID is set inside a job step)")
+        if shutil.which("srun") is None:
+            raise UsageError("srun not found on PATH: workers start as Slurm job steps inside "
+                             "an allocation (or pass --launcher ssh)")
+    return (None if listed else alloc), launcher
 
 
 def checkpoint_dir(path: str) -> str:

@@ -31,12 +31,13 @@ class Result:
 class Job:
     """A driver started in its own session; `finish()` waits, `close()` ends it for sure."""
 
-    def __init__(self, args, tmp_path, env=None, nofile=None):
-        """nofile: the driver runs under `ulimit -n nofile` (its soft and hard limit)."""
+    def __init__(self, args, tmp_path, env=None, nofile=None, prefix=()):
+        """nofile: the driver runs under `ulimit -n nofile` (its soft and hard limit);
+        `prefix`: what runs the driver, e.g. salloc and its flags."""
         self.event_log = os.path.join(tmp_path, "events.jsonl")
         self.out = open(os.path.join(tmp_path, "driver.out"), "w+")
         self.err = open(os.path.join(tmp_path, "driver.err"), "w+")
-        cmd = [sys.executable, "-m", "hvdlite.cli", "run", "--event-log", self.event_log, *args]
+        cmd = [*prefix, sys.executable, "-m", "hvdlite.cli", "run", "--event-log", self.event_log, *args]
         self.proc = subprocess.Popen(cmd, stdout=self.out, stderr=self.err, stdin=subprocess.DEVNULL,
                                      env={**os.environ, **(env or {})}, start_new_session=True,
                                      preexec_fn=None if nofile is None else lambda: resource.setrlimit(
@@ -197,8 +198,8 @@ def slot_pid(job, slot):
     return [e["pid"] for e in job.events() if e["event"] == "worker_start" and e["slot"] == slot][-1]
 
 
-def run_job(args, tmp_path, timeout=120, env=None) -> Result:
-    with Job(args, tmp_path, env) as job:
+def run_job(args, tmp_path, timeout=120, env=None, prefix=()) -> Result:
+    with Job(args, tmp_path, env, prefix) as job:
         return job.finish(timeout)
 
 

@@ -167,6 +167,16 @@ def remove_stale():
             _ip("link", "del", name, check=False)
 
 
+def new_tag(kind: str = "") -> str:
+    """`<b36 pid>-<kind><n>`, a part of names unique to this process and group of hosts; the
+    first call removes what sessions whose process is gone left behind."""
+    global _groups
+    if _groups == 0:
+        remove_stale()
+    _groups += 1
+    return f"{_b36(os.getpid())}-{kind}{_groups}"
+
+
 def _used_subnets():
     try:
         out = _ip("-o", "-4", "route", "show", "table", "all", check=False).stdout
@@ -273,11 +283,7 @@ class TestHosts:
         reason = missing_tools()
         if reason:
             raise RuntimeError(reason)
-        global _groups
-        if _groups == 0:
-            remove_stale()
-        _groups += 1
-        self.tag = f"{_b36(os.getpid())}-{_groups}"
+        self.tag = new_tag()
         self.hide_bashrc = hide_bashrc
         self.sshd_options = dict(sshd_options or {})  # extra sshd_config lines, e.g. MaxSessions
         self.start_timeout = start_timeout

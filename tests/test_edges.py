@@ -102,6 +102,7 @@ FORBIDDEN = {  # package -> what it must never import: data flows cli -> driver 
     "torch": ("hvdlite.driver", "hvdlite.cli", "hvdlite.numpy"),
     "numpy": ("hvdlite.driver", "hvdlite.cli", "hvdlite.torch"),
     "discovery": ("hvdlite.driver", "hvdlite.cli"),
+    "slurm": ("hvdlite.driver", "hvdlite.cli", "hvdlite.torch", "hvdlite.numpy"),
     "template": ("hvdlite.driver", "hvdlite.cli", "hvdlite.discovery"),  # runs as the worker's python
     "driver": ("hvdlite.cli", "hvdlite.torch", "hvdlite.numpy"),
     "driver/decisions": ("hvdlite.driver.executor", "hvdlite.driver.job", "hvdlite.driver.launchers",

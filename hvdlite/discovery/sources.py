@@ -5,6 +5,7 @@
 `host_source(settings)` picks the job's source.
 """
 from hvdlite.discovery.script import discover
+from hvdlite.discovery.slurm import SlurmHosts
 
 
 class FixedHosts:
@@ -36,6 +37,8 @@ class ScriptHosts:
 
 
 def host_source(settings):
+    if settings.slurm is not None:
+        return SlurmHosts(settings.slurm, settings.elastic, settings.launcher)
     if settings.launcher == "ray":
         from hvdlite.discovery.raynodes import RayNodes, SlotShape
         shape = SlotShape(settings.cpus_per_slot, settings.gpus_per_slot, settings.slot_resource)

@@ -124,8 +124,8 @@ class Job:
                 self.events.put(DiscoveryFailed(f"{type(e).__name__}: {e}"))
 
     def _describe(self, source):
-        if source.describe():
-            self.log.say(source.describe())
+        for line in source.describe().splitlines():
+            self.log.say(line)
 
     # ---- static ----------------------------------------------------------------------
     def run_static(self) -> int:

@@ -42,6 +42,7 @@ class Settings:
     cpus_per_slot: float = 1.0  # what one slot takes of a Ray node ...
     gpus_per_slot: float = 0.0
     slot_resource: str = None  # ... or one unit of this Ray resource
+    slurm: object = None  # the Slurm allocation (discovery.slurm.Allocation) the hosts come from
     metrics_port: int = None
     metrics_addr: str = None  # default: where the rendezvous binds
     timeline_filename: str = None  # per-rank collective trace (Chrome trace JSON)

@@ -17,6 +17,7 @@ KINDS = {  # name -> "module:class"; the class takes (settings, say)
     "local": "hvdlite.driver.launchers.local:LocalLauncher",
     "ssh": "hvdlite.driver.launchers.ssh.launcher:SSHLauncher",
     "ray": "hvdlite.driver.launchers.ray:RayLauncher",
+    "srun": "hvdlite.driver.launchers.srun:SrunLauncher",
 }
 
 

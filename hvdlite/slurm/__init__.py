@@ -1,0 +1,1 @@
+"""Slurm tools run as commands: `python -m hvdlite.slurm hosts`."""

@@ -1,0 +1,216 @@
+"""hvdlite on a real Slurm 22.05 cluster (tests/slurmcluster.py, four nodes in namespaces, up
+once for the module): jobs started inside `salloc` or `sbatch` with no host flags run on the
+allocation as srun steps; a node killed outright under --no-kill costs one re-form within
+hvdlite's liveness timeout, long before Slurm notices."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from jobs import (SCRIPTS, Job, _tree, check_training_continuous, effective_steps, job_env,
+                  next_world, progress, run_job, sizes, steps_log, wait_progress)
+from slurmcluster import missing, SlurmCluster
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PYGLOO = os.path.join(ROOT, ".venv-pygloo", "bin", "python")
+WHERE = [sys.executable, os.path.join(SCRIPTS, "where.py")]
+JOB = [sys.executable, os.path.join(SCRIPTS, "elastic_job.py")]
+SLURMD_TIMEOUT = 10  # seconds: Slurm marks a dead node down after this (and one ping, ~1/3 of it)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    reason = missing()
+    if reason:
+        pytest.skip(reason)
+    c = SlurmCluster(4, slurmd_timeout=SLURMD_TIMEOUT)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def env(cluster):
+    """The driver's environment: this cluster's slurm.conf, this checkout's hvdlite."""
+    return {"SLURM_CONF": cluster.conf, "PYTHONPATH": ROOT}
+
+
+def assert_nothing_left(cluster, names=None):
+    deadline = time.monotonic() + 10  # slurmstepd tidies up a step just after srun returns
+    while any(cluster.leftovers(n) for n in names or cluster.names):
+        if time.monotonic() > deadline:
+            raise AssertionError({n: cluster.leftovers(n) for n in names or cluster.names})
+        time.sleep(0.1)
+
+
+def sbatch(cluster, tmp_path, flags, command, env, timeout=120):
+    """Run `command` as a batch script (on the first node, as Slurm does) and wait for it;
+    returns (exit code, the script's output). Polled here: `sbatch --wait` looks every 10 s."""
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\n" + "".join(f"#SBATCH {f}\n" for f in flags) +
+                      " ".join(command) + "\n")
+    out = tmp_path / "slurm.out"
+    job_id = cluster.run(["sbatch", "--parsable", "-o", str(out), "-D", str(tmp_path), str(script)],
+                         env=env).stdout.strip()
+    deadline = time.monotonic() + timeout
+    while True:
+        record = cluster.run(["scontrol", "show", "job", "-o", job_id]).stdout
+        state = re.search(r"JobState=(\S+)", record).group(1)
+        if state not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+            break
+        if time.monotonic() > deadline:
+            cluster.run(["scancel", job_id], check=False)
+            raise AssertionError(f"batch job {job_id} still {state} after {timeout} s")
+        time.sleep(0.1)
+    code = int(re.search(r"ExitCode=(\d+):", record).group(1))
+    return code, out.read_text() if out.exists() else record
+
+
+def driver(*args):
+    return " ".join([sys.executable, "-m", "hvdlite.cli", "run", *args])
+
+
+def run_in(via, cluster, tmp_path, flags, command, env):
+    """A static job with no host flags in `salloc FLAGS` or an sbatch script with FLAGS:
+    (exit code, everything it printed)."""
+    if via == "salloc":
+        r = run_job(command, tmp_path, timeout=120, env=env, prefix=["salloc", *flags])
+        return r.code, r.stdout + r.stderr
+    return sbatch(cluster, tmp_path, flags, [driver(*command)], env)
+
+
+@pytest.mark.parametrize("nodes, via", [(2, "salloc"), (4, "sbatch")])
+def test_torch_static_job_with_no_host_flags(tmp_path, cluster, env, nodes, via):
+    files = tmp_path / "out"
+    code, out = run_in(via, cluster, tmp_path, [f"-N{nodes}", "--ntasks-per-node=2"],
+                       ["--output-filename", str(files), *WHERE], env)
+    assert code == 0, out
+    assert "Slurm allocation" in out and f"({nodes} nodes, {2 * nodes} tasks)" in out
+    assert "workers started as srun steps" in out
+    lines = sorted((line.split(":", 1)[1].split() for line in out.splitlines()
+                    if "<stdout>:" in line), key=lambda w: int(w[0]))
+    assert [(int(w[0]), w[1]) for w in lines] == [(k, f"n{k // 2 + 1}") for k in range(2 * nodes)]
+    for k in range(2 * nodes):  # --output-filename: each rank's lines in its own file too
+        assert (files / f"rank.{k}" / "stdout").read_text().split()[:2] == [str(k), f"n{k // 2 + 1}"]
+    assert_nothing_left(cluster)
+
+
+@pytest.mark.skipif(not os.path.exists(PYGLOO), reason=f"no pygloo venv at {PYGLOO} (.ci/setup.sh)")
+@pytest.mark.parametrize("nodes, via", [(2, "sbatch"), (4, "salloc")])
+def test_numpy_static_job_with_no_host_flags(tmp_path, cluster, env, nodes, via):
+    check = [PYGLOO, os.path.join(SCRIPTS, "numpy_check.py")]
+    code, out = run_in(via, cluster, tmp_path, [f"-N{nodes}", "--ntasks-per-node=1"], check, env)
+    assert code == 0, out
+    for k in range(nodes):
+        assert f"[{k}]<stdout>:OK {k}" in out
+    assert_nothing_left(cluster)
+
+
+def test_discovery_command_prints_the_allocation(tmp_path, cluster, env):
+    r = cluster.run(["salloc", "-N3", "-n5", sys.executable, "-m", "hvdlite.slurm", "hosts"],
+                    env=env, check=False, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["n1:2", "n2:2", "n3:1"]  # SLURM_TASKS_PER_NODE=2(x2),1
+
+
+def test_bad_requests_in_an_allocation_are_one_line_errors(tmp_path, cluster, env):
+    def run(prefix, *args):
+        proc = cluster.run(["salloc", "-N2", *prefix, sys.executable, "-m", "hvdlite.cli", "run",
+                            *args], env=env, check=False, timeout=90, cwd=str(tmp_path))
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("hvdlite")]
+        assert "Traceback" not in proc.stderr and len(errors) == 1, proc.stderr
+        return proc.returncode, errors[0]
+
+    code, line = run([], "-np", "3", *WHERE)
+    assert code == 2 and "-np 3 asks for more processes than the 2 tasks of Slurm allocation" in line
+    code, line = run(["env", "PATH=/nonexistent"], *WHERE)
+    assert code == 2 and "srun not found on PATH" in line
+    # n3 is not in the allocation: Slurm refuses the step
+    code, line = run([], "--launcher", "srun", "-H", "n1:1,n3:1", *WHERE)
+    assert code == 1 and "Slurm refused a step on n3" in line and "not available" in line
+    assert_nothing_left(cluster)
+
+
+def test_an_elastic_job_without_no_kill_is_warned(tmp_path, cluster, env):
+    warning = "shows no --no-kill: one node's failure cancels the whole allocation"
+    args = ["--min-np", "1", *JOB]
+    jenv = {**env, **job_env(tmp_path, TOTAL_STEPS=2)}
+    r = run_job(args, tmp_path, timeout=120, env=jenv, prefix=["salloc", "-N1"])
+    assert r.code == 0, r.stderr
+    assert sum(warning in line for line in r.stderr.splitlines()) == 1
+    code, out = sbatch(cluster, tmp_path, ["-N1", "--no-kill"], [driver("--min-np", "1", *JOB)],
+                       jenv)
+    assert code == 0, out
+    assert "Slurm allocation" in out and warning not in out
+
+
+def test_a_killed_node_costs_one_reform_long_before_slurm_notices(tmp_path, cluster, env):
+    liveness = 3.0
+    # SALLOC_NO_KILL: salloc's --no-kill in a form the job can see (22.05 shows it nowhere)
+    jenv = {**env, "SALLOC_NO_KILL": "", **job_env(tmp_path, TOTAL_STEPS=100000, STEP_SLEEP=0.1)}
+    with Job(["--min-np", "2", "--liveness-timeout", str(liveness), "--discovery-interval", "1",
+              *JOB], tmp_path, env=jenv, prefix=["salloc", "-N4", "--no-kill"]) as job:
+        wait_progress(job, tmp_path, 8)
+        job_id = [line.split()[3] for line in job.read(job.err).splitlines()
+                  if "Slurm allocation" in line][0]
+        seconds, world = next_world(job, lambda: cluster.kill_node("n4"))
+        listed = _nodelist(cluster, job_id)
+        assert seconds < liveness + 3, f"re-formed after {seconds:.1f} s"
+        assert world["size"] == 3 and not any(m.startswith("n4/") for m in world["members"])
+        assert listed == "n[1-4]", "Slurm had noticed the dead node already: this proves nothing"
+        events = job.wait_for(lambda events: any(
+            e["event"] == "hosts_changed" and "n4" in e["removed"] for e in events),
+            SLURMD_TIMEOUT * 3 + 20)
+        assert _nodelist(cluster, job_id) == "n[1-3]"
+        wait_progress(job, tmp_path, progress(tmp_path) + 10)  # training goes on after the shrink
+        driver_pid = _tree(job.proc.pid)[1]  # salloc's child
+        os.kill(driver_pid, signal.SIGTERM)
+        r = job.finish(60)
+    assert r.code == 143, r.stderr
+    assert [e for e in events if e["event"] == "hosts_changed"][-1]["hosts"] == \
+        ["n1:1", "n2:1", "n3:1"]
+    assert "shows no --no-kill" not in r.stderr
+    records = steps_log(tmp_path)
+    done = sorted(effective_steps(records))
+    assert done == list(range(len(done))), "a committed step was lost"
+    assert sizes(records)[:2] == [4, 3]
+    assert_nothing_left(cluster, ["n1", "n2", "n3"])
+    cluster.start_node("n4")
+
+
+def _nodelist(cluster, job_id):
+    record = cluster.run(["scontrol", "show", "job", "-o", job_id]).stdout
+    return re.search(r"(?:^|\s)NodeList=(\S+)", record).group(1)
+
+
+def test_sigterm_to_one_workers_step_shrinks_the_world_with_no_rollback(tmp_path, cluster, env):
+    jenv = {**env, "SALLOC_NO_KILL": "", **job_env(tmp_path, TOTAL_STEPS=60, STEP_SLEEP=0.1)}
+    with Job(["--min-np", "2", *JOB], tmp_path, env=jenv,
+             prefix=["salloc", "-N3", "--no-kill"]) as job:
+        wait_progress(job, tmp_path, 8)
+        step = _step_of(cluster, "n3")
+        # 22.05's scancel says "Invalid job id specified" for a signalled step, and delivers it
+        seconds, world = next_world(job, lambda: cluster.run(["scancel", "-s", "TERM", step],
+                                                             check=False))
+        r = job.finish(120)
+    assert r.code == 0, r.stderr
+    assert world["size"] == 2
+    assert not r.of("blacklisted")
+    records = check_training_continuous(tmp_path, 60)
+    assert sizes(records) == [3, 2]
+    assert not r.of("rolled_back") and not r.of("rollback")
+    assert_nothing_left(cluster)
+
+
+def _step_of(cluster, node):
+    """JOB.STEP of the running step on `node` (squeue -s)."""
+    out = cluster.run(["squeue", "-s", "-h", "-o", "%i %N"]).stdout.split("\n")
+    steps = [line.split()[0] for line in out if line.endswith(" " + node)
+             and line.split()[0].split(".")[1].isdigit()]
+    assert steps, out
+    return steps[-1]
