@@ -5,7 +5,6 @@ hvdlite's liveness timeout, long before Slurm notices."""
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 
