@@ -12,7 +12,7 @@ from hvdlite.worker.elastic import run  # noqa: F401
 
 
 def _broadcast_flag(value: int) -> int:
-    return int(ops.broadcast(torch.tensor([value], dtype=torch.int32), root_rank=0).item())
+    return int(ops.broadcast_(torch.tensor([value], dtype=torch.int32), root_rank=0).item())
 
 
 BACKEND = core.Backend(init=basics.init, join=basics.join, shutdown=basics.shutdown, abort=basics.abort,

@@ -155,7 +155,7 @@ class _GradientReducer:
     def _reset(self):
         self.pending = {p: self.passes for p in self.bucket_of}  # backward passes to go
         self.ready = [0] * len(self.buckets)  # parameters done, per bucket
-        self.started = []  # (bucket, compressed, flags, handle), in bucket order
+        self.started = []  # (bucket, compression contexts, handle), in bucket order
 
     def in_flight(self) -> bool:
         return bool(self.started)
@@ -185,11 +185,12 @@ class _GradientReducer:
                 return
             compressed = [self.compression.compress(self._local_grad(p)) for p in bucket]
             flags = torch.tensor([p.grad is not None for p in bucket], dtype=compressed[0][0].dtype)
-            handle = ops.grouped_allreduce_async_(
+            # Reduced into a new fused buffer, whose pieces become the gradients: no copy back.
+            handle = ops.grouped_allreduce_async(
                 [c for c, _ in compressed] + [flags], op=self.op,
                 prescale_factor=self.prescale, postscale_factor=self.postscale,
                 process_set=self.process_set)
-            self.started.append((bucket, compressed, flags, handle))
+            self.started.append((bucket, [ctx for _, ctx in compressed], handle))
 
     def _local_grad(self, p):
         if p.grad is None:
@@ -205,13 +206,11 @@ class _GradientReducer:
         self._follow_world()
         try:
             self._start(everything=True)
-            for bucket, compressed, flags, handle in self.started:
-                ops.synchronize(handle)
-                for p, (reduced, ctx), anyone in zip(bucket, compressed, flags.tolist()):
+            for bucket, contexts, handle in self.started:
+                *reduced, flags = ops.synchronize(handle)
+                for p, grad, ctx, anyone in zip(bucket, reduced, contexts, flags.tolist()):
                     if anyone:
-                        grad = self.compression.decompress(reduced, ctx)
-                        if grad is not p.grad:
-                            p.grad = grad
+                        p.grad = self.compression.decompress(grad, ctx)
         finally:
             self._reset()  # also after a failure, so the next step starts clean
         self.synchronized = True
