@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from hvdlite.torch import adasum, ops
+from hvdlite.torch import adasum, joinwire, ops
 from hvdlite.torch.optimizer import _groups_as_buckets
 from hvdlite.worker.reduceops import shares
 
@@ -57,7 +57,7 @@ def test_a_joined_rank_contributes_the_identity_of_the_op(dtype):
                        (ops.Product, torch.mul)):
         if dtype == torch.bool and op == ops.Sum:
             reduce = torch.logical_or
-        assert torch.equal(reduce(x, ops._identity(op, dtype, 3)), x)
+        assert torch.equal(reduce(x, joinwire.identity(op, dtype, 3)), x)
 
 
 def test_rank0_heartbeats_faster_than_the_others():

@@ -75,8 +75,9 @@ def _my_rows(grads, rows, process_set):
 class _Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, process_set):
+        out = ops.allgather_async(tensor, name, process_set).wait()  # raises for a 0-d tensor
         ctx.rows, ctx.process_set = tensor.shape[0], process_set
-        return ops.allgather_async(tensor, name, process_set).wait()
+        return out
 
     @staticmethod
     def backward(ctx, grad):
@@ -92,8 +93,9 @@ def allgather(tensor, name=None, process_set=global_process_set):
 class _GroupedAllgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, process_set, *tensors):
+        out = tuple(ops.grouped_allgather_async(list(tensors), name, process_set).wait())
         ctx.rows, ctx.process_set = [t.shape[0] for t in tensors], process_set
-        return tuple(ops.grouped_allgather_async(list(tensors), name, process_set).wait())
+        return out
 
     @staticmethod
     def backward(ctx, *grads):

@@ -10,7 +10,7 @@ and whether the active ranks' guess was wrong. Only then does more follow:
   envelope that carried no data (issued at once by the active ranks, who know they guessed
   wrong);
 - every rank in join(): a control exchange of who joined just now, to name the last one.
-A training loop repeats its allreduces, so from its second step on every guess holds and an
+A training loop repeats its allreduces, so from its third step on every guess holds and an
 allreduce costs one collective, one element longer.
 """
 import os
@@ -145,21 +145,25 @@ class Control(NamedTuple):
 
 
 class Wire:
-    """The allreduce history of one world, the same on every rank."""
+    """The allreduce history of one world, the same on every rank. What comes next is guessed
+    from the last three layouts and how often the last one came in a row: a step that
+    allreduces the same layout twice, then others, is told apart at each point."""
 
     def __init__(self, world):
         self.world = world
-        self.follows = {}  # layout -> the layout that followed it last time
-        self.last = None
+        self.follows = {}  # context -> the layout that followed it last time
+        self.context = ()
 
     def guess(self) -> Layout:
-        return self.follows.get(self.last, NOTHING)
+        return self.follows.get(self.context, NOTHING)
 
     def record(self, actual: Layout) -> None:
         if len(self.follows) > 4096:  # a script of ever-new sizes: keep the history small
             self.follows.clear()
-        self.follows[self.last] = actual
-        self.last = actual
+        self.follows[self.context] = actual
+        recent, run = self.context or ((), 0)
+        run = run + 1 if recent and recent[-1] == actual else 1
+        self.context = ((*recent, actual)[-3:], run)
 
 
 _wire = [None]
