@@ -108,10 +108,12 @@ def test_a_guessed_allreduce_is_one_collective():
 
 
 def test_the_state_element_shows_joined_right_and_wrong_under_every_op():
+    # A wrong guess shows over right ones (ranks that disagree), a right one over joined ranks.
     for op in (ops.Sum, ops.Min, ops.Max):
         for size in (1, 2, 5):
             for states in ([joinwire.JOINED] * size, [joinwire.RIGHT] + [joinwire.JOINED] * (size - 1),
-                           [joinwire.RIGHT] * size, [joinwire.WRONG] * size):
+                           [joinwire.RIGHT] * size, [joinwire.WRONG] * size,
+                           [joinwire.WRONG] + [joinwire.RIGHT] * (size - 1) + [joinwire.JOINED]):
                 values = [joinwire._states(op, size)[s] for s in states]
                 reduced = sum(values) if op == ops.Sum else min(values) if op == ops.Min else max(values)
                 guess = joinwire.Layout(0, 0, op, True)
