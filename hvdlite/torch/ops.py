@@ -71,9 +71,7 @@ def _traced(kind):
         def traced(*args, name=None, **kwargs):
             if trace.recorder() is None:
                 return issue(*args, **kwargs)
-            info = runtime.info()
-            end = trace.span(name or kind, op=kind, bytes=_nbytes(args), rank=info.rank,
-                             size=info.size, round=info.round)
+            end = trace.collective(kind, name, runtime.info(), _nbytes(args))
             try:
                 out = issue(*args, **kwargs)
             except BaseException:

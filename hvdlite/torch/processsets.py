@@ -12,12 +12,20 @@ class ProcessSet:
     """ProcessSet([0, 2]): the ranks a collective's process_set= argument runs on."""
 
     def __init__(self, ranks):
-        self.ranks = None if ranks is None else sorted({int(r) for r in ranks})
+        self._ranks = None if ranks is None else sorted({int(r) for r in ranks})
         self.process_set_id = None
         self._world, self._group = None, None
 
+    @property
+    def ranks(self):
+        """The set's ranks; for the global set, every rank of the current world (None before
+        init(), as in Horovod)."""
+        if self._ranks is None:
+            return list(range(runtime.info().size)) if runtime.is_initialized() else None
+        return self._ranks
+
     def _members(self, size):
-        return list(range(size)) if self.ranks is None else [r for r in self.ranks if r < size]
+        return list(range(size)) if self._ranks is None else [r for r in self._ranks if r < size]
 
     def size(self) -> int:
         return len(self._members(runtime.info().size))
@@ -43,7 +51,7 @@ class ProcessSet:
 
     def group(self):
         """The gloo group of this set in the current world (built on first use)."""
-        if self.ranks is None:
+        if self._ranks is None:
             return runtime.process_group()
         info = runtime.info()
         if self._world is not info:
@@ -74,7 +82,7 @@ def add_process_set(process_set):
         process_set = ProcessSet(process_set)
     if process_set.process_set_id is not None:
         raise ValueError(f"{process_set} was added already")
-    if any(s.ranks == process_set.ranks for s in _sets.values()):
+    if any(s._ranks == process_set._ranks for s in _sets.values()):
         raise ValueError(f"a process set with ranks {process_set.ranks} exists already")
     process_set.process_set_id = _next_id[0]
     _next_id[0] += 1
