@@ -97,6 +97,11 @@ def check_a_guessed_allreduce_is_one_collective():
         step()
     assert counting.allreduces - before == 3 * 4, counting.allreduces - before
     before = counting.allreduces
+    for _ in range(40):  # the same allreduce over and over: guessed right past the run's count
+        hvd.allreduce(x)
+    # one wrong guess where the run leaves the step's pattern (a third x where grads came)
+    assert counting.allreduces - before == 40 + 2, counting.allreduces - before
+    before = counting.allreduces
     hvd.allreduce(torch.ones(11))  # not what followed last time: envelope, control, data
     assert counting.allreduces - before == 3
     runtime.deactivate()

@@ -33,6 +33,7 @@ _CARRIERS = {torch.float32, torch.float64, torch.int32, torch.int64}
 _GLOO_OPS = {Sum: dist.ReduceOp.SUM, Min: dist.ReduceOp.MIN, Max: dist.ReduceOp.MAX,
              Product: dist.ReduceOp.PRODUCT}
 JOINED, RIGHT, WRONG = range(3)  # what a rank says in the state element
+_LONGEST_RUN = 16
 
 
 def enabled() -> bool:
@@ -146,24 +147,29 @@ class Control(NamedTuple):
 
 class Wire:
     """The allreduce history of one world, the same on every rank. What comes next is guessed
-    from the last three layouts and how often the last one came in a row: a step that
-    allreduces the same layout twice, then others, is told apart at each point."""
+    from the last three layouts and how often the last one came in a row (counted up to
+    _LONGEST_RUN, so an endless run keeps one guess): a step that allreduces the same layout
+    twice, then others, is told apart at each point. A context not seen yet falls back on
+    what followed the last layout alone."""
 
     def __init__(self, world):
         self.world = world
         self.follows = {}  # context -> the layout that followed it last time
-        self.context = ()
+        self.after = {}  # layout -> the layout that followed it last time
+        self.context, self.last = (), None
 
     def guess(self) -> Layout:
-        return self.follows.get(self.context, NOTHING)
+        guess = self.follows.get(self.context)
+        return guess if guess is not None else self.after.get(self.last, NOTHING)
 
     def record(self, actual: Layout) -> None:
         if len(self.follows) > 4096:  # a script of ever-new sizes: keep the history small
             self.follows.clear()
-        self.follows[self.context] = actual
+            self.after.clear()
+        self.follows[self.context] = self.after[self.last] = actual
         recent, run = self.context or ((), 0)
-        run = run + 1 if recent and recent[-1] == actual else 1
-        self.context = ((*recent, actual)[-3:], run)
+        run = min(run + 1, _LONGEST_RUN) if self.last == actual else 1
+        self.context, self.last = ((*recent, actual)[-3:], run), actual
 
 
 _wire = [None]
