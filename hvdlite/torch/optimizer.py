@@ -93,9 +93,11 @@ def _replace(obj, kind, fn):
     return obj
 
 
-def broadcast_optimizer_state(optimizer, root_rank) -> None:
+def broadcast_optimizer_state(optimizer, root_rank, model=None) -> None:
     """Give every rank root_rank's optimizer state (tensors and scalars such as Adam's step
-    counts) and param_group options (lr, momentum, ...), even where a rank has no state yet."""
+    counts) and param_group options (lr, momentum, ...), even where a rank has no state yet.
+    `model` is accepted as in Horovod, which needs it to find sparse embeddings when it makes
+    up a missing state; hvdlite sends root's state as it is and needs no model."""
     is_root = runtime.process_group().rank() == root_rank
     tensors = []
 

@@ -9,10 +9,14 @@ from hvdlite.torch import gloo, runtime
 
 
 class ProcessSet:
-    """ProcessSet([0, 2]): the ranks a collective's process_set= argument runs on."""
+    """ProcessSet([0, 2]): the ranks a collective's process_set= argument runs on. Horovod
+    also takes an MPI communicator here; hvdlite, without MPI, a list of ranks only."""
 
-    def __init__(self, ranks):
-        self._ranks = None if ranks is None else sorted({int(r) for r in ranks})
+    def __init__(self, ranks_or_comm):
+        if ranks_or_comm is not None and not isinstance(ranks_or_comm, (list, tuple, range, set)):
+            raise ValueError(f"ProcessSet takes a list of ranks (hvdlite has no MPI "
+                             f"communicators), got {ranks_or_comm!r}")
+        self._ranks = None if ranks_or_comm is None else sorted({int(r) for r in ranks_or_comm})
         self.process_set_id = None
         self._world, self._group = None, None
 
