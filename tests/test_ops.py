@@ -140,7 +140,27 @@ def check_objects():
     ops.barrier()
 
 
+def check_fusion_buffers_kept():
+    # A fusion buffer is taken again only once no result lives in it.
+    rank, size = _world()
+    big = [torch.full((300_000,), float(rank)), torch.ones(5)]
+    for _ in range(3):  # join's guess learns this allreduce: from now on its buffer's size is one
+        autograd.grouped_allreduce(big, op=ops.Sum)
+    first = autograd.grouped_allreduce(big, op=ops.Sum)
+    second = autograd.grouped_allreduce([t * 2 for t in big], op=ops.Sum)
+    total = float(sum(range(size)))
+    assert torch.equal(first[0], torch.full((300_000,), total)), "a live result was overwritten"
+    assert torch.equal(second[0], torch.full((300_000,), 2 * total))
+    assert first[0].data_ptr() != second[0].data_ptr()
+    where = first[0].data_ptr()
+    del first
+    third = autograd.grouped_allreduce(big, op=ops.Sum)
+    assert third[0].data_ptr() == where, "the freed buffer was not taken again"
+    assert torch.equal(third[0], torch.full((300_000,), total))
+
+
 def check_all():
+    check_fusion_buffers_kept()
     check_allreduce()
     check_grouped_and_async()
     check_allgather()
