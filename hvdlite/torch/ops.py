@@ -155,6 +155,8 @@ class _Pack:
         """The buffer's pieces, shaped as the tensors (views, no copy)."""
         if self.in_place:
             return [self.tensors[0]]
+        if len(self.tensors) == 1:
+            return [self.flat.view(self.tensors[0].shape)]
         pieces = self.flat.split([t.numel() for t in self.tensors])
         return [piece.view(t.shape) for t, piece in zip(self.tensors, pieces)]
 
@@ -165,13 +167,16 @@ class _Pack:
 
 
 def _check_cpu(tensor) -> None:
-    if tensor.device.type != "cpu":
+    if not tensor.is_cpu:
         raise ValueError(f"hvdlite collectives need CPU tensors, got one on {tensor.device}")
 
 
 def _by_dtype(tensors):
     """The tensors in same-dtype groups, in first-seen dtype order (the same on every rank),
     and where each tensor went: (group, index in it)."""
+    if len(tensors) == 1:  # the common case, quickly
+        _check_cpu(tensors[0])
+        return [[tensors[0].detach()]], [(0, 0)]
     groups, where = {}, []
     for tensor in tensors:
         _check_cpu(tensor)
