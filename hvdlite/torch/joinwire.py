@@ -87,10 +87,6 @@ class Envelope(NamedTuple):
     guess: Layout
     op: int  # the envelope's reduction
 
-    @property
-    def data(self):
-        return self.buffer[1:]
-
     def issue(self, pg):
         options = dist.AllreduceOptions()
         options.reduceOp = _GLOO_OPS[self.op]
