@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, strategies as st
 
 from hvdlite.torch import adasum, joinwire, ops
-from hvdlite.torch.optimizer import _groups_as_buckets
+from hvdlite.torch.optimizer import _fusion_buckets, _groups_as_buckets
 from hvdlite.worker.reduceops import shares
 
 
@@ -48,6 +48,17 @@ def test_optimizer_groups_become_buckets():
     assert buckets == [[params[4], params[0]], [params[1]], [params[2]], [params[3]]]
     with pytest.raises(ValueError, match="does not hold"):
         _groups_as_buckets(params, 0, [[torch.nn.Parameter(torch.zeros(1))]])
+
+
+def test_the_first_bucket_closes_at_its_size_so_reducing_starts_early():
+    # Backward order: a head (8 KB), then two 12.8 MB embeddings. DDP-like: the first bucket
+    # takes the head and the first embedding, the rest fuse up to the threshold.
+    head_bias, head, tags, words = (torch.zeros(n) for n in (16, 2048, 3_200_000, 3_200_000))
+    sizes = lambda buckets: [[t.numel() for t in b] for b in buckets]
+    tensors = [head_bias, head, tags, words]
+    assert sizes(_fusion_buckets(tensors, 64 << 20, first=1 << 20)) == [[16, 2048, 3_200_000], [3_200_000]]
+    assert sizes(_fusion_buckets(tensors, 64 << 20)) == [[16, 2048, 3_200_000, 3_200_000]]
+    assert sizes(_fusion_buckets(tensors, 0, first=1 << 20)) == [[16], [2048], [3_200_000], [3_200_000]]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.uint8, torch.bool])

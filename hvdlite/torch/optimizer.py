@@ -13,6 +13,7 @@ from hvdlite.torch.processsets import global_process_set
 
 FUSION_THRESHOLD_ENV = "HVDLITE_FUSION_THRESHOLD"
 DEFAULT_FUSION_THRESHOLD = 64 * 1024 * 1024  # bytes, as Horovod's HOROVOD_FUSION_THRESHOLD
+FIRST_BUCKET = 1024 * 1024  # bytes: the gradients of a step's first bucket, reduced early
 
 
 def fusion_threshold() -> int:
@@ -23,9 +24,12 @@ def _nbytes(tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def _fusion_buckets(tensors, threshold):
+def _fusion_buckets(tensors, threshold, first=None):
     """Split tensors, in order, into same-dtype buckets of at most `threshold` bytes (a tensor
-    larger than that gets a bucket of its own; threshold 0 gives every tensor its own)."""
+    larger than that gets a bucket of its own; threshold 0 gives every tensor its own). With
+    `first`, the first bucket closes as soon as it holds that many bytes: the gradients that
+    backward computes first start reducing while it computes the others (as DDP's first
+    bucket does)."""
     buckets, open_buckets = [], {}  # open_buckets: dtype -> (bucket, bytes in it)
     for tensor in tensors:
         bucket, used = open_buckets.get(tensor.dtype, (None, 0))
@@ -33,7 +37,9 @@ def _fusion_buckets(tensors, threshold):
             bucket, used = [], 0
             buckets.append(bucket)
         bucket.append(tensor)
-        open_buckets[tensor.dtype] = (bucket, used + _nbytes(tensor))
+        used += _nbytes(tensor)
+        closing = first is not None and len(buckets) == 1 and used >= min(first, threshold)
+        open_buckets[tensor.dtype] = (None, 0) if closing else (bucket, used)
     return buckets
 
 
@@ -136,7 +142,8 @@ class _GradientReducer:
         self.passes, self.sparse_as_dense = backward_passes_per_step, sparse_as_dense
         self.process_set = process_set
         # Backward produces gradients roughly from the last parameter to the first.
-        self.buckets = buckets or _fusion_buckets(list(reversed(params)), fusion_threshold())
+        self.buckets = buckets or _fusion_buckets(list(reversed(params)), fusion_threshold(),
+                                                  first=FIRST_BUCKET)
         self.bucket_of = {p: i for i, bucket in enumerate(self.buckets) for p in bucket}
         self.skip_synchronize = False
         self.synchronized = False
