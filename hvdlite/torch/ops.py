@@ -138,15 +138,19 @@ class _Pack:
     one round trip. `room` elements are left free in front of the data (for join's trailer);
     a lone contiguous tensor is used as is, without a copy, unless room or a copy is asked."""
 
-    def __init__(self, tensors, room=0, copy=False):
+    def __init__(self, tensors, room=0, copy=False, scale=None):
         self.tensors = tensors
         self.in_place = not room and not copy and len(tensors) == 1 and tensors[0].is_contiguous()
+        self.scaled = scale is not None and not self.in_place  # multiplied by `scale` as copied
         if self.in_place:
             self.buffer = self.flat = tensors[0].view(-1)
             return
         self.buffer = _pool.take(room + sum(t.numel() for t in tensors), tensors[0].dtype)
         self.flat = self.buffer[room:]
-        if len(tensors) == 1:
+        if self.scaled and scale != 1:
+            for tensor, part in zip(tensors, self.parts()):
+                torch.mul(tensor, scale, out=part)
+        elif len(tensors) == 1:
             self.flat.view(tensors[0].shape).copy_(tensors[0])
         else:
             torch.cat([t.reshape(-1) for t in tensors], out=self.flat)
@@ -250,18 +254,29 @@ def _check_announced(pg, envelope, control, layout) -> None:
         raise joinwire.disagree(layout)
 
 
-def _issue_announced(pg, group, op, prescale_factor, copy, works):
+def _packed(group, room, copy, prescale_factor, divisor):
+    """`group` packed and prescaled. Floats copied into a buffer are divided for Average as
+    they are copied (no pass of its own); otherwise the division waits for the sum, when it
+    overlaps with the peers' work. Returns the pack and the divisor left for after the sum."""
+    floats = group[0].is_floating_point()
+    pack = _Pack(group, room, copy, scale=prescale_factor / divisor if floats else None)
+    if pack.scaled:
+        return pack, 1
+    _scale(pack.flat, prescale_factor)
+    return pack, divisor
+
+
+def _issue_announced(pg, group, op, prescale_factor, divisor, copy, works):
     """Pack `group` and issue its allreduce in join's envelope: one collective when the layout
     was guessed right and its data rides along, else the envelope and then the data."""
     owned = copy or len(group) > 1 or not group[0].is_contiguous()
     layout = joinwire.layout(sum(t.numel() for t in group), group[0].dtype, op, owned)
     rides = layout == joinwire.wire().guess() and layout.carried
-    pack = _Pack(group, room=1 if rides else 0, copy=copy)
-    _scale(pack.flat, prescale_factor)
+    pack, left = _packed(group, 1 if rides else 0, copy, prescale_factor, divisor)
     checks = _announce(pg, layout, works, pack.buffer if rides else None)
     if not rides:
         works.append(pg.allreduce([pack.flat], _allreduce_options(op)))
-    return pack, checks
+    return pack, left, checks
 
 
 @_traced("allreduce")
@@ -280,26 +295,23 @@ def _allreduce_async(tensors, average, op, prescale_factor, postscale_factor, pr
     packs, announced_checks, works = [], [], []
     for group in groups:
         if announced:
-            pack, checks = _issue_announced(pg, group, op, prescale_factor, copy, works)
+            pack, left, checks = _issue_announced(pg, group, op, prescale_factor, divisor, copy, works)
             announced_checks.append(checks)
         else:
-            pack = _Pack(group, copy=copy)
-            _scale(pack.flat, prescale_factor)
+            pack, left = _packed(group, 0, copy, prescale_factor, divisor)
             works.append(pg.allreduce([pack.flat], _allreduce_options(op)))
-        packs.append(pack)
+        packs.append((pack, left))
 
-    # Average divides after the sum: work before a collective delays every rank, work after
-    # it overlaps with the peers'.
     def done():
         for checks in announced_checks:
             _check_announced(pg, *checks)
-        for pack in packs:
-            _average(pack.flat, postscale_factor, divisor)
+        for pack, left in packs:
+            _average(pack.flat, postscale_factor, left)
         if copy:
-            parts = [pack.parts() for pack in packs]
+            parts = [pack.parts() for pack, _ in packs]
             out = [parts[g][i] for g, i in where]
         else:
-            for pack in packs:
+            for pack, _ in packs:
                 pack.unpack()
             out = tensors
         return out[0] if single else out
