@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions  # not re-exported by torch.distributed
 
-from hvdlite.torch import adasum, joinwire, runtime
+from hvdlite.torch import adasum, fusion, joinwire, runtime
 from hvdlite.torch.processsets import global_process_set
 from hvdlite.worker import objects, trace
 from hvdlite.worker.errors import HorovodInternalError
@@ -103,97 +103,10 @@ def poll(handle: Handle) -> bool:
     return handle.poll()
 
 
-class _Pool:
-    """Fusion buffers kept for reuse. A buffer fresh from the OS costs a page fault per 4 KB
-    at its first write (2.6 ms for 25 MB here); a kept one does not. A kept buffer is taken
-    again once nothing refers to its memory: no view of it (a result, a gradient) is alive."""
-
-    SMALLEST = 256 * 1024  # bytes; smaller buffers come from malloc's reused memory anyway
-    PER_SIZE = 4
-
-    def __init__(self):
-        self.kept = {}  # (numel, dtype) -> buffers
-
-    def take(self, numel, dtype):
-        kept = self.kept.setdefault((numel, dtype), [])
-        for buffer in kept:
-            if _unused(buffer):
-                return buffer
-        buffer = torch.empty(numel, dtype=dtype)
-        if numel * dtype.itemsize >= self.SMALLEST and len(kept) < self.PER_SIZE:
-            kept.append(buffer)
-        return buffer
-
-
-def _unused(buffer) -> bool:
-    # References to the memory: the buffer's own, and the storage object made to ask.
-    return torch._C._storage_Use_Count(buffer.untyped_storage()._cdata) <= 2
-
-
-_pool = _Pool()
-
-
-class _Pack:
-    """Same-dtype tensors as one contiguous buffer: collectives on many small tensors cost
-    one round trip. `room` elements are left free in front of the data (for join's trailer);
-    a lone contiguous tensor is used as is, without a copy, unless room or a copy is asked."""
-
-    def __init__(self, tensors, room=0, copy=False, scale=None):
-        self.tensors = tensors
-        self.in_place = not room and not copy and len(tensors) == 1 and tensors[0].is_contiguous()
-        self.scaled = scale is not None and not self.in_place  # multiplied by `scale` as copied
-        if self.in_place:
-            self.buffer = self.flat = tensors[0].view(-1)
-            return
-        self.buffer = _pool.take(room + sum(t.numel() for t in tensors), tensors[0].dtype)
-        self.flat = self.buffer[room:]
-        if self.scaled and scale != 1:
-            for tensor, part in zip(tensors, self.parts()):
-                torch.mul(tensor, scale, out=part)
-        elif len(tensors) == 1:
-            self.flat.view(tensors[0].shape).copy_(tensors[0])
-        else:
-            torch.cat([t.reshape(-1) for t in tensors], out=self.flat)
-
-    def parts(self):
-        """The buffer's pieces, shaped as the tensors (views, no copy)."""
-        if self.in_place:
-            return [self.tensors[0]]
-        if len(self.tensors) == 1:
-            return [self.flat.view(self.tensors[0].shape)]
-        pieces = self.flat.split([t.numel() for t in self.tensors])
-        return [piece.view(t.shape) for t, piece in zip(self.tensors, pieces)]
-
-    def unpack(self) -> None:
-        if not self.in_place:
-            for tensor, part in zip(self.tensors, self.parts()):
-                tensor.copy_(part)
-
-
-def _check_cpu(tensor) -> None:
-    if not tensor.is_cpu:
-        raise ValueError(f"hvdlite collectives need CPU tensors, got one on {tensor.device}")
-
-
-def _by_dtype(tensors):
-    """The tensors in same-dtype groups, in first-seen dtype order (the same on every rank),
-    and where each tensor went: (group, index in it)."""
-    if len(tensors) == 1:  # the common case, quickly
-        _check_cpu(tensors[0])
-        return [[tensors[0].detach()]], [(0, 0)]
-    groups, where = {}, []
-    for tensor in tensors:
-        _check_cpu(tensor)
-        group = groups.setdefault(tensor.dtype, [])
-        where.append((list(groups).index(tensor.dtype), len(group)))
-        group.append(tensor.detach())
-    return list(groups.values()), where
-
-
 def _collective(tensors, result, start, finish=None) -> Handle:
     """Issue start(buffer) -> list of Works on one packed buffer per dtype; waiting runs
     finish(buffer), copies the buffers back into `tensors` and returns `result`."""
-    packs = [_Pack(group) for group in _by_dtype(tensors)[0]]
+    packs = [fusion.Pack(group) for group in fusion.by_dtype(tensors)[0]]
     works = [work for pack in packs for work in start(pack.flat)]
 
     def done():
@@ -203,26 +116,6 @@ def _collective(tensors, result, start, finish=None) -> Handle:
             pack.unpack()
         return result
     return Handle(works, done)
-
-
-def _scale(tensor, factor) -> None:
-    if factor == 1:
-        return
-    if tensor.is_floating_point():
-        tensor.mul_(factor)
-    else:  # like Horovod: scale in double, truncate back to the integer type
-        tensor.copy_(tensor.double().mul_(factor))
-
-
-def _average(flat, postscale_factor, divisor) -> None:
-    """Postscale, and divide for Average: floats in one pass; integers exactly, rounding
-    toward zero as Horovod's integer scaling does."""
-    if flat.is_floating_point():
-        _scale(flat, postscale_factor / divisor)
-    else:
-        _scale(flat, postscale_factor)
-        if divisor != 1:
-            flat.div_(divisor, rounding_mode="trunc")
 
 
 def _allreduce_options(op):
@@ -259,10 +152,10 @@ def _packed(group, room, copy, prescale_factor, divisor):
     they are copied (no pass of its own); otherwise the division waits for the sum, when it
     overlaps with the peers' work. Returns the pack and the divisor left for after the sum."""
     floats = group[0].is_floating_point()
-    pack = _Pack(group, room, copy, scale=prescale_factor / divisor if floats else None)
+    pack = fusion.Pack(group, room, copy, scale=prescale_factor / divisor if floats else None)
     if pack.scaled:
         return pack, 1
-    _scale(pack.flat, prescale_factor)
+    fusion.scale(pack.flat, prescale_factor)
     return pack, divisor
 
 
@@ -291,7 +184,7 @@ def _allreduce_async(tensors, average, op, prescale_factor, postscale_factor, pr
     divisor = pg.size() if op == Average else 1
     op = Sum if op == Average else op
     announced = process_set is global_process_set and joinwire.enabled()
-    groups, where = _by_dtype(tensors)
+    groups, where = fusion.by_dtype(tensors)
     packs, announced_checks, works = [], [], []
     for group in groups:
         if announced:
@@ -306,7 +199,7 @@ def _allreduce_async(tensors, average, op, prescale_factor, postscale_factor, pr
         for checks in announced_checks:
             _check_announced(pg, *checks)
         for pack, left in packs:
-            _average(pack.flat, postscale_factor, left)
+            fusion.average(pack.flat, postscale_factor, left)
         if copy:
             parts = [pack.parts() for pack, _ in packs]
             out = [parts[g][i] for g, i in where]
@@ -324,11 +217,11 @@ def _adasum(pg, tensors, copy, prescale_factor, postscale_factor, single) -> Han
     announced = pg is runtime.process_group() and joinwire.enabled()
     results = []
     for tensor in tensors:
-        _check_cpu(tensor)
+        fusion.check_cpu(tensor)
         if not tensor.is_floating_point():
             raise ValueError(f"Adasum needs floating point tensors, got {tensor.dtype}")
         mine = tensor.detach().contiguous().view(1, -1).clone()
-        _scale(mine, prescale_factor)
+        fusion.scale(mine, prescale_factor)
         works = []
         if announced:  # joined ranks take part with zeros, which Adasum leaves out
             checks = _announce(pg, joinwire.layout(mine.numel(), mine.dtype, Adasum, False), works)
@@ -337,7 +230,7 @@ def _adasum(pg, tensors, copy, prescale_factor, postscale_factor, single) -> Han
             _wait(work)
         if works:
             _check_announced(pg, *checks)
-        _scale(combined, postscale_factor)
+        fusion.scale(combined, postscale_factor)
         combined = combined.view(tensor.shape)
         results.append(combined if copy else tensor.detach().copy_(combined))
     out = results if copy else tensors
@@ -462,7 +355,7 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
 
 def _gather_equal_async(pg, tensor):
     """Start gathering same-shaped tensors; returns (work, their concatenation along dim 0)."""
-    _check_cpu(tensor)
+    fusion.check_cpu(tensor)
     tensor = tensor.contiguous()
     out = tensor.new_empty((pg.size() * tensor.shape[0],) + tuple(tensor.shape[1:]))
     return pg.allgather([list(out.chunk(pg.size()))], [tensor], AllgatherOptions()), out
@@ -522,7 +415,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
 
 @_traced("alltoall")
 def _alltoall_async(tensor, splits, process_set) -> Handle:
-    _check_cpu(tensor)
+    fusion.check_cpu(tensor)
     pg = process_set.group()
     size = pg.size()
     if tensor.dim() == 0:
@@ -562,7 +455,7 @@ def _reducescatter_async(tensors, op, prescale_factor, postscale_factor, process
     size, me = pg.size(), pg.rank()
     works, finishers = [], []
     for tensor in tensors:
-        _check_cpu(tensor)
+        fusion.check_cpu(tensor)
         if tensor.dim() == 0:
             raise ValueError("reducescatter needs a tensor with at least one dimension")
         counts, rest = shares(tensor.shape[0], size), tuple(tensor.shape[1:])
@@ -571,7 +464,7 @@ def _reducescatter_async(tensors, op, prescale_factor, postscale_factor, process
         padded = tensor.new_zeros((size * longest,) + rest)
         for r, part in enumerate(tensor.detach().split(counts)):
             padded[r * longest: r * longest + counts[r]] = part
-        _scale(padded, prescale_factor)
+        fusion.scale(padded, prescale_factor)
         out = tensor.new_empty((longest,) + rest)
         if out.numel():
             options = dist.ReduceScatterOptions()
@@ -583,7 +476,7 @@ def _reducescatter_async(tensors, op, prescale_factor, postscale_factor, process
         results = []
         for out, rows in finishers:
             out = out[:rows]
-            _average(out, postscale_factor, size if op == Average else 1)
+            fusion.average(out, postscale_factor, size if op == Average else 1)
             results.append(out)
         return results
     return Handle(works, finish)
