@@ -19,6 +19,7 @@ TIMEOUT = 60.0  # seconds for the whole run: importing torch alone takes ~2 s pe
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=30)
 
 _store = None  # the child's FileStore, for the end-of-run rendezvous
+_store_path = None  # where it lives: in the run's temporary directory
 
 
 def run(func, size: int, timeout: float = TIMEOUT) -> None:
@@ -65,8 +66,9 @@ def _child(module: str, name: str, rank: int, size: int, store_path: str) -> Non
     from hvdlite.torch import runtime
     from hvdlite.worker.world import WorldInfo
 
-    global _store
+    global _store, _store_path
     store = _store = dist.FileStore(store_path, size)
+    _store_path = store_path
     pg = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, COLLECTIVE_TIMEOUT)
     runtime.activate(pg, WorldInfo(rank=rank, size=size, local_rank=rank, local_size=size,
                                    cross_rank=0, cross_size=1, hostname="localhost"))

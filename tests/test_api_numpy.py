@@ -13,7 +13,8 @@ PYTHON = os.environ.get("HVDLITE_PYGLOO_PYTHON", os.path.join(ROOT, ".venv-pyglo
 @pytest.mark.parametrize("n", [2, 3])
 def test_reducescatter_and_clear_errors_on_every_rank(tmp_path, n):
     r = run_job(["-np", str(n), "-H", f"localhost:{n}", PYTHON,
-                 os.path.join(SCRIPTS, "api_numpy_check.py")], tmp_path, timeout=90)
+                 os.path.join(SCRIPTS, "api_numpy_check.py")], tmp_path, timeout=90,
+                env={"TIMELINE_DIR": str(tmp_path)})
     assert r.code == 0, r.stderr
     for k in range(n):
         assert f"[{k}]<stdout>:OK {k}" in r.stdout

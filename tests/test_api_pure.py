@@ -9,8 +9,8 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from hvdlite.torch import adasum, ops
-from hvdlite.torch.optimizer import _groups_as_buckets
+from hvdlite.torch import adasum, joinwire, ops
+from hvdlite.torch.optimizer import _fusion_buckets, _groups_as_buckets
 from hvdlite.worker.reduceops import shares
 
 
@@ -50,6 +50,17 @@ def test_optimizer_groups_become_buckets():
         _groups_as_buckets(params, 0, [[torch.nn.Parameter(torch.zeros(1))]])
 
 
+def test_the_first_bucket_closes_at_its_size_so_reducing_starts_early():
+    # Backward order: a head (8 KB), then two 12.8 MB embeddings. DDP-like: the first bucket
+    # takes the head and the first embedding, the rest fuse up to the threshold.
+    head_bias, head, tags, words = (torch.zeros(n) for n in (16, 2048, 3_200_000, 3_200_000))
+    sizes = lambda buckets: [[t.numel() for t in b] for b in buckets]
+    tensors = [head_bias, head, tags, words]
+    assert sizes(_fusion_buckets(tensors, 64 << 20, first=1 << 20)) == [[16, 2048, 3_200_000], [3_200_000]]
+    assert sizes(_fusion_buckets(tensors, 64 << 20)) == [[16, 2048, 3_200_000, 3_200_000]]
+    assert sizes(_fusion_buckets(tensors, 0, first=1 << 20)) == [[16], [2048], [3_200_000], [3_200_000]]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.uint8, torch.bool])
 def test_a_joined_rank_contributes_the_identity_of_the_op(dtype):
     x = torch.tensor([0, 1, 1], dtype=dtype)
@@ -57,7 +68,7 @@ def test_a_joined_rank_contributes_the_identity_of_the_op(dtype):
                        (ops.Product, torch.mul)):
         if dtype == torch.bool and op == ops.Sum:
             reduce = torch.logical_or
-        assert torch.equal(reduce(x, ops._identity(op, dtype, 3)), x)
+        assert torch.equal(reduce(x, joinwire.identity(op, dtype, 3)), x)
 
 
 def test_rank0_heartbeats_faster_than_the_others():

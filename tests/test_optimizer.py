@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import gloo_harness
-from hvdlite.torch import ops, runtime
+from hvdlite.torch import autograd, ops, runtime
 from hvdlite.torch.compression import Compression
 from hvdlite.torch.optimizer import (FUSION_THRESHOLD_ENV, DistributedOptimizer,
                                      broadcast_optimizer_state, broadcast_parameters)
@@ -41,7 +41,7 @@ def _flat_params(model):
 
 def _assert_replicas_identical(model):
     rank, size = _world()
-    gathered = ops.allgather(_flat_params(model).unsqueeze(0))
+    gathered = autograd.allgather(_flat_params(model).unsqueeze(0))
     assert all(torch.equal(gathered[r], gathered[0]) for r in range(size)), "replicas diverged"
 
 
@@ -119,7 +119,7 @@ def check_missing_gradients():
     x = torch.ones(1, 2) * (rank + 1)
     out = used(x) + (sometimes(x) if rank == 0 else 0)
     out.sum().backward()
-    expected_used = ops.allreduce(used.weight.grad.clone())
+    expected_used = autograd.allreduce(used.weight.grad.clone())
     opt.step()
     assert never.weight.grad is None and never.bias.grad is None
     assert all(torch.equal(p, before[k]) for k, p in never.state_dict().items())
@@ -168,7 +168,7 @@ def check_broadcasts():
     broadcast_parameters(model.state_dict(), root_rank=root)
     _assert_replicas_identical(model)
     for name, tensor in model.state_dict().items():
-        assert torch.equal(ops.broadcast(tensor, root), tensor), name
+        assert torch.equal(autograd.broadcast(tensor, root), tensor), name
     other = torch.nn.Linear(3, 4)
     broadcast_parameters(other.named_parameters(), root_rank=0)
     _assert_replicas_identical(other)

@@ -22,7 +22,8 @@ except ModuleNotFoundError as e:
         raise
     raise ModuleNotFoundError(_without_pygloo(), name="pygloo") from None
 from hvdlite.numpy.basics import (  # noqa: F401
-    abort, cross_rank, cross_size, init, is_initialized, local_rank, local_size, rank, shutdown, size)
+    abort, cross_rank, cross_size, init, is_initialized, local_rank, local_size, rank, shutdown, size,
+    start_timeline, stop_timeline)
 from hvdlite.numpy.ops import (  # noqa: F401
     Adasum, Average, Max, Min, Product, Sum, add_process_set, allgather, allgather_object,
     allreduce, alltoall, barrier, broadcast, broadcast_object, join, reducescatter)

@@ -1,12 +1,13 @@
 """init / shutdown and the rank queries of the numpy face, on a pygloo context."""
 import atexit
+import os
 
 import numpy as np
 import pygloo
 
 from hvdlite.numpy.store import GlooStore
 from hvdlite import defaults
-from hvdlite.worker import elastic, env, vouch
+from hvdlite.worker import elastic, env, trace, vouch
 from hvdlite.worker.links import Links
 from hvdlite.worker.runtime import Runtime
 from hvdlite.worker.scopestore import ScopeStore
@@ -19,9 +20,23 @@ _voucher = None  # the helper that stands in for this worker while a collective 
 
 
 def init() -> None:
-    """Join the world this worker is assigned to at launch."""
+    """Join the world this worker is assigned to at launch (recording the collectives when
+    the job was started with --timeline-filename)."""
+    if os.environ.get(env.TIMELINE) and trace.recorder() is None:
+        trace.start_timeline(os.environ[env.TIMELINE])
     if not runtime.is_initialized():
         join()
+
+
+def start_timeline(file_path, mark_cycles=False) -> None:
+    """Record the collectives (named by their name= where given) in a Chrome trace that
+    stop_timeline() writes at rank 0's `file_path`, as hvdlite.torch's."""
+    runtime.info()  # raises before init()
+    trace.start_timeline(file_path)
+
+
+def stop_timeline() -> None:
+    trace.stop_timeline(runtime.info().rank)
 
 
 def join(after_round=None, commit=0) -> None:

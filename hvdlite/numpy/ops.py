@@ -4,11 +4,14 @@ Every call is synchronous and returns a new array; inputs are never changed. A c
 that fails because the world broke raises HorovodInternalError, which elastic training
 recovers from. pygloo holds the GIL while it waits (hvdlite.worker.vouch stands in meanwhile).
 """
+import functools
+import inspect
+
 import numpy as np
 import pygloo
 
 from hvdlite.numpy.basics import runtime
-from hvdlite.worker import objects
+from hvdlite.worker import objects, trace
 from hvdlite.worker.errors import HorovodInternalError
 from hvdlite.worker.reduceops import Adasum, Average, Max, Min, Product, Sum, resolve, shares  # noqa: F401
 
@@ -30,6 +33,30 @@ def _array(value) -> np.ndarray:
     return array
 
 
+def _traced(kind):
+    """Record each call as a span of the collective trace (only while one records), named by
+    the caller's name= or else by its kind."""
+    def wrap(collective):
+        signature = inspect.signature(collective)
+
+        @functools.wraps(collective)
+        def traced(*args, **kwargs):
+            if trace.recorder() is None:
+                return collective(*args, **kwargs)
+            name = signature.bind(*args, **kwargs).arguments.get("name")
+            nbytes = args[0].nbytes if args and isinstance(args[0], np.ndarray) else 0
+            end = trace.collective(kind, name, runtime.info(), nbytes)
+            try:
+                out = collective(*args, **kwargs)
+            except BaseException:
+                end(failed=True)
+                raise
+            end()
+            return out
+        return traced
+    return wrap
+
+
 def _call(collective, *args) -> None:
     try:
         collective(runtime.group(), *args)
@@ -38,6 +65,7 @@ def _call(collective, *args) -> None:
         raise HorovodInternalError(str(e)) from e
 
 
+@_traced("allreduce")
 def allreduce(array, average=None, name=None, op=None):
     """The element-wise reduction of every rank's array (same shape and dtype on all ranks);
     Average by default, integers averaged rounding toward zero as in Horovod."""
@@ -67,6 +95,7 @@ def _scale(array, factor):
     return (array * factor).astype(array.dtype)
 
 
+@_traced("reducescatter")
 def reducescatter(array, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0):
     """Reduce every rank's array and return this rank's share of the first dimension (as even
     as possible, the first ranks one row more); Average or Sum."""
@@ -99,6 +128,7 @@ join = _torch_only("join")
 add_process_set = _torch_only("process sets")
 
 
+@_traced("broadcast")
 def broadcast(array, root_rank, name=None):
     """root_rank's array on every rank (same shape and dtype on all ranks)."""
     size = runtime.info().size
@@ -140,6 +170,7 @@ def _allgather_parts(array):
     return [gathered[r * longest: r * longest + n] for r, n in enumerate(firsts)]
 
 
+@_traced("allgather")
 def allgather(array, name=None):
     """Every rank's array concatenated along the first dimension, in rank order."""
     return np.concatenate(_allgather_parts(array))
@@ -160,5 +191,6 @@ def allgather_object(obj, name=None):
     return [objects.loads(part) for part in _allgather_parts(mine)]
 
 
+@_traced("barrier")
 def barrier():
     _call(pygloo.barrier)

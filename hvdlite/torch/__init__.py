@@ -4,14 +4,16 @@ from hvdlite.torch.basics import (  # noqa: F401
     init, is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
     mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size, start_timeline,
     stop_timeline)
+from hvdlite.torch.autograd import (  # noqa: F401
+    allgather, allreduce, alltoall, broadcast, grouped_allgather, grouped_allreduce,
+    grouped_reducescatter, reducescatter)
 from hvdlite.torch.compression import Compression  # noqa: F401
 from hvdlite.torch.ops import (  # noqa: F401
-    Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async, allgather_object,
-    allreduce, allreduce_, allreduce_async, allreduce_async_, alltoall, alltoall_async, barrier,
-    broadcast, broadcast_, broadcast_async, broadcast_async_, broadcast_object, grouped_allgather,
-    grouped_allgather_async, grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
-    grouped_allreduce_async_, grouped_reducescatter, grouped_reducescatter_async, join, poll,
-    reducescatter, reducescatter_async, sparse_allreduce_async, synchronize)
+    Adasum, Average, Max, Min, Product, Sum, allgather_async, allgather_object, allreduce_,
+    allreduce_async, allreduce_async_, alltoall_async, barrier, broadcast_, broadcast_async,
+    broadcast_async_, broadcast_object, grouped_allgather_async, grouped_allreduce_,
+    grouped_allreduce_async, grouped_allreduce_async_, grouped_reducescatter_async, join, poll,
+    reducescatter_async, sparse_allreduce_async, synchronize)
 from hvdlite.torch.optimizer import (  # noqa: F401
     DistributedOptimizer, broadcast_optimizer_state, broadcast_parameters)
 from hvdlite.torch.processsets import (  # noqa: F401

@@ -23,9 +23,10 @@ def init(comm=None, process_sets=None) -> None:
     if comm is not None:
         raise ValueError("hvdlite runs on gloo: init(comm=...) takes no MPI communicator")
     if os.environ.get(env.TIMELINE) and trace.recorder() is None:
-        start_timeline(os.environ[env.TIMELINE])
+        trace.start_timeline(os.environ[env.TIMELINE])
     if not runtime.is_initialized():
         join()
+    _gloo_enabled[0] = True
     if process_sets is not None and process_sets != "dynamic":
         for process_set in process_sets:
             add_process_set(process_set)
@@ -108,35 +109,51 @@ def is_homogeneous() -> bool:
     return info.size == info.local_size * info.cross_size
 
 
-# What this build has: gloo on the CPU, nothing else.
+# What this build has, answered as Horovod 0.28.1 built with gloo only answers: gloo on the
+# CPU, enabled by init() (and still so after shutdown()), nothing else.
+_gloo_enabled = [False]
+
+
 def gloo_enabled() -> bool:
+    return _gloo_enabled[0]
+
+
+def gloo_built() -> bool:
     return True
-
-
-gloo_built = gloo_enabled
 
 
 def mpi_enabled() -> bool:
     return False
 
 
-mpi_built = nccl_built = cuda_built = rocm_built = ddl_built = ccl_built = mpi_enabled
+mpi_built = cuda_built = rocm_built = ddl_built = ccl_built = mpi_enabled
+
+
+def nccl_built() -> int:
+    """The NCCL version compiled in; 0: none."""
+    return 0
 
 
 def mpi_threads_supported() -> bool:
-    return False
+    raise ValueError("MPI is not enabled: hvdlite runs on gloo, so it has no MPI threads")
+
+
+def _check_initialized() -> None:
+    if not runtime.is_initialized():
+        raise ValueError("hvdlite has not been initialized; use hvd.init().")
 
 
 def start_timeline(file_path, mark_cycles=False) -> None:
-    """Record this rank's collectives and resets for a Chrome trace at `file_path` (written
-    by stop_timeline(), with the events of every rank that recorded for the same path on
-    this host). `mark_cycles` is accepted: hvdlite has no cycles to mark."""
-    trace.start(file_path, os.environ.get(env.WORKER) or f"pid{os.getpid()}")
+    """Record the collectives (named by their name= where given) and resets in a Chrome trace
+    that stop_timeline() writes at rank 0's `file_path`. Every rank records its own events
+    beside that file (FILE.parts/); rank 0 merges the parts there, other ranks write no file.
+    `mark_cycles` is accepted: hvdlite has no cycles to mark."""
+    _check_initialized()
+    trace.start_timeline(file_path)
 
 
 def stop_timeline() -> None:
-    """Stop recording and (re)write the trace file from every rank's part recorded so far;
-    the parts stay beside it (FILE.parts/) for ranks that stop later."""
-    path = trace.stop()
-    if path is not None:
-        trace.merge_parts(path, remove=False)
+    """Stop recording; on rank 0, (re)write the trace file from every rank's part recorded so
+    far. The parts stay beside it for ranks that stop later, which merge theirs in."""
+    _check_initialized()
+    trace.stop_timeline(runtime.info().rank)

@@ -13,7 +13,7 @@ from hvdlite.worker.trusted import trust  # noqa: F401
 
 
 def _agree_flag(value: int) -> int:
-    return int(ops.allreduce(torch.tensor([value], dtype=torch.int32), op=ops.Max).item())
+    return int(ops.allreduce_(torch.tensor([value], dtype=torch.int32), op=ops.Max).item())
 
 
 BACKEND = core.Backend(init=basics.init, join=basics.join, shutdown=basics.shutdown, abort=basics.abort,

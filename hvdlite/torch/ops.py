@@ -1,19 +1,18 @@
 """Horovod's collectives on the current gloo group, or on a process set's.
 
-Tensors must live on the CPU; non-contiguous ones are copied to a buffer and back. Results do
-not carry gradients (Horovod's ops are differentiable; hvdlite's are not). A collective that
-fails because the world broke raises HorovodInternalError, which elastic training recovers from.
-`name=` is accepted everywhere and unused: ranks match collectives by their order.
+Tensors must live on the CPU; non-contiguous ones are copied to a buffer and back. The
+differentiable faces of these (allreduce, allgather, ...) are in hvdlite.torch.autograd. A
+collective that fails because the world broke raises HorovodInternalError, which elastic
+training recovers from. `name=` names a collective in the timeline; ranks match collectives by
+their order, not by name.
 """
 import functools
-import os
 
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions  # not re-exported by torch.distributed
 
-from hvdlite.torch import adasum, runtime
-from hvdlite.torch.compression import Compression
+from hvdlite.torch import adasum, fusion, joinwire, runtime
 from hvdlite.torch.processsets import global_process_set
 from hvdlite.worker import objects, trace
 from hvdlite.worker.errors import HorovodInternalError
@@ -21,8 +20,7 @@ from hvdlite.worker.reduceops import Adasum, Average, Max, Min, Product, Sum, re
 
 _GLOO_OPS = {Average: dist.ReduceOp.SUM, Sum: dist.ReduceOp.SUM, Min: dist.ReduceOp.MIN,
              Max: dist.ReduceOp.MAX, Product: dist.ReduceOp.PRODUCT}
-_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8,
-           torch.int16, torch.int32, torch.int64, torch.bool]
+_DTYPES = joinwire.DTYPES
 
 
 class Handle:
@@ -64,16 +62,16 @@ def _wait(work) -> None:
         raise HorovodInternalError(str(e)) from e
 
 
-def _traced(name):
+def _traced(kind):
     """Record each call as a span of the collective trace, from issue to the handle's wait
-    (only while hvdlite.worker.trace records)."""
+    (only while hvdlite.worker.trace records), named by the caller's name= or else by its
+    kind (the wrapped function takes no name)."""
     def wrap(issue):
         @functools.wraps(issue)
-        def traced(*args, **kwargs):
+        def traced(*args, name=None, **kwargs):
             if trace.recorder() is None:
                 return issue(*args, **kwargs)
-            info = runtime.info()
-            end = trace.span(name, bytes=_nbytes(args), rank=info.rank, size=info.size, round=info.round)
+            end = trace.collective(kind, name, runtime.info(), _nbytes(args))
             try:
                 out = issue(*args, **kwargs)
             except BaseException:
@@ -105,46 +103,10 @@ def poll(handle: Handle) -> bool:
     return handle.poll()
 
 
-class _Pack:
-    """Same-dtype tensors as one contiguous buffer: collectives on many small tensors cost
-    one round trip. A lone contiguous tensor is used as is, without a copy."""
-
-    def __init__(self, tensors):
-        self.tensors = tensors
-        self.in_place = len(tensors) == 1 and tensors[0].is_contiguous()
-        if self.in_place:
-            self.flat = tensors[0]
-        elif len(tensors) == 1:
-            self.flat = tensors[0].contiguous().view(-1)
-        else:
-            self.flat = torch.cat([t.reshape(-1) for t in tensors])
-
-    def unpack(self) -> None:
-        if self.in_place:
-            return
-        parts = self.flat.split([t.numel() for t in self.tensors])
-        for tensor, part in zip(self.tensors, parts):
-            tensor.copy_(part.view(tensor.shape))
-
-
-def _check_cpu(tensor) -> None:
-    if tensor.device.type != "cpu":
-        raise ValueError(f"hvdlite collectives need CPU tensors, got one on {tensor.device}")
-
-
-def _packs(tensors):
-    """One _Pack per dtype, in first-seen dtype order (the same on every rank)."""
-    by_dtype = {}
-    for tensor in tensors:
-        _check_cpu(tensor)
-        by_dtype.setdefault(tensor.dtype, []).append(tensor.detach())
-    return [_Pack(group) for group in by_dtype.values()]
-
-
 def _collective(tensors, result, start, finish=None) -> Handle:
     """Issue start(buffer) -> list of Works on one packed buffer per dtype; waiting runs
     finish(buffer), copies the buffers back into `tensors` and returns `result`."""
-    packs = _packs(tensors)
+    packs = [fusion.Pack(group) for group in fusion.by_dtype(tensors)[0]]
     works = [work for pack in packs for work in start(pack.flat)]
 
     def done():
@@ -156,118 +118,130 @@ def _collective(tensors, result, start, finish=None) -> Handle:
     return Handle(works, done)
 
 
-def _scale(tensor, factor) -> None:
-    if factor == 1:
-        return
-    if tensor.is_floating_point():
-        tensor.mul_(factor)
-    else:  # like Horovod: scale in double, truncate back to the integer type
-        tensor.copy_(tensor.double().mul_(factor))
-
-
-def _average(flat, postscale_factor, divisor) -> None:
-    """Postscale, and divide for Average: floats in one pass; integers exactly, rounding
-    toward zero as Horovod's integer scaling does."""
-    if flat.is_floating_point():
-        _scale(flat, postscale_factor / divisor)
-    else:
-        _scale(flat, postscale_factor)
-        if divisor != 1:
-            flat.div_(divisor, rounding_mode="trunc")
-
-
-# join(): a rank that finished early answers the others' allreduces on the global set. So
-# that it knows what to answer, every such allreduce is announced by a small header,
-# reduced (summed) just before it: [ranks taking part, numel, dtype, op] per active rank,
-# then one "joined just now" flag per rank, set by ranks entering join().
-# The header costs a small allreduce per allreduce (~0.3 ms here); HVDLITE_JOIN=0 drops it
-# for scripts that never call join().
-_HEADER = 4
-JOIN_ENV = "HVDLITE_JOIN"
-
-
-def _announcing() -> bool:
-    return os.environ.get(JOIN_ENV, "1") != "0"
-
-
-def _header(pg, numel=0, dtype=None, op=Sum, active=True, joining=False):
-    header = torch.zeros(_HEADER + pg.size(), dtype=torch.int64)
-    if active:
-        header[:_HEADER] = torch.tensor([1, numel, _DTYPES.index(dtype), op])
-    if joining:
-        header[_HEADER + pg.rank()] = 1
-    return header, pg.allreduce([header], _allreduce_options(Sum))
-
-
-def _check_header(header, numel, dtype, op) -> None:
-    active = int(header[0])
-    if header[1:_HEADER].tolist() != [active * numel, active * _DTYPES.index(dtype), active * op]:
-        raise ValueError(f"allreduce: ranks disagree on the tensors' size, dtype or op "
-                         f"(this rank: {numel} elements of {dtype}, op {op})")
-
-
 def _allreduce_options(op):
     options = dist.AllreduceOptions()
     options.reduceOp = _GLOO_OPS[op]
     return options
 
 
+def _announce(pg, layout, works, room=None):
+    """Issue join's envelope (see joinwire) for this rank's allreduce `layout`, carrying the
+    data in `room` when given; after a wrong guess, the control exchange too. Returns what
+    the handle checks once done: (envelope, control or None, layout)."""
+    wire = joinwire.wire()
+    guess = wire.guess()
+    wire.record(layout)
+    wrong = layout != guess
+    envelope = joinwire.envelope(guess, joinwire.WRONG if wrong else joinwire.RIGHT, pg.size(), room)
+    works.append(envelope.issue(pg))
+    control = None
+    if wrong:
+        control, work = joinwire.Control.issue(pg, layout)
+        works.append(work)
+    return envelope, control, layout
+
+
+def _check_announced(pg, envelope, control, layout) -> None:
+    said = envelope.said(pg.size())
+    if (control is None and said == joinwire.WRONG) or (control is not None and not control.agrees(layout)):
+        raise joinwire.disagree(layout)
+
+
+def _packed(group, room, copy, prescale_factor, divisor):
+    """`group` packed and prescaled. Floats copied into a buffer are divided for Average as
+    they are copied (no pass of its own); otherwise the division waits for the sum, when it
+    overlaps with the peers' work. Returns the pack and the divisor left for after the sum."""
+    floats = group[0].is_floating_point()
+    pack = fusion.Pack(group, room, copy, scale=prescale_factor / divisor if floats else None)
+    if pack.scaled:
+        return pack, 1
+    fusion.scale(pack.flat, prescale_factor)
+    return pack, divisor
+
+
+def _issue_announced(pg, group, op, prescale_factor, divisor, copy, works):
+    """Pack `group` and issue its allreduce in join's envelope: one collective when the layout
+    was guessed right and its data rides along, else the envelope and then the data."""
+    owned = copy or len(group) > 1 or not group[0].is_contiguous()
+    layout = joinwire.layout(sum(t.numel() for t in group), group[0].dtype, op, owned)
+    rides = layout == joinwire.wire().guess() and layout.carried
+    pack, left = _packed(group, 1 if rides else 0, copy, prescale_factor, divisor)
+    checks = _announce(pg, layout, works, pack.buffer if rides else None)
+    if not rides:
+        works.append(pg.allreduce([pack.flat], _allreduce_options(op)))
+    return pack, left, checks
+
+
 @_traced("allreduce")
-def _allreduce_async(tensors, result, average, op, prescale_factor, postscale_factor,
-                     process_set) -> Handle:
+def _allreduce_async(tensors, average, op, prescale_factor, postscale_factor, process_set,
+                     copy, single=False) -> Handle:
+    """Reduce `tensors`, fused into one buffer per dtype: in place, or (copy=True) into new
+    tensors. The handle's result is the list of them, or its only one (single=True)."""
     op = resolve(op, average)
     pg = process_set.group()
     if op == Adasum:
-        return _adasum(pg, tensors, result, prescale_factor, postscale_factor)
+        return _adasum(pg, tensors, copy, prescale_factor, postscale_factor, single)
     divisor = pg.size() if op == Average else 1
-    options = _allreduce_options(op)
-    announced = process_set is global_process_set and _announcing()
-    headers = []
-
-    def start(flat):
-        _scale(flat, prescale_factor)
-        works = []
+    op = Sum if op == Average else op
+    announced = process_set is global_process_set and joinwire.enabled()
+    groups, where = fusion.by_dtype(tensors)
+    packs, announced_checks, works = [], [], []
+    for group in groups:
         if announced:
-            header, work = _header(pg, flat.numel(), flat.dtype, op)
-            headers.append((header, flat.numel(), flat.dtype))
-            works.append(work)
-        return works + [pg.allreduce([flat], options)]
+            pack, left, checks = _issue_announced(pg, group, op, prescale_factor, divisor, copy, works)
+            announced_checks.append(checks)
+        else:
+            pack, left = _packed(group, 0, copy, prescale_factor, divisor)
+            works.append(pg.allreduce([pack.flat], _allreduce_options(op)))
+        packs.append((pack, left))
 
-    # Average divides after the sum: work before a collective delays every rank, work after
-    # it overlaps with the peers'.
-    def finish(flat):
-        while headers:
-            _check_header(*headers.pop(0), op)
-        _average(flat, postscale_factor, divisor)
-    return _collective(tensors, result, start, finish)
+    def done():
+        for checks in announced_checks:
+            _check_announced(pg, *checks)
+        for pack, left in packs:
+            fusion.average(pack.flat, postscale_factor, left)
+        if copy:
+            parts = [pack.parts() for pack, _ in packs]
+            out = [parts[g][i] for g, i in where]
+        else:
+            for pack, _ in packs:
+                pack.unpack()
+            out = tensors
+        return out[0] if single else out
+    return Handle(works, done)
 
 
-def _adasum(pg, tensors, result, prescale_factor, postscale_factor) -> Handle:
+def _adasum(pg, tensors, copy, prescale_factor, postscale_factor, single) -> Handle:
     """Adasum needs every rank's whole tensor (its dot products are per tensor): gather them,
     then combine them on every rank alike. Runs at the call; the handle is complete."""
-    announced = pg is runtime.process_group() and _announcing()
+    announced = pg is runtime.process_group() and joinwire.enabled()
+    results = []
     for tensor in tensors:
-        _check_cpu(tensor)
+        fusion.check_cpu(tensor)
         if not tensor.is_floating_point():
             raise ValueError(f"Adasum needs floating point tensors, got {tensor.dtype}")
         mine = tensor.detach().contiguous().view(1, -1).clone()
-        _scale(mine, prescale_factor)
+        fusion.scale(mine, prescale_factor)
+        works = []
         if announced:  # joined ranks take part with zeros, which Adasum leaves out
-            header, work = _header(pg, mine.numel(), mine.dtype, Adasum)
-            _wait(work)
-            _check_header(header, mine.numel(), mine.dtype, Adasum)
+            checks = _announce(pg, joinwire.layout(mine.numel(), mine.dtype, Adasum, False), works)
         combined = adasum.reduce(_gather_equal(pg, mine))
-        _scale(combined, postscale_factor)
-        tensor.detach().copy_(combined.view(tensor.shape))
-    return _done(result)
+        for work in works:
+            _wait(work)
+        if works:
+            _check_announced(pg, *checks)
+        fusion.scale(combined, postscale_factor)
+        combined = combined.view(tensor.shape)
+        results.append(combined if copy else tensor.detach().copy_(combined))
+    out = results if copy else tensors
+    return _done(out[0] if single else out)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set) -> Handle:
     """Reduce `tensors` in place, fused into one buffer per dtype."""
-    tensors = list(tensors)
-    return _allreduce_async(tensors, tensors, average, op, prescale_factor, postscale_factor,
-                            process_set)
+    return _allreduce_async(list(tensors), average, op, prescale_factor, postscale_factor,
+                            process_set, False, name=name)
 
 
 def _copies(tensors):
@@ -276,8 +250,9 @@ def _copies(tensors):
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set) -> Handle:
-    return grouped_allreduce_async_(_copies(tensors), average, name, op, prescale_factor,
-                                    postscale_factor, process_set)
+    """Reduce `tensors` into new ones (views of one fused buffer per dtype)."""
+    return _allreduce_async(list(tensors), average, op, prescale_factor, postscale_factor,
+                            process_set, True, name=name)
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -286,38 +261,22 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
                                     postscale_factor, process_set).wait()
 
 
-def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
-                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
-    compressed = [compression.compress(t) for t in tensors]
-    reduced = grouped_allreduce_async([t for t, _ in compressed], average, name, op,
-                                      prescale_factor, postscale_factor, process_set).wait()
-    return [compression.decompress(t, ctx) for t, (_, ctx) in zip(reduced, compressed)]
-
-
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set) -> Handle:
-    return _allreduce_async([tensor], tensor, average, op, prescale_factor, postscale_factor,
-                            process_set)
+    return _allreduce_async([tensor], average, op, prescale_factor, postscale_factor,
+                            process_set, False, True, name=name)
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=global_process_set) -> Handle:
-    return allreduce_async_(_copies([tensor])[0], average, name, op, prescale_factor,
-                            postscale_factor, process_set)
+    return _allreduce_async([tensor], average, op, prescale_factor, postscale_factor,
+                            process_set, True, True, name=name)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
                             process_set).wait()
-
-
-def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
-              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
-    compressed, ctx = compression.compress(tensor)
-    reduced = allreduce_async(compressed, average, name, op, prescale_factor, postscale_factor,
-                              process_set).wait()
-    return compression.decompress(reduced, ctx)
 
 
 def sparse_allreduce_async(tensor, name=None, op=Average, process_set=global_process_set):
@@ -332,32 +291,33 @@ def join(device=-1) -> int:
     zeros (the op's identity for Min, Max and Product) until every rank joined. Returns the
     rank that joined last. While a rank is joined the others may only allreduce."""
     pg = runtime.process_group()
-    if not _announcing():
-        raise RuntimeError(f"hvd.join() needs the allreduce headers that {JOIN_ENV}=0 turned off")
-    joining = True
+    if not joinwire.enabled():
+        raise RuntimeError(f"hvd.join() needs the allreduce envelopes that {joinwire.JOIN_ENV}=0 turned off")
+    wire, first = joinwire.wire(), True
     while True:
-        header, work = _header(pg, active=False, joining=joining)
-        _wait(work)
-        joining = False
-        count = int(header[0])
-        if count == 0:
-            return max(r for r in range(pg.size()) if header[_HEADER + r])
-        numel, dtype, op = (int(v) // count for v in header[1:_HEADER])
-        dtype = _DTYPES[dtype]
-        if op == Adasum:
-            _gather_equal(pg, torch.zeros(1, numel, dtype=dtype))
+        guess = wire.guess()
+        envelope = joinwire.envelope(guess, joinwire.JOINED, pg.size())
+        _wait(envelope.issue(pg))
+        said = envelope.said(pg.size())
+        if said == joinwire.JOINED:  # everyone is in join(): who came last?
+            control, work = joinwire.Control.issue(pg, joined_now=first)
+            _wait(work)
+            return max(control.joined_now(), default=pg.rank())
+        first = False
+        actual = guess
+        if said == joinwire.WRONG:
+            control, work = joinwire.Control.issue(pg)
+            _wait(work)
+            actual = control.layout()
+        wire.record(actual)
+        if said == joinwire.RIGHT and actual.carried:
+            continue  # the data rode in the envelope
+        dtype = actual.torch_dtype
+        if actual.op == Adasum:
+            _gather_equal(pg, torch.zeros(1, actual.numel, dtype=dtype))
         else:
-            _wait(pg.allreduce([_identity(op, dtype, numel)], _allreduce_options(op)))
-
-
-def _identity(op, dtype, numel):
-    """What a joined rank contributes: a tensor that leaves the others' reduction unchanged."""
-    if dtype == torch.bool:
-        return torch.full((numel,), op in (Min, Product), dtype=dtype)
-    if op in (Min, Max):
-        info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
-        return torch.full((numel,), info.max if op == Min else info.min, dtype=dtype)
-    return torch.full((numel,), 1 if op == Product else 0, dtype=dtype)
+            _wait(pg.allreduce([joinwire.identity(actual.op, dtype, actual.numel)],
+                               _allreduce_options(actual.op)))
 
 
 @_traced("broadcast")
@@ -382,7 +342,7 @@ def grouped_broadcast_(tensors, root_rank, process_set=global_process_set):
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
     """root_rank is a rank of the world, and must be in the process set."""
-    return _broadcast_async([tensor], tensor, root_rank, process_set)
+    return _broadcast_async([tensor], tensor, root_rank, process_set, name=name)
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
@@ -393,13 +353,9 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     return broadcast_async_(tensor, root_rank, name, process_set).wait()
 
 
-def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
-    return broadcast_async(tensor, root_rank, name, process_set).wait()
-
-
 def _gather_equal_async(pg, tensor):
     """Start gathering same-shaped tensors; returns (work, their concatenation along dim 0)."""
-    _check_cpu(tensor)
+    fusion.check_cpu(tensor)
     tensor = tensor.contiguous()
     out = tensor.new_empty((pg.size() * tensor.shape[0],) + tuple(tensor.shape[1:]))
     return pg.allgather([list(out.chunk(pg.size()))], [tensor], AllgatherOptions()), out
@@ -440,29 +396,26 @@ def _allgather_async(tensor, process_set) -> Handle:
 
 def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle:
     """Concatenate every rank's tensor along the first dimension, in rank order."""
-    parts = _allgather_async(tensor, process_set)
+    parts = _allgather_async(tensor, process_set, name=name)
     return Handle([parts], lambda: torch.cat(parts.wait()))
 
 
-def allgather(tensor, name=None, process_set=global_process_set):
-    return allgather_async(tensor, name, process_set).wait()
-
-
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:
-    handles = [allgather_async(t, process_set=process_set) for t in tensors]
+    handles = [allgather_async(t, name, process_set) for t in tensors]
     return Handle(handles, lambda: [h.wait() for h in handles])
 
 
-def grouped_allgather(tensors, name=None, process_set=global_process_set):
-    return grouped_allgather_async(tensors, name, process_set).wait()
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> Handle:
+    """Send rows splits[i] (in order) of `tensor` to rank i of the set; the result is the rows
+    received from every rank, in rank order, and how many came from each rank (int32, or the
+    dtype of `splits` when a tensor), as Horovod's. Without splits the first dimension is
+    split evenly."""
+    return _alltoall_async(tensor, splits, process_set, name=name)
 
 
 @_traced("alltoall")
-def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> Handle:
-    """Send rows splits[i] (in order) of `tensor` to rank i of the set; the result is the rows
-    received from every rank, in rank order, and, when splits are given, how many came from
-    each rank. Without splits the first dimension is split evenly."""
-    _check_cpu(tensor)
+def _alltoall_async(tensor, splits, process_set) -> Handle:
+    fusion.check_cpu(tensor)
     pg = process_set.group()
     size = pg.size()
     if tensor.dim() == 0:
@@ -489,11 +442,8 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     else:
         works = [pg.alltoall_base(out, tensor.detach().contiguous(), recv, send,
                                   dist.AllToAllOptions())]
-    return Handle(works, lambda: out if splits is None else (out, received.to(torch.int32)))
-
-
-def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
-    return alltoall_async(tensor, splits, name, process_set).wait()
+    kind = splits.dtype if torch.is_tensor(splits) else torch.int32
+    return Handle(works, lambda: (out, received.to(kind)))
 
 
 @_traced("reducescatter")
@@ -505,7 +455,7 @@ def _reducescatter_async(tensors, op, prescale_factor, postscale_factor, process
     size, me = pg.size(), pg.rank()
     works, finishers = [], []
     for tensor in tensors:
-        _check_cpu(tensor)
+        fusion.check_cpu(tensor)
         if tensor.dim() == 0:
             raise ValueError("reducescatter needs a tensor with at least one dimension")
         counts, rest = shares(tensor.shape[0], size), tuple(tensor.shape[1:])
@@ -514,7 +464,7 @@ def _reducescatter_async(tensors, op, prescale_factor, postscale_factor, process
         padded = tensor.new_zeros((size * longest,) + rest)
         for r, part in enumerate(tensor.detach().split(counts)):
             padded[r * longest: r * longest + counts[r]] = part
-        _scale(padded, prescale_factor)
+        fusion.scale(padded, prescale_factor)
         out = tensor.new_empty((longest,) + rest)
         if out.numel():
             options = dist.ReduceScatterOptions()
@@ -526,7 +476,7 @@ def _reducescatter_async(tensors, op, prescale_factor, postscale_factor, process
         results = []
         for out, rows in finishers:
             out = out[:rows]
-            _average(out, postscale_factor, size if op == Average else 1)
+            fusion.average(out, postscale_factor, size if op == Average else 1)
             results.append(out)
         return results
     return Handle(works, finish)
@@ -534,29 +484,17 @@ def _reducescatter_async(tensors, op, prescale_factor, postscale_factor, process
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0) -> Handle:
-    return _reducescatter_async(list(tensors), op, prescale_factor, postscale_factor, process_set)
-
-
-def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
-                          process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
-    compressed = [compression.compress(t) for t in tensors]
-    reduced = grouped_reducescatter_async([t for t, _ in compressed], name, op, process_set,
-                                          prescale_factor, postscale_factor).wait()
-    return [compression.decompress(t, ctx) for t, (_, ctx) in zip(reduced, compressed)]
+    return _reducescatter_async(list(tensors), op, prescale_factor, postscale_factor, process_set,
+                                name=name)
 
 
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
                         prescale_factor=1.0, postscale_factor=1.0) -> Handle:
     """Reduce every rank's tensor and give rank i its i-th share of the first dimension
     (as even as possible, the first ranks one row more)."""
-    handle = _reducescatter_async([tensor], op, prescale_factor, postscale_factor, process_set)
+    handle = _reducescatter_async([tensor], op, prescale_factor, postscale_factor, process_set,
+                                  name=name)
     return Handle([handle], lambda: handle.wait()[0])
-
-
-def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
-                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
-    return grouped_reducescatter([tensor], name, compression, op, process_set,
-                                 prescale_factor, postscale_factor)[0]
 
 
 def _to_bytes_tensor(obj):

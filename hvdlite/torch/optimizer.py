@@ -13,6 +13,7 @@ from hvdlite.torch.processsets import global_process_set
 
 FUSION_THRESHOLD_ENV = "HVDLITE_FUSION_THRESHOLD"
 DEFAULT_FUSION_THRESHOLD = 64 * 1024 * 1024  # bytes, as Horovod's HOROVOD_FUSION_THRESHOLD
+FIRST_BUCKET = 1024 * 1024  # bytes: the gradients of a step's first bucket, reduced early
 
 
 def fusion_threshold() -> int:
@@ -23,9 +24,12 @@ def _nbytes(tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def _fusion_buckets(tensors, threshold):
+def _fusion_buckets(tensors, threshold, first=None):
     """Split tensors, in order, into same-dtype buckets of at most `threshold` bytes (a tensor
-    larger than that gets a bucket of its own; threshold 0 gives every tensor its own)."""
+    larger than that gets a bucket of its own; threshold 0 gives every tensor its own). With
+    `first`, the first bucket closes as soon as it holds that many bytes: the gradients that
+    backward computes first start reducing while it computes the others (as DDP's first
+    bucket does)."""
     buckets, open_buckets = [], {}  # open_buckets: dtype -> (bucket, bytes in it)
     for tensor in tensors:
         bucket, used = open_buckets.get(tensor.dtype, (None, 0))
@@ -33,7 +37,9 @@ def _fusion_buckets(tensors, threshold):
             bucket, used = [], 0
             buckets.append(bucket)
         bucket.append(tensor)
-        open_buckets[tensor.dtype] = (bucket, used + _nbytes(tensor))
+        used += _nbytes(tensor)
+        closing = first is not None and len(buckets) == 1 and used >= min(first, threshold)
+        open_buckets[tensor.dtype] = (None, 0) if closing else (bucket, used)
     return buckets
 
 
@@ -93,9 +99,11 @@ def _replace(obj, kind, fn):
     return obj
 
 
-def broadcast_optimizer_state(optimizer, root_rank) -> None:
+def broadcast_optimizer_state(optimizer, root_rank, model=None) -> None:
     """Give every rank root_rank's optimizer state (tensors and scalars such as Adam's step
-    counts) and param_group options (lr, momentum, ...), even where a rank has no state yet."""
+    counts) and param_group options (lr, momentum, ...), even where a rank has no state yet.
+    `model` is accepted as in Horovod, which needs it to find sparse embeddings when it makes
+    up a missing state; hvdlite sends root's state as it is and needs no model."""
     is_root = runtime.process_group().rank() == root_rank
     tensors = []
 
@@ -134,7 +142,8 @@ class _GradientReducer:
         self.passes, self.sparse_as_dense = backward_passes_per_step, sparse_as_dense
         self.process_set = process_set
         # Backward produces gradients roughly from the last parameter to the first.
-        self.buckets = buckets or _fusion_buckets(list(reversed(params)), fusion_threshold())
+        self.buckets = buckets or _fusion_buckets(list(reversed(params)), fusion_threshold(),
+                                                  first=FIRST_BUCKET)
         self.bucket_of = {p: i for i, bucket in enumerate(self.buckets) for p in bucket}
         self.skip_synchronize = False
         self.synchronized = False
@@ -155,7 +164,7 @@ class _GradientReducer:
     def _reset(self):
         self.pending = {p: self.passes for p in self.bucket_of}  # backward passes to go
         self.ready = [0] * len(self.buckets)  # parameters done, per bucket
-        self.started = []  # (bucket, compressed, flags, handle), in bucket order
+        self.started = []  # (bucket, compression contexts, handle), in bucket order
 
     def in_flight(self) -> bool:
         return bool(self.started)
@@ -185,11 +194,12 @@ class _GradientReducer:
                 return
             compressed = [self.compression.compress(self._local_grad(p)) for p in bucket]
             flags = torch.tensor([p.grad is not None for p in bucket], dtype=compressed[0][0].dtype)
-            handle = ops.grouped_allreduce_async_(
+            # Reduced into a new fused buffer, whose pieces become the gradients: no copy back.
+            handle = ops.grouped_allreduce_async(
                 [c for c, _ in compressed] + [flags], op=self.op,
                 prescale_factor=self.prescale, postscale_factor=self.postscale,
                 process_set=self.process_set)
-            self.started.append((bucket, compressed, flags, handle))
+            self.started.append((bucket, [ctx for _, ctx in compressed], handle))
 
     def _local_grad(self, p):
         if p.grad is None:
@@ -205,13 +215,11 @@ class _GradientReducer:
         self._follow_world()
         try:
             self._start(everything=True)
-            for bucket, compressed, flags, handle in self.started:
-                ops.synchronize(handle)
-                for p, (reduced, ctx), anyone in zip(bucket, compressed, flags.tolist()):
+            for bucket, contexts, handle in self.started:
+                *reduced, flags = ops.synchronize(handle)
+                for p, grad, ctx, anyone in zip(bucket, reduced, contexts, flags.tolist()):
                     if anyone:
-                        grad = self.compression.decompress(reduced, ctx)
-                        if grad is not p.grad:
-                            p.grad = grad
+                        p.grad = self.compression.decompress(grad, ctx)
         finally:
             self._reset()  # also after a failure, so the next step starts clean
         self.synchronized = True

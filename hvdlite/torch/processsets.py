@@ -9,15 +9,27 @@ from hvdlite.torch import gloo, runtime
 
 
 class ProcessSet:
-    """ProcessSet([0, 2]): the ranks a collective's process_set= argument runs on."""
+    """ProcessSet([0, 2]): the ranks a collective's process_set= argument runs on. Horovod
+    also takes an MPI communicator here; hvdlite, without MPI, a list of ranks only."""
 
-    def __init__(self, ranks):
-        self.ranks = None if ranks is None else sorted({int(r) for r in ranks})
+    def __init__(self, ranks_or_comm):
+        if ranks_or_comm is not None and not isinstance(ranks_or_comm, (list, tuple, range, set)):
+            raise ValueError(f"ProcessSet takes a list of ranks (hvdlite has no MPI "
+                             f"communicators), got {ranks_or_comm!r}")
+        self._ranks = None if ranks_or_comm is None else sorted({int(r) for r in ranks_or_comm})
         self.process_set_id = None
         self._world, self._group = None, None
 
+    @property
+    def ranks(self):
+        """The set's ranks; for the global set, every rank of the current world (None before
+        init(), as in Horovod)."""
+        if self._ranks is None:
+            return list(range(runtime.info().size)) if runtime.is_initialized() else None
+        return self._ranks
+
     def _members(self, size):
-        return list(range(size)) if self.ranks is None else [r for r in self.ranks if r < size]
+        return list(range(size)) if self._ranks is None else [r for r in self._ranks if r < size]
 
     def size(self) -> int:
         return len(self._members(runtime.info().size))
@@ -43,7 +55,7 @@ class ProcessSet:
 
     def group(self):
         """The gloo group of this set in the current world (built on first use)."""
-        if self.ranks is None:
+        if self._ranks is None:
             return runtime.process_group()
         info = runtime.info()
         if self._world is not info:
@@ -74,7 +86,7 @@ def add_process_set(process_set):
         process_set = ProcessSet(process_set)
     if process_set.process_set_id is not None:
         raise ValueError(f"{process_set} was added already")
-    if any(s.ranks == process_set.ranks for s in _sets.values()):
+    if any(s._ranks == process_set._ranks for s in _sets.values()):
         raise ValueError(f"a process set with ranks {process_set.ranks} exists already")
     process_set.process_set_id = _next_id[0]
     _next_id[0] += 1

@@ -56,8 +56,8 @@ class ElasticSampler(torch.utils.data.Sampler):
         consumed = self.remaining[:self.local_done * self.size]
         return {"epoch": self.epoch, "processed": self.processed + consumed}
 
-    def load_state_dict(self, state):
-        self.epoch, self.processed = state["epoch"], list(state["processed"])
+    def load_state_dict(self, state_dict):
+        self.epoch, self.processed = state_dict["epoch"], list(state_dict["processed"])
         self.reset()
 
     def __iter__(self):

@@ -40,8 +40,8 @@ class _SyncBatchNorm(torch.autograd.Function):
     def forward(ctx, x, weight, bias, running_mean, running_var, eps, factor):
         flat = _per_channel(x.detach()).double()
         count = torch.tensor([float(flat.shape[1])], dtype=torch.float64)
-        total, squares, count = ops.grouped_allreduce(
-            [flat.sum(1), (flat * flat).sum(1), count], op=ops.Sum)
+        total, squares, count = ops.grouped_allreduce_async(
+            [flat.sum(1), (flat * flat).sum(1), count], op=ops.Sum).wait()
         n = count.item()
         mean = total / n
         var = squares / n - mean * mean  # biased, as normalization uses
@@ -65,7 +65,7 @@ class _SyncBatchNorm(torch.autograd.Function):
         local_dy, local_dy_xhat = dy_flat.sum(1), (dy_flat * xhat_flat).sum(1)
         # The gradient of x needs these sums over the whole batch; the weight's and bias's
         # are local, averaged across ranks by the optimizer as every other gradient.
-        sum_dy, sum_dy_xhat = ops.grouped_allreduce([local_dy, local_dy_xhat], op=ops.Sum)
+        sum_dy, sum_dy_xhat = ops.grouped_allreduce_async([local_dy, local_dy_xhat], op=ops.Sum).wait()
         scale = invstd if weight is None else invstd * weight.detach()
         dx = _shape(scale, dy) * (dy - _shape(sum_dy / ctx.n, dy) - xhat * _shape(sum_dy_xhat / ctx.n, dy))
         grad_weight = local_dy_xhat if weight is not None and ctx.needs_input_grad[1] else None

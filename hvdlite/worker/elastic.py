@@ -58,8 +58,12 @@ class State:
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self):
+        self.reset()
         for callback in self._reset_callbacks:
             callback()
+
+    def reset(self):
+        """A hook, as Horovod's: runs at every reset, before the state is synced."""
 
     def commit(self):
         self._commits += 1

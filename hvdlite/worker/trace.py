@@ -13,6 +13,8 @@ import os
 import threading
 import time
 
+from hvdlite.worker import env
+
 PARTS = ".parts"
 
 
@@ -97,6 +99,26 @@ def stop():
 
 
 atexit.register(stop)
+
+
+def start_timeline(path: str) -> None:
+    """A worker's start_timeline(): record this process's part beside `path`."""
+    start(path, os.environ.get(env.WORKER) or f"pid{os.getpid()}")
+
+
+def stop_timeline(rank: int) -> None:
+    """A worker's stop_timeline(): stop recording; rank 0 (re)writes the file from every
+    part recorded so far, as Horovod writes the timeline at rank 0's path. The parts stay
+    beside it, so a rank that stops later merges its part into the file rank 0 wrote."""
+    path = stop()
+    if path is not None and (rank == 0 or os.path.exists(path)):
+        merge_parts(path, remove=False)
+
+
+def collective(kind: str, name, info, nbytes: int):
+    """Begin a collective's span, named by the caller's name= or else by its kind; returns
+    the function that ends it."""
+    return span(name or kind, op=kind, bytes=nbytes, rank=info.rank, size=info.size, round=info.round)
 
 
 def span(name: str, **args):

@@ -1,4 +1,6 @@
 """hvdlite.numpy's part of the Horovod API on every rank (torch-free); prints 'OK <rank>'."""
+import json
+import os
 import sys
 
 import numpy as np
@@ -32,5 +34,18 @@ try:
     raise AssertionError("reducescatter Max did not raise")
 except ValueError:
     pass
+# The collectives are traced, named by name= where given, into the file at rank 0's path.
+timeline = os.path.join(os.environ["TIMELINE_DIR"], "timeline.json")
+hvd.start_timeline(timeline)
+hvd.allreduce(np.ones(3), name="grad")
+hvd.barrier()
+hvd.stop_timeline()
+hvd.barrier()
+if r == 0:
+    with open(timeline) as f:
+        spans = [(e["name"], e["args"].get("op"), e["pid"]) for e in json.load(f)["traceEvents"] if e["ph"] == "B"]
+    assert {name for name, _, _ in spans} == {"grad", "barrier"}, spans
+    assert all(op == "allreduce" for name, op, _ in spans if name == "grad"), spans
+    assert len({pid for _, _, pid in spans}) == n, spans  # every rank's part, on this host
 assert "torch" not in sys.modules
 print(f"OK {r}", flush=True)

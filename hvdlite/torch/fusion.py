@@ -1,0 +1,110 @@
+"""Fusion buffers: same-dtype tensors packed into one buffer, so that a collective on many
+small tensors costs one round trip, and the buffers kept for reuse."""
+import torch
+
+
+class Pool:
+    """Fusion buffers kept for reuse. A buffer fresh from the OS costs a page fault per 4 KB
+    at its first write (2.6 ms for 25 MB here); a kept one does not. A kept buffer is taken
+    again once nothing refers to its memory: no view of it (a result, a gradient) is alive."""
+
+    SMALLEST = 256 * 1024  # bytes; smaller buffers come from malloc's reused memory anyway
+    PER_SIZE = 4
+
+    def __init__(self):
+        self.kept = {}  # (numel, dtype) -> buffers
+
+    def take(self, numel, dtype):
+        kept = self.kept.setdefault((numel, dtype), [])
+        for buffer in kept:
+            if _unused(buffer):
+                return buffer
+        buffer = torch.empty(numel, dtype=dtype)
+        if numel * dtype.itemsize >= self.SMALLEST and len(kept) < self.PER_SIZE:
+            kept.append(buffer)
+        return buffer
+
+
+def _unused(buffer) -> bool:
+    # References to the memory: the buffer's own, and the storage object made to ask.
+    return torch._C._storage_Use_Count(buffer.untyped_storage()._cdata) <= 2
+
+
+pool = Pool()
+
+
+class Pack:
+    """Same-dtype tensors as one contiguous buffer: collectives on many small tensors cost
+    one round trip. `room` elements are left free in front of the data (for join's state);
+    a lone contiguous tensor is used as is, without a copy, unless room or a copy is asked."""
+
+    def __init__(self, tensors, room=0, copy=False, scale=None):
+        self.tensors = tensors
+        self.in_place = not room and not copy and len(tensors) == 1 and tensors[0].is_contiguous()
+        self.scaled = scale is not None and not self.in_place  # multiplied by `scale` as copied
+        if self.in_place:
+            self.buffer = self.flat = tensors[0].view(-1)
+            return
+        self.buffer = pool.take(room + sum(t.numel() for t in tensors), tensors[0].dtype)
+        self.flat = self.buffer[room:]
+        if self.scaled and scale != 1:
+            for tensor, part in zip(tensors, self.parts()):
+                torch.mul(tensor, scale, out=part)
+        elif len(tensors) == 1:
+            self.flat.view(tensors[0].shape).copy_(tensors[0])
+        else:
+            torch.cat([t.reshape(-1) for t in tensors], out=self.flat)
+
+    def parts(self):
+        """The buffer's pieces, shaped as the tensors (views, no copy)."""
+        if self.in_place:
+            return [self.tensors[0]]
+        if len(self.tensors) == 1:
+            return [self.flat.view(self.tensors[0].shape)]
+        pieces = self.flat.split([t.numel() for t in self.tensors])
+        return [piece.view(t.shape) for t, piece in zip(self.tensors, pieces)]
+
+    def unpack(self) -> None:
+        if not self.in_place:
+            for tensor, part in zip(self.tensors, self.parts()):
+                tensor.copy_(part)
+
+
+def check_cpu(tensor) -> None:
+    if not tensor.is_cpu:
+        raise ValueError(f"hvdlite collectives need CPU tensors, got one on {tensor.device}")
+
+
+def by_dtype(tensors):
+    """The tensors in same-dtype groups, in first-seen dtype order (the same on every rank),
+    and where each tensor went: (group, index in it)."""
+    if len(tensors) == 1:  # the common case, quickly
+        check_cpu(tensors[0])
+        return [[tensors[0].detach()]], [(0, 0)]
+    groups, where = {}, []
+    for tensor in tensors:
+        check_cpu(tensor)
+        group = groups.setdefault(tensor.dtype, [])
+        where.append((list(groups).index(tensor.dtype), len(group)))
+        group.append(tensor.detach())
+    return list(groups.values()), where
+
+
+def scale(tensor, factor) -> None:
+    if factor == 1:
+        return
+    if tensor.is_floating_point():
+        tensor.mul_(factor)
+    else:  # like Horovod: scale in double, truncate back to the integer type
+        tensor.copy_(tensor.double().mul_(factor))
+
+
+def average(flat, postscale_factor, divisor) -> None:
+    """Postscale, and divide for Average: floats in one pass; integers exactly, rounding
+    toward zero as Horovod's integer scaling does."""
+    if flat.is_floating_point():
+        scale(flat, postscale_factor / divisor)
+    else:
+        scale(flat, postscale_factor)
+        if divisor != 1:
+            flat.div_(divisor, rounding_mode="trunc")

@@ -1,0 +1,184 @@
+"""join()'s bookkeeping carried inside the allreduces themselves, at no exchange of its own.
+
+A rank in join() must take part in the others' allreduces on the global set without being told
+their size. So every rank keeps the same history of those allreduces (their layouts), and the
+layout that followed a layout last time is the guess for what follows it now; a joined rank
+answers the guessed layout with the op's identity. Every allreduce travels in an envelope
+shaped as guessed: one state element, then the data. The state says whether any rank is active
+and whether the active ranks' guess was wrong. Only then does more follow:
+- a wrong guess: a control exchange (the real layout) and the real allreduce, after an
+  envelope that carried no data (issued at once by the active ranks, who know they guessed
+  wrong);
+- every rank in join(): a control exchange of who joined just now, to name the last one.
+A training loop repeats its allreduces, so from its third step on every guess holds and an
+allreduce costs one collective, one element longer.
+"""
+import os
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from hvdlite.torch import runtime
+from hvdlite.worker.reduceops import Max, Min, Product, Sum
+
+JOIN_ENV = "HVDLITE_JOIN"
+# The data rides in the envelope when the buffer is a copy already, or when copying it there
+# and back costs less than a collective more (~0.1 ms here, as does copying 1 MB twice).
+COPY_LIMIT = 1 << 20
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8,
+          torch.int16, torch.int32, torch.int64, torch.bool]
+# Dtypes that hold the state exactly however many ranks count in it.
+_CARRIERS = {torch.float32, torch.float64, torch.int32, torch.int64}
+_GLOO_OPS = {Sum: dist.ReduceOp.SUM, Min: dist.ReduceOp.MIN, Max: dist.ReduceOp.MAX,
+             Product: dist.ReduceOp.PRODUCT}
+JOINED, RIGHT, WRONG = range(3)  # what a rank says in the state element
+_LONGEST_RUN = 16
+
+
+def enabled() -> bool:
+    return os.environ.get(JOIN_ENV, "1") != "0"
+
+
+class Layout(NamedTuple):
+    """An allreduce as every rank sees it: elements, dtype (index in DTYPES), op (Sum stands
+    for Average too) and whether its data rides in the envelope."""
+    numel: int
+    dtype: int
+    op: int
+    carried: bool
+
+    @property
+    def torch_dtype(self):
+        return DTYPES[self.dtype]
+
+
+NOTHING = Layout(0, DTYPES.index(torch.int64), Sum, True)  # the guess at a world's start
+
+
+def layout(numel, dtype, op, owned) -> Layout:
+    carried = dtype in _CARRIERS and op in (Sum, Min, Max) and (
+        owned or numel * dtype.itemsize <= COPY_LIMIT)
+    return Layout(numel, DTYPES.index(dtype), op, carried)
+
+
+def identity(op, dtype, numel):
+    """What a joined rank contributes: a tensor that leaves the others' reduction unchanged."""
+    if dtype == torch.bool:
+        value = op in (Min, Product)
+    elif op in (Min, Max):
+        info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
+        value = info.max if op == Min else info.min
+    else:
+        value = 1 if op == Product else 0
+    return torch.full((numel,), value, dtype=dtype)
+
+
+def _states(op, size):
+    """The state element's value for JOINED, RIGHT and WRONG under `op`, chosen so that the
+    reduction shows whether anyone is active and whether anyone guessed wrong."""
+    if op == Sum:
+        return 0, 1, size + 1  # RIGHT counts at most `size`
+    return (0, 1, 2) if op == Max else (3, 2, 1)
+
+
+class Envelope(NamedTuple):
+    buffer: torch.Tensor  # the state element, then the data it carries
+    guess: Layout
+    op: int  # the envelope's reduction
+
+    def issue(self, pg):
+        options = dist.AllreduceOptions()
+        options.reduceOp = _GLOO_OPS[self.op]
+        return pg.allreduce([self.buffer], options)
+
+    def said(self, size) -> int:
+        """JOINED when no rank is active, WRONG when an active rank guessed wrong, else RIGHT."""
+        value = self.buffer[0].item()
+        joined, right, wrong = _states(self.op, size)
+        if self.op == Sum:
+            return JOINED if value == 0 else WRONG if value >= wrong else RIGHT
+        return {joined: JOINED, right: RIGHT, wrong: WRONG}[value]
+
+
+def envelope(guess: Layout, state: int, size: int, room=None) -> Envelope:
+    """The envelope for `guess` saying `state`. Its data part is `room` (a buffer with one
+    element free in front of the data) or, when left to this, the op's identity."""
+    dtype, op = (guess.torch_dtype, guess.op) if guess.carried else (torch.int64, Sum)
+    if room is None:
+        room = identity(op, dtype, 1 + (guess.numel if guess.carried else 0))
+    room[0] = _states(op, size)[state]
+    return Envelope(room, guess, op)
+
+
+class Control(NamedTuple):
+    """The exchange after a wrong guess (the active ranks' real layout) or once every rank is
+    in join() (who joined just now): int64, summed, rank r's flag in slot r."""
+    buffer: torch.Tensor
+
+    @staticmethod
+    def issue(pg, mine=None, joined_now=False):
+        size, rank = pg.size(), pg.rank()
+        values = [0] * (5 + size)
+        if mine is not None:
+            values[:5] = [1, *mine]
+        values[5 + rank] = int(joined_now)
+        control = Control(torch.tensor(values, dtype=torch.int64))
+        options = dist.AllreduceOptions()
+        options.reduceOp = dist.ReduceOp.SUM
+        return control, pg.allreduce([control.buffer], options)
+
+    def layout(self) -> Layout:
+        """The active ranks' layout (each of them wrote it once)."""
+        active, *fields = self.buffer[:5].tolist()
+        return Layout(*(value // active for value in fields[:3]), bool(fields[3] // active))
+
+    def agrees(self, mine: Layout) -> bool:
+        active, *fields = self.buffer[:5].tolist()
+        return fields == [active * int(value) for value in mine]
+
+    def joined_now(self) -> list:
+        return [r for r, flag in enumerate(self.buffer[5:].tolist()) if flag]
+
+
+class Wire:
+    """The allreduce history of one world, the same on every rank. What comes next is guessed
+    from the last three layouts and how often the last one came in a row (counted up to
+    _LONGEST_RUN, so an endless run keeps one guess): a step that allreduces the same layout
+    twice, then others, is told apart at each point. A context not seen yet falls back on
+    what followed the last layout alone."""
+
+    def __init__(self, world):
+        self.world = world
+        self.follows = {}  # context -> the layout that followed it last time
+        self.after = {}  # layout -> the layout that followed it last time
+        self.context, self.last = (), None
+
+    def guess(self) -> Layout:
+        guess = self.follows.get(self.context)
+        return guess if guess is not None else self.after.get(self.last, NOTHING)
+
+    def record(self, actual: Layout) -> None:
+        if len(self.follows) > 4096:  # a script of ever-new sizes: keep the history small
+            self.follows.clear()
+            self.after.clear()
+        self.follows[self.context] = self.after[self.last] = actual
+        recent, run = self.context or ((), 0)
+        run = min(run + 1, _LONGEST_RUN) if self.last == actual else 1
+        self.context, self.last = ((*recent, actual)[-3:], run), actual
+
+
+_wire = [None]
+
+
+def wire() -> Wire:
+    """This world's Wire (a new world starts a new history)."""
+    world = runtime.info()
+    if _wire[0] is None or _wire[0].world is not world:
+        _wire[0] = Wire(world)
+    return _wire[0]
+
+
+def disagree(mine: Layout) -> ValueError:
+    return ValueError(f"allreduce: ranks disagree on the tensors' size, dtype or op (this rank: "
+                      f"{mine.numel} elements of {mine.torch_dtype}, op {mine.op})")

@@ -1,0 +1,126 @@
+"""join() on real gloo groups: ranks that finished answer the others' allreduces of every kind
+(guessed right or wrong, data riding in the envelope or not, every op, Adasum, fused and async),
+and a guessed allreduce costs one collective, join's state riding in front of its data."""
+import pytest
+import torch
+
+import gloo_harness
+import hvdlite.torch as hvd
+from hvdlite.torch import adasum, joinwire, ops, runtime
+
+BIG = (1 << 19) + 3  # float32 elements: 2 MB, reduced in place without a copy (not carried)
+
+
+def _mine(rank, step):
+    g = torch.Generator().manual_seed(100 * rank + step)
+    return torch.randn(5, generator=g), torch.randint(-50, 50, (3,), generator=g)
+
+
+def _pattern(step, active, size):
+    """Each allreduce of one step: (what this rank calls, what it must return)."""
+    rank = runtime.info().rank
+    floats, ints = _mine(rank, step)
+    everyone = [_mine(r, step) for r in active]
+    big = torch.full((BIG,), float(rank + 1))
+    yield (lambda: hvd.allreduce(floats, op=hvd.Sum), sum(f for f, _ in everyone))
+    yield (lambda: hvd.allreduce(floats), sum(f for f, _ in everyone) / size)
+    yield (lambda: hvd.allreduce_(big, op=hvd.Sum), torch.full((BIG,), float(sum(r + 1 for r in active))))
+    yield (lambda: hvd.allreduce(ints, op=hvd.Min), torch.stack([i for _, i in everyone]).min(0).values)
+    yield (lambda: hvd.allreduce(ints.to(torch.uint8), op=hvd.Max),
+           torch.stack([i.to(torch.uint8) for _, i in everyone]).max(0).values)
+    yield (lambda: hvd.allreduce(torch.tensor([2.0, 0.5]), op=hvd.Product),
+           torch.tensor([2.0 ** len(active), 0.5 ** len(active)]))
+    zero_if_joined = [_mine(r, step)[0].double() if r in active else torch.zeros(5, dtype=torch.float64)
+                      for r in range(size)]
+    yield (lambda: hvd.allreduce(floats.double(), op=hvd.Adasum), adasum.reduce(zero_if_joined))
+    yield (lambda: hvd.grouped_allreduce([floats, ints, floats * 2], op=hvd.Sum),
+           [sum(f for f, _ in everyone), sum(i for _, i in everyone), sum(f * 2 for f, _ in everyone)])
+    if step % 2:  # a step that differs from the one before: the next guesses are wrong
+        yield (lambda: hvd.allreduce(torch.ones(7 + step), op=hvd.Sum), torch.full((7 + step,), float(len(active))))
+    handles = [hvd.allreduce_async(floats * k, op=hvd.Sum) for k in (1, 3)]  # two in flight at once
+    yield (lambda: [hvd.synchronize(h) for h in handles], [sum(f * k for f, _ in everyone) for k in (1, 3)])
+
+
+def _same(got, expected):
+    if isinstance(expected, list):
+        return all(_same(g, e) for g, e in zip(got, expected))
+    return torch.allclose(got.to(expected.dtype), expected, atol=1e-5)
+
+
+def check_join_answers_every_allreduce():
+    rank, size = runtime.info().rank, runtime.info().size
+    steps = [1] + [k + 2 for k in range(1, size)]  # rank k trains this many steps, then joins
+    for step in range(steps[rank]):
+        active = [r for r in range(size) if steps[r] > step]
+        for call, expected in _pattern(step, active, size):
+            got = call()
+            assert _same(got, expected), f"rank {rank} step {step}: {got} != {expected}"
+    assert hvd.join() == size - 1
+    # After join every rank is active again: a plain allreduce sees all of them.
+    assert torch.equal(hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.full((2,), float(size)))
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_joined_ranks_answer_every_kind_of_allreduce(size):
+    gloo_harness.run(check_join_answers_every_allreduce, size, timeout=120)
+
+
+class _Counting:
+    """A process group that counts the collectives issued on it."""
+
+    def __init__(self, pg):
+        self.pg, self.allreduces = pg, 0
+
+    def allreduce(self, *args):
+        self.allreduces += 1
+        return self.pg.allreduce(*args)
+
+    def __getattr__(self, name):
+        return getattr(self.pg, name)
+
+
+def check_a_guessed_allreduce_is_one_collective():
+    info = runtime.info()
+    counting = _Counting(runtime.deactivate())
+    runtime.activate(counting, info)
+    x, grads = torch.ones(3), [torch.ones(4), torch.ones(2, 2)]
+
+    def step():
+        hvd.allreduce(x)
+        hvd.allreduce_(x, op=hvd.Sum)
+        hvd.grouped_allreduce_(grads)
+        hvd.allreduce(torch.tensor(1.0))  # a loss to average
+    step()  # the first two steps guess wrong: no history yet, then none from a step's start
+    step()
+    before = counting.allreduces
+    for _ in range(3):
+        step()
+    assert counting.allreduces - before == 3 * 4, counting.allreduces - before
+    before = counting.allreduces
+    for _ in range(40):  # the same allreduce over and over: guessed right past the run's count
+        hvd.allreduce(x)
+    # one wrong guess where the run leaves the step's pattern (a third x where grads came)
+    assert counting.allreduces - before == 40 + 2, counting.allreduces - before
+    before = counting.allreduces
+    hvd.allreduce(torch.ones(11))  # not what followed last time: envelope, control, data
+    assert counting.allreduces - before == 3
+    runtime.deactivate()
+    runtime.activate(counting.pg, info)
+
+
+def test_a_guessed_allreduce_is_one_collective():
+    gloo_harness.run(check_a_guessed_allreduce_is_one_collective, 2)
+
+
+def test_the_state_element_shows_joined_right_and_wrong_under_every_op():
+    # A wrong guess shows over right ones (ranks that disagree), a right one over joined ranks.
+    for op in (ops.Sum, ops.Min, ops.Max):
+        for size in (1, 2, 5):
+            for states in ([joinwire.JOINED] * size, [joinwire.RIGHT] + [joinwire.JOINED] * (size - 1),
+                           [joinwire.RIGHT] * size, [joinwire.WRONG] * size,
+                           [joinwire.WRONG] + [joinwire.RIGHT] * (size - 1) + [joinwire.JOINED]):
+                values = [joinwire._states(op, size)[s] for s in states]
+                reduced = sum(values) if op == ops.Sum else min(values) if op == ops.Min else max(values)
+                guess = joinwire.Layout(0, 0, op, True)
+                envelope = joinwire.Envelope(torch.tensor([float(reduced)]), guess, op)
+                assert envelope.said(size) == max(states), (op, size, states)
