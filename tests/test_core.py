@@ -611,3 +611,9 @@ def test_a_stop_tells_a_worker_asking_for_a_world_to_go_and_kills_the_late_ones_
     out = sim.send(Tick(), after=6.0)
     assert Stop(b, 0.0) in out and sim.end().code == exitcodes.RESUMABLE
     assert sim.logged("job_end")[-1]["late"] == ["rank 1"]
+
+
+def test_a_stop_before_any_worker_was_launched_ends_at_once():
+    core = ElasticCore(Policy())
+    out = core.handle(StopRequested(signal.SIGTERM), 1.0)
+    assert out[-1] == EndJob(128 + signal.SIGTERM, None)

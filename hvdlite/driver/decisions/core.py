@@ -277,7 +277,7 @@ class ElasticCore:
         late = sorted(inc.name for inc in self._live())
         for inc in self._live():
             self._kill(inc, "worker_stop_timeout", f"no commit within {p.stop_timeout:g} s of the stop")
-        commit = max(inc.commit for inc in self.workers.values())
+        commit = max([0] + [inc.commit for inc in self.workers.values()])
         resumable = p.durable and commit > 0
         self._log("job_end", result="stopped", signal=_signal_name(signum), commit=commit,
                   resumable=resumable, late=late)
