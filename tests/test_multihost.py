@@ -132,4 +132,7 @@ def test_an_unreachable_host_does_not_hold_up_recovery(tmp_path, hosts):
     assert r.code == 0, r.stderr
     assert world["size"] == 1 and seconds < 5  # not after the 10 s connect
     assert not launch_failed, "the kill was handled only after host-3's connect gave up"
-    assert [e["key"] for e in r.of("blacklisted")] == ["host-2", "host-3"]
+    # host-3's launch fails after its connect timeout; if the job had finished by then, that
+    # worker was told to leave already, and a launch nobody needs blacklists nothing.
+    (failed,) = [e for e in r.of("launch_failed") if e["slot"] == "host-3/0"]
+    assert [e["key"] for e in r.of("blacklisted")] == ["host-2"] + ([] if failed.get("removed") else ["host-3"])
