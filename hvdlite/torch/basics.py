@@ -46,7 +46,7 @@ def join(after_round=None, commit=0) -> None:
 
 def _count(flag: int) -> int:
     from hvdlite.torch import ops  # ops' process sets import this module's peers: load it late
-    return int(ops.allreduce(torch.tensor([flag], dtype=torch.int32), op=ops.Sum).item())
+    return int(ops.allreduce_(torch.tensor([flag], dtype=torch.int32), op=ops.Sum).item())
 
 
 def _group(info: WorldInfo, abandoned, seen):
