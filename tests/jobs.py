@@ -199,7 +199,7 @@ def slot_pid(job, slot):
 
 
 def run_job(args, tmp_path, timeout=120, env=None, prefix=()) -> Result:
-    with Job(args, tmp_path, env, prefix) as job:
+    with Job(args, tmp_path, env, prefix=prefix) as job:
         return job.finish(timeout)
 
 
