@@ -25,7 +25,6 @@ import asyncio
 import json
 import os
 import select
-import signal
 import socket
 import statistics
 import subprocess

@@ -2,7 +2,6 @@
 Python versions the code must run on."""
 import ast
 import os
-import queue
 import time
 
 import pytest

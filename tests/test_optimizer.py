@@ -232,7 +232,7 @@ def test_wrapper_rejects_bad_arguments():
 
 def test_step_before_init_raises_clear_error():
     model = _model()
-    opt = DistributedOptimizer(_sgd(model.parameters()))
+    DistributedOptimizer(_sgd(model.parameters()))
     with pytest.raises(runtime.NotInitializedError, match=r"hvd\.init\(\)"):
         _loss(model, *_global_batch(0, 1)).backward()
     with pytest.raises(runtime.NotInitializedError):
