@@ -6,14 +6,17 @@
   at once with what the core published (host updates announced, newest broken round).
   Heartbeats reach the core in batches, not one event each.
 - PUT /rdzv/exiting?worker=ID&commit=C: the worker is exiting; becomes an Exiting event.
+- PUT /rdzv/stop?worker=ID: a worker got SIGUSR1 (the allocation ends); becomes the job's
+  graceful stop, as a SIGUSR1 to the driver would.
 - PUT /rdzv/load_failed?worker=ID, the reason as the body (one line naming the file and the
   cause): the worker cannot load the commit it reported; becomes a LoadFailed event.
 """
 import json
+import signal
 import threading
 from concurrent.futures import Future, InvalidStateError
 
-from hvdlite.driver.decisions.messages import Exiting, LoadFailed, Ready
+from hvdlite.driver.decisions.messages import Exiting, LoadFailed, Ready, StopRequested
 
 MAX_REASON = 1000  # characters of a load failure's reason kept
 
@@ -44,6 +47,9 @@ class Rendezvous:
         if subpath == "load_failed" and method == "PUT":
             reason = " ".join(bytes(body).decode("utf-8", "replace").split())[:MAX_REASON]
             self._post(LoadFailed(worker, reason or "no reason given"))
+            return 200, b""
+        if subpath == "stop" and method == "PUT":
+            self._post(StopRequested(signal.SIGUSR1))  # a worker was told the allocation ends
             return 200, b""
         return 404, b"unknown rendezvous endpoint"
 

@@ -66,7 +66,13 @@ class Session:
         self._heartbeat.start()
         atexit.register(self._say_goodbye)
         if self.elastic:
-            stopping.install()
+            stopping.install(self._ask_stop)
+
+    def _ask_stop(self):
+        try:
+            self.client.request("PUT", "/rdzv/stop", query={"worker": self.worker}, timeout=5)
+        except Exception:  # noqa: BLE001 - the driver may be gone: then there is nothing to stop
+            pass
 
     def _say_goodbye(self):
         # Interpreter teardown (a full garbage collection of torch) can hold the GIL for

@@ -6,6 +6,10 @@ A SIGTERM marks this worker as leaving; at its next commit every rank agrees on 
 exits with exitcodes.LEFT, which the driver takes for neither a failure nor a success. A worker
 that is not training in a world (still starting, or between worlds) leaves at once: it holds
 nothing that is not committed. A second SIGTERM ends the process at once, as if unhandled.
+
+SIGUSR1 to a worker announces the end of the whole allocation (Slurm's `--signal=USR1@T`
+signals every job step, not the batch shell the driver runs in): the worker asks the driver
+for the job's graceful stop, as a SIGUSR1 to the driver would.
 """
 import os
 import signal
@@ -17,10 +21,14 @@ requested = False  # a SIGTERM came: leave at the next commit
 at_work = False  # run()'s function is running in a world: a commit will come
 
 
-def install() -> None:
-    """Handle SIGTERM as above; only the main thread may (elsewhere SIGTERM keeps killing)."""
+def install(ask_stop) -> None:
+    """Handle SIGTERM and SIGUSR1 as above; only the main thread may (elsewhere both keep
+    their default action). `ask_stop()` asks the driver for the job's graceful stop."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_term)
+        # The request runs off the handler: the main thread may be inside a collective.
+        signal.signal(signal.SIGUSR1, lambda signum, frame: threading.Thread(
+            target=ask_stop, daemon=True, name="hvdlite-ask-stop").start())
 
 
 def _on_term(signum, frame):
