@@ -1,6 +1,7 @@
 """A worker's rendezvous wait and reports, end to end: a real KV server with the driver's
 rendezvous endpoints, a real worker session; the test plays the decision thread."""
 import queue
+import signal
 import threading
 
 import pytest
@@ -27,13 +28,19 @@ def driver():
     server.set_heartbeat(rendezvous.heartbeat)
     server.start()
     host, port = server.address
+    # The session's heartbeat thread outlives the test: a liveness timeout it never reaches, or
+    # it would end this pytest process (os._exit) once the server is gone. It also handles
+    # SIGTERM and SIGUSR1 as a worker does: pytest's own handlers come back after the test.
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
     session = Session({env.RENDEZVOUS_ADDR: host, env.RENDEZVOUS_PORT: str(port), env.SECRET: SECRET,
-                       env.WORKER: "w#1", env.ELASTIC: "1", env.LIVENESS_TIMEOUT: "60",
+                       env.WORKER: "w#1", env.ELASTIC: "1", env.LIVENESS_TIMEOUT: "1e9",
                        # what workers once gave up after, of their own accord: no longer read
                        "HVDLITE_ELASTIC_TIMEOUT": "1"})
     try:
         yield events, rendezvous, session
     finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
         rendezvous.close()
         server.stop()
 

@@ -13,6 +13,9 @@ import pytest
 from jobs import (SCRIPTS, Job, _tree, check_training_continuous, effective_steps, job_env,
                   next_world, progress, run_job, sizes, steps_log, wait_progress)
 from slurmcluster import missing, SlurmCluster
+from test_elastic import check_exactly_once_per_epoch
+from hvdlite import exitcodes
+from hvdlite.worker import checkpointdir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYGLOO = os.path.join(ROOT, ".venv-pygloo", "bin", "python")
@@ -155,8 +158,7 @@ def test_a_killed_node_costs_one_reform_long_before_slurm_notices(tmp_path, clus
     with Job(["--min-np", "2", "--liveness-timeout", str(liveness), "--discovery-interval", "1",
               *JOB], tmp_path, env=jenv, prefix=["salloc", "-N4", "--no-kill"]) as job:
         wait_progress(job, tmp_path, 8)
-        job_id = [line.split()[3] for line in job.read(job.err).splitlines()
-                  if "Slurm allocation" in line][0]
+        job_id = _job_id(job)
         seconds, world = next_world(job, lambda: cluster.kill_node("n4"))
         listed = _nodelist(cluster, job_id)
         assert seconds < liveness + 3, f"re-formed after {seconds:.1f} s"
@@ -180,6 +182,39 @@ def test_a_killed_node_costs_one_reform_long_before_slurm_notices(tmp_path, clus
     assert sizes(records)[:2] == [4, 3]
     assert_nothing_left(cluster, ["n1", "n2", "n3"])
     cluster.start_node("n4")
+
+
+def _job_id(job):
+    return [line.split()[3] for line in job.read(job.err).splitlines() if "Slurm allocation" in line][0]
+
+
+def test_usr1_to_the_steps_stops_at_a_commit_and_the_same_command_resumes_there(tmp_path, cluster, env):
+    # `scancel -s USR1 JOB` signals the job's steps and not the shell the driver runs in, as
+    # `#SBATCH --signal=USR1@90` does before the allocation ends.
+    ckpt, total = tmp_path / "ckpt", 60
+    flags = ["--min-np", "2", "--checkpoint-dir", str(ckpt), "--checkpoint-interval", "600", *JOB]
+    alloc = ["salloc", "-N3", "--no-kill"]
+    for run in ("run1", "run2"):
+        (tmp_path / run).mkdir()
+    jenv = {**env, "SALLOC_NO_KILL": ""}
+    with Job(flags, tmp_path / "run1", env={**jenv, **job_env(tmp_path, TOTAL_STEPS=total, RUN=1, STEP_SLEEP=0.1)},
+             prefix=alloc) as job:
+        wait_progress(job, tmp_path, 10)
+        cluster.run(["scancel", "-s", "USR1", _job_id(job)], check=False)
+        first = job.finish(60)
+    assert first.code == exitcodes.RESUMABLE, first.stderr
+    stopped = first.of("job_end")[-1]
+    written = checkpointdir.newest(str(ckpt))[0]
+    assert stopped["result"] == "stopped" and written == stopped["commit"] > 0
+    assert not first.of("blacklisted")
+    with Job(flags, tmp_path / "run2", env={**jenv, **job_env(tmp_path, TOTAL_STEPS=total, RUN=2, STEP_SLEEP=0.05)},
+             prefix=alloc) as job:
+        second = job.finish(120)
+    assert second.code == 0, second.stderr
+    records = check_training_continuous(tmp_path, total)
+    assert min(r["step"] for r in records if r["run"] == 2) == written  # nothing lost, nothing again
+    check_exactly_once_per_epoch(records, dataset=64)
+    assert_nothing_left(cluster)
 
 
 def _nodelist(cluster, job_id):
