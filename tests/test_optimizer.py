@@ -232,7 +232,7 @@ def test_wrapper_rejects_bad_arguments():
 
 def test_step_before_init_raises_clear_error():
     model = _model()
-    DistributedOptimizer(_sgd(model.parameters()))
+    opt = DistributedOptimizer(_sgd(model.parameters()))  # noqa: F841 - its hooks live while it does
     with pytest.raises(runtime.NotInitializedError, match=r"hvd\.init\(\)"):
         _loss(model, *_global_batch(0, 1)).backward()
     with pytest.raises(runtime.NotInitializedError):

@@ -242,19 +242,12 @@ def _verified(commit: int):
 
 
 def unloadable(path: str, error: BaseException) -> None:
-    """End this worker: the checkpoint at path exists but does not load. One line here, the
-    same facts to the driver (PUT /rdzv/load_failed?worker=ID, body "PATH: CAUSE"), which ends
-    the job naming them, and exit code EXIT_UNLOADABLE. Nothing in the folder is touched."""
-    from hvdlite.worker.session import session  # session imports this module
+    """End this worker: the checkpoint at path exists but does not load. One line here, and
+    exit code EXIT_UNLOADABLE, which the driver's summary names. Nothing in the folder is
+    touched."""
     cause = _cause(error)
     _say(f"checkpoint {path} does not load: {cause}. Nothing was deleted. Fix the script so that "
          f"it loads, or start anew on purpose with --fresh")
-    try:
-        me = session()
-        me.client.request("PUT", "/rdzv/load_failed", f"{path}: {cause}".encode(),
-                          query={"worker": me.worker}, timeout=2)
-    except Exception:  # noqa: BLE001 - the driver may be gone; the exit code says it too
-        pass
     raise SystemExit(EXIT_UNLOADABLE)
 
 
