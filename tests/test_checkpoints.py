@@ -333,7 +333,7 @@ def test_the_checkpoint_a_worker_reported_is_the_one_it_resumes_even_if_the_file
 
     class State(core.ObjectState):
         backend = core.Backend(*[None] * 4, info=lambda: WorldInfo(1, 2, 1, 2, 0, 1, "h"),
-                               broadcast_flag=None, broadcast_object=None)
+                               agree_flag=None, broadcast_object=None)
     state = State(step=0)
     assert durable.reportable(state._commits) == 3  # loaded in full before it is reported
     os.unlink(tmp_path / checkpointdir.file_name(3, LINEAGE))  # deleted by hand meanwhile
