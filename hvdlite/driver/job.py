@@ -36,6 +36,7 @@ from hvdlite.errors import HvdliteError, JobError
 # a second one, or any to a static job, stops it at once with 128 + the signal's number.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 TICK = 0.1  # seconds between timer events
+CAUSE_WAIT = 1.0  # seconds a static job's first failure without a reason waits for one
 
 
 class Job:
@@ -160,11 +161,23 @@ class Job:
                 self.log.emit("worker_exit", slot=event.worker.split("#")[0], worker=event.worker,
                               rank=place.rank, code=event.code)
                 if event.code != 0:
+                    place, event = self._first_cause(place, event, running)
                     why = f" ({event.error})" if event.error else ""
                     raise JobError(f"rank {place.rank} on {place.hostname} {describe_exit(event.code)}"
                                    f"{why}; stopping the job")
         self.log.emit("job_end", result="success")
         return 0
+
+    def _first_cause(self, place, event, running, wait=CAUSE_WAIT):
+        """The failure to name: a peer's exit can arrive before the exit of the rank that
+        raised, so exits within `wait` seconds that say what was raised win over one that does
+        not."""
+        deadline = time.monotonic() + wait
+        while not event.error and time.monotonic() < deadline:
+            other = self.next_event(deadline - time.monotonic())
+            if isinstance(other, Exited) and other.worker in running and other.code != 0 and other.error:
+                return running[other.worker], other
+        return place, event
 
     def close(self):
         self.stopping.set()
