@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 
-from sshhosts import NFT_PARTITION, PREFIX, Bridge, _b36, _die_with_parent, _ip, _pick_subnet, remove_stale
+from sshhosts import NamespacedNodes, free_port, NFT_PARTITION, PREFIX, Bridge, _b36, _die_with_parent, _pick_subnet, remove_stale
 
 _clusters = 0  # clusters started by this process (part of the names)
 OBJECT_STORE = "--object-store-memory=80000000"  # bytes of /dev/shm per node: tests move little
@@ -53,13 +53,8 @@ def missing():
     return None
 
 
-def _free_port(address):
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
 
-
-class RayCluster:
+class RayCluster(NamespacedNodes):
     """A head + `count` nodes of `cpus` CPUs each; see the module docstring."""
 
     def __init__(self, count: int, cpus: int = 1, start_timeout: float = 60.0):
@@ -82,7 +77,7 @@ class RayCluster:
         try:
             self.bridge = Bridge(f"{PREFIX}{self.tag}", _pick_subnet(os.getpid(), second="213"))
             self.head = self.bridge.address
-            self.address = f"{self.head}:{_free_port(self.head)}"
+            self.address = f"{self.head}:{free_port(self.head)}"
             for i, name in enumerate(self.names, 1):
                 self.netns[name], _, self.addresses[name] = self.bridge.add(i)
             self._write_hosts()
@@ -122,27 +117,6 @@ class RayCluster:
                            "--mount", "--propagation", "private", "sh", "-c", script])
         if wait:
             self._wait(f"node {name}", lambda: name in self._refresh())
-
-    def node_pids(self, name: str):
-        out = _ip("netns", "pids", self.netns[name], check=False).stdout
-        return [int(p) for p in out.split()]
-
-    def kill_node(self, name: str) -> None:
-        """The node dies: SIGKILL every process in its namespace, until none is left."""
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            pids = self.node_pids(name)
-            if not pids:
-                break
-            for pid in pids:
-                try:
-                    os.kill(pid, 9)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.02)
-        proc = self.procs.pop(name, None)
-        if proc is not None:
-            proc.wait(10)
 
     def drain_node(self, name: str, deadline: int = 30) -> None:
         """Ask Ray to drain the node (preemption with a deadline); Ray itself never stops it."""

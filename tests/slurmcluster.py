@@ -28,7 +28,7 @@ import time
 
 import pytest
 
-from sshhosts import PREFIX, Bridge, _die_with_parent, _ip, _pick_subnet, new_tag
+from sshhosts import NamespacedNodes, free_port, PREFIX, Bridge, _die_with_parent, _pick_subnet, new_tag
 
 SLURMCTLD, SLURMD, MUNGED = "/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged"
 CLIENTS = ("srun", "salloc", "sbatch", "scontrol", "scancel", "sinfo", "squeue")
@@ -47,13 +47,8 @@ def missing():
     return None
 
 
-def _free_port(address):
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
 
-
-class SlurmCluster:
+class SlurmCluster(NamespacedNodes):
     """munged + slurmctld + `count` slurmd nodes; see the module docstring."""
 
     def __init__(self, count: int, slurmd_timeout: int = 30, start_timeout: float = 20.0):
@@ -107,28 +102,6 @@ class SlurmCluster:
         if wait:
             self.run(["scontrol", "update", f"nodename={name}", "state=resume"], check=False)
             self._wait(f"slurmd of {name}", lambda: name in self.idle())
-
-    def node_pids(self, name: str):
-        out = _ip("netns", "pids", self.netns[name], check=False).stdout
-        return [int(p) for p in out.split()]
-
-    def kill_node(self, name: str) -> None:
-        """The node dies: SIGKILL every process in its namespace (again until none is left: a
-        dying slurmd may still fork)."""
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            pids = self.node_pids(name)
-            if not pids:
-                break
-            for pid in pids:
-                try:
-                    os.kill(pid, 9)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.02)
-        proc = self.procs.pop(name, None)
-        if proc is not None:
-            proc.wait(10)
 
     def leftovers(self, name: str):
         """Command lines of the node's processes other than its slurmd."""
@@ -200,7 +173,7 @@ SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={self.munge_socket}
-SlurmctldPort={_free_port(self.controller)}
+SlurmctldPort={free_port(self.controller)}
 SlurmdPort=6818
 StateSaveLocation={d}/state
 SlurmdSpoolDir={d}/spool/%n

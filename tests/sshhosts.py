@@ -207,6 +207,39 @@ def _pick_subnet(seed: int, second=None):
     raise RuntimeError("no free 10.x.y.0/24 subnet for the test bridge")
 
 
+def free_port(address) -> int:
+    with socket.socket() as s:
+        s.bind((address, 0))
+        return s.getsockname()[1]
+
+
+class NamespacedNodes:
+    """What a test cluster with one network namespace per node (`self.netns`) and a daemon
+    per node (`self.procs`) does to a node as a whole."""
+
+    def node_pids(self, name: str):
+        out = _ip("netns", "pids", self.netns[name], check=False).stdout
+        return [int(p) for p in out.split()]
+
+    def kill_node(self, name: str) -> None:
+        """The node dies: SIGKILL every process in its namespace, again until none is left
+        (a dying daemon may still fork)."""
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            pids = self.node_pids(name)
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, 9)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.02)
+        proc = self.procs.pop(name, None)
+        if proc is not None:
+            proc.wait(10)
+
+
 class Bridge:
     """A bridge `<prefix>b` at SUBNET.1/24 in the root namespace (`address`), and per host a
     network namespace `<prefix>-hN` whose eth0 is SUBNET.(10+N), joined by veth `<prefix>vN`.
