@@ -179,16 +179,7 @@ class RayCluster(NamespacedNodes):
             except ProcessLookupError:
                 pass
             proc.wait(5)
-        if self.bridge is not None:
-            self.bridge.close()
-            self.bridge = None
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        self.release()
 
     # ---- setup --------------------------------------------------------------------
     def _write_hosts(self):

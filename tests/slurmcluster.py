@@ -137,16 +137,7 @@ class SlurmCluster(NamespacedNodes):
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait(5)
-        if self.bridge is not None:
-            self.bridge.close()
-            self.bridge = None
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        self.release()
 
     # ---- setup --------------------------------------------------------------------
     def _write_files(self):

@@ -239,6 +239,19 @@ class NamespacedNodes:
         if proc is not None:
             proc.wait(10)
 
+    def release(self) -> None:
+        """The last step of close(): the bridge and the cluster's folder go."""
+        if self.bridge is not None:
+            self.bridge.close()
+            self.bridge = None
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
 
 class Bridge:
     """A bridge `<prefix>b` at SUBNET.1/24 in the root namespace (`address`), and per host a

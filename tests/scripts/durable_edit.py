@@ -11,6 +11,8 @@ import time
 
 import numpy as np
 
+from progress import write_progress
+
 LOG_DIR = os.environ["LOG_DIR"]
 TOTAL = int(os.environ.get("TOTAL_STEPS", "20"))
 SLEEP = float(os.environ.get("STEP_SLEEP", "0.05"))
@@ -61,9 +63,7 @@ def train(state):
         with open(os.path.join(LOG_DIR, "steps.txt"), "a") as f:
             f.write(f"{RUN} {state.step}\n")
         if hvd.rank() == 0:
-            with open(os.path.join(LOG_DIR, "progress.tmp"), "w") as f:
-                f.write(str(state.step))
-            os.replace(os.path.join(LOG_DIR, "progress.tmp"), os.path.join(LOG_DIR, "progress"))
+            write_progress(LOG_DIR, state.step)
         state.commit()
         time.sleep(SLEEP)
 

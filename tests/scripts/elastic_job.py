@@ -22,6 +22,7 @@ from hvdlite.torch import runtime
 from hvdlite.worker import env
 import resize
 from jobdata import batch
+from progress import write_progress
 
 LOG_DIR = os.environ["LOG_DIR"]
 TOTAL = int(os.environ.get("TOTAL_STEPS", "40"))
@@ -101,9 +102,7 @@ def train(state):
         state.sampler.record_indices(indices)
         state.step += 1
         if hvd.rank() == 0:
-            with open(os.path.join(LOG_DIR, "progress.tmp"), "w") as f:
-                f.write(str(state.step))
-            os.replace(os.path.join(LOG_DIR, "progress.tmp"), os.path.join(LOG_DIR, "progress"))
+            write_progress(LOG_DIR, state.step)
         state.commit()
         time.sleep(SLEEP)
     with open(os.path.join(LOG_DIR, f"final.{SLOT.replace('/', '_')}.json"), "w") as f:
