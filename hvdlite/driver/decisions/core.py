@@ -108,7 +108,7 @@ class ElasticCore(Forming, HostRule, GracefulStop):
             self._decide(grow=isinstance(event, (HostsFound, Exited, TemplateDied, LaunchFailed, Tick)))
         except JobFailed as e:
             self._emit(Log("job_end", {"result": "failure", "reason": str(e)}))
-            self._end(1, str(e))
+            self._end(e.code, str(e))
         return self._out
 
     def view(self) -> JobView:
@@ -258,8 +258,11 @@ class ElasticCore(Forming, HostRule, GracefulStop):
         self._gone(inc, -signal.SIGKILL, cause="its template died")
 
     def _on_load_failed(self, event: LoadFailed):
+        # Never a fresh start over it: the job ends, its other workers are stopped unjudged.
         inc = self.workers[event.worker]
-        raise JobFailed(f"{inc.name} on {inc.host} cannot load the commit it reported: {event.reason}")
+        raise JobFailed(f"{inc.name} on {inc.host} cannot load checkpoint {event.reason}. Nothing was "
+                        f"deleted. Fix the script so that it loads, or start anew on purpose with --fresh",
+                        exitcodes.UNLOADABLE)
 
     def _on_tick(self, event: Tick):
         now, p = self._now, self.policy

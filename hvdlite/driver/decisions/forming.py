@@ -11,7 +11,11 @@ from hvdlite.driver.decisions.workers import Incarnation, Phase
 
 
 class JobFailed(Exception):
-    """Raised inside the core to end the job; handle() turns it into EndJob(1, message)."""
+    """Raised inside the core to end the job; handle() turns it into EndJob(code, message)."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
 
 
 class Forming:
