@@ -6,4 +6,5 @@ wrote its checkpoint resumes there when the same command runs again.
 """
 RESUMABLE = 75  # the driver: stopped on a signal at a commit, checkpoint written (--checkpoint-dir)
 LOST_DRIVER = 75  # a worker: no contact with the driver for the liveness timeout; it exited
+UNLOADABLE = 65  # a checkpoint in --checkpoint-dir does not load (sysexits' EX_DATAERR)
 LEFT = 79  # a worker: left the job at a commit (SIGTERM, or the job stopping); not a failure

@@ -522,8 +522,13 @@ def test_a_commit_that_does_not_load_ends_the_job_naming_it():
     sim, (a, b) = first_world([("a", 1), ("b", 1)], durable=True)
     sim.send(LoadFailed(a, "/ckpt/commit-00000007.pt: no class Net in module __main__"))
     end = sim.end()
-    assert end.code == 1 and end.error == ("rank 0 on a cannot load the commit it reported: "
-                                           "/ckpt/commit-00000007.pt: no class Net in module __main__")
+    assert end.code == exitcodes.UNLOADABLE and end.error.startswith(
+        "rank 0 on a cannot load checkpoint /ckpt/commit-00000007.pt: no class Net in module __main__. "
+        "Nothing was deleted.")
+    assert not sim.logged("blacklisted") and not sim.logged("round_broken")
+    sim.send(Exited(a, exitcodes.UNLOADABLE))  # its exit, and the peers' when stopped, judge nobody
+    sim.send(Exited(b, -15))
+    assert sim.end().code == exitcodes.UNLOADABLE and not sim.logged("blacklisted")
 
 
 def test_a_drained_host_leaves_without_blacklisting_and_its_workers_hand_over():

@@ -11,6 +11,7 @@ import os
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from hvdlite import exitcodes
 from hvdlite.driver.decisions.core import ElasticCore
 from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.workers import Phase
@@ -111,7 +112,7 @@ class ElasticJob(RuleBasedStateMachine):
                 proc.exit_code = -9 if action.grace == 0 else -15
         elif isinstance(action, EndJob):
             load = [a for a in self.loads if a.reason in (action.error or "")]
-            assert not self.loads or (action.code == 1 and load), \
+            assert not self.loads or (action.code == exitcodes.UNLOADABLE and load), \
                 f"a commit that does not load ended the job with {action}"
             assert self.ended is None, "the job ended twice"
             self.ended = action

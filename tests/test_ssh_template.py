@@ -13,8 +13,8 @@ from hvdlite.driver.launchers.ssh import SSHHost, SSHSettings, launch
 from hvdlite.driver.launchers.ssh.template import RemoteTemplates
 from hvdlite.driver.launchers.template import SayOnce
 from hvdlite.driver.output import RankOutput
-from jobs import (SCRIPTS, Job, discovery, job_env, next_world, skip_without_partitions, ssh_flags,
-                  wait_progress, wait_until)
+from jobs import (SCRIPTS, Job, check_training_continuous, discovery, job_env, next_world,
+                  skip_without_partitions, ssh_flags, wait_progress, wait_until)
 
 PY = sys.executable
 JOB = [PY, os.path.join(SCRIPTS, "elastic_job.py")]
@@ -126,7 +126,7 @@ def test_kill_9_stop_and_sigstop_reach_the_forked_worker(hosts, remote, capsys):
     stopped = remote.launch([PY, script], socket_path, label="1")
     assert killed.started == stopped.started == "template"
     hosts.run("host-1", ["kill", "-9", str(killed.pid)])
-    assert killed.wait(10) == -signal.SIGKILL
+    assert killed.wait(10) == -signal.SIGKILL and not killed.template_died  # its own death: a failure
     stopped.signal(signal.SIGSTOP)
     wait_until(lambda: hosts.run("host-1", ["ps", "-o", "stat=", "-p", str(stopped.pid)]).stdout.startswith("T"),
                10, "worker stopped")
@@ -146,6 +146,16 @@ def test_a_dead_spawn_client_takes_its_worker_along(hosts, remote, capsys):
     assert worker.wait(10) == -signal.SIGKILL  # the client's death, as sshd reports it
     wait_until(lambda: not hosts.run("host-1", ["ps", "-p", str(worker.pid)]).stdout.count("\n") > 1,
                10, "the forked worker killed by its template")
+
+
+def test_a_killed_templates_worker_is_known_to_have_died_of_it(hosts, remote, capsys):
+    socket_path = remote.ready()
+    script = remote.script("sleep.py", "import time\nprint('up', flush=True)\ntime.sleep(300)\n")
+    worker = remote.launch([PY, script], socket_path)
+    (template,) = procs(hosts, "host-1", "hvdlite.template --preload")
+    hosts.run("host-1", ["kill", "-9", str(template[0])])
+    assert worker.wait(10) == -signal.SIGKILL and worker.template_died
+    assert output(worker, capsys).out == "[0]<stdout>:up\n"  # the spawn client's last line is no output
 
 
 def test_without_a_template_the_spawn_client_launches_plainly(hosts, remote, capsys):
@@ -233,6 +243,30 @@ def test_job_remote_join_forks_and_a_killed_forked_worker_is_seen_dead(tmp_path,
         job.proc.wait(10)
         wait_until(lambda: not any(procs(hosts, n, "hvdlite.template") or procs(hosts, n, "elastic_job.py")
                                    for n in ("host-1", "host-2")), 30, "remote processes gone")
+
+
+def test_job_whose_remote_template_is_killed_9_relaunches_its_workers_and_blacklists_nothing(tmp_path, hosts):
+    # host-1's two later slots fork from its template; kill -9 of the template kills them
+    # (parent-death signal). They did nothing wrong: relaunched, nothing blacklisted, and the
+    # job finishes with every step applied once (the survivors hold the state).
+    schedule = [[0, ["host-1:1", "host-2:1"]], [5, ["host-1:3", "host-2:1"]]]
+    total = 100
+    with Job([*ssh_flags(hosts), *discovery(tmp_path, schedule), "--min-np", "1", "--preload", "json", *JOB],
+             tmp_path, env=job_env(tmp_path, TOTAL_STEPS=total, STEP_SLEEP=0.1)) as job:
+        job.wait_for(lambda events: any(e["event"] == "round_complete" and e["size"] == 4 for e in events), 120)
+        forked = sorted(e["slot"] for e in events_of(job, "worker_start") if e["started"] == "template")
+        assert forked == ["host-1/1", "host-1/2"]
+        (template,) = [pid for pid, _, args in hosts.processes("host-1")
+                       if args.split()[1:3] == ["-m", "hvdlite.template"]]
+        hosts.run("host-1", ["kill", "-9", str(template)])
+        r = job.finish(180)
+    assert r.code == 0, r.stderr
+    assert not r.of("blacklisted"), r.of("blacklisted")
+    died = sorted(e["slot"] for e in r.of("worker_exit") if e.get("cause") == "its template died")
+    assert died == ["host-1/1", "host-1/2"], r.of("worker_exit")
+    assert {"host-1/1#2", "host-1/2#2"} <= {e["worker"] for e in r.of("worker_start")}
+    assert "template-died" not in r.stdout + r.stderr  # the spawn client's word is not output
+    check_training_continuous(tmp_path, total)
 
 
 def test_job_whose_remote_template_cannot_preload_runs_plainly_said_once(tmp_path, hosts):

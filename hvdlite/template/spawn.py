@@ -9,7 +9,9 @@ template kills the worker's process group.
 
 Before any output of the worker, one line `MARK PID template` (written by the forked worker)
 tells the driver the process group to signal. When the template cannot fork it (not running,
-refused), this process says `MARK PID plain REASON` and becomes the worker itself (exec).
+refused), this process says `MARK PID plain REASON` and becomes the worker itself (exec). When
+the template dies after forking it, taking the worker along, this process's last line is
+TEMPLATE_DIED: the driver relaunches such a worker without holding its death against it.
 Torch-free and quick to start: it runs on every remote join.
 """
 import os
@@ -21,6 +23,7 @@ import sys
 from hvdlite.template import wire
 
 MARK = "__hvdlite_pgid__"
+TEMPLATE_DIED = f"{MARK} template-died"
 USAGE = "usage: python -m hvdlite.template.spawn --socket PATH -- COMMAND..."
 
 
@@ -83,7 +86,9 @@ def main(argv) -> int:
         if not more:
             break
     # The template died, and its children with it (parent-death signal): -9, as on this machine.
-    if not started:
+    if started:
+        os.write(1, f"{TEMPLATE_DIED}\n".encode())
+    else:
         sys.stderr.write("hvdlite: the worker template on this host died before forking the worker\n")
     mirror(-signal.SIGKILL)
     return 1

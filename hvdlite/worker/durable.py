@@ -11,9 +11,9 @@ DIR in the background, and a worker resumes from DIR when it holds less (torch-f
   it into its state. So a new job on the same DIR resumes, and so does a job whose every
   worker died while the driver lived on.
 - A checkpoint that exists but does not load (damaged, a class or shape the script no longer
-  has) ends the worker with one line naming the file and the cause, and exit code
-  EXIT_UNLOADABLE, after telling the driver; never a fresh start over it. `--fresh` starts a
-  new lineage on purpose.
+  has) ends the worker with exit code exitcodes.UNLOADABLE, after telling the driver, which
+  ends the job with one line naming the file and the cause; never a fresh start over it.
+  `--fresh` starts a new lineage on purpose.
 - The writer's newest commit reaches the disk before the worker exits, within EXIT_FLUSH, even
   when it exits because the driver is gone.
 """
@@ -25,10 +25,11 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from hvdlite.worker import checkpointdir, env
+from hvdlite import exitcodes
+from hvdlite.worker import checkpointdir, env, stopping
 
 EXIT_FLUSH = 20.0  # seconds a finishing worker waits to write its newest commit (exit grace: 30)
-EXIT_UNLOADABLE = 65  # a checkpoint in DIR does not load (sysexits' EX_DATAERR)
+REPORT_TIMEOUT = 5.0  # seconds to tell the driver a checkpoint does not load
 WRITER_NICE = 10
 # What a write may take of one core and of the disk. 100 MB take ~13 ms of CPU to write (all
 # in the kernel: O_DIRECT from the tensors' memory) and ~26 ms to checksum. The bytes cost
@@ -191,6 +192,7 @@ def committed(state) -> None:
 def finish() -> None:
     """Before this process exits (at exit, or because the driver is gone): the newest commit
     offered reaches the disk, within EXIT_FLUSH seconds; later commits are not written."""
+    stopping.on_exit()
     if _writer is not None:
         _writer.flush(EXIT_FLUSH, last=True)
 
@@ -242,13 +244,29 @@ def _verified(commit: int):
 
 
 def unloadable(path: str, error: BaseException) -> None:
-    """End this worker: the checkpoint at path exists but does not load. One line here, and
-    exit code EXIT_UNLOADABLE, which the driver's summary names. Nothing in the folder is
-    touched."""
+    """End this worker: the checkpoint at path exists but does not load. An elastic job's
+    driver is told (PUT /rdzv/load_failed, body "PATH: CAUSE") and ends the job with that one
+    line, stopping the other workers; when it cannot be told, the line is said here. Exit code
+    UNLOADABLE either way. Nothing in the folder is touched."""
     cause = _cause(error)
-    _say(f"checkpoint {path} does not load: {cause}. Nothing was deleted. Fix the script so that "
-         f"it loads, or start anew on purpose with --fresh")
-    raise SystemExit(EXIT_UNLOADABLE)
+    stopping.on_exit()
+    if not _told_driver(f"{path}: {cause}"):
+        _say(f"checkpoint {path} does not load: {cause}. Nothing was deleted. Fix the script so that "
+             f"it loads, or start anew on purpose with --fresh")
+    raise SystemExit(exitcodes.UNLOADABLE)
+
+
+def _told_driver(reason: str) -> bool:
+    from hvdlite.worker.session import session  # session imports this module
+    try:
+        me = session()
+        if not me.elastic:
+            return False  # a static job's driver names the exit code
+        status, _ = me.client.request("PUT", "/rdzv/load_failed", reason.encode(),
+                                      query={"worker": me.worker}, timeout=REPORT_TIMEOUT)
+        return status == 200
+    except Exception:  # noqa: BLE001 - the driver may be gone: then this worker says it
+        return False
 
 
 def _cause(error: BaseException) -> str:

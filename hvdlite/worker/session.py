@@ -75,6 +75,7 @@ class Session:
             pass
 
     def _say_goodbye(self):
+        stopping.on_exit()
         # Interpreter teardown (a full garbage collection of torch) can hold the GIL for
         # seconds, silencing the heartbeat: tell the driver this is an exit, not a hang.
         try:

@@ -19,6 +19,7 @@ from hvdlite import exitcodes
 
 requested = False  # a SIGTERM came: leave at the next commit
 at_work = False  # run()'s function is running in a world: a commit will come
+exiting = False  # the worker is on its way out: a SIGTERM has nothing left to stop
 
 
 def install(ask_stop) -> None:
@@ -38,8 +39,16 @@ def _on_term(signum, frame):
         os.kill(os.getpid(), signal.SIGTERM)
         return
     requested = True
-    if not at_work:
+    if not at_work and not exiting:
         leave()
+
+
+def on_exit() -> None:
+    """The worker exits now (its exit hooks run, or it ends on purpose): a SIGTERM from the
+    driver ending the job must not raise in the middle of it (an exit hook would print the
+    traceback); a second one still ends the process at once."""
+    global exiting
+    exiting = True
 
 
 def leave():

@@ -60,7 +60,10 @@ class Voucher:
             self._channel.sendmsg([f"{round_number} {self._offset()!r}".encode()], ancillary)
 
     def release(self) -> None:
-        self.watch(NO_ROUND, [])
+        try:
+            self.watch(NO_ROUND, [])
+        except OSError:
+            pass  # the helper is gone already (a TERM to the worker's process group): it holds nothing
 
     def connecting(self, round_number: int, before) -> None:
         """The worker starts connecting the group of `round_number`; `before` (an

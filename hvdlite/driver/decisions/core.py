@@ -11,18 +11,19 @@ a host update is announced, members leave at their next commit and the world re-
 """
 import random
 import signal
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Optional
 
 from hvdlite import exitcodes
 from hvdlite.discovery.hostset import diff, reorder
 from hvdlite.driver.decisions.blacklist import Blacklist
+from hvdlite.driver.decisions.forming import Forming, JobFailed
+from hvdlite.driver.decisions.hostrule import HostRule
 from hvdlite.driver.decisions.messages import (
-    Answer, DiscoveryFailed, DropScope, EndJob, Exited, Exiting, Heartbeats, HostsFound, Launch,
-    Launched, LaunchFailed, LoadFailed, Log, Publish, Ready, Stop, StopRequested, TemplateDied, Tick)
-from hvdlite.driver.decisions.plan import (
-    Candidate, free_slots, host_of, plan_world, prospective_places, state_source)
+    Answer, DiscoveryFailed, EndJob, Exited, Exiting, Heartbeats, HostsFound, Launched,
+    LaunchFailed, LoadFailed, Log, Publish, Ready, Stop, StopRequested, TemplateDied, Tick)
 from hvdlite.driver.decisions.policy import Policy
+from hvdlite.driver.decisions.stopping import GracefulStop
 from hvdlite.driver.decisions.workers import Incarnation, Phase, describe_exit, overdue
 
 REMOVED = {"removed": True}
@@ -40,11 +41,10 @@ class JobView:
     resets: int
 
 
-class JobFailed(Exception):
-    """Raised inside the core to end the job; handle() turns it into EndJob(1, message)."""
+class ElasticCore(Forming, HostRule, GracefulStop):
+    """The job's state and its events; forming.py decides worlds, hostrule.py blacklisting,
+    stopping.py the graceful stop."""
 
-
-class ElasticCore:
     def __init__(self, policy: Policy, rng=random.random):
         self.policy = policy
         self.blacklist = Blacklist(policy.cooldown_range, rng)
@@ -108,7 +108,7 @@ class ElasticCore:
             self._decide(grow=isinstance(event, (HostsFound, Exited, TemplateDied, LaunchFailed, Tick)))
         except JobFailed as e:
             self._emit(Log("job_end", {"result": "failure", "reason": str(e)}))
-            self._end(1, str(e))
+            self._end(e.code, str(e))
         return self._out
 
     def view(self) -> JobView:
@@ -258,34 +258,15 @@ class ElasticCore:
         self._gone(inc, -signal.SIGKILL, cause="its template died")
 
     def _on_load_failed(self, event: LoadFailed):
+        # Never a fresh start over it: the job ends, its other workers are stopped unjudged.
         inc = self.workers[event.worker]
-        raise JobFailed(f"{inc.name} on {inc.host} cannot load the commit it reported: {event.reason}")
-
-    def _on_stop(self, event: StopRequested):
-        if self.stopping is not None:
-            return
-        self.stopping = (self._now, event.signum)
-        self._log("stop_requested", signal=_signal_name(event.signum), timeout=self.policy.stop_timeout)
-        self._emit(Publish(self.updates, self.broken, stop=True))
-        for inc in self._live():
-            if inc.phase in (Phase.STARTING, Phase.WAITING):
-                self._remove(inc)
-
-    def _stopped(self):
-        """The graceful stop is over: every worker left, or the time is up."""
-        signum, p = self.stopping[1], self.policy
-        late = sorted(inc.name for inc in self._live())
-        for inc in self._live():
-            self._kill(inc, "worker_stop_timeout", f"no commit within {p.stop_timeout:g} s of the stop")
-        commit = max([0] + [inc.commit for inc in self.workers.values()])
-        resumable = p.durable and commit > 0
-        self._log("job_end", result="stopped", signal=_signal_name(signum), commit=commit,
-                  resumable=resumable, late=late)
-        self._end(exitcodes.RESUMABLE if resumable else 128 + signum)
+        raise JobFailed(f"{inc.name} on {inc.host} cannot load checkpoint {event.reason}. Nothing was "
+                        f"deleted. Fix the script so that it loads, or start anew on purpose with --fresh",
+                        exitcodes.UNLOADABLE)
 
     def _on_tick(self, event: Tick):
         now, p = self._now, self.policy
-        if self.stopping is not None and now - self.stopping[0] > p.stop_timeout:
+        if self._stop_overdue():
             return self._stopped()
         if self.last_tick is not None and now - self.last_tick > p.stall:
             # The driver itself was not running: that silence is not the workers'.
@@ -295,9 +276,7 @@ class ElasticCore:
                 inc.launched_at += gap
             self.broken_at += gap
         self.last_tick = now
-        for key in self.blacklist.expire(now):
-            self._log("whitelisted", key=key)
-            self.hosts_dirty = True
+        self._expire_blacklist()
         # A member of a broken world that never left it (stuck outside hvdlite's collectives,
         # its heartbeat thread going on) holds every other worker in the rendezvous.
         broke_at = self.broken_at if self.round and self.broken >= self.round else None
@@ -309,9 +288,7 @@ class ElasticCore:
     # ---- decisions after every event ----------------------------------------------------
     def _decide(self, grow: bool):
         if self.stopping is not None:
-            if not self._any_live() and not self.ended:
-                self._stopped()
-            return
+            return self._decide_stopping()
         if self.succeeded:
             for inc in self._live():
                 if inc.phase in (Phase.STARTING, Phase.WAITING):
@@ -332,99 +309,6 @@ class ElasticCore:
         self._announce_joiners()
         self._maybe_form()
 
-    def _grow(self):
-        if not self.hosts_known:
-            return
-        live = self._live()
-        limit = (self.policy.max_np or 1 << 30) - (len(live) - len(self.phases[Phase.LEAVING]))
-        # A slot whose earlier process is still ending is not free yet.
-        occupied = {inc.slot for inc in live}
-        free = free_slots(self.hosts, occupied, lambda key: key in self.left or self._blocked(key), limit)
-        places = prospective_places(self.hosts, self._blocked, self.policy.max_np) if free else {}
-        for slot in free:
-            self._launch(slot, places.get(slot))
-
-    def _announce_joiners(self):
-        """Once every worker launched for a running job waits to join, tell the members."""
-        if not self.round or not self.joiners:
-            return
-        joining = frozenset(self.joiners)
-        if joining != self.announced \
-                and all(inc.phase is Phase.WAITING for inc in self.joiners.values()):
-            self.announced = joining
-            self._announce(f"workers ready to join: {sorted(self.workers[w].slot for w in joining)}")
-
-    def _launch(self, slot, place):
-        n = self.launches.get(slot, 0) + 1
-        self.launches[slot] = n
-        host = host_of(slot)
-        inc = Incarnation(f"{slot}#{n}", slot, host, launched_at=self._now)
-        self.workers[inc.id] = inc
-        self.phases[Phase.STARTING][inc.id] = inc
-        self.joiners[inc.id] = inc
-        self._emit(Launch(inc.id, slot, host, self.slots_of[host], place, joining=self.round > 0))
-
-    def _maybe_form(self):
-        if self.round == 0:
-            if self.phases[Phase.STARTING]:
-                return  # the first world waits for every launched worker (start timeout)
-        elif self.staying:
-            return  # a member is still in the current world
-        # A worker being killed (silent, too slow to start, stuck) is in no world.
-        candidates = [Candidate(inc.id, inc.slot, inc.host, inc.commit,
-                                self.world[inc.id].rank if inc.id in self.world else None)
-                      for inc in self.phases[Phase.WAITING].values() if inc.killed is None]
-        usable = [c for c in candidates if self._usable(c.slot)]
-        source = state_source(self.hosts, candidates, usable)
-        if len(usable) < self.policy.min_np:
-            return self._check_short(len(usable), source)
-        members = usable + [source] if source is not None else usable
-        top = max(c.commit for c in members)
-        if top < self.commit_high:
-            if top == 0:
-                raise JobFailed(f"every worker holding the training state is gone (last commit "
-                                f"{self.commit_high}); stopping rather than training from scratch")
-            self._log("commit_lost", newest=self.commit_high, resumed=top)
-        if self.round >= 1 and self.policy.reset_limit is not None \
-                and self.resets >= self.policy.reset_limit:
-            raise JobFailed(f"reset limit {self.policy.reset_limit} reached (--reset-limit); "
-                            f"stopping the job")
-        max_np = self.policy.max_np
-        if source is not None and max_np is not None:
-            max_np += 1  # the source only syncs the others, then leaves
-        self._form(plan_world(self.hosts, members, max_np), candidates, top, handover=source is not None)
-
-    def _form(self, plan, candidates, commit, handover=False):
-        if self.round >= 1:
-            self.resets += 1
-        old_round, self.round = self.round, self.round + 1
-        reformed = {}
-        if self.disrupted is not None:  # how long the job went without a world to train in
-            reformed = {"reformed_in": round(self._now - self.disrupted[0], 3), "cause": self.disrupted[1]}
-            self.disrupted = None
-        self.short_since, self.announced, self.commit_high, self.kept = None, frozenset(), commit, None
-        world = {}
-        hosts = sorted({place.hostname for _, place in plan})
-        for worker, place in plan:
-            inc = self.workers[worker]
-            world[worker] = replace(place, round=self.round, updates=self.updates, handover=handover)
-            self._set_phase(inc, Phase.TRAINING)
-            self.joiners.pop(worker, None)
-            inc.rank = place.rank
-            inc.answer = (self.round, {"world": world[worker].to_dict(), "hosts": hosts})
-            self._emit(Answer(worker, 200, inc.answer[1], place.rank))
-        for c in candidates:
-            if c.worker not in world:  # beyond --max-np, or on a slot that is gone
-                self._remove(self.workers[c.worker])
-        if old_round:
-            self._emit(DropScope(f"gloo.{old_round}"))
-        for w in self.world:  # the old world's members that are gone are kept no longer
-            if w not in world and not self.workers[w].alive:
-                del self.workers[w]
-        self.world, self.staying = world, set(world)
-        self._log("round_complete", round=self.round, size=len(world), resets=self.resets,
-                  commit=commit, members={self.workers[w].slot: p.rank for w, p in world.items()},
-                  **({"handover": True} if handover else {}), **reformed)
 
     # ---- helpers ----------------------------------------------------------------------
     def _live(self):
@@ -514,55 +398,3 @@ class ElasticCore:
         self._emit(Stop(inc.id, 0.0))
         if inc.id in self.world:
             self._mark_broken()
-
-    def _check_short(self, ready, source):
-        if self.short_since is None:
-            self.short_since = self._now
-            self._log("waiting_for_workers", ready=ready, min_np=self.policy.min_np)
-        if source is not None and source.worker != self.kept:
-            self.kept = source.worker  # it waits in the rendezvous: no training on its slot
-            self._log("state_kept", worker=source.worker, slot=source.slot, commit=source.commit,
-                      reason="its slot is gone or blacklisted and no usable worker waits")
-        if self._now - self.short_since > self.policy.elastic_timeout:
-            kept = "" if source is None else \
-                f" (commit {source.commit} was kept on {source.slot}, a slot gone or blacklisted)"
-            raise JobFailed(f"fewer than --min-np {self.policy.min_np} workers for --elastic-timeout "
-                            f"{self.policy.elastic_timeout:g} s; stopping the job{kept}")
-
-    def _slot_exists(self, slot):
-        host, index = slot.rsplit("/", 1)
-        return int(index) < self.slots_of.get(host, 0)
-
-    def _blocked(self, key):
-        return self.blacklist.blocked(key, self._now)
-
-    def _blacklisted(self, slot):
-        return self._blocked(slot) or self._blocked(host_of(slot))
-
-    def _usable(self, slot):
-        return self._slot_exists(slot) and not self._blacklisted(slot)
-
-    def _host_rule(self) -> bool:
-        rule = self.policy.blacklist
-        return rule == "host" or (rule == "auto" and len(self.hosts) > 1)
-
-    def _blacklist_failed(self, inc):
-        if self._host_rule():
-            return self._blacklist(inc.host)
-        self._blacklist(inc.slot)
-        if not any(w.alive for w in self.workers.values() if w.host == inc.host):
-            self._blacklist(inc.host)  # every worker of the host failed
-
-    def _blacklist(self, key):
-        until = self.blacklist.add(key, self._now)
-        self.hosts_dirty = True
-        self._log("blacklisted", key=key,
-                  cooldown="permanent" if until is None else f"{until - self._now:.1f}s")
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-

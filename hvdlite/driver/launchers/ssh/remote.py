@@ -12,9 +12,10 @@ from hvdlite.driver.launchers.ssh.connection import SSHHost, _sh, _signal_code
 from hvdlite.driver.launchers.ssh.config import SSHError
 from hvdlite.driver.launchers.start import spawn_argv
 from hvdlite.driver.output import RankOutput
-from hvdlite.template.spawn import MARK
+from hvdlite.template.spawn import MARK, TEMPLATE_DIED
 
 LOST = 255  # exit code of a worker whose connection ended before its exit status arrived
+TEMPLATE_DIED_WAIT = 2.0  # seconds for the spawn client's last line once its worker ended
 _ENV_END = "__hvdlite_env_end"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Read-only in bash (when /bin/sh is bash): exporting them would end the remote shell.
@@ -85,6 +86,7 @@ class RemoteWorker:
         self._early_stderr = []
         self._pumps = []
         self._code = None
+        self._template_died = False
 
     @property
     def pid(self) -> int:
@@ -111,6 +113,9 @@ class RemoteWorker:
                         continue
                     if stream == "stderr":
                         self._early_stderr.append(text.rstrip("\n"))
+                elif stream == "stdout" and self.started == "template" and text.rstrip("\n") == TEMPLATE_DIED:
+                    self._template_died = True
+                    continue
                 self.output.line(stream, text)
         except (OSError, EOFError, paramiko.SSHException):
             pass
@@ -128,6 +133,14 @@ class RemoteWorker:
             self.started = "template"
         if words[1:2] == ["plain"]:
             self.fallback = words[2].strip() if len(words) > 2 else "no reason given"
+
+    @property
+    def template_died(self) -> bool:
+        """It died because the template it was forked from did (not of anything it did): its
+        spawn client's last line says so, read once the output ended."""
+        if self.started == "template" and self._pumps:
+            self._pumps[0].join(TEMPLATE_DIED_WAIT)
+        return self._template_died
 
     def _await_start(self, timeout):
         if not self._started.wait(timeout):

@@ -1,0 +1,128 @@
+"""When the next world forms and who is in it: launches on free slots, the host update once
+every joiner waits, the world formed once every member left the last one (rank 0 holding the
+newest commit, a live holder on an unusable slot syncing it before it leaves), and the wait for
+--min-np workers. A mixin of ElasticCore: it reads and sets the core's rounds and workers."""
+from dataclasses import replace
+
+from hvdlite.driver.decisions.messages import Answer, DropScope, Launch
+from hvdlite.driver.decisions.plan import (
+    Candidate, free_slots, host_of, plan_world, prospective_places, state_source)
+from hvdlite.driver.decisions.workers import Incarnation, Phase
+
+
+class JobFailed(Exception):
+    """Raised inside the core to end the job; handle() turns it into EndJob(code, message)."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
+class Forming:
+    def _grow(self):
+        if not self.hosts_known:
+            return
+        live = self._live()
+        limit = (self.policy.max_np or 1 << 30) - (len(live) - len(self.phases[Phase.LEAVING]))
+        # A slot whose earlier process is still ending is not free yet.
+        occupied = {inc.slot for inc in live}
+        free = free_slots(self.hosts, occupied, lambda key: key in self.left or self._blocked(key), limit)
+        places = prospective_places(self.hosts, self._blocked, self.policy.max_np) if free else {}
+        for slot in free:
+            self._launch(slot, places.get(slot))
+
+    def _announce_joiners(self):
+        """Once every worker launched for a running job waits to join, tell the members."""
+        if not self.round or not self.joiners:
+            return
+        joining = frozenset(self.joiners)
+        if joining != self.announced \
+                and all(inc.phase is Phase.WAITING for inc in self.joiners.values()):
+            self.announced = joining
+            self._announce(f"workers ready to join: {sorted(self.workers[w].slot for w in joining)}")
+
+    def _launch(self, slot, place):
+        n = self.launches.get(slot, 0) + 1
+        self.launches[slot] = n
+        host = host_of(slot)
+        inc = Incarnation(f"{slot}#{n}", slot, host, launched_at=self._now)
+        self.workers[inc.id] = inc
+        self.phases[Phase.STARTING][inc.id] = inc
+        self.joiners[inc.id] = inc
+        self._emit(Launch(inc.id, slot, host, self.slots_of[host], place, joining=self.round > 0))
+
+    def _maybe_form(self):
+        if self.round == 0:
+            if self.phases[Phase.STARTING]:
+                return  # the first world waits for every launched worker (start timeout)
+        elif self.staying:
+            return  # a member is still in the current world
+        # A worker being killed (silent, too slow to start, stuck) is in no world.
+        candidates = [Candidate(inc.id, inc.slot, inc.host, inc.commit,
+                                self.world[inc.id].rank if inc.id in self.world else None)
+                      for inc in self.phases[Phase.WAITING].values() if inc.killed is None]
+        usable = [c for c in candidates if self._usable(c.slot)]
+        source = state_source(self.hosts, candidates, usable)
+        if len(usable) < self.policy.min_np:
+            return self._check_short(len(usable), source)
+        members = usable + [source] if source is not None else usable
+        top = max(c.commit for c in members)
+        if top < self.commit_high:
+            if top == 0:
+                raise JobFailed(f"every worker holding the training state is gone (last commit "
+                                f"{self.commit_high}); stopping rather than training from scratch")
+            self._log("commit_lost", newest=self.commit_high, resumed=top)
+        if self.round >= 1 and self.policy.reset_limit is not None \
+                and self.resets >= self.policy.reset_limit:
+            raise JobFailed(f"reset limit {self.policy.reset_limit} reached (--reset-limit); "
+                            f"stopping the job")
+        max_np = self.policy.max_np
+        if source is not None and max_np is not None:
+            max_np += 1  # the source only syncs the others, then leaves
+        self._form(plan_world(self.hosts, members, max_np), candidates, top, handover=source is not None)
+
+    def _form(self, plan, candidates, commit, handover=False):
+        if self.round >= 1:
+            self.resets += 1
+        old_round, self.round = self.round, self.round + 1
+        reformed = {}
+        if self.disrupted is not None:  # how long the job went without a world to train in
+            reformed = {"reformed_in": round(self._now - self.disrupted[0], 3), "cause": self.disrupted[1]}
+            self.disrupted = None
+        self.short_since, self.announced, self.commit_high, self.kept = None, frozenset(), commit, None
+        world = {}
+        hosts = sorted({place.hostname for _, place in plan})
+        for worker, place in plan:
+            inc = self.workers[worker]
+            world[worker] = replace(place, round=self.round, updates=self.updates, handover=handover)
+            self._set_phase(inc, Phase.TRAINING)
+            self.joiners.pop(worker, None)
+            inc.rank = place.rank
+            inc.answer = (self.round, {"world": world[worker].to_dict(), "hosts": hosts})
+            self._emit(Answer(worker, 200, inc.answer[1], place.rank))
+        for c in candidates:
+            if c.worker not in world:  # beyond --max-np, or on a slot that is gone
+                self._remove(self.workers[c.worker])
+        if old_round:
+            self._emit(DropScope(f"gloo.{old_round}"))
+        for w in self.world:  # the old world's members that are gone are kept no longer
+            if w not in world and not self.workers[w].alive:
+                del self.workers[w]
+        self.world, self.staying = world, set(world)
+        self._log("round_complete", round=self.round, size=len(world), resets=self.resets,
+                  commit=commit, members={self.workers[w].slot: p.rank for w, p in world.items()},
+                  **({"handover": True} if handover else {}), **reformed)
+
+    def _check_short(self, ready, source):
+        if self.short_since is None:
+            self.short_since = self._now
+            self._log("waiting_for_workers", ready=ready, min_np=self.policy.min_np)
+        if source is not None and source.worker != self.kept:
+            self.kept = source.worker  # it waits in the rendezvous: no training on its slot
+            self._log("state_kept", worker=source.worker, slot=source.slot, commit=source.commit,
+                      reason="its slot is gone or blacklisted and no usable worker waits")
+        if self._now - self.short_since > self.policy.elastic_timeout:
+            kept = "" if source is None else \
+                f" (commit {source.commit} was kept on {source.slot}, a slot gone or blacklisted)"
+            raise JobFailed(f"fewer than --min-np {self.policy.min_np} workers for --elastic-timeout "
+                            f"{self.policy.elastic_timeout:g} s; stopping the job{kept}")
