@@ -23,11 +23,10 @@ LIVENESS = 3.0
 
 @pytest.fixture
 def cluster(ray_cluster):
-    """The module's cluster; afterwards every node is alive again and runs no job's process."""
+    """The module's cluster; afterwards every node a test killed, drained or cut off runs a
+    fresh raylet, and Ray lists no node of the past alive."""
     yield ray_cluster
-    for name in set(ray_cluster.names) - ray_cluster.alive():
-        ray_cluster.stop_node(name)
-        ray_cluster.start_node(name)
+    ray_cluster.reset()
 
 
 def ray_env(cluster, tmp_path, **knobs):
@@ -145,6 +144,33 @@ def test_more_slots_than_the_cluster_has_is_one_line(tmp_path, cluster):
         "hvdlite: error: the Ray cluster has 3 slots of 1 CPU, fewer than the 5 the job needs, "
         "and no autoscaler to add nodes")
     assert "Traceback" not in r.stderr
+
+
+def test_a_static_job_on_an_autoscaling_cluster_waits_for_its_slots(tmp_path, cluster):
+    """-np 3 with two nodes: the job asks the autoscaler for 3 slots and runs 3 ranks once the
+    third node came, never fewer; no node within --start-timeout is one line and an exit code."""
+    cluster.stop_node("n3")
+    cluster.autoscaled(True)
+    try:
+        argv = ["--ray", "-np", "3", sys.executable, os.path.join(SCRIPTS, "where.py")]
+        r = run_job(["--start-timeout", "2", *argv], tmp_path, timeout=60, env=ray_env(cluster, tmp_path))
+        assert r.code == 1, r.stderr
+        assert r.stderr.strip().splitlines()[-1] == (
+            "hvdlite: error: the Ray cluster has 2 slots of 1 CPU, fewer than the 3 the job needs, "
+            "2 s (--start-timeout) after asking its autoscaler for them")
+        assert cluster.resource_request() == [{"CPU": 1}] * 3
+        waits = tmp_path / "waits"
+        waits.mkdir()
+        with Job(argv, waits, env=ray_env(cluster, waits)) as job:
+            time.sleep(3)  # the job waits: it started no rank on the two nodes there are
+            assert job.proc.poll() is None and not job.worker_pids()
+            cluster.start_node("n3")
+            r = job.finish(120)
+    finally:
+        cluster.autoscaled(False)
+    assert r.code == 0, r.stderr
+    hosts = sorted(line.split(":", 1)[1].split()[1] for line in r.stdout.splitlines() if "<stdout>:" in line)
+    assert hosts == ["n1", "n2", "n3"]
 
 
 def test_a_terminated_driver_exits_quietly_and_leaves_no_worker(tmp_path, cluster):
