@@ -82,8 +82,8 @@ class Executor:
             # a death by signal is not delayed).
             handle.finish_output(EXCEPTION_DRAIN)
             error = self.outputs[a.worker].exception
-        # Only a local template's child can tell (launchers/template.py): a remote one's
-        # spawn client reports the same -9 as any kill.
+        # A local template's child can tell (launchers/template.py), and a Ray slot's actor
+        # (rayslot.py); an SSH host's spawn client reports the same -9 as any kill.
         if getattr(handle, "template_died", False):
             self.post(TemplateDied(a.worker))
         else:
