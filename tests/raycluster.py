@@ -9,6 +9,7 @@
     cluster.drain_node("n2")         # Ray's graceful drain (preemption), then the node stops
     cluster.partition("n2"); cluster.heal("n2")
     cluster.leftovers("n1")          # command lines of the node's processes other than Ray's
+    cluster.template("n1")           # pid of the worker template serving on the node, or None
     cluster.alive()                  # the names of the nodes Ray lists alive
     cluster.reset()                  # every node alive on a raylet of its own, nothing else listed
     cluster.autoscaled(True)         # clients now see an autoscaler (the test adds the nodes)
@@ -55,6 +56,24 @@ def missing():
             return f"{tool} is not installed (run .ci/install-ssh.sh as root)"
     return None
 
+
+
+def cmdline(pid) -> str:
+    """The process's command line, words joined by spaces ("" once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def parent(pid) -> int:
+    """The process's parent pid (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 class RayCluster(NamespacedNodes):
@@ -175,16 +194,22 @@ class RayCluster(NamespacedNodes):
 
     def leftovers(self, name: str):
         """Command lines of the node's processes that are not Ray's own."""
-        out = []
+        lines = [cmdline(pid) for pid in self.node_pids(name)]
+        return [line for line in lines if line and not any(d in line for d in RAY_DAEMONS)
+                and not line.startswith("sh -c mount")]
+
+    def template(self, name: str):
+        """The pid of the worker template serving on the node, or None: a template whose parent
+        is Ray's actor (a worker it forked may show its command line too), once its socket
+        listens in the node's network namespace."""
         for pid in self.node_pids(name):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    line = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-            except OSError:
-                continue
-            if line and not any(d in line for d in RAY_DAEMONS) and not line.startswith("sh -c mount"):
-                out.append(line)
-        return out
+            if "-m hvdlite.template --preload" in cmdline(pid) and "hvdlite.template" not in cmdline(parent(pid)):
+                try:
+                    with open(f"/proc/{pid}/net/unix") as f:
+                        return pid if "/hvdlite-template-" in f.read() else None
+                except OSError:
+                    return None
+        return None
 
     _CONFIG = ("from ray.core.generated import autoscaler_pb2 as pb\n"
                "group = pb.NodeGroupConfig(name='worker', max_count=10, resources={'CPU': 1})\n"

@@ -12,7 +12,8 @@ import time
 import pytest
 
 from jobs import (SCRIPTS, Job, check_training_continuous, effective_steps, job_env, next_world,
-                  run_job, sizes, wait_progress)
+                  run_job, sizes, wait_progress, wait_until)
+from raycluster import parent
 from test_numpy_backend import PYTHON, check_training_continuous as check_numpy, needs_pygloo
 
 RAY_NODES = 3
@@ -88,6 +89,37 @@ def test_a_killed_node_reforms_within_the_liveness_timeout(tmp_path, cluster):
     assert [e["key"] for e in r.of("blacklisted")] == [victim]  # a failure counts
     assert not cluster.node_pids("n3")
     wait_no_leftovers(cluster)
+
+
+def test_workers_fork_from_their_nodes_template_whose_death_costs_no_blacklisting(tmp_path, cluster):
+    n1 = cluster.node_id("n1")
+
+    def starts_on_n1(events):
+        return [e for e in events if e["event"] == "worker_start" and e["slot"].startswith(n1)]
+
+    # --preload json: the templates start with the first world and are ready at once.
+    with elastic(cluster, tmp_path, extra=("--blacklist-cooldown-range", "1", "2", "--preload", "json"),
+                 TOTAL_STEPS=200, STEP_SLEEP=0.1) as job:
+        wait_progress(job, tmp_path, 5, timeout=90)
+        assert [e["started"] for e in job.events() if e["event"] == "worker_start"] == ["ray"] * 3
+        wait_until(lambda: all(cluster.template(n) for n in cluster.names), 60, "templates")
+        template = cluster.template("n1")
+        # A worker killed on n1 is a failure: n1 cools down, then its slot joins, forked.
+        os.kill(starts_on_n1(job.events())[0]["pid"], signal.SIGKILL)
+        forked = starts_on_n1(job.wait_for(lambda events: len(starts_on_n1(events)) == 2, 60))[1]
+        assert forked["started"] == "template" and parent(forked["pid"]) == template
+        job.wait_for(lambda events: any(e["event"] == "round_complete" and e["size"] == 3
+                                        and e["time"] > forked["time"] for e in events), 60)
+        # kill -9 of the template: its worker dies with it and is relaunched.
+        os.kill(template, signal.SIGKILL)
+        job.wait_for(lambda events: len(starts_on_n1(events)) == 3, 60)
+        r = job.finish(150)
+    assert r.code == 0, r.stderr
+    (death,) = [e for e in r.of("worker_exit") if e["worker"] == forked["worker"]]
+    assert death["code"] == -signal.SIGKILL and death.get("cause") == "its template died", death
+    assert [e["key"] for e in r.of("blacklisted")] == [n1]  # the worker's kill only
+    check_training_continuous(tmp_path, 200)
+    wait_no_leftovers(cluster)  # the templates too
 
 
 def test_a_node_added_joins_the_job(tmp_path, cluster):

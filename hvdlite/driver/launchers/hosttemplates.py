@@ -16,6 +16,11 @@ import threading
 from hvdlite.template.command import python_name
 
 
+def template_argv(command, preload) -> list:
+    """The template a host's workers of `command` fork from: on their interpreter, listening."""
+    return [command[0], "-m", "hvdlite.template", "--preload", ",".join(preload), "--listen"]
+
+
 def fallback_line(hostname: str, reason: str) -> str:
     return f"hvdlite: starting workers on {hostname} without a preloaded template ({reason})"
 

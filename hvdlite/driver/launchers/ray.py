@@ -17,7 +17,7 @@ import time
 
 from hvdlite.discovery.raynodes import SlotShape, connect
 from hvdlite.driver.launchers.base import LaunchError
-from hvdlite.driver.launchers.hosttemplates import HostTemplates, fallback_line
+from hvdlite.driver.launchers.hosttemplates import HostTemplates, fallback_line, template_argv
 from hvdlite.driver.launchers.raytemplate import NodeTemplate
 from hvdlite.driver.launchers.rayslot import Slot
 from hvdlite.driver.launchers.start import StartRule, spawn_argv
@@ -109,9 +109,8 @@ class RayTemplate:
         self.finished = False
         self._failed = failed  # called with the reason when it cannot preload
         self._closed = False
-        argv = [command[0], "-m", "hvdlite.template", "--preload", ",".join(preload), "--listen"]
-        threading.Thread(target=self._run, args=(argv, template_env(env), cwd), daemon=True,
-                         name=f"template-{host[:12]}").start()
+        threading.Thread(target=self._run, args=(template_argv(command, preload), template_env(env), cwd),
+                         daemon=True, name=f"template-{host[:12]}").start()
 
     def _run(self, argv, env: dict, cwd: str) -> None:
         errors = self.ray.exceptions

@@ -26,6 +26,14 @@ def die_with_parent():
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+def start_process(argv, env: dict, cwd: str, stdin) -> subprocess.Popen:
+    """`argv` in a session of its own, its output on pipes; it dies with the calling thread
+    (PDEATHSIG), which must live as long as it does."""
+    return subprocess.Popen(argv, env=env, cwd=cwd if os.path.isdir(cwd) else None, stdin=stdin,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=die_with_parent)
+
+
 def exiting(pid: int) -> bool:
     """The process is gone, a zombie, or on its way out (PF_EXITING is set as it starts to
     exit, before it closes its descriptors)."""
@@ -70,10 +78,7 @@ class Slot:
 
     def _run(self, argv, env, cwd, started, errors):
         try:
-            self.proc = subprocess.Popen(
-                argv, env=env, cwd=cwd if os.path.isdir(cwd) else None, stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                preexec_fn=die_with_parent)
+            self.proc = start_process(argv, env, cwd, subprocess.DEVNULL)
         except OSError as e:
             errors.append(e)
             started.set()

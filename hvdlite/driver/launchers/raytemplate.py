@@ -14,7 +14,7 @@ import subprocess
 import threading
 import time
 
-from hvdlite.driver.launchers.rayslot import die_with_parent
+from hvdlite.driver.launchers.rayslot import start_process
 from hvdlite.template import wire
 
 HEARTBEAT = 1.0  # seconds between bytes on the template's lifeline (it waits 10)
@@ -41,10 +41,7 @@ class NodeTemplate:
 
     def _run(self, argv, env, cwd, timeout, answer, answered):
         try:
-            self.proc = subprocess.Popen(
-                argv, env=env, cwd=cwd if os.path.isdir(cwd) else None, stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                preexec_fn=die_with_parent)
+            self.proc = start_process(argv, env, cwd, subprocess.PIPE)
         except OSError as e:
             answer.update(op="unusable", reason=f"cannot start {argv[0]}: {e.strerror}")
             answered.set()

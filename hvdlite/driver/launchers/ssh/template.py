@@ -15,7 +15,7 @@ import time
 
 import paramiko
 
-from hvdlite.driver.launchers.hosttemplates import HostTemplates
+from hvdlite.driver.launchers.hosttemplates import HostTemplates, template_argv
 from hvdlite.driver.launchers.ssh.config import SSHError
 from hvdlite.driver.launchers.ssh.remote import _exec
 from hvdlite.driver.launchers.template import READY_TIMEOUT, template_env
@@ -34,9 +34,8 @@ class RemoteTemplate:
         self.chan = None
         self._failed = failed  # called with the reason when it cannot preload
         self._closed = False
-        argv = [command[0], "-m", "hvdlite.template", "--preload", ",".join(preload), "--listen"]
-        threading.Thread(target=self._run, args=(argv, template_env(env), cwd), daemon=True,
-                         name=f"template-{host.hostname}").start()
+        threading.Thread(target=self._run, args=(template_argv(command, preload), template_env(env), cwd),
+                         daemon=True, name=f"template-{host.hostname}").start()
 
     def _run(self, argv, env: dict, cwd: str) -> None:
         try:
