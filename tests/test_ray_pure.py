@@ -8,6 +8,7 @@ import pytest
 
 from hvdlite.cli import parse_settings
 from hvdlite.discovery.raynodes import SlotShape, can_add_nodes, listing
+from hvdlite.discovery.sources import host_source
 from hvdlite.errors import UsageError
 
 
@@ -71,6 +72,13 @@ def test_ray_flags():
                           (["--ray", "--cpus-per-slot", "0", "true"], "must take something")]:
         with pytest.raises(UsageError, match=message):
             parse_settings(argv)
+
+
+def test_a_static_job_asks_the_autoscaler_for_its_slots_and_waits_for_them():
+    static = host_source(parse_settings(["--ray", "-np", "3", "--start-timeout", "7", "true"]))
+    assert (static.need, static.request, static.wait) == (3, 3, 7.0)
+    elastic = host_source(parse_settings(["--ray", "--min-np", "2", "--max-np", "4", "true"]))
+    assert (elastic.need, elastic.request, elastic.wait) == (2, 4, 0.0)  # its world may be smaller
 
 
 def run(argv, tmp_path, **env):

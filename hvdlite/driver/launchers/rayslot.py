@@ -54,6 +54,7 @@ class Slot:
         self.changed = threading.Condition()
         self.open_pipes = 0
         self.pgid = None  # the worker's process group
+        self.template_pid = None  # the template that forks it, if any
         self.marked = threading.Event()  # the spawn client said how the worker started
         self.how = ("ray", None)  # how it started, and why plainly after all (spawn client)
 
