@@ -164,7 +164,7 @@ class RayCluster(NamespacedNodes):
         if nodes is None:
             return False
         addresses = sorted(n["NodeManagerAddress"] for n in nodes if n["NodeManagerAddress"] != self.head)
-        return addresses == sorted(self.addresses[n] for n in self.names) and self._refresh() == set(self.names)
+        return addresses == sorted(self.addresses.values()) and self._refresh(nodes) == set(self.names)
 
     def drain_node(self, name: str, deadline: int = 30) -> None:
         """Ask Ray to drain the node (preemption with a deadline); Ray itself never stops it."""
@@ -305,11 +305,11 @@ class RayCluster(NamespacedNodes):
         """The names of the nodes Ray lists alive now."""
         return self._refresh()
 
-    def _refresh(self):
-        """The names of the nodes Ray lists alive, their NodeIDs noted."""
+    def _refresh(self, nodes=None):
+        """The names of the nodes Ray lists alive (now, or in `nodes`), their NodeIDs noted."""
         by_address = {a: name for name, a in self.addresses.items()}
         alive = set()
-        for n in self._alive_nodes() or []:
+        for n in (self._alive_nodes() or []) if nodes is None else nodes:
             name = by_address.get(n["NodeManagerAddress"])
             if name is not None and n["NodeID"] not in self._gone:
                 self._ids[name] = n["NodeID"]
