@@ -13,7 +13,6 @@
     cluster.alive()                  # the names of the nodes Ray lists alive
     cluster.reset()                  # every node alive on a raylet of its own, nothing else listed
     cluster.autoscaled(True)         # clients now see an autoscaler (the test adds the nodes)
-    cluster.resource_request()       # what request_resources last asked for
     cluster.close()
 
 The head runs in the root namespace on the bridge address 10.213.Y.1 (a driver on this machine
@@ -216,16 +215,14 @@ class RayCluster(NamespacedNodes):
                "kv._internal_kv_put(b'__autoscaler_cluster_config', "
                "pb.ClusterConfig(node_group_configs=[group]).SerializeToString(), namespace=b'__autoscaler')")
 
-    def autoscaled(self, on: bool) -> None:
+    def autoscaled(self, on: bool):
         """Pose as an autoscaler (v2's or KubeRay's), or stop: its cluster config in the GCS is
-        how a client tells that nodes can be added. The test adds them itself."""
-        self._client(self._CONFIG if on else
-                     "kv._internal_kv_del(b'__autoscaler_cluster_config', namespace=b'__autoscaler')")
-
-    def resource_request(self):
-        """The bundles a client last asked an autoscaler for (request_resources), or None."""
-        return json.loads(self._client("print(json.dumps(json.loads(kv._internal_kv_get("
-                                       "b'autoscaler_resource_request') or b'null')))"))
+        how a client tells that nodes can be added. The test adds them itself. Returns the
+        bundles a client last asked an autoscaler for (request_resources), or None."""
+        change = self._CONFIG if on else \
+            "kv._internal_kv_del(b'__autoscaler_cluster_config', namespace=b'__autoscaler')"
+        return json.loads(self._client(f"{change}\nprint(json.dumps(json.loads("
+                                       "kv._internal_kv_get(b'autoscaler_resource_request') or b'null')))"))
 
     def _client(self, body: str) -> str:
         """Run `body` in a short-lived client of the cluster (`kv`: Ray's internal KV); its output."""
