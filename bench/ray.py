@@ -1,15 +1,20 @@
 """hvdlite on Ray against Ray Train 2.60, the same model and step, on one real Ray cluster in
-the same run (tests/raycluster.py: a head and three one-CPU nodes in network namespaces; root).
+the same run (tests/raycluster.py: a head and three one-CPU nodes in network namespaces; root);
+and hvdlite with its node templates against without (--no-preload), same run.
 
-    sudo python bench/ray.py [--steps-before 20] [--grow-wait 150]
+    sudo python bench/ray.py [--steps-before 20] [--grow-wait 150] [--no-ray-train]
 
 For each side, one elastic job of 2 to 3 workers, one per node:
 - start -> first step: from the command's start to rank 0's first finished step;
+- hvdlite only: a worker's join: kill -9 of the worker on n2 (after the templates serve); n2
+  comes back after its blacklist cooldown (1-2 s) and its new worker is launched: from that
+  launch (worker_start) to the first step at 3 workers;
 - kill -9 of one worker's node (every process in its namespace) -> the survivors' next step;
 - a node added (Ray lists it alive) -> the first step at the new size.
-hvdlite: `hvdlite run --ray --min-np 2 --max-np 3` (bench/scripts/ray_step.py). Ray Train:
-TorchTrainer with ScalingConfig(num_workers=(2, 3)) and FailureConfig(max_failures=-1), a
-checkpoint every 5 steps to resume from (bench/scripts/ray_train_job.py).
+hvdlite: `hvdlite run --ray --min-np 2 --max-np 3` (bench/scripts/ray_step.py), with and without
+`--no-preload`. Ray Train: TorchTrainer with ScalingConfig(num_workers=(2, 3)) and
+FailureConfig(max_failures=-1), a checkpoint every 5 steps to resume from
+(bench/scripts/ray_train_job.py).
 """
 import argparse
 import json
@@ -28,7 +33,8 @@ STEP = os.path.join(HERE, "scripts", "ray_step.py")
 TRAIN = os.path.join(HERE, "scripts", "ray_train_job.py")
 
 
-def steps(log):
+def records(log):
+    """The JSON objects of a file, one a line (steps, events)."""
     try:
         with open(log) as f:
             return [json.loads(line) for line in f if line.strip()]
@@ -40,15 +46,47 @@ def first(log, after, size=None, timeout=300.0):
     """Time of the first step logged after `after` (at `size`, if given)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        for s in steps(log):
+        for s in records(log):
             if s["t"] > after and (size is None or s["size"] == size):
                 return s["t"]
         time.sleep(0.05)
     raise TimeoutError(f"no step{'' if size is None else f' at size {size}'} within {timeout:g} s")
 
 
-def measure(name, argv, cluster, args, workdir):
+def rejoin(cluster, log, event_log, templates):
+    """kill -9 of n2's worker -> (seconds from its replacement's launch to the first step at 3)."""
+    if templates:  # the templates start once the first world formed: wait until n2's serves
+        deadline = time.time() + 180
+        while cluster.template("n2") is None:
+            if time.time() > deadline:
+                raise TimeoutError("no template serves on n2")
+            time.sleep(0.2)
+    node = cluster.node_id("n2")
+
+    def starts():
+        return [e for e in records(event_log) if e["event"] == "worker_start" and e["slot"].startswith(node)]
+    before = starts()
+    os.kill(before[-1]["pid"], signal.SIGKILL)
+    deadline = time.time() + 120
+    while len(starts()) == len(before):
+        if time.time() > deadline:
+            raise TimeoutError("n2's worker was not replaced")
+        time.sleep(0.05)
+    new = starts()[-1]
+    expected = "template" if templates else "ray"
+    if new["started"] != expected:
+        raise RuntimeError(f"n2's new worker started {new['started']!r}, not {expected!r}")
+    launched = new["time"]
+    return first(log, launched, size=3) - launched
+
+
+def measure(name, argv, cluster, args, workdir, templates=None):
+    """(start, join or None, node kill, node added) in seconds; `templates`: an hvdlite side,
+    with or without them (None: Ray Train)."""
     log = os.path.join(workdir, f"{name}.steps")
+    event_log = os.path.join(workdir, f"{name}.events")
+    if templates is not None:
+        argv = [argv[0], *argv[1:4], "--event-log", event_log, *argv[4:]]
     env = {**cluster.env, "STEP_LOG": log, "STORAGE": os.path.join(workdir, "storage"),
            "PYTHONPATH": os.pathsep.join([os.path.join(HERE, ".."), os.environ.get("PYTHONPATH", "")])}
     out = open(os.path.join(workdir, f"{name}.out"), "w")
@@ -56,7 +94,9 @@ def measure(name, argv, cluster, args, workdir):
     proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         started = first(log, start) - start
-        while len(steps(log)) < args.steps_before:
+        joined = None if templates is None else rejoin(cluster, log, event_log, templates)
+        stepped = len(records(log))
+        while len(records(log)) < stepped + args.steps_before:
             time.sleep(0.1)
         killed = time.time()
         cluster.kill_node("n3")
@@ -65,7 +105,7 @@ def measure(name, argv, cluster, args, workdir):
         cluster.start_node("n3")  # returns once Ray lists the node alive
         added = time.time()
         grown = first(log, added, size=3, timeout=args.grow_wait) - added
-        return started, recovered, grown
+        return started, joined, recovered, grown
     finally:
         try:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -83,6 +123,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--steps-before", type=int, default=20, help="steps before the node is killed")
     p.add_argument("--grow-wait", type=float, default=150.0, help="seconds to wait for a grow")
+    p.add_argument("--no-ray-train", action="store_true", help="hvdlite's sides only")
     args = p.parse_args()
     reason = missing()
     if reason:
@@ -92,25 +133,38 @@ def main():
     t = time.time()
     cluster = RayCluster(3)
     print(f"cluster: head + 3 nodes up in {time.time() - t:.1f} s ({cluster.address}); logs in {workdir}")
-    sides = {
-        "hvdlite on Ray": [sys.executable, "-m", "hvdlite.cli", "run", "--ray", "--min-np", "2",
-                           "--max-np", "3", "--log-level", "WARNING", sys.executable, STEP],
-        "Ray Train 2.60": [sys.executable, TRAIN],
+    hvdlite = [sys.executable, "-m", "hvdlite.cli", "run", "--ray", "--min-np", "2", "--max-np", "3",
+               "--blacklist-cooldown-range", "1", "2", "--log-level", "WARNING"]
+    sides = {  # name -> (argv, templates)
+        "hvdlite, templates": (hvdlite + [sys.executable, STEP], True),
+        "hvdlite, --no-preload": (hvdlite + ["--no-preload", sys.executable, STEP], False),
+        "Ray Train 2.60": ([sys.executable, TRAIN], None),
     }
+    if args.no_ray_train:
+        del sides["Ray Train 2.60"]
     figures = {}
     try:
-        for name, argv in sides.items():
-            figures[name] = measure(name.split()[0].lower(), argv, cluster, args, workdir)
-            print(f"{name}: start -> first step {figures[name][0]:.2f} s, node kill -9 -> next step "
-                  f"{figures[name][1]:.2f} s, node added -> first step at 3 {figures[name][2]:.2f} s",
-                  flush=True)
+        for name, (argv, templates) in sides.items():
+            slug = "".join(c if c.isalnum() else "-" for c in name)
+            figures[name] = measure(slug, argv, cluster, args, workdir, templates)
+            print(f"{name}: " + ", ".join(f"{what} {value:.2f} s" for what, value in zip(WHAT, figures[name])
+                                          if value is not None), flush=True)
     finally:
         cluster.close()
-    ours, theirs = figures["hvdlite on Ray"], figures["Ray Train 2.60"]
-    print(f"\n{'':38s}{'hvdlite on Ray':>16s}{'Ray Train 2.60':>16s}{'ratio':>8s}")
-    for i, what in enumerate(["start -> first step", "node kill -9 -> survivors' next step",
-                              "node added -> first step at 3"]):
-        print(f"{what:38s}{ours[i]:15.2f}s{theirs[i]:15.2f}s{ours[i] / theirs[i]:8.2f}")
+    table(figures, "hvdlite, templates", "hvdlite, --no-preload")
+    if "Ray Train 2.60" in figures:
+        table(figures, "hvdlite, templates", "Ray Train 2.60")
+
+
+WHAT = ["start -> first step", "a worker's join -> step at 3", "node kill -9 -> survivors' next step",
+        "node added -> first step at 3"]
+
+
+def table(figures, ours, theirs):
+    print(f"\n{'':38s}{ours:>24s}{theirs:>24s}{'ratio':>8s}")
+    for what, a, b in zip(WHAT, figures[ours], figures[theirs]):
+        if a is not None and b is not None:
+            print(f"{what:38s}{a:23.2f}s{b:23.2f}s{a / b:8.2f}")
 
 
 if __name__ == "__main__":

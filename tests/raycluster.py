@@ -9,7 +9,10 @@
     cluster.drain_node("n2")         # Ray's graceful drain (preemption), then the node stops
     cluster.partition("n2"); cluster.heal("n2")
     cluster.leftovers("n1")          # command lines of the node's processes other than Ray's
+    cluster.template("n1")           # pid of the worker template serving on the node, or None
     cluster.alive()                  # the names of the nodes Ray lists alive
+    cluster.reset()                  # every node alive on a raylet of its own, nothing else listed
+    cluster.autoscaled(True)         # clients now see an autoscaler (the test adds the nodes)
     cluster.close()
 
 The head runs in the root namespace on the bridge address 10.213.Y.1 (a driver on this machine
@@ -54,6 +57,24 @@ def missing():
 
 
 
+def cmdline(pid) -> str:
+    """The process's command line, words joined by spaces ("" once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def parent(pid) -> int:
+    """The process's parent pid (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 class RayCluster(NamespacedNodes):
     """A head + `count` nodes of `cpus` CPUs each; see the module docstring."""
 
@@ -74,6 +95,8 @@ class RayCluster(NamespacedNodes):
         self.bridge = None
         self.netns, self.addresses = {}, {}
         self._ids = {}  # node name -> NodeID of its current raylet
+        self._gone = set()  # NodeIDs of raylets killed here (Ray may list them alive for 15 s)
+        self._disturbed = set()  # names of nodes drained or cut off: reset() starts them anew
         try:
             self.bridge = Bridge(f"{PREFIX}{self.tag}", _pick_subnet(os.getpid(), second="213"))
             self.head = self.bridge.address
@@ -118,8 +141,33 @@ class RayCluster(NamespacedNodes):
         if wait:
             self._wait(f"node {name}", lambda: name in self._refresh())
 
+    def kill_node(self, name: str) -> None:
+        if name in self._ids:
+            self._gone.add(self._ids[name])
+        super().kill_node(name)
+
+    def reset(self) -> None:
+        """Back to a known cluster: each node runs an undisturbed raylet, and Ray lists alive
+        exactly one node per name. A killed raylet stays listed alive until Ray notices (up to
+        15 s): a job would take it for a host and fail to place its actor there."""
+        for name in self.names:
+            if name in self._disturbed or name not in self.procs:
+                self.heal(name)
+                self.stop_node(name)
+                self.start_node(name, wait=False)
+        self._disturbed.clear()
+        self._wait("a clean cluster", self._clean)
+
+    def _clean(self) -> bool:
+        nodes = self._alive_nodes()
+        if nodes is None:
+            return False
+        addresses = sorted(n["NodeManagerAddress"] for n in nodes if n["NodeManagerAddress"] != self.head)
+        return addresses == sorted(self.addresses.values()) and self._refresh(nodes) == set(self.names)
+
     def drain_node(self, name: str, deadline: int = 30) -> None:
         """Ask Ray to drain the node (preemption with a deadline); Ray itself never stops it."""
+        self._disturbed.add(name)
         self.ray(["drain-node", f"--address={self.address}", f"--node-id={self.node_id(name)}",
                   "--reason=DRAIN_NODE_REASON_PREEMPTION", "--reason-message=test drain",
                   f"--deadline-remaining-seconds={deadline}"])
@@ -137,6 +185,7 @@ class RayCluster(NamespacedNodes):
 
     def partition(self, name: str) -> None:
         """Drop every packet into and out of the node (loopback inside it still works)."""
+        self._disturbed.add(name)
         self._nft(name, ["-f", "-"], NFT_PARTITION)
 
     def heal(self, name: str) -> None:
@@ -144,16 +193,44 @@ class RayCluster(NamespacedNodes):
 
     def leftovers(self, name: str):
         """Command lines of the node's processes that are not Ray's own."""
-        out = []
+        lines = [cmdline(pid) for pid in self.node_pids(name)]
+        return [line for line in lines if line and not any(d in line for d in RAY_DAEMONS)
+                and not line.startswith("sh -c mount")]
+
+    def template(self, name: str):
+        """The pid of the worker template serving on the node, or None: a template whose parent
+        is Ray's actor (a worker it forked may show its command line too), once its socket
+        listens in the node's network namespace."""
         for pid in self.node_pids(name):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    line = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-            except OSError:
-                continue
-            if line and not any(d in line for d in RAY_DAEMONS) and not line.startswith("sh -c mount"):
-                out.append(line)
-        return out
+            if "-m hvdlite.template --preload" in cmdline(pid) and "hvdlite.template" not in cmdline(parent(pid)):
+                try:
+                    with open(f"/proc/{pid}/net/unix") as f:
+                        return pid if "/hvdlite-template-" in f.read() else None
+                except OSError:
+                    return None
+        return None
+
+    _CONFIG = ("from ray.core.generated import autoscaler_pb2 as pb\n"
+               "group = pb.NodeGroupConfig(name='worker', max_count=10, resources={'CPU': 1})\n"
+               "kv._internal_kv_put(b'__autoscaler_cluster_config', "
+               "pb.ClusterConfig(node_group_configs=[group]).SerializeToString(), namespace=b'__autoscaler')")
+
+    def autoscaled(self, on: bool):
+        """Pose as an autoscaler (v2's or KubeRay's), or stop: its cluster config in the GCS is
+        how a client tells that nodes can be added. The test adds them itself. Returns the
+        bundles a client last asked an autoscaler for (request_resources), or None."""
+        change = self._CONFIG if on else \
+            "kv._internal_kv_del(b'__autoscaler_cluster_config', namespace=b'__autoscaler')"
+        return json.loads(self._client(f"{change}\nprint(json.dumps(json.loads("
+                                       "kv._internal_kv_get(b'autoscaler_resource_request') or b'null')))"))
+
+    def _client(self, body: str) -> str:
+        """Run `body` in a short-lived client of the cluster (`kv`: Ray's internal KV); its output."""
+        script = ("import json, ray\nfrom ray.experimental import internal_kv as kv\n"
+                  f"ray.init(address='{self.address}', logging_level='ERROR', log_to_driver=False)\n{body}")
+        r = subprocess.run([sys.executable, "-c", script], env=self.env, capture_output=True,
+                           text=True, timeout=60, check=True)
+        return r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
 
     def nodes(self):
         """ray.nodes() as a separate client sees it (this test process stays no Ray driver)."""
@@ -216,13 +293,13 @@ class RayCluster(NamespacedNodes):
         """The names of the nodes Ray lists alive now."""
         return self._refresh()
 
-    def _refresh(self):
-        """The names of the nodes Ray lists alive, their NodeIDs noted."""
+    def _refresh(self, nodes=None):
+        """The names of the nodes Ray lists alive (now, or in `nodes`), their NodeIDs noted."""
         by_address = {a: name for name, a in self.addresses.items()}
         alive = set()
-        for n in self._alive_nodes() or []:
+        for n in (self._alive_nodes() or []) if nodes is None else nodes:
             name = by_address.get(n["NodeManagerAddress"])
-            if name is not None:
+            if name is not None and n["NodeID"] not in self._gone:
                 self._ids[name] = n["NodeID"]
                 alive.add(name)
         return alive

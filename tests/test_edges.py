@@ -110,7 +110,9 @@ FORBIDDEN = {  # package -> what it must never import: data flows cli -> driver 
     "ray": ("hvdlite.cli", "hvdlite.torch", "hvdlite.numpy"),  # RayExecutor drives a job: driver -> ray
 }
 # Code that runs inside Ray's processes or the workers on the nodes: no driver, and no ray.
-NODE_SIDE = {"driver/launchers/rayslot.py": (), "ray/worker.py": ("hvdlite.worker",)}
+NODE_SIDE = {"driver/launchers/rayslot.py": ("hvdlite.template.spawn",),
+             "driver/launchers/raytemplate.py": ("hvdlite.template", "hvdlite.driver.launchers.rayslot"),
+             "ray/worker.py": ("hvdlite.worker",)}
 
 
 @pytest.mark.parametrize("path", sorted(NODE_SIDE))

@@ -1,9 +1,10 @@
 """hvdlite run --ray on a real Ray 2.60 cluster (tests/raycluster.py: a head and three one-CPU
 nodes in network namespaces, one cluster for the whole module): static and elastic jobs on both
-backends, a node killed, added, drained and cut off, a cluster too small.
+backends, workers forked from their node's template and a template killed, a node killed,
+added, drained and cut off, a cluster too small (with an autoscaler and without).
 
-Each test leaves the cluster as it found it: three alive nodes (a node taken away is started
-again, as a new Ray node with a new NodeID)."""
+After each test the cluster is reset (RayCluster.reset): a node the test killed, drained or cut
+off runs a new raylet (a new Ray node, a new NodeID), and Ray lists no node of the past alive."""
 import os
 import signal
 import sys
@@ -12,7 +13,8 @@ import time
 import pytest
 
 from jobs import (SCRIPTS, Job, check_training_continuous, effective_steps, job_env, next_world,
-                  run_job, sizes, wait_progress)
+                  run_job, sizes, wait_progress, wait_until)
+from raycluster import parent
 from test_numpy_backend import PYTHON, check_training_continuous as check_numpy, needs_pygloo
 
 RAY_NODES = 3
@@ -23,11 +25,10 @@ LIVENESS = 3.0
 
 @pytest.fixture
 def cluster(ray_cluster):
-    """The module's cluster; afterwards every node is alive again and runs no job's process."""
+    """The module's cluster; afterwards every node a test killed, drained or cut off runs a
+    fresh raylet, and Ray lists no node of the past alive."""
     yield ray_cluster
-    for name in set(ray_cluster.names) - ray_cluster.alive():
-        ray_cluster.stop_node(name)
-        ray_cluster.start_node(name)
+    ray_cluster.reset()
 
 
 def ray_env(cluster, tmp_path, **knobs):
@@ -91,6 +92,37 @@ def test_a_killed_node_reforms_within_the_liveness_timeout(tmp_path, cluster):
     wait_no_leftovers(cluster)
 
 
+def test_workers_fork_from_their_nodes_template_whose_death_costs_no_blacklisting(tmp_path, cluster):
+    n1 = cluster.node_id("n1")
+
+    def starts_on_n1(events):
+        return [e for e in events if e["event"] == "worker_start" and e["slot"].startswith(n1)]
+
+    # --preload json: the templates start with the first world and are ready at once.
+    with elastic(cluster, tmp_path, extra=("--blacklist-cooldown-range", "1", "2", "--preload", "json"),
+                 TOTAL_STEPS=150, STEP_SLEEP=0.1) as job:
+        wait_progress(job, tmp_path, 5, timeout=90)
+        assert [e["started"] for e in job.events() if e["event"] == "worker_start"] == ["ray"] * 3
+        wait_until(lambda: all(cluster.template(n) for n in cluster.names), 60, "templates")
+        template = cluster.template("n1")
+        # A worker killed on n1 is a failure: n1 cools down, then its slot joins, forked.
+        os.kill(starts_on_n1(job.events())[0]["pid"], signal.SIGKILL)
+        forked = starts_on_n1(job.wait_for(lambda events: len(starts_on_n1(events)) == 2, 60))[1]
+        assert forked["started"] == "template" and parent(forked["pid"]) == template
+        job.wait_for(lambda events: any(e["event"] == "round_complete" and e["size"] == 3
+                                        and e["time"] > forked["time"] for e in events), 60)
+        # kill -9 of the template: its worker dies with it and is relaunched.
+        os.kill(template, signal.SIGKILL)
+        job.wait_for(lambda events: len(starts_on_n1(events)) == 3, 60)
+        r = job.finish(150)
+    assert r.code == 0, r.stderr
+    (death,) = [e for e in r.of("worker_exit") if e["worker"] == forked["worker"]]
+    assert death["code"] == -signal.SIGKILL and death.get("cause") == "its template died", death
+    assert [e["key"] for e in r.of("blacklisted")] == [n1]  # the worker's kill only
+    check_training_continuous(tmp_path, 150)
+    wait_no_leftovers(cluster)  # the templates too
+
+
 def test_a_node_added_joins_the_job(tmp_path, cluster):
     cluster.stop_node("n3")
     with elastic(cluster, tmp_path, TOTAL_STEPS=60, STEP_SLEEP=0.1, RESIZE="30:3") as job:
@@ -104,7 +136,8 @@ def test_a_node_added_joins_the_job(tmp_path, cluster):
 
 def test_a_drained_node_leaves_and_nothing_is_blacklisted(tmp_path, cluster):
     victim = cluster.node_id("n3")
-    with elastic(cluster, tmp_path, TOTAL_STEPS=50, STEP_SLEEP=0.1) as job:
+    # 100 steps: `ray drain-node` starts in seconds, more on a loaded machine
+    with elastic(cluster, tmp_path, TOTAL_STEPS=100, STEP_SLEEP=0.1) as job:
         wait_progress(job, tmp_path, 8, timeout=90)
         seconds, world = next_world(job, lambda: cluster.drain_node("n3", deadline=60))
         r = job.finish(120)
@@ -114,7 +147,7 @@ def test_a_drained_node_leaves_and_nothing_is_blacklisted(tmp_path, cluster):
     assert [e["host"] for e in r.of("host_drained")] == [victim]
     exits = [e for e in r.of("worker_exit") if e["slot"].startswith(victim)]
     assert exits and all(e.get("removed") or e.get("drained") for e in exits), exits
-    assert sizes(check_training_continuous(tmp_path, 50)) == [3, 2]
+    assert sizes(check_training_continuous(tmp_path, 100)) == [3, 2]
     wait_no_leftovers(cluster)
 
 
@@ -145,6 +178,33 @@ def test_more_slots_than_the_cluster_has_is_one_line(tmp_path, cluster):
         "hvdlite: error: the Ray cluster has 3 slots of 1 CPU, fewer than the 5 the job needs, "
         "and no autoscaler to add nodes")
     assert "Traceback" not in r.stderr
+
+
+def test_a_static_job_on_an_autoscaling_cluster_waits_for_its_slots(tmp_path, cluster):
+    """-np 3 with two nodes: the job asks the autoscaler for 3 slots and runs 3 ranks once the
+    third node came, never fewer; no node within --start-timeout is one line and an exit code."""
+    cluster.stop_node("n3")
+    cluster.autoscaled(True)
+    try:
+        argv = ["--ray", "-np", "3", sys.executable, os.path.join(SCRIPTS, "where.py")]
+        r = run_job(["--start-timeout", "2", *argv], tmp_path, timeout=60, env=ray_env(cluster, tmp_path))
+        assert r.code == 1, r.stderr
+        assert r.stderr.strip().splitlines()[-1] == (
+            "hvdlite: error: the Ray cluster has 2 slots of 1 CPU, fewer than the 3 the job needs, "
+            "2 s (--start-timeout) after asking its autoscaler for them")
+        waits = tmp_path / "waits"
+        waits.mkdir()
+        with Job(["--start-timeout", "90", *argv], waits, env=ray_env(cluster, waits)) as job:
+            time.sleep(3)  # the job waits: it started no rank on the two nodes there are
+            assert job.proc.poll() is None and not job.worker_pids()
+            cluster.start_node("n3")
+            r = job.finish(120)
+    finally:
+        asked = cluster.autoscaled(False)
+    assert asked == [{"CPU": 1}] * 3  # the jobs asked the autoscaler for their slots
+    assert r.code == 0, r.stderr
+    hosts = sorted(line.split(":", 1)[1].split()[1] for line in r.stdout.splitlines() if "<stdout>:" in line)
+    assert hosts == ["n1", "n2", "n3"]
 
 
 def test_a_terminated_driver_exits_quietly_and_leaves_no_worker(tmp_path, cluster):

@@ -1,14 +1,24 @@
 """hvdlite on Ray without a cluster: reading ray.nodes() answers, slot shapes, the autoscaler
-check, the --ray flags, and the errors that need no cluster (none at the address, no ray)."""
+check, the --ray flags, the errors that need no cluster (none at the address, no ray), and the
+node side of templates (a slot's and a template's actor classes, run here as plain objects on
+real processes)."""
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from hvdlite.cli import parse_settings
 from hvdlite.discovery.raynodes import SlotShape, can_add_nodes, listing
+from hvdlite.discovery.sources import host_source
+from hvdlite.driver.launchers.hosttemplates import template_argv
+from hvdlite.driver.launchers.rayslot import Slot
+from hvdlite.driver.launchers.raytemplate import NodeTemplate
+from hvdlite.driver.launchers.start import spawn_argv
 from hvdlite.errors import UsageError
+from raycluster import parent
 
 
 def node(node_id, address, alive=True, death=0, **resources):
@@ -73,6 +83,13 @@ def test_ray_flags():
             parse_settings(argv)
 
 
+def test_a_static_job_asks_the_autoscaler_for_its_slots_and_waits_for_them():
+    static = host_source(parse_settings(["--ray", "-np", "3", "--start-timeout", "7", "true"]))
+    assert (static.need, static.request, static.wait) == (3, 3, 7.0)
+    elastic = host_source(parse_settings(["--ray", "--min-np", "2", "--max-np", "4", "true"]))
+    assert (elastic.need, elastic.request, elastic.wait) == (2, 4, 0.0)  # its world may be smaller
+
+
 def run(argv, tmp_path, **env):
     return subprocess.run([sys.executable, "-m", "hvdlite.cli", "run", *argv], capture_output=True,
                           text=True, timeout=60, cwd=tmp_path, env={**os.environ, **env})
@@ -94,3 +111,52 @@ def test_ray_not_installed_is_one_line(tmp_path):
     r = run(["--ray", "-np", "1", "true"], tmp_path, PYTHONPATH=path)
     assert (r.returncode, r.stderr) == (1, "hvdlite: error: --ray needs the ray package: "
                                            "pip install 'hvdlite[ray]'\n")
+
+
+def finish(slot, timeout=30):
+    """(exit code, whether its template's death took it) once the slot's worker ended."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        _, code, template_died = slot.read(0.5)
+        if code is not None:
+            return code, template_died
+    raise AssertionError("the worker did not end")
+
+
+def test_a_slot_forks_from_its_nodes_template_and_tells_a_kill_from_the_templates_death(tmp_path):
+    keeper = NodeTemplate()
+    ready = keeper.start(template_argv([sys.executable], ["json"]), dict(os.environ), str(tmp_path), 60)
+    assert ready["op"] == "ready", ready
+    script = tmp_path / "worker.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    slots = []
+
+    def forked():
+        slots.append(Slot())
+        pid, how, fallback = slots[-1].start(spawn_argv([sys.executable, str(script)], ready["socket"]),
+                                             dict(os.environ), str(tmp_path), ready["pid"])
+        assert (how, fallback, parent(pid)) == ("template", None, ready["pid"])
+        return slots[-1], pid
+
+    try:
+        killed, pid = forked()
+        os.kill(pid, signal.SIGKILL)  # the worker's own death: a failure
+        assert finish(killed) == (-signal.SIGKILL, False)
+        orphaned, _ = forked()
+        os.kill(ready["pid"], signal.SIGKILL)  # the template's: not the worker's doing
+        assert finish(orphaned) == (-signal.SIGKILL, True)
+        assert keeper.wait(10)
+    finally:
+        for slot in slots:
+            slot.stop(0.1)
+        if keeper.proc.poll() is None:
+            keeper.proc.kill()
+
+
+def test_a_nodes_template_that_cannot_preload_says_why(tmp_path):
+    (tmp_path / "badmod.py").write_text("raise RuntimeError('broken at import')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    keeper = NodeTemplate()
+    answer = keeper.start(template_argv([sys.executable], ["badmod"]), env, str(tmp_path), 60)
+    assert answer == {"op": "unusable", "reason": "preloading failed: RuntimeError: broken at import"}
+    assert keeper.wait(10)

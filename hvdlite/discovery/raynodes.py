@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -23,6 +24,7 @@ from hvdlite.errors import first_line
 # (unspecified) are failures.
 GRACEFUL = {1, 3, 4}
 GCS_CHECK = 5.0  # seconds to connect to the cluster's GCS before ray.init is tried
+AUTOSCALE_POLL = 1.0  # seconds between reads of the nodes while a static job waits for its slots
 
 
 @dataclass(frozen=True)
@@ -131,8 +133,11 @@ class RayNodes:
     """The host source of `hvdlite run --ray`; polled, since nodes come and go."""
     changes = True
 
-    def __init__(self, address, shape: SlotShape, need: int = 1, max_np: Optional[int] = None):
-        self.address, self.shape, self.need, self.max_np = address, shape, need, max_np
+    def __init__(self, address, shape: SlotShape, need: int = 1, request: Optional[int] = None,
+                 wait: float = 0.0):
+        """`need` slots at least; `request`: the slots asked of an autoscaler (--max-np, or a
+        static job's -np); `wait`: seconds a static job waits for an autoscaler to add `need`."""
+        self.address, self.shape, self.need, self.request, self.wait = address, shape, need, request, wait
         self.ray = None
         self.known = set()  # NodeIDs this job saw offered: only their departures are news
 
@@ -140,18 +145,33 @@ class RayNodes:
         first = self.ray is None
         if first:
             self.ray = connect(self.address)
-            if self.max_np:  # an autoscaler grows the cluster toward the job; none ignores it
+            if self.request:  # an autoscaler grows the cluster toward the job; none ignores it
                 from ray.autoscaler.sdk import request_resources
-                request_resources(bundles=[self.shape.bundle()] * self.max_np)
+                request_resources(bundles=[self.shape.bundle()] * self.request)
+        hosts = self._hosts()
+        if first and _slots(hosts) < self.need:
+            if not autoscaler(self.ray):
+                raise DiscoveryError(f"{self._short(hosts)}, and no autoscaler to add nodes")
+            # A static job runs exactly its ranks: it waits for the autoscaler's nodes.
+            deadline = time.monotonic() + self.wait
+            while _slots(hosts) < self.need and self.wait:
+                if time.monotonic() > deadline:
+                    raise DiscoveryError(f"{self._short(hosts)}, {self.wait:g} s (--start-timeout) "
+                                         f"after asking its autoscaler for them")
+                time.sleep(AUTOSCALE_POLL)
+                hosts = self._hosts()
+        return hosts
+
+    def _hosts(self) -> Hosts:
         hosts = listing(self.ray.nodes(), self.shape, draining_nodes(self.ray))
         hosts.drained = tuple(h for h in hosts.drained if h in self.known)
         hosts.failed = tuple(h for h in hosts.failed if h in self.known)
         self.known.update(h for h, _ in hosts)
-        if first and sum(n for _, n in hosts) < self.need and not autoscaler(self.ray):
-            raise DiscoveryError(
-                f"the Ray cluster has {sum(n for _, n in hosts)} slots of {self.describe_shape()}, "
-                f"fewer than the {self.need} the job needs, and no autoscaler to add nodes")
         return hosts
+
+    def _short(self, hosts) -> str:
+        return (f"the Ray cluster has {_slots(hosts)} slots of {self.describe_shape()}, "
+                f"fewer than the {self.need} the job needs")
 
     def describe_shape(self) -> str:
         return " + ".join(f"{v:g} {k}" for k, v in self.shape.bundle().items())
@@ -159,6 +179,10 @@ class RayNodes:
     def describe(self) -> str:
         return f"hosts: the nodes of the Ray cluster at {self.address or 'auto'}, one slot per " \
                f"{self.describe_shape()}"
+
+
+def _slots(hosts) -> int:
+    return sum(n for _, n in hosts)
 
 
 def autoscaler(ray) -> bool:

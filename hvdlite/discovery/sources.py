@@ -42,8 +42,10 @@ def host_source(settings):
     if settings.launcher == "ray":
         from hvdlite.discovery.raynodes import RayNodes, SlotShape
         shape = SlotShape(settings.cpus_per_slot, settings.gpus_per_slot, settings.slot_resource)
-        need = settings.min_np if settings.elastic else settings.num_proc
-        return RayNodes(settings.ray_address, shape, need or 1, settings.max_np)
+        if settings.elastic:
+            return RayNodes(settings.ray_address, shape, settings.min_np or 1, settings.max_np)
+        return RayNodes(settings.ray_address, shape, settings.num_proc or 1, settings.num_proc,
+                        wait=settings.start_timeout)
     if settings.discovery_script:
         return ScriptHosts(settings.discovery_script, settings.discovery_timeout, settings.slots_per_host)
     return FixedHosts(settings.hosts)

@@ -82,8 +82,9 @@ class Executor:
             # a death by signal is not delayed).
             handle.finish_output(EXCEPTION_DRAIN)
             error = self.outputs[a.worker].exception
-        # A local template's child (launchers/template.py) or a remote one's spawn client
-        # (launchers/ssh/remote.py) tells its death apart from a kill.
+        # A local template's child (launchers/template.py), a remote one's spawn client
+        # (launchers/ssh/remote.py) and a Ray slot's actor (rayslot.py) tell its death apart
+        # from a kill.
         if getattr(handle, "template_died", False):
             self.post(TemplateDied(a.worker))
         else:

@@ -3,6 +3,9 @@
 Hosts are NodeIDs (hvdlite.discovery.raynodes). The actor takes one slot's resources and starts
 the usual worker process (rayslot.py), so process groups, signals and exit codes are as on SSH
 hosts; the driver reads the worker's output from the actor and prints it with rank prefixes.
+A node's template is kept by one more actor there, which takes no resources (raytemplate.py;
+when it starts and who forks from it is as on SSH hosts, hosttemplates.py). A worker that died
+with its template is relaunched, not held against its node.
 Workers reach the rendezvous at the address Ray knows the driver's node by. Whether a worker
 lives is hvdlite's heartbeats' call first: Ray notices a dead node only after seconds, a
 partitioned one after a minute. A worker cut off from the driver is fenced by its incarnation,
@@ -10,10 +13,15 @@ as on SSH hosts.
 """
 import os
 import threading
+import time
 
 from hvdlite.discovery.raynodes import SlotShape, connect
 from hvdlite.driver.launchers.base import LaunchError
+from hvdlite.driver.launchers.hosttemplates import HostTemplates, fallback_line, template_argv
+from hvdlite.driver.launchers.raytemplate import NodeTemplate
 from hvdlite.driver.launchers.rayslot import Slot
+from hvdlite.driver.launchers.start import StartRule, spawn_argv
+from hvdlite.driver.launchers.template import READY_TIMEOUT, template_env
 
 LOST = 255  # exit code of a worker whose actor died before its exit status arrived
 READ_WAIT = 1.0  # seconds one read of a worker's output waits for lines
@@ -30,6 +38,10 @@ class RayLauncher:
         self.start_timeout = settings.start_timeout
         self.shape = SlotShape(settings.cpus_per_slot, settings.gpus_per_slot, settings.slot_resource)
         self._actor = self.ray.remote(max_concurrency=4, max_restarts=0)(Slot)
+        self._template_actor = self.ray.remote(max_concurrency=2, max_restarts=0)(NodeTemplate)
+        self._rule = StartRule(settings)
+        self._say = say
+        self._templates = HostTemplates(settings.preload, say, self._template) if settings.preload else None
         self._route = None
 
     def is_local(self, host) -> bool:
@@ -43,18 +55,31 @@ class RayLauncher:
         return self._route
 
     def start(self, host, env: dict, output, joining: bool, local_workers: int = 1):
+        template = self._templates.serving(host, self.command, env, os.getcwd(),
+                                           start=self._rule.template_remotely(joining)) \
+            if self._templates else None
+        argv = spawn_argv(self.command, template.socket) if template else self.command
         bundle = self.shape.bundle()
         actor = self._actor.options(
             scheduling_strategy=self._pin(host, soft=False), num_cpus=bundle.pop("CPU", 0),
             num_gpus=bundle.pop("GPU", 0), resources=bundle or None).remote()
         try:
-            pid = self.ray.get(actor.start.remote(self.command, env, os.getcwd()), timeout=self.start_timeout)
+            pid, how, fallback = self.ray.get(actor.start.remote(
+                argv, env, os.getcwd(), template.pid if template else None, self.start_timeout),
+                timeout=self.start_timeout)
         except Exception as e:  # noqa: BLE001 - whatever Ray raises, the launch failed
             self.ray.kill(actor, no_restart=True)
             why = "no room for its actor" if isinstance(e, self.ray.exceptions.GetTimeoutError) \
                 else str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
             raise LaunchError(f"cannot start a worker on Ray node {host[:12]}: {why}") from None
-        return RayWorker(self, actor, host, pid, output)
+        if fallback:
+            self._say(fallback_line(host, fallback))
+        return RayWorker(self, actor, host, pid, output, how)
+
+    def _template(self, host, command, env: dict, cwd: str, preload, failed):
+        actor = self._template_actor.options(scheduling_strategy=self._pin(host, soft=False),
+                                             num_cpus=0).remote()
+        return RayTemplate(self.ray, actor, host, command, env, cwd, preload, failed)
 
     def left_on_purpose(self, host) -> bool:
         """Whether Ray drained the node (or it is being drained): its workers' deaths are no failure."""
@@ -65,21 +90,67 @@ class RayLauncher:
         return node is not None and not node["Alive"] and node.get("DeathReason") in GRACEFUL
 
     def warm(self):
-        pass  # no templates on Ray nodes yet: workers start plainly
+        if self._templates:
+            self._templates.warm()
 
     def close(self):
-        pass  # the actors end with their workers; ray's connection ends with the process
+        # The slots' actors end with their workers; ray's connection ends with the process.
+        if self._templates:
+            self._templates.close()
+
+
+class RayTemplate:
+    """One node's template, kept by its actor (raytemplate.py); `socket` and `pid` once it is
+    ready, `finished` once it failed or exited (hosttemplates.py)."""
+
+    def __init__(self, ray, actor, host: str, command, env: dict, cwd: str, preload, failed):
+        self.ray, self.actor = ray, actor
+        self.socket = self.pid = None
+        self.finished = False
+        self._failed = failed  # called with the reason when it cannot preload
+        self._closed = False
+        threading.Thread(target=self._run, args=(template_argv(command, preload), template_env(env), cwd),
+                         daemon=True, name=f"template-{host[:12]}").start()
+
+    def _run(self, argv, env: dict, cwd: str) -> None:
+        errors = self.ray.exceptions
+        try:
+            header = self.ray.get(self.actor.start.remote(argv, env, cwd, READY_TIMEOUT),
+                                  timeout=READY_TIMEOUT + CALL_TIMEOUT)
+        except Exception:  # noqa: BLE001 - the node is gone or unreachable: its workers report it
+            header = None
+        if header is not None and header.get("op") != "ready":
+            self._failed(header.get("reason", "template unusable"))
+        if header is None or header.get("op") != "ready":
+            self.close()
+            self.finished = True
+            return
+        self.pid, self.socket = header["pid"], header["socket"]
+        while not self._closed:  # until the template exits or its actor dies
+            try:
+                if self.ray.get(self.actor.wait.remote(READ_WAIT), timeout=READ_WAIT + CALL_TIMEOUT):
+                    break
+            except errors.ActorDiedError:
+                break
+            except (errors.ActorUnavailableError, errors.GetTimeoutError):
+                time.sleep(READ_WAIT)
+        self.socket, self.finished = None, True
+
+    def close(self) -> None:
+        """End the actor, and with it the template (and any worker still forked from it)."""
+        self._closed = True
+        self.ray.kill(self.actor, no_restart=True)
 
 
 class RayWorker:
     """A worker process started by a slot's actor; the Handle of Ray launches (base.py)."""
-    started = "ray"
     error = None
     drained = False  # the worker went with a node Ray drained
 
-    def __init__(self, launcher: RayLauncher, actor, host: str, pid: int, output):
+    def __init__(self, launcher: RayLauncher, actor, host: str, pid: int, output, started: str):
         self.launcher, self.ray, self.actor, self.host = launcher, launcher.ray, actor, host
-        self._pid, self.output = pid, output
+        self._pid, self.output, self.started = pid, output, started
+        self.template_died = False  # it died with the template it was forked from
         self._code = None
         self._ended = threading.Event()
         self._unreachable = False  # the last read of its output got no answer
@@ -95,7 +166,8 @@ class RayWorker:
         errors = self.ray.exceptions
         while True:
             try:
-                lines, code = self.ray.get(self.actor.read.remote(READ_WAIT), timeout=READ_WAIT + CALL_TIMEOUT)
+                lines, code, self.template_died = self.ray.get(self.actor.read.remote(READ_WAIT),
+                                                               timeout=READ_WAIT + CALL_TIMEOUT)
             except errors.ActorDiedError as e:
                 self._finish(LOST, f"its Ray actor died: {_one_line(e)}")
                 break

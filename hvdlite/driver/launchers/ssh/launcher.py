@@ -6,7 +6,8 @@ from hvdlite.driver.launchers.locality import is_local
 from hvdlite.driver.launchers.ssh.config import SSHSettings, host_config
 from hvdlite.driver.launchers.ssh.connection import SSHHost
 from hvdlite.driver.launchers.ssh.remote import launch
-from hvdlite.driver.launchers.ssh.template import RemoteTemplates, fallback_line
+from hvdlite.driver.launchers.hosttemplates import fallback_line
+from hvdlite.driver.launchers.ssh.template import RemoteTemplates
 from hvdlite.driver.launchers.start import StartRule
 from hvdlite.driver.network import route_address
 

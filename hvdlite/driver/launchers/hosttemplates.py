@@ -1,0 +1,83 @@
+"""Worker templates on hosts the driver does not run on: one per host, whatever carries it
+there (an SSH channel, ssh/template.py; a Ray actor, raytemplate.py).
+
+A host's template starts with a launch that wants one (or `warm()`, on every host that has had
+a worker); launches start plainly until it says it is ready, then fork from it through the
+spawn client (hvdlite.template.spawn). A template that died is started again by the next
+launch that wants one; one that cannot preload is given up for that host (said once).
+
+`make(host, command, env, cwd, preload, failed)` starts one template in the background and
+gives an object with `socket` (its listening socket's path once ready, else None),
+`finished` (it failed or exited: a later launch may start another) and `close()`; it calls
+`failed(reason)` when the template cannot preload.
+"""
+import threading
+
+from hvdlite.template.command import python_name
+
+
+def template_argv(command, preload) -> list:
+    """The template a host's workers of `command` fork from: on their interpreter, listening."""
+    return [command[0], "-m", "hvdlite.template", "--preload", ",".join(preload), "--listen"]
+
+
+def fallback_line(hostname: str, reason: str) -> str:
+    return f"hvdlite: starting workers on {hostname} without a preloaded template ({reason})"
+
+
+class HostTemplates:
+    """The job's templates on remote hosts, by `name(host)`."""
+
+    def __init__(self, preload, say, make, name=str):
+        self.preload = tuple(preload)
+        self.say = say  # a SayOnce
+        self.make, self.name = make, name
+        self.lock = threading.Lock()
+        self.templates = {}
+        self.failed = {}  # host name -> why its template cannot run
+        self.first = {}   # host name -> (host, command, env, cwd) of its first launch
+
+    def serving(self, host, command, env: dict, cwd: str, start: bool):
+        """The host's ready template, or None (launch plainly). With `start`, start one if
+        none runs."""
+        name = self.name(host)
+        with self.lock:
+            self.first.setdefault(name, (host, command, env, cwd))
+            current = self.templates.get(name)
+            if current is not None and current.socket is not None:
+                return current
+            if start:
+                self._start(host, command, env, cwd)
+        return None
+
+    def socket(self, host, command, env: dict, cwd: str, start: bool):
+        """The path of the host's ready template's socket, or None (see serving)."""
+        current = self.serving(host, command, env, cwd, start)
+        return current.socket if current is not None else None
+
+    def warm(self) -> None:
+        """Start a template on every remote host that has had a worker."""
+        with self.lock:
+            for launch in self.first.values():
+                self._start(*launch)
+
+    def _start(self, host, command, env: dict, cwd: str) -> None:
+        name = self.name(host)
+        current = self.templates.get(name)
+        if name in self.failed or (current is not None and not current.finished):
+            return
+        if not python_name(command[0]):
+            self._give_up(name, f"{command[0]} is not a python interpreter")
+            return
+        self.templates[name] = self.make(host, command, env, cwd, self.preload,
+                                         lambda reason: self._give_up(name, reason))
+
+    def _give_up(self, name: str, reason: str) -> None:
+        self.failed[name] = reason
+        self.say(fallback_line(name, reason))
+
+    def close(self) -> None:
+        with self.lock:
+            for template in self.templates.values():
+                template.close()
+            self.templates = {}
