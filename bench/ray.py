@@ -2,7 +2,7 @@
 the same run (tests/raycluster.py: a head and three one-CPU nodes in network namespaces; root);
 and hvdlite with its node templates against without (--no-preload), same run.
 
-    sudo python bench/ray.py [--steps-before 20] [--grow-wait 150] [--no-ray-train]
+    sudo python bench/ray.py [--steps-before 20] [--grow-wait 150] [--no-ray-train] [--plain-first]
 
 For each side, one elastic job of 2 to 3 workers, one per node:
 - start -> first step: from the command's start to rank 0's first finished step;
@@ -124,6 +124,7 @@ def main():
     p.add_argument("--steps-before", type=int, default=20, help="steps before the node is killed")
     p.add_argument("--grow-wait", type=float, default=150.0, help="seconds to wait for a grow")
     p.add_argument("--no-ray-train", action="store_true", help="hvdlite's sides only")
+    p.add_argument("--plain-first", action="store_true", help="run --no-preload before templates")
     args = p.parse_args()
     reason = missing()
     if reason:
@@ -142,6 +143,8 @@ def main():
     }
     if args.no_ray_train:
         del sides["Ray Train 2.60"]
+    if args.plain_first:  # the first side meets colder caches: compare both orders
+        sides = {"hvdlite, --no-preload": sides.pop("hvdlite, --no-preload"), **sides}
     figures = {}
     try:
         for name, (argv, templates) in sides.items():

@@ -248,17 +248,19 @@ def test_job_remote_join_forks_and_a_killed_forked_worker_is_seen_dead(tmp_path,
 def test_job_whose_remote_template_is_killed_9_relaunches_its_workers_and_blacklists_nothing(tmp_path, hosts):
     # host-1's two later slots fork from its template; kill -9 of the template kills them
     # (parent-death signal). They did nothing wrong: relaunched, nothing blacklisted, and the
-    # job finishes with every step applied once (the survivors hold the state).
-    schedule = [[0, ["host-1:1", "host-2:1"]], [5, ["host-1:3", "host-2:1"]]]
-    total = 100
+    # job finishes with every step applied once (the survivors hold the state). The workers
+    # hold at step 150 until the kill, so that a slow join cannot let the job end first.
+    schedule = [[0, ["host-1:1", "host-2:1"]], [1, ["host-1:3", "host-2:1"]]]
+    total = 200
     with Job([*ssh_flags(hosts), *discovery(tmp_path, schedule), "--min-np", "1", "--preload", "json", *JOB],
-             tmp_path, env=job_env(tmp_path, TOTAL_STEPS=total, STEP_SLEEP=0.1)) as job:
-        job.wait_for(lambda events: any(e["event"] == "round_complete" and e["size"] == 4 for e in events), 120)
+             tmp_path, env=job_env(tmp_path, TOTAL_STEPS=total, STEP_SLEEP=0.1, HOLD_AT=150)) as job:
+        job.wait_for(lambda events: any(e["event"] == "round_complete" and e["size"] == 4 for e in events), 240)
         forked = sorted(e["slot"] for e in events_of(job, "worker_start") if e["started"] == "template")
         assert forked == ["host-1/1", "host-1/2"]
         (template,) = [pid for pid, _, args in hosts.processes("host-1")
                        if args.split()[1:3] == ["-m", "hvdlite.template"]]
         hosts.run("host-1", ["kill", "-9", str(template)])
+        (tmp_path / "go").touch()
         r = job.finish(180)
     assert r.code == 0, r.stderr
     assert not r.of("blacklisted"), r.of("blacklisted")

@@ -1,7 +1,7 @@
 """`python -m hvdlite.template.spawn --socket PATH -- PYTHON script.py args...`
 
-The SSH launcher runs this on a remote host in place of the worker command, started as the
-worker would be (environment from the SSH channel's stdin, working directory, stdin from
+The SSH launcher (and a Ray slot's actor) runs this on a remote host in place of the worker
+command, started as the worker would be (environment, working directory, stdin from
 /dev/null). It hands the host's template its stdout, stderr, environment and directory to fork
 the worker with, then ends as the worker ends: the same exit code, or death by the same
 signal, so the SSH session reports what a plain launch would. If this process dies, the

@@ -7,18 +7,30 @@ spawn client (hvdlite.template.spawn). A template that died is started again by 
 launch that wants one; one that cannot preload is given up for that host (said once).
 
 `make(host, command, env, cwd, preload, failed)` starts one template in the background and
-gives an object with `socket` (its listening socket's path once ready, else None),
-`finished` (it failed or exited: a later launch may start another) and `close()`; it calls
-`failed(reason)` when the template cannot preload.
+gives a HostTemplate; it calls `failed(reason)` when the template cannot preload.
 """
 import threading
 
+from hvdlite.driver.launchers.template import template_env
 from hvdlite.template.command import python_name
 
 
 def template_argv(command, preload) -> list:
     """The template a host's workers of `command` fork from: on their interpreter, listening."""
     return [command[0], "-m", "hvdlite.template", "--preload", ",".join(preload), "--listen"]
+
+
+class HostTemplate:
+    """One host's template, started by the subclass's `_run(argv, env, cwd)` on a thread of its
+    own; `socket` once it is ready, `finished` once it failed or exited, `close()`."""
+
+    def __init__(self, name: str, command, env: dict, cwd: str, preload, failed):
+        self.socket = None     # path of its listening socket while it serves
+        self.finished = False  # it failed or exited: a later launch may start another
+        self._failed = failed  # called with the reason when it cannot preload
+        self._closed = False
+        threading.Thread(target=self._run, args=(template_argv(command, preload), template_env(env), cwd),
+                         daemon=True, name=f"template-{name}").start()
 
 
 def fallback_line(hostname: str, reason: str) -> str:

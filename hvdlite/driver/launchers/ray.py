@@ -17,11 +17,11 @@ import time
 
 from hvdlite.discovery.raynodes import SlotShape, connect
 from hvdlite.driver.launchers.base import LaunchError
-from hvdlite.driver.launchers.hosttemplates import HostTemplates, fallback_line, template_argv
+from hvdlite.driver.launchers.hosttemplates import HostTemplate, HostTemplates, fallback_line
 from hvdlite.driver.launchers.raytemplate import NodeTemplate
 from hvdlite.driver.launchers.rayslot import Slot
 from hvdlite.driver.launchers.start import StartRule, spawn_argv
-from hvdlite.driver.launchers.template import READY_TIMEOUT, template_env
+from hvdlite.driver.launchers.template import READY_TIMEOUT
 
 LOST = 255  # exit code of a worker whose actor died before its exit status arrived
 READ_WAIT = 1.0  # seconds one read of a worker's output waits for lines
@@ -99,18 +99,12 @@ class RayLauncher:
             self._templates.close()
 
 
-class RayTemplate:
-    """One node's template, kept by its actor (raytemplate.py); `socket` and `pid` once it is
-    ready, `finished` once it failed or exited (hosttemplates.py)."""
+class RayTemplate(HostTemplate):
+    """One node's template, kept by its actor (raytemplate.py); `pid` once it is ready."""
 
     def __init__(self, ray, actor, host: str, command, env: dict, cwd: str, preload, failed):
-        self.ray, self.actor = ray, actor
-        self.socket = self.pid = None
-        self.finished = False
-        self._failed = failed  # called with the reason when it cannot preload
-        self._closed = False
-        threading.Thread(target=self._run, args=(template_argv(command, preload), template_env(env), cwd),
-                         daemon=True, name=f"template-{host[:12]}").start()
+        self.ray, self.actor, self.pid = ray, actor, None
+        super().__init__(host[:12], command, env, cwd, preload, failed)
 
     def _run(self, argv, env: dict, cwd: str) -> None:
         errors = self.ray.exceptions

@@ -10,32 +10,25 @@ driver dies or the host is cut off, the template forks no more and exits after i
 worker.
 """
 import socket
-import threading
 import time
 
 import paramiko
 
-from hvdlite.driver.launchers.hosttemplates import HostTemplates, template_argv
+from hvdlite.driver.launchers.hosttemplates import HostTemplate, HostTemplates
 from hvdlite.driver.launchers.ssh.config import SSHError
 from hvdlite.driver.launchers.ssh.remote import _exec
-from hvdlite.driver.launchers.template import READY_TIMEOUT, template_env
+from hvdlite.driver.launchers.template import READY_TIMEOUT
 from hvdlite.template import wire
 
 HEARTBEAT = 1.0  # seconds between the driver's bytes on a template's channel (it waits 10)
 
 
-class RemoteTemplate:
-    """One host's template, started on a background thread; `socket` once it is ready."""
+class RemoteTemplate(HostTemplate):
+    """One SSH host's template, on a channel of its own."""
 
     def __init__(self, host, command, env: dict, cwd: str, preload, failed):
-        self.host = host
-        self.socket = None     # path of its listening socket while it serves
-        self.finished = False  # it failed or exited: a later launch may start another
-        self.chan = None
-        self._failed = failed  # called with the reason when it cannot preload
-        self._closed = False
-        threading.Thread(target=self._run, args=(template_argv(command, preload), template_env(env), cwd),
-                         daemon=True, name=f"template-{host.hostname}").start()
+        self.host, self.chan = host, None
+        super().__init__(host.hostname, command, env, cwd, preload, failed)
 
     def _run(self, argv, env: dict, cwd: str) -> None:
         try:
