@@ -66,6 +66,8 @@ class Job:
         self.events, self.steps = Tail(self.path("events.jsonl")), Tail(self.path("steps"))
         self.pids = {}  # worker id -> pid, of live workers
         self.rounds = []  # round_complete events
+        self.failed = []  # worker_exit events of workers that failed on their own (not killed -9)
+        self.newest = 0.0  # when the newest step or event happened (its own time stamp)
         self.last_move = time.monotonic()
         self.last_step = None  # (time, round) of the newest step
 
@@ -78,10 +80,13 @@ class Job:
         for line in self.events.lines():
             moved = True
             e = json.loads(line)
+            self.newest = max(self.newest, e["time"])
             if e["event"] == "worker_start":
                 self.pids[e["worker"]] = e["pid"]
             elif e["event"] == "worker_exit":
                 self.pids.pop(e["worker"], None)
+                if e["code"] not in (0, -signal.SIGKILL):
+                    self.failed.append(e)
             elif e["event"] == "round_complete":
                 self.rounds.append(e)
             elif e["event"] == "job_end":
@@ -90,11 +95,18 @@ class Job:
             moved = True
             t, _, round_, _, _ = line.split()
             self.last_step = (float(t), int(round_))
+            self.newest = max(self.newest, float(t))
         if moved:
             self.last_move = time.monotonic()
         if self.proc.poll() is not None:
             raise RuntimeError(f"the driver exited with {self.proc.returncode}")
         return moved
+
+    def first_after(self, moment):
+        """When the first step or event after `moment` happened (by their time stamps)."""
+        times = [float(line.split()[0]) for line in open(self.path("steps")) if float(line.split()[0]) > moment]
+        times += [e["time"] for e in map(json.loads, open(self.path("events.jsonl"))) if e["time"] > moment]
+        return min(times, default=moment)
 
     def members(self, round_event):
         """Pids of the live members of a round."""
@@ -134,6 +146,21 @@ def tcp_table():
     return found
 
 
+def _fds(pid):
+    try:
+        return sorted(os.listdir(f"/proc/{pid}/fd"), key=int)
+    except OSError:
+        return []
+
+
+def _children(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(word) for word in f.read().split()]
+    except OSError:
+        return []
+
+
 def dump(job, folder):
     """Every live worker's stacks and sockets, and the driver's last words, into `folder`."""
     os.makedirs(folder, exist_ok=True)
@@ -150,13 +177,23 @@ def dump(job, folder):
              for _, pid in workers} if shutil.which("py-spy") else {}
     for worker, pid in workers:
         lines = [f"worker {worker} pid {pid}"]
-        try:
-            for fd in sorted(os.listdir(f"/proc/{pid}/fd"), key=int):
+        for fd in _fds(pid):
+            try:
                 link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue  # closed meanwhile
+            if link.startswith("socket:"):
+                lines.append(f"  fd {fd}: {table.get(int(link[8:-1]), link)}")
+        for child in _children(pid):  # the voucher (numpy): which of the sockets it holds
+            held = []
+            for fd in _fds(child):
+                try:
+                    link = os.readlink(f"/proc/{child}/fd/{fd}")
+                except OSError:
+                    continue
                 if link.startswith("socket:"):
-                    lines.append(f"  fd {fd}: {table.get(int(link[8:-1]), link)}")
-        except OSError:
-            pass
+                    held.append(table.get(int(link[8:-1]), link))
+            lines.append(f"  child {child} holds: " + "; ".join(held))
         if pid in spies:
             try:
                 lines.append(spies[pid].communicate(timeout=60)[0])
@@ -194,12 +231,17 @@ def hunt(args, say=print):
                     where = os.path.join(args.keep, f"stall-{len(stalls) + 1}")
                     say(f"  STALL after kill {kills}: {'no recovery' if moved else 'nothing moved'} "
                         f"for {args.stall:g} s; dumping to {where}", flush=True)
-                    stalled = (since or job.last_move, where)
+                    stalled = (job.newest, where)
                     dump(job, where)
             job.poll()
-            if stalled is not None:
-                stalls.append(time.monotonic() - stalled[0])
-                say(f"  stall {len(stalls)} ended after {stalls[-1]:.1f} s; dump in {stalled[1]}", flush=True)
+            if stalled is not None:  # from the last thing before it to the first after it
+                length = job.first_after(stalled[0]) - stalled[0]
+                if length < args.stall:  # the hunt itself was not running, not the job
+                    say(f"  no stall: the job moved within {length:.1f} s", flush=True)
+                    shutil.rmtree(stalled[1], ignore_errors=True)
+                else:
+                    stalls.append(length)
+                    say(f"  stall {len(stalls)}: {length:.1f} s; dump in {stalled[1]}", flush=True)
 
         full = lambda: job.rounds and job.rounds[-1]["size"] == args.ranks  # noqa: E731
         wait(full, RECOVERY_LIMIT * 2)
@@ -227,13 +269,13 @@ def hunt(args, say=print):
             recoveries.append(job.last_step[0] - killed_at)
             wait(full, RECOVERY_LIMIT)
             if kills % 50 == 0:
-                say(f"  kills {kills}, stalls {len(stalls)}, recovery median "
+                say(f"  kills {kills}, stalls {len(stalls)}, failed {len(job.failed)}, recovery median "
                     f"{statistics.median(recoveries):.2f} s max {max(recoveries):.2f} s", flush=True)
     finally:
         job.stop()
         if not stalls:
             shutil.rmtree(folder, ignore_errors=True)
-    return kills, stalls, recoveries
+    return kills, stalls, recoveries, job.failed
 
 
 def main():
@@ -250,11 +292,14 @@ def main():
     if args.backend == "numpy" and not os.path.exists(PYGLOO):
         sys.exit(f"numpy: no pygloo venv at {PYGLOO}")
     start = time.monotonic()
-    kills, stalls, recoveries = hunt(args)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # clean up the job
+    kills, stalls, recoveries, failed = hunt(args)
     median = statistics.median(recoveries) if recoveries else float("nan")
     print(f"{args.backend}, {args.ranks} ranks: {kills} kills in {time.monotonic() - start:.0f} s, "
           f"{len(stalls)} stalls (> {args.stall:g} s without progress)"
           + (f": {', '.join(f'{s:.1f}' for s in stalls)} s" if stalls else ""))
+    causes = sorted({e.get("error") or f"code {e['code']}" for e in failed})
+    print(f"  workers that failed on their own: {len(failed)}" + (f" ({'; '.join(causes)})" if causes else ""))
     if recoveries:
         print(f"  kill -> next step: median {median:.2f} s, max {max(recoveries):.2f} s "
               f"({max(recoveries) / median:.1f}x the median)")

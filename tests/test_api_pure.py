@@ -87,24 +87,23 @@ def test_on_loopback_gloo_addresses_rise_with_the_rank(a, b):
     assert loopback_by_rank("10.1.2.3", a) == "10.1.2.3" and loopback_by_rank("::1", a) == "::1"
 
 
-def test_knocking_reaches_the_new_listening_sockets_only():
+def test_knocking_reaches_the_named_listening_sockets_only():
     # What the voucher does for a worker stuck connecting, here on this process's own sockets.
     import os
     import socket
     from hvdlite.worker import sockets
-    old = socket.create_server(("127.0.0.1", 0))
-    before = sockets.open_sockets()
+    other = socket.create_server(("127.0.0.1", 0))
     new4, new6 = socket.create_server(("127.0.0.7", 0)), socket.create_server(("::1", 0), family=socket.AF_INET6)
-    skip = sockets.inodes(before)
-    assert sorted(sockets.listening(os.getpid(), skip)) == \
-        sorted([new4.getsockname()[:2], new6.getsockname()[:2]])
-    for server in (old, new4, new6):
+    named = sockets.inodes({(s.fileno(), os.readlink(f"/proc/self/fd/{s.fileno()}")) for s in (new4, new6)})
+    assert sorted(sockets.listening(os.getpid(), named)) == \
+        sorted([(os.fstat(s.fileno()).st_ino, *s.getsockname()[:2]) for s in (new4, new6)])
+    for server in (other, new4, new6):
         server.settimeout(0)
-    sockets.knock(os.getpid(), skip)
+    assert sockets.knock(os.getpid(), named) == named
     assert new4.accept() and new6.accept()
     with pytest.raises(BlockingIOError):
-        old.accept()
-    for server in (old, new4, new6):
+        other.accept()
+    for server in (other, new4, new6):
         server.close()
 
 
