@@ -2,7 +2,7 @@
 stretch where the job makes no progress.
 
     python bench/stall.py [--backend numpy|torch] [--ranks 32] [--kills 500] [--stall 5]
-                          [--early 0.6] [--seed 0] [--keep DIR]
+                          [--early 0.6] [--seed 0] [--plain] [--keep DIR]
 
 A real job on one host with --ranks slots (bench/scripts/stall_step.py: an allreduce and a commit
 per step) and a short cooldown, so a killed slot is relaunched and joins again. Each kill -9 lands
@@ -53,12 +53,12 @@ class Tail:
 
 
 class Job:
-    def __init__(self, backend, ranks, folder):
+    def __init__(self, backend, ranks, folder, plain=False):
         self.dir = folder
         python = PYGLOO if backend == "numpy" else sys.executable
         cmd = [sys.executable, "-m", "hvdlite.cli", "run", "-H", f"localhost:{ranks}", "--min-np", "2",
                "--blacklist-cooldown-range", "0.3", "0.3", "--event-log", self.path("events.jsonl"),
-               python, SCRIPT]
+               *(["--no-preload"] if plain else []), python, SCRIPT]
         env = {**os.environ, "LOG_DIR": folder, "STALL_BACKEND": backend}
         self.out = open(self.path("driver.out"), "w")
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.out, stderr=subprocess.STDOUT,
@@ -172,10 +172,8 @@ def dump(job, folder):
                 os.kill(pid, signal.SIGUSR2)
             except ProcessLookupError:
                 pass
-    spies = {pid: subprocess.Popen(["py-spy", "dump", "--native", "--pid", str(pid)], stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True)
-             for _, pid in workers} if shutil.which("py-spy") else {}
-    for worker, pid in workers:
+    texts = {}
+    for worker, pid in workers:  # sockets first, while the state is the stall's
         lines = [f"worker {worker} pid {pid}"]
         for fd in _fds(pid):
             try:
@@ -194,12 +192,22 @@ def dump(job, folder):
                 if link.startswith("socket:"):
                     held.append(table.get(int(link[8:-1]), link))
             lines.append(f"  child {child} holds: " + "; ".join(held))
-        if pid in spies:
-            try:
-                lines.append(spies[pid].communicate(timeout=60)[0])
-            except subprocess.TimeoutExpired:
-                spies[pid].kill()
-                lines.append(spies[pid].communicate()[0])
+        texts[worker] = lines
+    spies = {}
+    if shutil.which("py-spy"):  # native stacks of the workers and their vouchers, all at once
+        for _, pid in workers:
+            for target in [pid] + _children(pid):
+                spies[target] = subprocess.Popen(["py-spy", "dump", "--native", "--pid", str(target)],
+                                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for worker, pid in workers:
+        lines = texts[worker]
+        for target in [pid] + _children(pid):
+            if target in spies:
+                try:
+                    lines.append(spies[target].communicate(timeout=60)[0])
+                except subprocess.TimeoutExpired:
+                    spies[target].kill()
+                    lines.append(spies[target].communicate()[0])
         with open(os.path.join(folder, f"{worker.replace('/', '_')}.txt"), "w") as f:
             f.write("\n".join(lines) + "\n")
     for name in os.listdir(job.dir):
@@ -213,12 +221,12 @@ def dump(job, folder):
 def hunt(args, say=print):
     rng = random.Random(args.seed)
     folder = tempfile.mkdtemp(prefix="hvdlite-stall-")
-    job = Job(args.backend, args.ranks, folder)
+    job = Job(args.backend, args.ranks, folder, args.plain)
     stalls, recoveries, kills = [], [], 0
     try:
-        def wait(predicate, limit, since=None):
+        def wait(predicate, limit, since=None, watch=True):
             """Poll until predicate(); a stall on the way (nothing moved for --stall seconds, or
-            `since`, a kill's time, is --stall seconds ago) is dumped and timed."""
+            `since`, a kill's time, is --stall seconds ago) is dumped and timed, if `watch`."""
             deadline = time.monotonic() + limit
             stalled = None
             while not predicate():
@@ -226,7 +234,7 @@ def hunt(args, say=print):
                     raise RuntimeError("no progress within the limit")
                 time.sleep(0.02)
                 moved = job.poll()
-                if stalled is None and (time.monotonic() - job.last_move > args.stall or
+                if watch and stalled is None and (time.monotonic() - job.last_move > args.stall or
                                         since is not None and time.monotonic() - since > args.stall):
                     where = os.path.join(args.keep, f"stall-{len(stalls) + 1}")
                     say(f"  STALL after kill {kills}: {'no recovery' if moved else 'nothing moved'} "
@@ -244,7 +252,7 @@ def hunt(args, say=print):
                     say(f"  stall {len(stalls)}: {length:.1f} s; dump in {stalled[1]}", flush=True)
 
         full = lambda: job.rounds and job.rounds[-1]["size"] == args.ranks  # noqa: E731
-        wait(full, RECOVERY_LIMIT * 2)
+        wait(full, RECOVERY_LIMIT * 2, watch=False)  # the job starts: no re-form to time yet
         while kills < args.kills:
             formed = len(job.rounds)
             target = job.rounds[-1]
@@ -286,6 +294,8 @@ def main():
     p.add_argument("--stall", type=float, default=5.0, help="seconds without progress that are a stall")
     p.add_argument("--early", type=float, default=0.6, help="latest kill after a world forms, seconds")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--plain", action="store_true", help="start every worker fresh (--no-preload), "
+                   "not forked from a preloaded template")
     p.add_argument("--keep", default=os.path.join(tempfile.gettempdir(), "hvdlite-stalls"),
                    help="where stall dumps go")
     args = p.parse_args()

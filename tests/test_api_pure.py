@@ -130,3 +130,43 @@ def test_a_released_group_is_destroyed_off_the_calling_thread():
     basics.shutdown()
     assert released() not in (None, threading.current_thread())
     assert not runtime.is_initialized()
+
+
+def test_a_collective_of_a_world_the_driver_says_broke_ends_at_once(monkeypatch):
+    # gloo can leave a survivor's collective pending for its whole timeout after the peers it
+    # waits on left the world (bench/stall.py: 5 of 18 kills at 16 ranks, 20-30 s each).
+    import threading
+    from datetime import timedelta
+    import torch.distributed as dist
+    from hvdlite.torch import runtime
+    from hvdlite.worker.errors import HorovodInternalError
+    from hvdlite.worker.world import WorldInfo
+    store, groups = dist.HashStore(), {}
+
+    def connect(rank):
+        options = dist.ProcessGroupGloo._Options()
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+        options._timeout = timedelta(seconds=20)
+        groups[rank] = dist.ProcessGroupGloo(store, rank, 2, options)
+    threads = [threading.Thread(target=connect, args=(rank,)) for rank in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+
+    class Session:
+        broken = 0
+    said = Session()
+    monkeypatch.setattr(ops, "session", lambda: said, raising=False)
+    runtime.activate(groups[0], WorldInfo(rank=0, size=2, local_rank=0, local_size=2, cross_rank=0,
+                                          cross_size=1, hostname="localhost", round=7))
+    try:
+        work = groups[0].allreduce([torch.ones(1)])  # rank 1 has left: never matched
+        threading.Timer(0.5, setattr, (said, "broken", 7)).start()
+        start = time.monotonic()
+        with pytest.raises(HorovodInternalError):
+            ops._wait(work)
+        assert time.monotonic() - start < 5
+    finally:
+        runtime.deactivate()
+        groups[1].allreduce([torch.ones(1)]).wait()  # lets rank 0's pending one end
