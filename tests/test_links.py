@@ -5,6 +5,7 @@ import gc
 import os
 import socket
 import struct
+import time
 import weakref
 
 from hvdlite.worker import sockets, vouch
@@ -163,3 +164,25 @@ def test_a_worker_names_the_listeners_at_the_addresses_it_published():
     assert sockets.published_listeners([b"x" + sockaddr(*mine.getsockname()) + b"y"]) == {inode(mine)}
     mine.close()
     other.close()
+
+
+def test_knocks_on_pairs_that_do_not_accept_hold_the_voucher_briefly():
+    # A full listen backlog drops the knock's SYN: a knock waiting a second for each such
+    # listener kept the voucher from beating, and the driver killed the worker as silent.
+    servers, fillers = [], []
+    for k in range(3):
+        server = socket.socket()
+        server.bind((f"127.0.0.{10 + k}", 0))
+        server.listen(0)  # never accepted: the queue fills
+        for _ in range(3):
+            filler = socket.socket()
+            filler.setblocking(False)
+            filler.connect_ex(server.getsockname())
+            fillers.append(filler)
+        servers.append(server)
+    time.sleep(0.2)
+    start = time.monotonic()
+    assert sockets.knock(os.getpid(), {inode(server) for server in servers}) == {inode(s) for s in servers}
+    assert time.monotonic() - start < 1.5
+    for s in servers + fillers:
+        s.close()

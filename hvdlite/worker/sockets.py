@@ -6,8 +6,12 @@ on every peer. That turns one worker's failure into a fast, world-wide error.
 """
 import os
 import re
+import select
 import socket
 import struct
+import time
+
+KNOCK_WAIT = 0.5  # seconds knocks may take to connect
 
 
 def open_sockets(pid="self") -> set:
@@ -145,13 +149,21 @@ def published_listeners(published) -> set:
 def knock(pid, wanted) -> set:
     """Connect once to every socket `pid` listens on whose inode is in `wanted`, and hang up: a
     pair of pygloo's gloo waiting for its peer takes any connection, so its wait ends (and the
-    pair fails on first use). Returns the inodes knocked on."""
-    knocked = set()
-    for inode, host, port in listening(pid, wanted):
+    pair fails on first use). All at once, waiting at most KNOCK_WAIT: a pair that does not
+    accept (its listen backlog of 1 full) must not hold the caller, the voucher, whose beats
+    keep the worker alive. Returns the inodes knocked on."""
+    found = listening(pid, wanted)
+    knocks = []
+    for _, host, port in found:
         host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
-        try:
-            socket.create_connection((host, port), timeout=1.0).close()
-            knocked.add(inode)
-        except OSError:
-            pass  # closed meanwhile
-    return knocked
+        s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        s.setblocking(False)
+        s.connect_ex((host, port))
+        knocks.append(s)
+    pending, deadline = list(knocks), time.monotonic() + KNOCK_WAIT
+    while pending and time.monotonic() < deadline:  # until each connected (or was refused)
+        _, done, _ = select.select([], pending, [], max(0.0, deadline - time.monotonic()))
+        pending = [s for s in pending if s not in done]
+    for s in knocks:
+        s.close()
+    return {inode for inode, _, _ in found}
