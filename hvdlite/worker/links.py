@@ -119,4 +119,3 @@ class Links:
         with self._lock:
             sockets.release(self._fds)
             self._round, self._fds = None, []
-

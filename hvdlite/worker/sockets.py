@@ -153,17 +153,19 @@ def knock(pid, wanted) -> set:
     accept (its listen backlog of 1 full) must not hold the caller, the voucher, whose beats
     keep the worker alive. Returns the inodes knocked on."""
     found = listening(pid, wanted)
-    knocks = []
+    knocks, poller = [], select.poll()
     for _, host, port in found:
         host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
         s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         s.setblocking(False)
         s.connect_ex((host, port))
+        poller.register(s, select.POLLOUT)
         knocks.append(s)
-    pending, deadline = list(knocks), time.monotonic() + KNOCK_WAIT
+    pending, deadline = len(knocks), time.monotonic() + KNOCK_WAIT
     while pending and time.monotonic() < deadline:  # until each connected (or was refused)
-        _, done, _ = select.select([], pending, [], max(0.0, deadline - time.monotonic()))
-        pending = [s for s in pending if s not in done]
+        for fd, _ in poller.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+            poller.unregister(fd)
+            pending -= 1
     for s in knocks:
         s.close()
     return {inode for inode, _, _ in found}
