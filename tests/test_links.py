@@ -170,7 +170,7 @@ def test_knocks_on_pairs_that_do_not_accept_hold_the_voucher_briefly():
     # A full listen backlog drops the knock's SYN: a knock waiting a second for each such
     # listener kept the voucher from beating, and the driver killed the worker as silent.
     servers, fillers = [], []
-    for k in range(3):
+    for k in range(8):
         server = socket.socket()
         server.bind((f"127.0.0.{10 + k}", 0))
         server.listen(0)  # never accepted: the queue fills
@@ -183,6 +183,6 @@ def test_knocks_on_pairs_that_do_not_accept_hold_the_voucher_briefly():
     time.sleep(0.2)
     start = time.monotonic()
     assert sockets.knock(os.getpid(), {inode(server) for server in servers}) == {inode(s) for s in servers}
-    assert time.monotonic() - start < 1.5
+    assert time.monotonic() - start < 4  # a second each: 8 s
     for s in servers + fillers:
         s.close()
