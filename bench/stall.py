@@ -10,10 +10,12 @@ on a member of the world just formed, after a random delay of 0 to --early secon
 world connects or syncs the state) or, every other kill, once the world trains. A stall is
 --stall seconds from a kill without a step in a newer world, or --stall seconds in which no worker
 completes a step and the driver logs nothing: then every live worker's Python stacks
-(faulthandler, SIGUSR2), native stacks (py-spy, if installed) and TCP sockets are written to
---keep/stall-N/, and the hunt goes on once the job moves again.
-Prints the kills, the stalls with their lengths, and the recovery times (kill -> first step of
-the next world at any size) against the median, the baseline of the same run.
+(faulthandler, SIGUSR2), native stacks (py-spy, if installed; its voucher's too) and TCP sockets
+are written to --keep/stall-N/, and the hunt goes on once the job moves again. Its length runs
+from the last step or event before it to the first after it, by their own time stamps (a gap
+under --stall means the hunt itself was starved: not counted). The job's start is not timed.
+Prints the kills, the stalls with their lengths, the workers that failed on their own (not by a
+kill), and the recovery times (kill -> first step of a newer world) against their median.
 """
 import argparse
 import json
