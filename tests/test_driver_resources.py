@@ -21,8 +21,8 @@ NUMPY_JOB = [PYTHON, os.path.join(SCRIPTS, "numpy_elastic_job.py")]
 
 def rendezvous_address(job):
     """The driver's one TCP listener (no --metrics-port): its KV server."""
-    (address,) = listening(job.proc.pid, ())
-    return address
+    ((_, *address),) = listening(job.proc.pid, None)
+    return tuple(address)
 
 
 def hold_idle(address, count: int, stop: threading.Event, held: list):

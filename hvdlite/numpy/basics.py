@@ -7,7 +7,7 @@ import pygloo
 
 from hvdlite.numpy.store import GlooStore
 from hvdlite import defaults
-from hvdlite.worker import elastic, env, trace, vouch
+from hvdlite.worker import elastic, env, sockets, trace, vouch
 from hvdlite.worker.links import Links
 from hvdlite.worker.runtime import Runtime
 from hvdlite.worker.scopestore import ScopeStore
@@ -46,8 +46,8 @@ def join(after_round=None, commit=0) -> None:
     if _voucher is None:
         _voucher = vouch.Voucher(s.environ, lambda: s.client.offset)
     # pygloo holds the GIL while it connects, so no thread here can give up on a round that
-    # breaks meanwhile: the voucher, a process of its own, can.
-    info, context = _links.join(s, _context, after_round, commit, connecting=_voucher.connecting)
+    # breaks meanwhile: the voucher, a process of its own, can (see _context).
+    info, context = _links.join(s, _context, after_round, commit)
     _voucher.watch(*_links.current())
     runtime.activate(context, info, elastic.entry_check(_count, info.size) if s.elastic else None)
 
@@ -60,7 +60,10 @@ def _count(flag: int) -> int:
 def _context(info: WorldInfo, abandoned, seen):
     s = session()
     kv = ScopeStore(s.client, info.store_scope, abandoned, peers=info.size, seen=seen)
-    store = GlooStore(kv, float(s.environ.get(env.START_TIMEOUT, defaults.START_TIMEOUT)))
+    # Once gloo published this rank's addresses, its pairs listen there: the voucher learns
+    # which sockets those are, to knock on them should the round break before they connect.
+    store = GlooStore(kv, float(s.environ.get(env.START_TIMEOUT, defaults.START_TIMEOUT)),
+                      published=lambda: _voucher.listening(info.round, sockets.published_listeners(seen)))
     context = pygloo.rendezvous.Context(info.rank, info.size)
     device = pygloo.transport.tcp.CreateDevice(pygloo.transport.tcp.attr(s.local_address(info.rank)))
     context.connectFullMesh(pygloo.rendezvous.CustomStore(store), device)

@@ -7,11 +7,14 @@ from hvdlite.worker.scopestore import ScopeStore
 
 
 class GlooStore:
-    def __init__(self, kv: ScopeStore, seconds: float):
-        self.kv, self.seconds = kv, seconds
+    """`published()`, if given, is called after each value gloo sets."""
+
+    def __init__(self, kv: ScopeStore, seconds: float, published=lambda: None):
+        self.kv, self.seconds, self.published = kv, seconds, published
 
     def set(self, key: str, data: bytes) -> bool:
         self.kv.set(key, data)
+        self.published()
         return True
 
     def get(self, key: str) -> bytes:

@@ -25,10 +25,10 @@ def broken(round_number, newest_broken) -> bool:
 
 class Links:
     def __init__(self):
-        self._round, self._fds = None, set()
+        self._round, self._fds = None, []  # the fds: this object's duplicates of gloo's sockets
         self._lock = threading.Lock()
 
-    def join(self, session, connect, after_round=None, commit=0, connecting=None):
+    def join(self, session, connect, after_round=None, commit=0):
         """Join the next world assigned to this worker (see Session.assignment): returns its
         WorldInfo and connect(info, abandoned, seen), the group; `abandoned()` tells the group's
         store that the driver gave the round up, and the store appends to the list `seen` every
@@ -36,14 +36,13 @@ class Links:
         broke cuts the group's connections. An elastic worker whose world fails while its group
         connects (a peer died) moves on to the next world; one whose group cannot connect for
         another reason (a firewall between hosts, say) says why on stderr, tries the next world,
-        and fails after CONNECT_ATTEMPTS such worlds in a row. `connecting(round, sockets)`, if
-        given, hears of each connect before it starts, with the sockets open until then."""
+        and fails after CONNECT_ATTEMPTS such worlds in a row."""
         session.on_round_broken = self.on_round_broken
         failures = 0
         while True:
             info = session.assignment(after_round, commit)
             try:
-                return info, self._connect(info, session, connect, connecting)
+                return info, self._connect(info, session, connect)
             except RoundAbandoned:
                 if not session.elastic:
                     raise
@@ -57,10 +56,11 @@ class Links:
                 sys.stderr.flush()
             after_round = info.round
 
-    def _connect(self, info, session, connect, connecting):
-        """connect(info, abandoned, seen), which forms the group's connections; remember the
-        sockets it opened: those with an end whose address gloo published through the store.
-        Other threads' sockets opened meanwhile (a data loader's, a tracker's) are not gloo's.
+    def _connect(self, info, session, connect):
+        """connect(info, abandoned, seen), which forms the group's connections; hold duplicates
+        of the sockets it opened: those with an end whose address gloo published through the
+        store (see sockets.hold_gloo). Other threads' sockets opened meanwhile (a data loader's,
+        a tracker's) are not gloo's.
 
         It runs on a helper thread so that the caller gives up (RuntimeError) as soon as the
         round is abandoned: a gloo rank waiting for a peer that died while connecting waits five
@@ -70,15 +70,16 @@ class Links:
         def abandoned():
             return broken(info.round, session.broken)
         before = sockets.open_sockets()
-        if connecting is not None:
-            connecting(info.round, before)
         outcome, seen = {}, []
 
         def run():
             try:
                 outcome["group"] = connect(info, abandoned, seen)
             except BaseException as e:  # noqa: BLE001 - handed to the caller
-                outcome["error"] = e
+                # Without its traceback: the frames would keep the half-connected group and
+                # its sockets (this frame's `outcome` holding the error makes a cycle that
+                # only the garbage collector breaks), its peers' ends open meanwhile.
+                outcome["error"] = e.with_traceback(None)
         helper = threading.Thread(target=run, daemon=True, name="hvdlite-connect")
         helper.start()
         while helper.is_alive():
@@ -86,19 +87,23 @@ class Links:
             if helper.is_alive() and abandoned():
                 raise RoundAbandoned(f"hvdlite: round {info.round} fell apart while its group connected")
         if "error" in outcome:
-            if abandoned():  # the group's store saw it first
+            if not abandoned():  # what the heartbeat thread heard may be old: ask the driver
+                session.hear()
+            if abandoned():  # a peer left: not this group's own failure
                 raise RoundAbandoned(f"hvdlite: round {info.round} fell apart while its group "
                                      f"connected") from outcome["error"]
             raise outcome["error"]
-        fds = sockets.gloo_fds(sockets.opened_since(before), seen)
+        held = sockets.hold_gloo(sockets.opened_since(before), seen)
         with self._lock:
-            self._round, self._fds = info.round, fds
+            sockets.release(self._fds)
+            self._round, self._fds = info.round, held
         return outcome["group"]
 
     def current(self):
-        """(round, socket fds) of the group, for a helper process that watches them (vouch)."""
+        """(round, socket fds) of the group, for a helper process that watches them (vouch);
+        the fds stay open until forget()."""
         with self._lock:
-            return self._round, set(self._fds)
+            return self._round, list(self._fds)
 
     def cut(self) -> None:
         """Fail every pending and future collective of the group, here and on its peers."""
@@ -112,4 +117,5 @@ class Links:
 
     def forget(self) -> None:
         with self._lock:
-            self._round, self._fds = None, set()
+            sockets.release(self._fds)
+            self._round, self._fds = None, []

@@ -125,6 +125,19 @@ class Session:
             if status != 408:
                 raise RuntimeError(f"hvdlite: rendezvous failed: HTTP {status} {body[:200]!r}")
 
+    def hear(self) -> None:
+        """Ask the driver now, with a heartbeat of its own, which round broke last: the
+        heartbeat thread may not have run for a while (pygloo holds the GIL while it connects)."""
+        beats = Heartbeats(self.client, timeout=HEARTBEAT_TIMEOUT)
+        try:
+            answer = beats.beat(self.worker, self.commits)
+        finally:
+            beats.close()
+        try:
+            self.broken = max(self.broken, json.loads(answer)["broken"])
+        except (TypeError, ValueError, KeyError):
+            pass  # no answer: what the heartbeat thread heard stands
+
     def _beat(self):
         last_contact = time.monotonic()
         while True:

@@ -6,8 +6,12 @@ on every peer. That turns one worker's failure into a fast, world-wide error.
 """
 import os
 import re
+import select
 import socket
 import struct
+import time
+
+KNOCK_WAIT = 0.5  # seconds knocks may take to connect
 
 
 def open_sockets(pid="self") -> set:
@@ -35,8 +39,8 @@ def inodes(found) -> set:
 
 
 def opened_since(before: set) -> set:
-    """Descriptors of the sockets opened since `before` (an open_sockets() result)."""
-    return {fd for fd, _ in open_sockets() - before}
+    """(fd, link) of the sockets opened since `before` (an open_sockets() result)."""
+    return open_sockets() - before
 
 
 def _wrap(fd) -> socket.socket:
@@ -45,24 +49,43 @@ def _wrap(fd) -> socket.socket:
     return socket.socket(fileno=os.dup(fd))
 
 
-def gloo_fds(fds, published) -> set:
-    """The connected TCP sockets among fds with an end at an address gloo published (in
-    `published`, the values its rendezvous exchanged: each holds a sockaddr, the port then the
-    host's address): connected to a peer's listener, or accepted on this worker's. Another
-    thread's connection opened meanwhile has neither. Listening sockets are left out:
-    collectives never wait on them, and gloo's listener aborts the process when accept() fails
-    on a socket shut down under it."""
-    kept = set()
-    for fd in fds:
+def hold_gloo(opened, published) -> list:
+    """Duplicates of the connected TCP sockets among `opened` (open_sockets() entries) with an
+    end at an address gloo published (in `published`, the values its rendezvous exchanged: each
+    holds a sockaddr, the port then the host's address): connected to a peer's listener, or
+    accepted on this worker's. Another thread's connection opened meanwhile has neither.
+    Listening sockets are left out: collectives never wait on them, and gloo's listener aborts
+    the process when accept() fails on a socket shut down under it.
+
+    The caller owns the duplicates (close them with release()). A duplicate stays the socket
+    gloo connected: gloo closes its own descriptor when a peer hangs up, and that number is
+    then free for any socket opened next, which a descriptor number kept instead would name
+    (and passing a closed one to the voucher fails with EBADF)."""
+    held = []
+    for fd, link in opened:
         try:
-            with _wrap(fd) as s:
-                if s.type == socket.SOCK_STREAM and s.family in (socket.AF_INET, socket.AF_INET6) \
-                        and any(_published(s.family, end, published)
-                                for end in (s.getsockname(), s.getpeername())):
-                    kept.add(fd)
+            copy = os.dup(fd)
         except OSError:
-            pass  # closed meanwhile, or not connected (a listening socket has no peer)
-    return kept
+            continue  # closed meanwhile
+        if os.fstat(copy).st_ino == int(link[len("socket:["):-1]) and _is_gloo(copy, published):
+            held.append(copy)
+        else:  # closed and reused meanwhile, or not gloo's
+            os.close(copy)
+    return held
+
+
+def _is_gloo(fd, published) -> bool:
+    try:
+        with _wrap(fd) as s:
+            return s.type == socket.SOCK_STREAM and s.family in (socket.AF_INET, socket.AF_INET6) \
+                and any(_published(s.family, end, published) for end in (s.getsockname(), s.getpeername()))
+    except OSError:  # not connected (a listening socket has no peer)
+        return False
+
+
+def release(fds) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 def _published(family, end, published) -> bool:
@@ -90,9 +113,10 @@ def _address(hex_address: str):
     return socket.inet_ntop(family, words), int(port, 16)
 
 
-def listening(pid, skip) -> list:
-    """(host, port) of the TCP sockets `pid` listens on, but for those whose inode is in `skip`."""
-    wanted = inodes(open_sockets(pid)) - set(skip)
+def listening(pid, wanted) -> list:
+    """(inode, host, port) of the TCP sockets `pid` listens on whose inode is in `wanted`
+    (None: all of them)."""
+    mine = inodes(open_sockets(pid))
     found = []
     for table in ("tcp", "tcp6"):
         try:
@@ -100,17 +124,48 @@ def listening(pid, skip) -> list:
                 rows = [line.split() for line in f.readlines()[1:]]
         except OSError:
             continue
-        found += [_address(row[1]) for row in rows if row[3] == "0A" and int(row[9]) in wanted]
+        found += [(int(row[9]), *_address(row[1])) for row in rows
+                  if row[3] == "0A" and int(row[9]) in mine and (wanted is None or int(row[9]) in wanted)]
     return found
 
 
-def knock(pid, skip) -> None:
-    """Connect once to every socket `pid` listens on (but those in `skip`), and hang up: a gloo
-    pair of pygloo's gloo waiting for its peer takes any connection, so its wait ends (and the
-    pair fails on first use)."""
-    for host, port in listening(pid, skip):
-        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+def published_listeners(published) -> set:
+    """Inodes of this process's listening TCP sockets at an address in `published` (see
+    hold_gloo). From the sockets themselves: the host's TCP table can hold tens of thousands
+    of rows, and this runs while gloo connects, holding the GIL."""
+    found = set()
+    for fd, _ in open_sockets():
         try:
-            socket.create_connection((host, port), timeout=1.0).close()
+            with _wrap(fd) as s:
+                if s.type == socket.SOCK_STREAM and s.family in (socket.AF_INET, socket.AF_INET6) \
+                        and s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) \
+                        and _published(s.family, s.getsockname(), published):
+                    found.add(os.fstat(s.fileno()).st_ino)
         except OSError:
             pass  # closed meanwhile
+    return found
+
+
+def knock(pid, wanted) -> set:
+    """Connect once to every socket `pid` listens on whose inode is in `wanted`, and hang up: a
+    pair of pygloo's gloo waiting for its peer takes any connection, so its wait ends (and the
+    pair fails on first use). All at once, waiting at most KNOCK_WAIT: a pair that does not
+    accept (its listen backlog of 1 full) must not hold the caller, the voucher, whose beats
+    keep the worker alive. Returns the inodes knocked on."""
+    found = listening(pid, wanted)
+    knocks, poller = [], select.poll()
+    for _, host, port in found:
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+        s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        s.setblocking(False)
+        s.connect_ex((host, port))
+        poller.register(s, select.POLLOUT)
+        knocks.append(s)
+    pending, deadline = len(knocks), time.monotonic() + KNOCK_WAIT
+    while pending and time.monotonic() < deadline:  # until each connected (or was refused)
+        for fd, _ in poller.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+            poller.unregister(fd)
+            pending -= 1
+    for s in knocks:
+        s.close()
+    return {inode for inode, _, _ in found}

@@ -11,8 +11,10 @@ out gloo's 30 s timeout. This process does both in the worker's place:
 - it holds copies of the worker's gloo sockets (passed over a Unix socket with SCM_RIGHTS) and
   shuts them down once the driver says their round broke, which fails the pending collective;
 - while the worker connects a group (pygloo holds the GIL for all of it), it knocks on the
-  sockets the worker listens on once the driver says that round broke: a pair waiting for a
-  peer that died would otherwise wait out gloo's 30 s.
+  sockets that group's pairs listen on once the driver says that round broke: a pair waiting
+  for a peer that died would otherwise wait out gloo's 30 s. It knocks on the ones the worker
+  named (those at the addresses it published for that round), on every beat until the worker
+  is done connecting: never on a later round's, never too early to reach them.
 It dies with the worker (PR_SET_PDEATHSIG), so its socket copies never keep a dead worker's
 connections open. The worker's own heartbeat thread keeps beating too.
 
@@ -65,11 +67,10 @@ class Voucher:
         except OSError:
             pass  # the helper is gone already (a TERM to the worker's process group): it holds nothing
 
-    def connecting(self, round_number: int, before) -> None:
-        """The worker starts connecting the group of `round_number`; `before` (an
-        open_sockets() result) are the sockets it had until then, which are never knocked on."""
-        inodes = " ".join(map(str, sockets.inodes(before)))
-        self._channel.sendmsg([f"connecting {round_number} {self._offset()!r} {inodes}".encode()])
+    def listening(self, round_number: int, inodes) -> None:
+        """The group of `round_number` the worker connects listens on these sockets (inodes)."""
+        words = " ".join(map(str, sorted(inodes)))
+        self._channel.sendmsg([f"listening {round_number} {self._offset()!r} {words}".encode()])
 
 
 def _running(pid: int) -> bool:
@@ -88,7 +89,8 @@ class _Held:
     def __init__(self):
         self.round, self.fds = NO_ROUND, []
         self.offset = 0.0  # the worker's clock offset to the driver's, as last told
-        self.connecting = None  # (round, socket inodes not to knock on) while the worker connects
+        # While the worker connects: (round, inodes its pairs listen on, inodes knocked on).
+        self.connecting = None
 
     def receive(self, channel) -> None:
         size = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
@@ -98,9 +100,12 @@ class _Held:
             except BlockingIOError:
                 return
             words = data.split()
-            if words[0] == b"connecting":
+            if words[0] == b"listening":
                 self.offset = float(words[2])
-                self.connecting = int(words[1]), {int(inode) for inode in words[3:]}
+                round_number, inodes = int(words[1]), {int(inode) for inode in words[3:]}
+                if self.connecting is None or self.connecting[0] != round_number:
+                    self.connecting = round_number, set(), set()
+                self.connecting[1].update(inodes)
                 continue
             self.connecting = None  # connected (or gone): what it holds now is its group
             fds = array.array("i")
@@ -118,8 +123,8 @@ class _Held:
         if broken(self.round, newest_broken):
             sockets.cut(self.fds)
         if self.connecting is not None and broken(self.connecting[0], newest_broken):
-            sockets.knock(pid, self.connecting[1])
-            self.connecting = None
+            _, listening, knocked = self.connecting
+            knocked |= sockets.knock(pid, listening - knocked)
 
 
 def main(pid: int, channel_fd: int) -> None:

@@ -1,0 +1,188 @@
+"""A worker's hold on its group's gloo sockets (worker/links.py) and the voucher's knocks
+(worker/vouch.py), on real sockets of this process: the parts of a re-form that decide whether
+a survivor waits out gloo's 30 s."""
+import gc
+import os
+import socket
+import struct
+import time
+import weakref
+
+from hvdlite.worker import sockets, vouch
+from hvdlite.worker.links import Links
+from hvdlite.worker.world import WorldInfo
+
+
+class Session:
+    """What Links.join reads of a worker's session: its place in each next world (rounds 1,
+    2, ...) and the newest round the driver said broke."""
+
+    elastic = True
+
+    def __init__(self, heard=0):
+        self.broken, self.round, self.on_round_broken = 0, 0, None
+        self.heard = heard  # the newest broken round the driver tells hear()
+
+    def hear(self):
+        self.broken = max(self.broken, self.heard)
+
+    def assignment(self, after_round=None, commit=0):
+        self.round += 1
+        return WorldInfo(rank=0, size=2, local_rank=0, local_size=2, cross_rank=0, cross_size=1,
+                         hostname="localhost", round=self.round)
+
+
+def sockaddr(host, port) -> bytes:
+    """A sockaddr_in, as gloo publishes its addresses."""
+    return struct.pack("=H", socket.AF_INET) + struct.pack(">H", port) + socket.inet_aton(host) + bytes(8)
+
+
+def inode(sock) -> int:
+    return os.fstat(sock.fileno()).st_ino
+
+
+def test_the_group_s_sockets_are_held_not_their_descriptor_numbers():
+    # gloo closes its descriptor when a peer hangs up, and the number goes to the next socket
+    # opened: a cut by number shut that one down, and handing a closed number to the voucher
+    # failed with EBADF (the worker died: exit 1, its slot blacklisted).
+    open_before = len(os.listdir("/proc/self/fd"))
+    server = socket.create_server(("127.0.0.1", 0))
+    ends = {}
+
+    def connect(info, abandoned, seen):
+        seen.append(sockaddr(*server.getsockname()))
+        ends["gloo"] = socket.create_connection(server.getsockname())
+        ends["peer"], _ = server.accept()
+        return "group"
+
+    links = Links()
+    assert links.join(Session(), connect)[1] == "group"
+    channel, voucher = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    mine, theirs = socket.socketpair()
+    number = ends["gloo"].fileno()
+    ends["gloo"].close()
+    round_, held = links.current()
+    assert round_ == 1 and len(held) == 2  # both ends are this process's: connected and accepted
+    socket.send_fds(channel, [b"1 0.0"], held)  # what Voucher.watch passes
+    for fd in socket.recv_fds(voucher, 16, 2)[1]:
+        os.close(fd)
+    os.dup2(mine.fileno(), number)
+    reused = socket.socket(fileno=number)
+    links.on_round_broken(1)
+    ends["peer"].settimeout(5)
+    assert ends["peer"].recv(1) == b""  # the group's connection was cut
+    reused.sendall(b"ok")  # the socket that got the number was not
+    assert theirs.recv(2) == b"ok"
+    links.forget()
+    for s in (server, ends["peer"], channel, voucher, mine, theirs, reused):
+        s.close()
+    assert len(os.listdir("/proc/self/fd")) == open_before
+
+
+def test_a_connect_that_fails_in_a_round_the_driver_gave_up_is_no_failure(capsys):
+    # pygloo holds the GIL while it connects, so the heartbeat thread may not have heard that
+    # the round broke when the connect fails. Counted as the group's own failure, three in a
+    # row ended the worker.
+    session = Session(heard=3)
+
+    def connect(info, abandoned, seen):
+        if info.round <= 3:
+            raise RuntimeError("Connection closed by peer [127.0.0.3]:41234")
+        return "group"
+
+    assert Links().join(session, connect)[0].round == 4
+    assert "could not connect" not in capsys.readouterr().err
+
+
+def test_a_group_that_failed_to_connect_is_freed_at_once():
+    # Its sockets stay open, and its peers' ends with them, for as long as it lives: a cycle
+    # through the error's traceback kept it until the garbage collector ran.
+    failed = []
+
+    class Group:
+        pass
+
+    def connect(info, abandoned, seen):
+        if not failed:
+            group = Group()
+            failed.append(weakref.ref(group))
+            raise RuntimeError("connect [127.0.0.2]:41234: Connection refused")
+        return Group()
+
+    gc.disable()
+    try:
+        Links().join(Session(), connect)
+        assert failed[0]() is None
+    finally:
+        gc.enable()
+
+
+def test_the_voucher_knocks_on_the_connecting_round_s_listeners_until_it_connected():
+    # Named as gloo publishes them, knocked on every beat while their round is broken: a
+    # listener named after a first knock (the old knock came once, at the first word that the
+    # round broke, often before the pairs listened: their wait for a dead peer took gloo's
+    # 30 s), and never a listener of a later round the worker moved on to.
+    channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    voucher = vouch.Voucher.__new__(vouch.Voucher)  # its messages, without its process
+    voucher._channel, voucher._offset = channel, lambda: 0.0
+    held, pid = vouch._Held(), os.getpid()
+    first, later, next_round = (socket.create_server((f"127.0.0.{k}", 0)) for k in (2, 3, 4))
+    for server in (first, later, next_round):
+        server.settimeout(0)
+
+    def knocked(server):
+        try:
+            server.accept()[0].close()
+            return True
+        except BlockingIOError:
+            return False
+
+    voucher.listening(3, {inode(first)})
+    held.receive(theirs)
+    held.cut_if_broken(2, pid)
+    assert not knocked(first)  # its round has not broken
+    held.cut_if_broken(3, pid)
+    assert knocked(first)
+    voucher.listening(3, {inode(later)})
+    held.receive(theirs)
+    held.cut_if_broken(3, pid)
+    assert knocked(later) and not knocked(first)  # each listener once
+    voucher.listening(4, {inode(next_round)})
+    held.receive(theirs)
+    held.cut_if_broken(3, pid)
+    assert not knocked(next_round)
+    voucher.watch(4, [])  # connected: nothing more to knock on
+    held.receive(theirs)
+    held.cut_if_broken(4, pid)
+    assert not knocked(next_round)
+    for s in (channel, theirs, first, later, next_round):
+        s.close()
+
+
+def test_a_worker_names_the_listeners_at_the_addresses_it_published():
+    mine, other = socket.create_server(("127.0.0.5", 0)), socket.create_server(("127.0.0.6", 0))
+    assert sockets.published_listeners([b"x" + sockaddr(*mine.getsockname()) + b"y"]) == {inode(mine)}
+    mine.close()
+    other.close()
+
+
+def test_knocks_on_pairs_that_do_not_accept_hold_the_voucher_briefly():
+    # A full listen backlog drops the knock's SYN: a knock waiting a second for each such
+    # listener kept the voucher from beating, and the driver killed the worker as silent.
+    servers, fillers = [], []
+    for k in range(8):
+        server = socket.socket()
+        server.bind((f"127.0.0.{10 + k}", 0))
+        server.listen(0)  # never accepted: the queue fills
+        for _ in range(3):
+            filler = socket.socket()
+            filler.setblocking(False)
+            filler.connect_ex(server.getsockname())
+            fillers.append(filler)
+        servers.append(server)
+    time.sleep(0.2)
+    start = time.monotonic()
+    assert sockets.knock(os.getpid(), {inode(server) for server in servers}) == {inode(s) for s in servers}
+    assert time.monotonic() - start < 4  # a second each: 8 s
+    for s in servers + fillers:
+        s.close()
