@@ -108,6 +108,46 @@ def test_knocking_reaches_the_new_listening_sockets_only():
         server.close()
 
 
+def test_the_voucher_knocks_only_on_the_connect_that_broke():
+    # The worker gave round 5 up and began connecting round 6 while the voucher's heartbeat
+    # was out; the answer says round 5 broke. Knocking on round 6's listener would break it.
+    import os
+    import socket
+    from hvdlite.worker import sockets, vouch
+    worker, helper = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+
+    def connecting(round_number):
+        skip = " ".join(map(str, sockets.inodes(sockets.open_sockets())))
+        worker.sendmsg([f"connecting {round_number} 0.0 {skip}".encode()])
+    held = vouch._Held()
+    connecting(5)
+    held.receive(helper)
+    connecting(6)
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0)
+    try:
+        held.cut_if_broken(5, os.getpid(), helper)
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+        held.cut_if_broken(6, os.getpid(), helper)
+        listener.accept()[0].close()
+    finally:
+        for s in (worker, helper, listener):
+            s.close()
+
+
+def test_releasing_a_voucher_whose_helper_is_gone_is_quiet():
+    # A stop signals the worker's process group: the helper dies first, then the worker's
+    # exit releases it (atexit), which once printed a ConnectionRefusedError traceback.
+    import os
+    from hvdlite.worker import env, vouch
+    environ = {**os.environ, env.RENDEZVOUS_ADDR: "127.0.0.1", env.RENDEZVOUS_PORT: "9", env.SECRET: "x"}
+    voucher = vouch.Voucher(environ, lambda: 0.0)
+    voucher.proc.terminate()
+    voucher.proc.wait(10)
+    voucher.release()
+
+
 def test_a_released_group_is_destroyed_off_the_calling_thread():
     # A gloo group's destructor waits for its peers (and forever for a hung one's pending op):
     # shutdown() hands it to a thread and keeps no reference that would run it here.

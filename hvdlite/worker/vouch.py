@@ -60,7 +60,10 @@ class Voucher:
             self._channel.sendmsg([f"{round_number} {self._offset()!r}".encode()], ancillary)
 
     def release(self) -> None:
-        self.watch(NO_ROUND, [])
+        try:
+            self.watch(NO_ROUND, [])
+        except OSError:  # the helper is gone (a stop signals the worker's whole process group)
+            pass
 
     def connecting(self, round_number: int, before) -> None:
         """The worker starts connecting the group of `round_number`; `before` (an
@@ -111,7 +114,10 @@ class _Held:
                 self.round, self.fds = round_number, []
             self.fds.extend(fds)
 
-    def cut_if_broken(self, newest_broken: int, pid: int) -> None:
+    def cut_if_broken(self, newest_broken: int, pid: int, channel) -> None:
+        # What the worker said since the heartbeat left first: a connect it began meanwhile
+        # is not the round that broke, and knocking on its sockets would break it too.
+        self.receive(channel)
         if broken(self.round, newest_broken):
             sockets.cut(self.fds)
         if self.connecting is not None and broken(self.connecting[0], newest_broken):
@@ -137,7 +143,7 @@ def main(pid: int, channel_fd: int) -> None:
             body = beats.beat(worker)
             try:
                 if body is not None:
-                    held.cut_if_broken(json.loads(body)["broken"], pid)
+                    held.cut_if_broken(json.loads(body)["broken"], pid, channel)
             except (ValueError, KeyError):
                 pass  # no contact this time; the worker's own liveness check decides
         time.sleep(HEARTBEAT_INTERVAL)
