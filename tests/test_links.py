@@ -18,6 +18,7 @@ class Session:
     2, ...) and the newest round the driver said broke."""
 
     elastic = True
+    liveness_timeout = 1.0
 
     def __init__(self, heard=0):
         self.broken, self.round, self.on_round_broken = 0, 0, None

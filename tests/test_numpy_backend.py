@@ -76,6 +76,23 @@ def test_a_peer_dying_while_the_mesh_connects_costs_no_gloo_timeout(tmp_path):
 
 
 @needs_pygloo
+def test_peers_dying_while_the_mesh_connects_are_not_the_survivors_failure(tmp_path):
+    # Three worlds in a row lose a member while they connect. Each death fails the connect of
+    # localhost/3 (the highest address: it connects to the victims) before the driver's word
+    # can reach it; it once counted them as its own group failing, and exited 1 at the third.
+    r = run_job(["-H", "localhost:4", "--min-np", "1", "--blacklist-cooldown-range", "600", "600",
+                 PYTHON, os.path.join(SCRIPTS, "numpy_connect_victim.py")], tmp_path, timeout=90,
+                env={"VICTIM_MARK": str(tmp_path / "victims"), "VICTIM_LINGER": "1",
+                     "VICTIMS": "localhost/1@1,localhost/2@2,localhost/0@3"})
+    assert r.code == 0, r.stderr
+    assert (tmp_path / "victims").read_text().split() == ["localhost/1", "localhost/2", "localhost/0"]
+    assert [line.split("DONE ")[1] for line in r.stdout.splitlines() if "DONE" in line] == ["0 1"]
+    assert [(e["slot"], e["code"]) for e in r.of("worker_exit")] == \
+        [("localhost/1", -9), ("localhost/2", -9), ("localhost/0", -9), ("localhost/3", 0)]
+    assert "could not connect" not in r.stdout
+
+
+@needs_pygloo
 def test_added_host_joins_at_a_commit(tmp_path):
     schedule = [[0, ["127.0.0.1:1", "127.0.0.2:1"]], [8, ["127.0.0.1:1", "127.0.0.2:1", "127.0.0.3:1"]]]
     r = run_job([*discovery(tmp_path, schedule), "--min-np", "1", *JOB], tmp_path,

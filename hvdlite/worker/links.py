@@ -6,6 +6,7 @@ the group's round fell apart, so that no survivor waits for a gloo timeout.
 """
 import sys
 import threading
+import time
 
 from hvdlite.errors import first_line
 from hvdlite.worker import sockets
@@ -21,6 +22,21 @@ class RoundAbandoned(RuntimeError):
 def broken(round_number, newest_broken) -> bool:
     # Elastic rounds count from 1; a static job's world (round 0) is never given up.
     return round_number is not None and 0 < round_number <= newest_broken
+
+
+def told(abandoned, seconds: float) -> bool:
+    """Whether the driver says, within `seconds`, that the round fell apart. A peer that died
+    while the group connected fails the connect at once (connection refused or closed), before
+    the driver's word reaches this worker: sooner still with pygloo, whose held GIL kept the
+    heartbeat thread from hearing it. Judged then, each such death would count against this
+    survivor as if its own group could not connect. The driver knows of a gone worker within
+    the liveness timeout, so a failure nobody explains by then is this worker's."""
+    deadline = time.monotonic() + seconds
+    while not abandoned():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(CONNECT_POLL)
+    return True
 
 
 class Links:
@@ -89,7 +105,7 @@ class Links:
         if "error" in outcome:
             if not abandoned():  # what the heartbeat thread heard may be old: ask the driver
                 session.hear()
-            if abandoned():  # a peer left: not this group's own failure
+            if session.elastic and told(abandoned, session.liveness_timeout):
                 raise RoundAbandoned(f"hvdlite: round {info.round} fell apart while its group "
                                      f"connected") from outcome["error"]
             raise outcome["error"]
