@@ -7,6 +7,7 @@ training recovers from. `name=` names a collective in the timeline; ranks match 
 their order, not by name.
 """
 import functools
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -16,11 +17,14 @@ from hvdlite.torch import adasum, fusion, joinwire, runtime
 from hvdlite.torch.processsets import global_process_set
 from hvdlite.worker import objects, trace
 from hvdlite.worker.errors import HorovodInternalError
+from hvdlite.worker.links import broken
 from hvdlite.worker.reduceops import Adasum, Average, Max, Min, Product, Sum, resolve, shares  # noqa: F401
+from hvdlite.worker.session import session
 
 _GLOO_OPS = {Average: dist.ReduceOp.SUM, Sum: dist.ReduceOp.SUM, Min: dist.ReduceOp.MIN,
              Max: dist.ReduceOp.MAX, Product: dist.ReduceOp.PRODUCT}
 _DTYPES = joinwire.DTYPES
+_SLICE = timedelta(seconds=0.2)  # a wait's checks whether the driver said the world broke
 
 
 class Handle:
@@ -55,11 +59,35 @@ def _done(result) -> Handle:
 
 
 def _wait(work) -> None:
+    """Wait for a gloo Work; HorovodInternalError when it fails, or once the driver says the
+    world broke while it still waits. Cutting the group's sockets (links.py) fails its pending
+    work at once, but not always: a gloo pair whose incoming message was meant for a collective
+    that failed already reads no more (its buffer is gone), so it sees neither the cut nor the
+    peer's exit, and work waiting on that pair waits out the whole collective timeout."""
+    if isinstance(work, Handle):  # waits for its own works
+        work.wait()
+        return
+    while True:
+        try:
+            work.wait(_SLICE)
+            return
+        except RuntimeError as e:
+            if work.is_completed():  # failed, or finished just as the slice ended
+                break
+            if _world_broke():
+                raise HorovodInternalError("hvdlite: the driver said this world broke while a "
+                                           "collective waited") from e
     try:
         work.wait()
     except RuntimeError as e:
         # gloo reports a dead, hung or cut-off peer as a plain RuntimeError.
         raise HorovodInternalError(str(e)) from e
+
+
+def _world_broke() -> bool:
+    # Only an elastic world (round 1 on) can break; only a worker of `hvdlite run` has a session.
+    round_ = runtime.info().round if runtime.is_initialized() else 0
+    return round_ > 0 and broken(round_, session().broken)
 
 
 def _traced(kind):
