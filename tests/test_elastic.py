@@ -3,6 +3,7 @@
 The discovery script is keyed on the job's committed progress, so host changes happen at
 known steps whatever the machine's speed.
 """
+import json
 import os
 import signal
 import sys
@@ -89,6 +90,18 @@ def test_peer_dying_while_a_new_group_connects_costs_no_gloo_timeout(tmp_path, v
     check_training_continuous(tmp_path, 20)
     assert [e["code"] for e in r.of("worker_exit") if e["slot"] == victim][0] == -9
     assert sizes(steps_log(tmp_path)) == [3, 1]
+
+
+def test_a_collective_the_cut_misses_ends_when_the_driver_says_the_world_broke(tmp_path):
+    # Rank 0 waits in a broadcast whose root is busy while rank 1 dies, and no cut reaches
+    # gloo (scripts/missed_cut.py): the wait ends on the driver's word, not when the root
+    # comes back 8 s later (or, with a wedged pair, at gloo's 30 s timeout).
+    r = run_job(["-H", "localhost:3", "--min-np", "1", "--blacklist-cooldown-range", "0.1", "0.1",
+                 sys.executable, os.path.join(SCRIPTS, "missed_cut.py")], tmp_path, timeout=90,
+                env=job_env(tmp_path, BUSY=8))
+    assert r.code == 0, r.stderr
+    (wait,) = [json.loads(line) for line in (tmp_path / "waits.jsonl").read_text().splitlines()]
+    assert wait["outcome"] == "failed" and wait["waited"] < 4.0, wait
 
 
 def test_all_workers_failing_fails_the_job_naming_the_first(tmp_path):

@@ -24,7 +24,7 @@ from hvdlite.worker.session import session
 _GLOO_OPS = {Average: dist.ReduceOp.SUM, Sum: dist.ReduceOp.SUM, Min: dist.ReduceOp.MIN,
              Max: dist.ReduceOp.MAX, Product: dist.ReduceOp.PRODUCT}
 _DTYPES = joinwire.DTYPES
-WAIT_SLICE = timedelta(seconds=0.25)  # between checks whether the driver says the world broke
+_SLICE = timedelta(seconds=0.2)  # a wait's checks whether the driver said the world broke
 
 
 class Handle:
@@ -59,23 +59,35 @@ def _done(result) -> Handle:
 
 
 def _wait(work) -> None:
-    """Wait for a collective (a torch Work, or a Handle). One of an elastic world fails as
-    soon as the driver says that world broke: gloo can leave a survivor's collective pending
-    for its whole timeout (30 s) after the peers it waits on left, every connection of the
-    group closed (seen at 16 ranks in 5 of 18 kills, bench/stall.py)."""
-    if isinstance(work, Handle):
+    """Wait for a gloo Work; HorovodInternalError when it fails, or once the driver says the
+    world broke while it still waits. Cutting the group's sockets (links.py) fails its pending
+    work at once, but not always: a gloo pair whose incoming message was meant for a collective
+    that failed already reads no more (its buffer is gone), so it sees neither the cut nor the
+    peer's exit, and work waiting on that pair waits out the whole collective timeout."""
+    if isinstance(work, Handle):  # waits for its own works
         work.wait()
         return
-    world = runtime.info().round if runtime.is_initialized() else 0
     while True:
         try:
-            work.wait(WAIT_SLICE)
+            work.wait(_SLICE)
             return
         except RuntimeError as e:
-            if work.is_completed():  # gloo reports a dead, hung or cut-off peer so
-                raise HorovodInternalError(str(e)) from e
-        if world and broken(world, session().broken):
-            raise HorovodInternalError(f"world {world} broke while this worker waited in a collective")
+            if work.is_completed():  # failed, or finished just as the slice ended
+                break
+            if _world_broke():
+                raise HorovodInternalError("hvdlite: the driver said this world broke while a "
+                                           "collective waited") from e
+    try:
+        work.wait()
+    except RuntimeError as e:
+        # gloo reports a dead, hung or cut-off peer as a plain RuntimeError.
+        raise HorovodInternalError(str(e)) from e
+
+
+def _world_broke() -> bool:
+    # Only an elastic world (round 1 on) can break; only a worker of `hvdlite run` has a session.
+    round_ = runtime.info().round if runtime.is_initialized() else 0
+    return round_ > 0 and broken(round_, session().broken)
 
 
 def _traced(kind):
