@@ -18,8 +18,6 @@ from hvdlite.worker import objects, trace
 from hvdlite.worker.errors import HorovodInternalError
 from hvdlite.worker.reduceops import Adasum, Average, Max, Min, Product, Sum, resolve, shares  # noqa: F401
 
-_GLOO_OPS = {Average: dist.ReduceOp.SUM, Sum: dist.ReduceOp.SUM, Min: dist.ReduceOp.MIN,
-             Max: dist.ReduceOp.MAX, Product: dist.ReduceOp.PRODUCT}
 _DTYPES = joinwire.DTYPES
 
 
@@ -118,18 +116,12 @@ def _collective(tensors, result, start, finish=None) -> Handle:
     return Handle(works, done)
 
 
-def _allreduce_options(op):
-    options = dist.AllreduceOptions()
-    options.reduceOp = _GLOO_OPS[op]
-    return options
-
-
-def _announce(pg, layout, works, room=None):
+def _announce(pg, layout, works, room=None, guess=None):
     """Issue join's envelope (see joinwire) for this rank's allreduce `layout`, carrying the
     data in `room` when given; after a wrong guess, the control exchange too. Returns what
     the handle checks once done: (envelope, control or None, layout)."""
     wire = joinwire.wire()
-    guess = wire.guess()
+    guess = wire.guess() if guess is None else guess
     wire.record(layout)
     wrong = layout != guess
     envelope = joinwire.envelope(guess, joinwire.WRONG if wrong else joinwire.RIGHT, pg.size(), room)
@@ -164,11 +156,12 @@ def _issue_announced(pg, group, op, prescale_factor, divisor, copy, works):
     was guessed right and its data rides along, else the envelope and then the data."""
     owned = copy or len(group) > 1 or not group[0].is_contiguous()
     layout = joinwire.layout(sum(t.numel() for t in group), group[0].dtype, op, owned)
-    rides = layout == joinwire.wire().guess() and layout.carried
+    guess = joinwire.wire().guess()
+    rides = layout == guess and layout.carried
     pack, left = _packed(group, 1 if rides else 0, copy, prescale_factor, divisor)
-    checks = _announce(pg, layout, works, pack.buffer if rides else None)
+    checks = _announce(pg, layout, works, pack.buffer if rides else None, guess)
     if not rides:
-        works.append(pg.allreduce([pack.flat], _allreduce_options(op)))
+        works.append(pg.allreduce([pack.flat], joinwire.OPTIONS[op]))
     return pack, left, checks
 
 
@@ -192,7 +185,7 @@ def _allreduce_async(tensors, average, op, prescale_factor, postscale_factor, pr
             announced_checks.append(checks)
         else:
             pack, left = _packed(group, 0, copy, prescale_factor, divisor)
-            works.append(pg.allreduce([pack.flat], _allreduce_options(op)))
+            works.append(pg.allreduce([pack.flat], joinwire.OPTIONS[op]))
         packs.append((pack, left))
 
     def done():
@@ -317,7 +310,7 @@ def join(device=-1) -> int:
             _gather_equal(pg, torch.zeros(1, actual.numel, dtype=dtype))
         else:
             _wait(pg.allreduce([joinwire.identity(actual.op, dtype, actual.numel)],
-                               _allreduce_options(actual.op)))
+                               joinwire.OPTIONS[actual.op]))
 
 
 @_traced("broadcast")
