@@ -11,7 +11,8 @@ and whether the active ranks' guess was wrong. Only then does more follow:
   wrong);
 - every rank in join(): a control exchange of who joined just now, to name the last one.
 A training loop repeats its allreduces, so from its third step on every guess holds and an
-allreduce costs one collective, one element longer.
+allreduce costs one collective, one element longer (an in-place one above COPY_LIMIT: the data
+where it lies and a one-element envelope alongside).
 """
 import os
 from typing import NamedTuple
