@@ -49,8 +49,8 @@ class Pack:
         self.tensors = tensors
         self.in_place = not room and not copy and len(tensors) == 1 and tensors[0].is_contiguous()
         self.scaled = scale is not None and not self.in_place  # multiplied by `scale` as copied
-        if self.in_place:
-            self.buffer = self.flat = tensors[0].view(-1)
+        if self.in_place:  # (a view costs ~1 us; a 1-D tensor needs none)
+            self.buffer = self.flat = tensors[0] if tensors[0].dim() == 1 else tensors[0].view(-1)
             return
         self.buffer = pool.take(room + sum(t.numel() for t in tensors), tensors[0].dtype)
         self.flat = self.buffer[room:]

@@ -113,11 +113,12 @@ class Envelope(NamedTuple):
 def envelope(guess: Layout, state: int, size: int, room=None) -> Envelope:
     """The envelope for `guess` saying `state`. Its data part is `room` (a buffer with one
     element free in front of the data) or, when left to this, the op's identity."""
-    dtype, op = (guess.torch_dtype, guess.op) if guess.carried else (torch.int64, Sum)
+    if not guess.carried:  # the state alone
+        return Envelope(torch.tensor([_states(Sum, size)[state]]), guess, Sum)
     if room is None:
-        room = identity(op, dtype, 1 + (guess.numel if guess.carried else 0))
-    room.numpy()[0] = _states(op, size)[state]  # a carrier dtype; 3x quicker than room[0] =
-    return Envelope(room, guess, op)
+        room = identity(guess.op, guess.torch_dtype, 1 + guess.numel)
+    room.numpy()[0] = _states(guess.op, size)[state]  # a carrier dtype; 3x quicker than room[0] =
+    return Envelope(room, guess, guess.op)
 
 
 class Control(NamedTuple):
