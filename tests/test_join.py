@@ -69,11 +69,12 @@ class _Counting:
     """A process group that counts the collectives issued on it."""
 
     def __init__(self, pg):
-        self.pg, self.allreduces = pg, 0
+        self.pg, self.allreduces, self.buffers = pg, 0, []
 
-    def allreduce(self, *args):
+    def allreduce(self, tensors, *args):
         self.allreduces += 1
-        return self.pg.allreduce(*args)
+        self.buffers.append(tensors[0])
+        return self.pg.allreduce(tensors, *args)
 
     def __getattr__(self, name):
         return getattr(self.pg, name)
@@ -110,6 +111,26 @@ def check_a_guessed_allreduce_is_one_collective():
 
 def test_a_guessed_allreduce_is_one_collective():
     gloo_harness.run(check_a_guessed_allreduce_is_one_collective, 2)
+
+
+def check_an_in_place_allreduce_of_1mb_reduces_the_tensor_itself():
+    info = runtime.info()
+    counting = _Counting(runtime.deactivate())
+    runtime.activate(counting, info)
+    x = torch.ones(1 << 18)  # 1 MB: copying it into an envelope and back costs more than a collective
+    for _ in range(3):  # guessed right from the third on
+        before = len(counting.buffers)
+        hvd.allreduce_(x, op=hvd.Sum)
+    issued = counting.buffers[before:]
+    assert [b.numel() for b in issued] == [1, x.numel()], [b.numel() for b in issued]
+    assert issued[1].data_ptr() == x.data_ptr()  # gloo reduced x's own memory: no copy
+    assert torch.equal(x, torch.full_like(x, 8.0))
+    runtime.deactivate()
+    runtime.activate(counting.pg, info)
+
+
+def test_an_in_place_allreduce_of_1mb_reduces_the_tensor_itself():
+    gloo_harness.run(check_an_in_place_allreduce_of_1mb_reduces_the_tensor_itself, 2)
 
 
 def test_the_state_element_shows_joined_right_and_wrong_under_every_op():

@@ -11,7 +11,8 @@ and whether the active ranks' guess was wrong. Only then does more follow:
   wrong);
 - every rank in join(): a control exchange of who joined just now, to name the last one.
 A training loop repeats its allreduces, so from its third step on every guess holds and an
-allreduce costs one collective, one element longer.
+allreduce costs one collective, one element longer (an in-place one above COPY_LIMIT: the data
+where it lies and a one-element envelope alongside).
 """
 import os
 from typing import NamedTuple
@@ -24,14 +25,24 @@ from hvdlite.worker.reduceops import Max, Min, Product, Sum
 
 JOIN_ENV = "HVDLITE_JOIN"
 # The data rides in the envelope when the buffer is a copy already, or when copying it there
-# and back costs less than a collective more (~0.1 ms here, as does copying 1 MB twice).
-COPY_LIMIT = 1 << 20
+# and back costs less than a second, tiny collective issued alongside: copying 128 KB in and
+# out takes ~10 us here, a collective more ~50 us of two ranks' time (1 MB twice: ~180 us).
+COPY_LIMIT = 128 * 1024
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8,
           torch.int16, torch.int32, torch.int64, torch.bool]
 # Dtypes that hold the state exactly however many ranks count in it.
 _CARRIERS = {torch.float32, torch.float64, torch.int32, torch.int64}
-_GLOO_OPS = {Sum: dist.ReduceOp.SUM, Min: dist.ReduceOp.MIN, Max: dist.ReduceOp.MAX,
-             Product: dist.ReduceOp.PRODUCT}
+
+
+def _options(reduce_op):
+    options = dist.AllreduceOptions()
+    options.reduceOp = reduce_op
+    return options
+
+
+# One options object per op, reused: gloo copies it at each call (and making one costs ~2 us).
+OPTIONS = {Sum: _options(dist.ReduceOp.SUM), Min: _options(dist.ReduceOp.MIN),
+           Max: _options(dist.ReduceOp.MAX), Product: _options(dist.ReduceOp.PRODUCT)}
 JOINED, RIGHT, WRONG = range(3)  # what a rank says in the state element
 _LONGEST_RUN = 16
 
@@ -88,13 +99,11 @@ class Envelope(NamedTuple):
     op: int  # the envelope's reduction
 
     def issue(self, pg):
-        options = dist.AllreduceOptions()
-        options.reduceOp = _GLOO_OPS[self.op]
-        return pg.allreduce([self.buffer], options)
+        return pg.allreduce([self.buffer], OPTIONS[self.op])
 
     def said(self, size) -> int:
         """JOINED when no rank is active, WRONG when an active rank guessed wrong, else RIGHT."""
-        value = self.buffer[0].item()
+        value = self.buffer.numpy()[0].item()
         joined, right, wrong = _states(self.op, size)
         if self.op == Sum:
             return JOINED if value == 0 else WRONG if value >= wrong else RIGHT
@@ -104,11 +113,12 @@ class Envelope(NamedTuple):
 def envelope(guess: Layout, state: int, size: int, room=None) -> Envelope:
     """The envelope for `guess` saying `state`. Its data part is `room` (a buffer with one
     element free in front of the data) or, when left to this, the op's identity."""
-    dtype, op = (guess.torch_dtype, guess.op) if guess.carried else (torch.int64, Sum)
+    if not guess.carried:  # the state alone
+        return Envelope(torch.tensor([_states(Sum, size)[state]]), guess, Sum)
     if room is None:
-        room = identity(op, dtype, 1 + (guess.numel if guess.carried else 0))
-    room[0] = _states(op, size)[state]
-    return Envelope(room, guess, op)
+        room = identity(guess.op, guess.torch_dtype, 1 + guess.numel)
+    room.numpy()[0] = _states(guess.op, size)[state]  # a carrier dtype; 3x quicker than room[0] =
+    return Envelope(room, guess, guess.op)
 
 
 class Control(NamedTuple):
@@ -124,9 +134,7 @@ class Control(NamedTuple):
             values[:5] = [1, *mine]
         values[5 + rank] = int(joined_now)
         control = Control(torch.tensor(values, dtype=torch.int64))
-        options = dist.AllreduceOptions()
-        options.reduceOp = dist.ReduceOp.SUM
-        return control, pg.allreduce([control.buffer], options)
+        return control, pg.allreduce([control.buffer], OPTIONS[Sum])
 
     def layout(self) -> Layout:
         """The active ranks' layout (each of them wrote it once)."""

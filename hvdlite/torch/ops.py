@@ -21,8 +21,6 @@ from hvdlite.worker.links import broken
 from hvdlite.worker.reduceops import Adasum, Average, Max, Min, Product, Sum, resolve, shares  # noqa: F401
 from hvdlite.worker.session import session
 
-_GLOO_OPS = {Average: dist.ReduceOp.SUM, Sum: dist.ReduceOp.SUM, Min: dist.ReduceOp.MIN,
-             Max: dist.ReduceOp.MAX, Product: dist.ReduceOp.PRODUCT}
 _DTYPES = joinwire.DTYPES
 _SLICE = timedelta(seconds=0.2)  # a wait's checks whether the driver said the world broke
 
@@ -146,18 +144,12 @@ def _collective(tensors, result, start, finish=None) -> Handle:
     return Handle(works, done)
 
 
-def _allreduce_options(op):
-    options = dist.AllreduceOptions()
-    options.reduceOp = _GLOO_OPS[op]
-    return options
-
-
-def _announce(pg, layout, works, room=None):
+def _announce(pg, layout, works, room=None, guess=None):
     """Issue join's envelope (see joinwire) for this rank's allreduce `layout`, carrying the
     data in `room` when given; after a wrong guess, the control exchange too. Returns what
     the handle checks once done: (envelope, control or None, layout)."""
     wire = joinwire.wire()
-    guess = wire.guess()
+    guess = wire.guess() if guess is None else guess
     wire.record(layout)
     wrong = layout != guess
     envelope = joinwire.envelope(guess, joinwire.WRONG if wrong else joinwire.RIGHT, pg.size(), room)
@@ -192,11 +184,12 @@ def _issue_announced(pg, group, op, prescale_factor, divisor, copy, works):
     was guessed right and its data rides along, else the envelope and then the data."""
     owned = copy or len(group) > 1 or not group[0].is_contiguous()
     layout = joinwire.layout(sum(t.numel() for t in group), group[0].dtype, op, owned)
-    rides = layout == joinwire.wire().guess() and layout.carried
+    guess = joinwire.wire().guess()
+    rides = layout == guess and layout.carried
     pack, left = _packed(group, 1 if rides else 0, copy, prescale_factor, divisor)
-    checks = _announce(pg, layout, works, pack.buffer if rides else None)
+    checks = _announce(pg, layout, works, pack.buffer if rides else None, guess)
     if not rides:
-        works.append(pg.allreduce([pack.flat], _allreduce_options(op)))
+        works.append(pg.allreduce([pack.flat], joinwire.OPTIONS[op]))
     return pack, left, checks
 
 
@@ -220,7 +213,7 @@ def _allreduce_async(tensors, average, op, prescale_factor, postscale_factor, pr
             announced_checks.append(checks)
         else:
             pack, left = _packed(group, 0, copy, prescale_factor, divisor)
-            works.append(pg.allreduce([pack.flat], _allreduce_options(op)))
+            works.append(pg.allreduce([pack.flat], joinwire.OPTIONS[op]))
         packs.append((pack, left))
 
     def done():
@@ -345,7 +338,7 @@ def join(device=-1) -> int:
             _gather_equal(pg, torch.zeros(1, actual.numel, dtype=dtype))
         else:
             _wait(pg.allreduce([joinwire.identity(actual.op, dtype, actual.numel)],
-                               _allreduce_options(actual.op)))
+                               joinwire.OPTIONS[actual.op]))
 
 
 @_traced("broadcast")
