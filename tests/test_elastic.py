@@ -104,6 +104,23 @@ def test_a_collective_the_cut_misses_ends_when_the_driver_says_the_world_broke(t
     assert wait["outcome"] == "failed" and wait["waited"] < 4.0, wait
 
 
+def test_a_survivor_finishing_while_given_up_connects_still_retry_exits_cleanly(tmp_path):
+    # Three worlds in a row lose a member while they connect: localhost/3 gives each connect
+    # up, while gloo may still run it on its thread (here: the third, for 4 s). The survivor
+    # finishes a step later; it crashed at interpreter exit (std::terminate: -6, or -11)
+    # after DONE, and the job failed.
+    r = run_job(["-H", "localhost:4", "--min-np", "1", "--blacklist-cooldown-range", "600", "600",
+                 sys.executable, os.path.join(SCRIPTS, "torch_connect_victim.py")], tmp_path,
+                timeout=60, env={"VICTIM_MARK": str(tmp_path / "victims"), "VICTIM_LINGER": "1",
+                                 "VICTIMS": "localhost/1@1,localhost/2@2,localhost/0@3",
+                                 "LAGGARD": "localhost/3@3:4"})
+    assert r.code == 0, r.stderr
+    assert (tmp_path / "victims").read_text().split() == ["localhost/1", "localhost/2", "localhost/0"]
+    assert [line.split("DONE ")[1] for line in r.stdout.splitlines() if "DONE" in line] == ["0 1"]
+    assert [(e["slot"], e["code"]) for e in r.of("worker_exit")] == \
+        [("localhost/1", -9), ("localhost/2", -9), ("localhost/0", -9), ("localhost/3", 0)]
+
+
 def test_all_workers_failing_fails_the_job_naming_the_first(tmp_path):
     fail = tmp_path / "fail.py"
     fail.write_text("import hvdlite.torch as hvd, os, time\nhvd.init()\n"

@@ -5,6 +5,7 @@ import gc
 import os
 import socket
 import struct
+import threading
 import time
 import weakref
 
@@ -93,6 +94,27 @@ def test_a_connect_that_fails_in_a_round_the_driver_gave_up_is_no_failure(capsys
 
     assert Links().join(session, connect)[0].round == 4
     assert "could not connect" not in capsys.readouterr().err
+
+
+def test_an_exiting_worker_waits_for_a_connect_it_gave_up_within_a_bound():
+    # The connect goes on in gloo after the worker moved on: an interpreter that tore down
+    # meanwhile aborted the process (std::terminate) once the worker had finished.
+    session, go_on = Session(), threading.Event()
+
+    def connect(info, abandoned, seen):
+        if info.round == 1:
+            session.broken = 1  # the driver gives the round up while it connects
+            go_on.wait(10)
+        return "group"
+
+    links = Links()
+    assert links.join(session, connect)[0].round == 2
+    start = time.monotonic()
+    links.finish_given_up(0.3)
+    assert 0.3 <= time.monotonic() - start < 2  # bounded: the exit grace is the driver's
+    threading.Timer(0.3, go_on.set).start()
+    links.finish_given_up(10)
+    assert not [t for t in threading.enumerate() if t.name == "hvdlite-connect"]
 
 
 def test_a_group_that_failed_to_connect_is_freed_at_once():

@@ -1,9 +1,11 @@
 """init / shutdown, the rank queries and the capability queries of the Horovod-compatible face."""
 import atexit
 import os
+import time
 
 import torch
 
+from hvdlite import defaults
 from hvdlite.torch import gloo, runtime
 from hvdlite.torch.processsets import add_process_set
 from hvdlite.worker import elastic, env, trace
@@ -12,6 +14,9 @@ from hvdlite.worker.session import session
 from hvdlite.worker.world import WorldInfo
 
 EXIT_RELEASE_WAIT = 10.0  # seconds an exiting worker waits for groups it released to be destroyed
+# Seconds an exiting worker waits for it all (released groups, connects given up): within the
+# driver's grace for a worker that said it is exiting, with room for the rest of its teardown.
+EXIT_WAIT = defaults.EXIT_GRACE - 5.0
 
 _links = Links()  # the current group's gloo connections
 
@@ -68,8 +73,10 @@ def shutdown() -> None:
 def _destroy_at_exit() -> None:
     # A gloo group still alive while the interpreter tears down often aborts the process
     # (SIGABRT, exit -6), which would make a finished worker look failed.
+    deadline = time.monotonic() + EXIT_WAIT
     runtime.deactivate()
     gloo.finish_releases(EXIT_RELEASE_WAIT)
+    _links.finish_given_up(max(0.0, deadline - time.monotonic()))
 
 
 atexit.register(_destroy_at_exit)

@@ -1,6 +1,5 @@
 """Building a gloo process group over the driver's KV store: the world's, and process sets'."""
 import threading
-import time
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -8,6 +7,7 @@ import torch.distributed as dist
 from hvdlite import defaults
 from hvdlite.torch.store import KVStore
 from hvdlite.worker import env
+from hvdlite.worker.links import join_all
 from hvdlite.worker.session import session
 
 
@@ -47,6 +47,4 @@ def finish_releases(timeout: float) -> None:
     """Wait (at most `timeout` seconds) for groups still being destroyed: a destructor cut
     off by the interpreter's exit aborts the process (SIGABRT), so a worker that ends
     cleanly right after leaving a world would look failed."""
-    deadline = time.monotonic() + timeout
-    for thread in _releasing:
-        thread.join(max(0.0, deadline - time.monotonic()))
+    join_all(_releasing, timeout)

@@ -43,6 +43,7 @@ class Links:
     def __init__(self):
         self._round, self._fds = None, []  # the fds: this object's duplicates of gloo's sockets
         self._lock = threading.Lock()
+        self._given_up = []  # helper threads of connects given up, which gloo may still run
 
     def join(self, session, connect, after_round=None, commit=0):
         """Join the next world assigned to this worker (see Session.assignment): returns its
@@ -81,7 +82,7 @@ class Links:
         It runs on a helper thread so that the caller gives up (RuntimeError) as soon as the
         round is abandoned: a gloo rank waiting for a peer that died while connecting waits five
         times the group's timeout. A given-up helper ends on that timeout, or sooner when the
-        group's store sees the round abandoned too.
+        group's store sees the round abandoned too; until then it is kept (see finish_given_up).
         """
         def abandoned():
             return broken(info.round, session.broken)
@@ -101,6 +102,7 @@ class Links:
         while helper.is_alive():
             helper.join(CONNECT_POLL)
             if helper.is_alive() and abandoned():
+                self._given_up = [t for t in self._given_up if t.is_alive()] + [helper]
                 raise RoundAbandoned(f"hvdlite: round {info.round} fell apart while its group connected")
         if "error" in outcome:
             if not abandoned():  # what the heartbeat thread heard may be old: ask the driver
@@ -131,7 +133,21 @@ class Links:
             if broken(self._round, newest_broken):
                 sockets.cut(self._fds)
 
+    def finish_given_up(self, timeout: float) -> None:
+        """Wait (at most `timeout` seconds) for connects given up that gloo still runs: a peer
+        that refused one is retried until the group's timeout, and an interpreter that tears
+        down meanwhile aborts the process (std::terminate, SIGABRT or SIGSEGV), so a worker
+        that finished right after giving a connect up would look failed."""
+        join_all(self._given_up, timeout)
+
     def forget(self) -> None:
         with self._lock:
             sockets.release(self._fds)
             self._round, self._fds = None, []
+
+
+def join_all(threads, timeout: float) -> None:
+    """Join `threads`, all of them within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
