@@ -667,3 +667,14 @@ def test_a_left_behind_member_that_never_returns_is_still_killed_after_the_elast
     assert sim.core.round == 2 and Stop(b, 0.0) not in sim.actions
     _beat_while(sim, ((a, 4), (b, 4)), 1.5)
     assert Stop(b, 0.0) in sim.actions and sim.logged("worker_stuck")[0]["worker"] == b
+
+
+def test_a_member_silent_since_its_world_broke_is_killed_not_left_behind():
+    sim, (a, b, c) = first_world([("a", 1), ("b", 1), ("c", 1)], liveness_timeout=5.0, elastic_timeout=60.0)
+    sim.send(Heartbeats(((a, 4), (b, 4), (c, 4))))
+    sim.send(Exited(c, -9))
+    sim.ready(a, after=1, commit=4)
+    _beat_while(sim, ((a, 4),), 6)  # b is hung: what it holds is unknown
+    assert not sim.logged("member_left_behind") and sim.logged("worker_unresponsive")[0]["worker"] == b
+    sim.send(Exited(b, -9))
+    assert sim.world() == {"a/0": 0}
