@@ -622,3 +622,59 @@ def test_a_stop_before_any_worker_was_launched_ends_at_once():
     core = ElasticCore(Policy())
     out = core.handle(StopRequested(signal.SIGTERM), 1.0)
     assert out[-1] == EndJob(128 + signal.SIGTERM, None)
+
+
+def _beat_while(sim, beats, seconds):
+    for _ in range(int(seconds / 0.5)):
+        sim.send(Heartbeats(beats), after=0.5)
+        sim.send(Tick(), after=0.0)
+
+
+def test_a_member_slow_to_leave_a_broken_world_no_longer_holds_the_next_one():
+    sim, (a, b, c) = first_world([("a", 1), ("b", 1), ("c", 1)], liveness_timeout=5.0, elastic_timeout=60.0)
+    sim.send(Exited(c, -9))  # the world breaks; b stays in it (pygloo lost its wakeup)
+    sim.ready(a, after=1, commit=4)
+    _beat_while(sim, ((a, 4), (b, 4)), 4.5)
+    assert sim.core.round == 1
+    _beat_while(sim, ((a, 4), (b, 4)), 1.5)
+    assert sim.core.round == 2 and sim.world() == {"a/0": 0}
+    (behind,) = sim.logged("member_left_behind")
+    assert behind["worker"] == b and behind["round"] == 1 and 5.0 < behind["after"] < 6.1
+    sim.ready(b, after=1, commit=4)  # back: it joins as any joiner, nobody failed
+    assert sim.logged("hosts_updated")[-1]["reason"] == "workers ready to join: ['b/0']"
+    leave(sim, [a], commit=6)
+    assert sim.world() == {"a/0": 0, "b/0": 1}
+    assert Stop(b, 0.0) not in sim.actions and not sim.logged("worker_stuck")
+    assert [x["key"] for x in sim.logged("blacklisted")] == ["c"]  # only the dead worker's host
+
+
+def test_a_slow_member_that_alone_holds_the_newest_commit_is_waited_for():
+    sim, (a, b, c) = first_world([("a", 1), ("b", 1), ("c", 1)], liveness_timeout=5.0, elastic_timeout=60.0)
+    sim.send(Heartbeats(((a, 4), (b, 5), (c, 4))))
+    sim.send(Exited(c, -9))
+    sim.ready(a, after=1, commit=4)
+    _beat_while(sim, ((a, 4), (b, 5)), 20)
+    assert sim.core.round == 1 and not sim.logged("member_left_behind")
+    sim.ready(b, after=1, commit=5)
+    assert sim.world() == {"b/0": 0, "a/0": 1}
+
+
+def test_a_left_behind_member_that_never_returns_is_still_killed_after_the_elastic_timeout():
+    sim, (a, b, c) = first_world([("a", 1), ("b", 1), ("c", 1)], liveness_timeout=5.0, elastic_timeout=10.0)
+    sim.send(Exited(c, -9))
+    sim.ready(a, after=1, commit=4)
+    _beat_while(sim, ((a, 4), (b, 4)), 9.5)
+    assert sim.core.round == 2 and Stop(b, 0.0) not in sim.actions
+    _beat_while(sim, ((a, 4), (b, 4)), 1.5)
+    assert Stop(b, 0.0) in sim.actions and sim.logged("worker_stuck")[0]["worker"] == b
+
+
+def test_a_member_silent_since_its_world_broke_is_killed_not_left_behind():
+    sim, (a, b, c) = first_world([("a", 1), ("b", 1), ("c", 1)], liveness_timeout=5.0, elastic_timeout=60.0)
+    sim.send(Heartbeats(((a, 4), (b, 4), (c, 4))))
+    sim.send(Exited(c, -9))
+    sim.ready(a, after=1, commit=4)
+    _beat_while(sim, ((a, 4),), 6)  # b is hung: what it holds is unknown
+    assert not sim.logged("member_left_behind") and sim.logged("worker_unresponsive")[0]["worker"] == b
+    sim.send(Exited(b, -9))
+    assert sim.world() == {"a/0": 0}

@@ -290,6 +290,16 @@ class ElasticJob(RuleBasedStateMachine):
             self.procs[data.draw(st.sampled_from(members))].stuck = True
 
     @rule(data=st.data())
+    def stuck_member_comes_back(self, data):
+        """A member slow to leave its broken world (pygloo sat out its own timeout, a long step
+        of user code) comes back at last, maybe after its world re-formed without it."""
+        stuck = sorted(p.worker for p in self.running() if p.stuck and p.exit_code is None)
+        if stuck:
+            proc = self.procs[data.draw(st.sampled_from(stuck))]
+            proc.stuck, proc.waiting = False, proc.round
+            self.send(Ready(proc.worker, proc.waiting, self.said(proc)), dt=0.01)
+
+    @rule(data=st.data())
     def template_dies(self, data):
         """A host's template dies: the workers forked from it die with it (-9)."""
         live = sorted(p.worker for p in self.running())

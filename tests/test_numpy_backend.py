@@ -10,7 +10,7 @@ import pytest
 
 from jobs import (SCRIPTS, Job, check_training_continuous as check_steps, discovery,
                   effective_steps, finals, job_env, next_world, run_job, sizes, skip_without_partitions,
-                  slot_pid, ssh_flags, wait_progress)
+                  slot_pid, ssh_flags, wait_progress, wait_until)
 from scripts.npdata import replay
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -113,6 +113,26 @@ def test_rank_waiting_longer_than_liveness_timeout_is_not_taken_for_hung(tmp_pat
                 tmp_path, timeout=60)
     assert r.code == 0, r.stderr
     assert r.stdout.count("sum 2.0") == 2 and not r.of("worker_unresponsive")
+
+
+@needs_pygloo
+def test_a_survivor_slow_to_leave_a_broken_world_does_not_hold_the_next_one(tmp_path):
+    # localhost/1 spends 20 s in user code while localhost/2 is killed: localhost/0 trains on
+    # alone after the liveness timeout, and localhost/1 joins again once it is back.
+    with Job(["-H", "localhost:3", "--min-np", "1", "--liveness-timeout", "3", *JOB], tmp_path,
+             env=job_env(tmp_path, TOTAL_STEPS=110, STEP_SLEEP=0.2, SLOW="localhost/1:5:20")) as job:
+        wait_until(lambda: (tmp_path / "slow").exists(), 60, "localhost/1 in its slow step")
+        os.kill(slot_pid(job, "localhost/2"), signal.SIGKILL)
+        r = job.finish(90)
+    assert r.code == 0, r.stderr
+    rounds = r.of("round_complete")
+    assert list(rounds[1]["members"]) == ["localhost/0"] and rounds[1]["reformed_in"] < 3 + 3, rounds
+    (behind,) = r.of("member_left_behind")
+    assert behind["slot"] == "localhost/1" and behind["round"] == 1
+    assert sorted(rounds[-1]["members"]) == ["localhost/0", "localhost/1"], rounds  # it joined again
+    assert [e["key"] for e in r.of("blacklisted")] == ["localhost/2"]  # only the killed worker's slot
+    assert not r.of("worker_stuck") and not r.of("worker_unresponsive")
+    assert [e["code"] for e in r.of("worker_exit") if e["slot"] == "localhost/1"] == [0]
 
 
 @needs_pygloo

@@ -39,6 +39,8 @@ def test_what_the_core_does_for_a_holder_a_template_or_a_stuck_member_is_said():
         "rank 1 on h (slot h/1) was killed by SIGKILL: its template died; starting it again"
     assert sentence("round_complete", {"round": 4, "size": 2, "commit": 9, "handover": True}) == \
         "world 4 formed: 2 workers sync from commit 9, then the holder on a sidelined slot leaves"
+    assert sentence("member_left_behind", {"slot": "h/3", "rank": 3, "round": 7, "after": 5.012}) == \
+        "rank 3 on h (slot h/3) is still in world 7 after 5 s; world 8 forms without it (it joins when it is back)"
     assert sentence("worker_stuck", {"slot": "h/0", "rank": 0, "reason": "r"}) == \
         "rank 0 on h (slot h/0) never left its broken world (r); killing it"
     assert sentence("state_kept", {"slot": "h/0", "commit": 3, "reason": "r"}) == \

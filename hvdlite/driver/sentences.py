@@ -109,6 +109,8 @@ _SENTENCES = {
     "host_failed": lambda f: f"{_who(f)}: its host failed; killing it",
     "whitelisted": lambda f: f"{f.get('key')} is usable again (cooldown over)",
     "worker_unresponsive": lambda f: f"{_who(f)} is unresponsive ({f.get('reason')}); killing it",
+    "member_left_behind": lambda f: f"{_who(f)} is still in world {f.get('round')} after {f.get('after', 0):.0f} s; "
+                                    f"world {(f.get('round') or 0) + 1} forms without it (it joins when it is back)",
     "worker_stuck": lambda f: f"{_who(f)} never left its broken world ({f.get('reason')}); killing it",
     "state_kept": lambda f: f"worker {f.get('slot')} keeps commit {f.get('commit')} without training "
                             f"({f.get('reason')}); waiting for hosts",

@@ -1,7 +1,8 @@
 """Elastic numpy training on hvdlite.numpy (pygloo, no torch), logged like elastic_job.py:
 one JSON line per finished step in $LOG_DIR/steps.jsonl, rank 0's progress in $LOG_DIR/progress,
 the final parameters in $LOG_DIR/final.<slot>.json. Knobs (env): TOTAL_STEPS, STEP_SLEEP, BATCH,
-RESIZE (resize.py), RUN (logged, as in elastic_job.py).
+RESIZE (resize.py), RUN (logged, as in elastic_job.py), SLOW="slot:step:seconds" (that worker,
+once, spends that long in user code before the step's allreduce, having made $LOG_DIR/slow).
 """
 import json
 import os
@@ -20,6 +21,7 @@ SLEEP = float(os.environ.get("STEP_SLEEP", "0.05"))
 BATCH = int(os.environ.get("BATCH", "2"))
 DATASET = 64
 SLOT = os.environ[env.SLOT]
+SLOW = os.environ.get("SLOW", "::").split(":")
 
 
 def write(name, text):
@@ -33,6 +35,9 @@ def train(state):
     while state.step < TOTAL:
         resize.hold(state, state.step, hvd.size)
         world = shares(state.cursor, hvd.size(), BATCH, DATASET)
+        if SLOW[0] == SLOT and state.step == int(SLOW[1]) and not os.path.exists(os.path.join(LOG_DIR, "slow")):
+            write("slow", "")
+            time.sleep(float(SLOW[2]))  # its heartbeats go on: time.sleep frees the GIL
         state.params = state.params - LR * hvd.allreduce(gradient(state.params, world[hvd.rank()]))
         with open(os.path.join(LOG_DIR, "steps.jsonl"), "a") as f:
             f.write(json.dumps({"step": state.step, "size": hvd.size(), "rank": hvd.rank(), "slot": SLOT,

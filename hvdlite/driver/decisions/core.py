@@ -202,6 +202,8 @@ class ElasticCore(Forming, HostRule, GracefulStop):
             # Its last answer got lost (the request timed out): give it again.
             return self._emit(Answer(inc.id, 200, inc.answer[1], inc.rank))
         self._set_phase(inc, Phase.WAITING)
+        if inc.left_behind is not None:  # back from a world re-formed without it
+            inc.left_behind, self.joiners[inc.id] = None, inc
         inc.after, inc.commit = max(event.after, 0), event.commit
         self.commit_high = max(self.commit_high, event.commit)
         if inc.id in self.world and event.after >= self.round:
@@ -274,6 +276,7 @@ class ElasticCore(Forming, HostRule, GracefulStop):
             for inc in self._live():
                 inc.heard_at = None if inc.heard_at is None else inc.heard_at + gap
                 inc.launched_at += gap
+                inc.left_behind = None if inc.left_behind is None else inc.left_behind + gap
             self.broken_at += gap
         self.last_tick = now
         self._expire_blacklist()
@@ -281,7 +284,7 @@ class ElasticCore(Forming, HostRule, GracefulStop):
         # its heartbeat thread going on) holds every other worker in the rendezvous.
         broke_at = self.broken_at if self.round and self.broken >= self.round else None
         for inc in self._live():
-            why = overdue(inc, now, p, broke_at if inc.id in self.staying else None)
+            why = overdue(inc, now, p, broke_at if inc.id in self.staying else inc.left_behind)
             if why is not None:
                 self._kill(inc, *why)
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 from hvdlite.driver.decisions.messages import Answer, DropScope, Launch
 from hvdlite.driver.decisions.plan import (
     Candidate, free_slots, host_of, plan_world, prospective_places, state_source)
-from hvdlite.driver.decisions.workers import Incarnation, Phase
+from hvdlite.driver.decisions.workers import Incarnation, Phase, overdue
 
 
 class JobFailed(Exception):
@@ -55,7 +55,7 @@ class Forming:
         if self.round == 0:
             if self.phases[Phase.STARTING]:
                 return  # the first world waits for every launched worker (start timeout)
-        elif self.staying:
+        elif self.staying and not self._leave_behind():
             return  # a member is still in the current world
         # A worker being killed (silent, too slow to start, stuck) is in no world.
         candidates = [Candidate(inc.id, inc.slot, inc.host, inc.commit,
@@ -80,6 +80,28 @@ class Forming:
         if source is not None and max_np is not None:
             max_np += 1  # the source only syncs the others, then leaves
         self._form(plan_world(self.hosts, members, max_np), candidates, top, handover=source is not None)
+
+    def _leave_behind(self) -> bool:
+        """Whether the next world may form without the members still in the broken one: true
+        once the world broke over --liveness-timeout ago (a survivor whose connections were cut
+        is back in milliseconds; pygloo may lose the wakeup and sit out its own 30 s) and the
+        waiting workers hold every commit those members reported since it broke. A left-behind
+        member is not failed: when it comes back it joins as any joiner."""
+        if self.broken < self.round or self._now - self.broken_at <= self.policy.liveness_timeout:
+            return False
+        stuck = sorted((self.workers[w] for w in self.staying), key=lambda inc: inc.slot)
+        top = max((inc.commit for inc in self.phases[Phase.WAITING].values()
+                   if inc.killed is None and overdue(inc, self._now, self.policy, None) is None), default=-1)
+        # One being killed exits at once; one unheard since the break may hold a newer commit.
+        if any(inc.killed is not None or inc.heard_at is None or inc.heard_at <= self.broken_at
+               or inc.commit > top for inc in stuck):
+            return False
+        for inc in stuck:
+            inc.left_behind = self.broken_at  # --elastic-timeout still ends it if it never returns
+            self._log("member_left_behind", slot=inc.slot, worker=inc.id, rank=inc.rank, round=self.round,
+                      after=round(self._now - self.broken_at, 3))
+        self.staying = set()
+        return True
 
     def _form(self, plan, candidates, commit, handover=False):
         if self.round >= 1:

@@ -31,6 +31,7 @@ class Incarnation:
     killed: Optional[str] = None  # why the driver killed it as failed
     answer: Optional[tuple] = None  # (round, body) of its last rendezvous answer
     rank: Optional[int] = None
+    left_behind: Optional[float] = None  # when the world it was left behind in broke
 
     @property
     def alive(self) -> bool:
