@@ -203,6 +203,24 @@ def run_job(args, tmp_path, timeout=120, env=None, prefix=()) -> Result:
         return job.finish(timeout)
 
 
+VICTIMS = ["localhost/1", "localhost/2", "localhost/0"]  # killed mid-connect in rounds 1, 2, 3
+
+
+def run_connect_victims(python, script, tmp_path, timeout, **env) -> Result:
+    """Four slots; three worlds in a row lose a member while their group connects (see
+    scripts/connect_victims.py). localhost/3 must live through all three and finish alone."""
+    r = run_job(["-H", "localhost:4", "--min-np", "1", "--blacklist-cooldown-range", "600", "600",
+                 python, os.path.join(SCRIPTS, script)], tmp_path, timeout=timeout,
+                env={"VICTIM_MARK": str(tmp_path / "victims"), "VICTIM_LINGER": "1",
+                     "VICTIMS": ",".join(f"{slot}@{n}" for n, slot in enumerate(VICTIMS, 1)), **env})
+    assert r.code == 0, r.stderr
+    assert (tmp_path / "victims").read_text().split() == VICTIMS
+    assert [line.split("DONE ")[1] for line in r.stdout.splitlines() if "DONE" in line] == ["0 1"]
+    assert [(e["slot"], e["code"]) for e in r.of("worker_exit")] == \
+        [(slot, -9) for slot in VICTIMS] + [("localhost/3", 0)]
+    return r
+
+
 def steps_log(log_dir):
     with open(os.path.join(log_dir, "steps.jsonl")) as f:
         return [json.loads(line) for line in f]

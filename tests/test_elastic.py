@@ -12,7 +12,7 @@ import time
 import pytest
 
 from jobs import (SCRIPTS, Job, check_training_continuous, discovery, effective_steps, job_env,
-                  next_world, run_job, sizes, slot_pid, steps_log, wait_progress)
+                  next_world, run_connect_victims, run_job, sizes, slot_pid, steps_log, wait_progress)
 
 JOB = [sys.executable, os.path.join(SCRIPTS, "elastic_job.py")]
 
@@ -109,16 +109,7 @@ def test_a_survivor_finishing_while_given_up_connects_still_retry_exits_cleanly(
     # up, while gloo may still run it on its thread (here: the third, for 4 s). The survivor
     # finishes a step later; it crashed at interpreter exit (std::terminate: -6, or -11)
     # after DONE, and the job failed.
-    r = run_job(["-H", "localhost:4", "--min-np", "1", "--blacklist-cooldown-range", "600", "600",
-                 sys.executable, os.path.join(SCRIPTS, "torch_connect_victim.py")], tmp_path,
-                timeout=60, env={"VICTIM_MARK": str(tmp_path / "victims"), "VICTIM_LINGER": "1",
-                                 "VICTIMS": "localhost/1@1,localhost/2@2,localhost/0@3",
-                                 "LAGGARD": "localhost/3@3:4"})
-    assert r.code == 0, r.stderr
-    assert (tmp_path / "victims").read_text().split() == ["localhost/1", "localhost/2", "localhost/0"]
-    assert [line.split("DONE ")[1] for line in r.stdout.splitlines() if "DONE" in line] == ["0 1"]
-    assert [(e["slot"], e["code"]) for e in r.of("worker_exit")] == \
-        [("localhost/1", -9), ("localhost/2", -9), ("localhost/0", -9), ("localhost/3", 0)]
+    run_connect_victims(sys.executable, "torch_connect_victim.py", tmp_path, 60, LAGGARD="localhost/3@3:4")
 
 
 def test_all_workers_failing_fails_the_job_naming_the_first(tmp_path):

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from jobs import (SCRIPTS, Job, check_training_continuous as check_steps, discovery,
-                  effective_steps, finals, job_env, next_world, run_job, sizes, skip_without_partitions,
-                  slot_pid, ssh_flags, wait_progress, wait_until)
+                  effective_steps, finals, job_env, next_world, run_connect_victims, run_job, sizes,
+                  skip_without_partitions, slot_pid, ssh_flags, wait_progress, wait_until)
 from scripts.npdata import replay
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -80,15 +80,7 @@ def test_peers_dying_while_the_mesh_connects_are_not_the_survivors_failure(tmp_p
     # Three worlds in a row lose a member while they connect. Each death fails the connect of
     # localhost/3 (the highest address: it connects to the victims) before the driver's word
     # can reach it; it once counted them as its own group failing, and exited 1 at the third.
-    r = run_job(["-H", "localhost:4", "--min-np", "1", "--blacklist-cooldown-range", "600", "600",
-                 PYTHON, os.path.join(SCRIPTS, "numpy_connect_victim.py")], tmp_path, timeout=90,
-                env={"VICTIM_MARK": str(tmp_path / "victims"), "VICTIM_LINGER": "1",
-                     "VICTIMS": "localhost/1@1,localhost/2@2,localhost/0@3"})
-    assert r.code == 0, r.stderr
-    assert (tmp_path / "victims").read_text().split() == ["localhost/1", "localhost/2", "localhost/0"]
-    assert [line.split("DONE ")[1] for line in r.stdout.splitlines() if "DONE" in line] == ["0 1"]
-    assert [(e["slot"], e["code"]) for e in r.of("worker_exit")] == \
-        [("localhost/1", -9), ("localhost/2", -9), ("localhost/0", -9), ("localhost/3", 0)]
+    r = run_connect_victims(PYTHON, "numpy_connect_victim.py", tmp_path, 90)
     assert "could not connect" not in r.stdout
 
 
