@@ -38,6 +38,7 @@ PYGLOO = os.path.join(ROOT, ".venv-pygloo", "bin", "python")
 JOBS = {"torch": [sys.executable, os.path.join(SCRIPTS, "elastic_job.py")],
         "numpy": [PYGLOO, os.path.join(SCRIPTS, "numpy_elastic_job.py")]}
 ROUND_TIMEOUT = 120.0  # seconds one kill may take to re-form and rejoin
+PROBE_TMP = ".probe-tmp"  # suffix of the file the driver probe writes before renaming it
 SETTLE_MARGIN = 5.0  # seconds past the collective timeout a last reading may take to settle
 
 
@@ -73,9 +74,9 @@ def probe_driver(sizes_path, argv):
                          "assign_waits": job.rendezvous.waiting(), **job.server.sizes()}
             except RuntimeError:  # a table changed size while read: the next turn reads it
                 continue
-            with open(sizes_path + ".tmp", "w") as f:
+            with open(sizes_path + PROBE_TMP, "w") as f:
                 json.dump(sizes, f)
-            os.replace(sizes_path + ".tmp", sizes_path)
+            os.replace(sizes_path + PROBE_TMP, sizes_path)
     threading.Thread(target=write, daemon=True).start()
     return main(argv)
 
@@ -101,9 +102,11 @@ def fd_targets(pid):
     targets = []
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
-            targets.append(re.sub(r":\[\d+\]$", "", os.readlink(f"/proc/{pid}/fd/{fd}")))
+            target = re.sub(r":\[\d+\]$", "", os.readlink(f"/proc/{pid}/fd/{fd}"))
         except OSError:
-            pass  # closed meanwhile
+            continue  # closed meanwhile
+        if not target.endswith(PROBE_TMP):  # the probe's own file, open for a moment each 0.2 s
+            targets.append(target)
     return sorted(targets)
 
 
