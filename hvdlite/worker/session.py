@@ -130,13 +130,23 @@ class Session:
         heartbeat thread may not have run for a while (pygloo holds the GIL while it connects)."""
         beats = Heartbeats(self.client, timeout=HEARTBEAT_TIMEOUT)
         try:
-            answer = beats.beat(self.worker, self.commits)
+            self._take(beats.beat(self.worker, self.commits))  # no answer: what was heard stands
         finally:
             beats.close()
+
+    def _take(self, body) -> bool:
+        """Take in the driver's answer to a heartbeat; False when there was none."""
         try:
-            self.broken = max(self.broken, json.loads(answer)["broken"])
-        except (TypeError, ValueError, KeyError):
-            pass  # no answer: what the heartbeat thread heard stands
+            if body is None:
+                return False
+            answer = json.loads(body)
+            self.updates, self.broken = answer["updates"], max(self.broken, answer["broken"])
+            self.stopping = bool(answer.get("stop"))
+        except (ValueError, KeyError):
+            return False
+        if self.on_round_broken is not None:
+            self.on_round_broken(self.broken)
+        return True
 
     def _beat(self):
         last_contact = time.monotonic()
@@ -146,16 +156,8 @@ class Session:
             starved = time.monotonic() - sent - HEARTBEAT_TIMEOUT
             if body is None and starved > STALL:  # its wait ended, then the GIL was held elsewhere
                 last_contact += starved
-            try:
-                if body is not None:
-                    answer = json.loads(body)
-                    self.updates, self.broken = answer["updates"], answer["broken"]
-                    self.stopping = bool(answer.get("stop"))
-                    last_contact = time.monotonic()
-                    if self.on_round_broken is not None:
-                        self.on_round_broken(self.broken)
-            except (ValueError, KeyError):
-                pass  # no contact this time; the liveness timeout decides
+            if self._take(body):  # else no contact this time; the liveness timeout decides
+                last_contact = time.monotonic()
             if time.monotonic() - last_contact > self.liveness_timeout:
                 try:  # stderr is often a pipe to the dead driver
                     sys.stderr.write(f"hvdlite: lost contact with the driver at {self.addr}:"
