@@ -9,6 +9,7 @@ with Untrusted, before it is called.
 """
 import io
 import pickle
+import sys
 
 # (module, name) pairs that rebuild plain values and call nothing else.
 PLAIN = frozenset(
@@ -47,10 +48,22 @@ def _torch_dtype(module: str, name: str) -> bool:
     return isinstance(getattr(torch, name, None), torch.dtype)
 
 
+def _gone(module: str, name: str) -> bool:
+    """Whether a module already imported has nothing by that (qualified) name: the edited
+    script renamed or removed it. A module not imported is not imported here to find out."""
+    found = sys.modules.get(module)
+    for part in name.split("."):
+        found = getattr(found, part, None)
+    return module in sys.modules and found is None
+
+
 class Unpickler(pickle.Unpickler):
     def find_class(self, module, name):
         if (module, name) in PLAIN or (module, name) in _trusted or _torch_dtype(module, name):
             return super().find_class(module, name)
+        if _gone(module, name):
+            raise Untrusted(f"it holds {module}.{name}, which the script no longer defines "
+                            f"(renamed or removed since the checkpoint was written)")
         raise Untrusted(f"it holds {module}.{name}, which is neither a plain value nor a class "
                         f"the script passed to hvd.elastic.trust() before hvd.init()")
 
