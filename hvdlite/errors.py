@@ -1,4 +1,5 @@
 """The errors that end `hvdlite run`: each is one line for the user and has an exit code."""
+from hvdlite import exitcodes
 
 
 class HvdliteError(Exception):
@@ -13,6 +14,11 @@ class UsageError(HvdliteError):
 
 class JobError(HvdliteError):
     """The job cannot go on."""
+
+
+class Unloadable(JobError):
+    """A worker cannot load the checkpoint it found in --checkpoint-dir."""
+    exit_code = exitcodes.UNLOADABLE
 
 
 def first_line(error: Exception) -> str:

@@ -16,9 +16,10 @@ from hvdlite.discovery.sources import host_source
 from hvdlite.driver.decisions.assignment import assign
 from hvdlite.driver.decisions.core import ElasticCore, JobView
 from hvdlite.driver.decisions.policy import Policy
-from hvdlite.driver.decisions.workers import describe_exit
+from hvdlite.driver.decisions.workers import cannot_load, describe_exit
 from hvdlite.driver.decisions.messages import (
-    DiscoveryFailed, Exited, Heartbeats, HostsFound, Launch, Launched, LaunchFailed, StopRequested, Tick)
+    DiscoveryFailed, Exited, Heartbeats, HostsFound, Launch, Launched, LaunchFailed, LoadFailed, StopRequested,
+    Tick)
 from hvdlite.driver.descriptors import raise_limit
 from hvdlite.driver.eventlog import EventLog
 from hvdlite.driver.executor import Executor
@@ -30,7 +31,7 @@ from hvdlite.driver.network import bind_address
 from hvdlite.driver.rendezvous import Rendezvous
 from hvdlite.driver.terminal import StatusKeeper, is_tty
 from hvdlite.worker.trace import discard_parts, merge_parts
-from hvdlite.errors import HvdliteError, JobError
+from hvdlite.errors import HvdliteError, JobError, Unloadable
 
 # Each stops an elastic job gracefully (every worker leaves at its next commit, docs/signals.md);
 # a second one, or any to a static job, stops it at once with 128 + the signal's number.
@@ -156,6 +157,9 @@ class Job:
                               rank=running[event.worker].rank, pid=event.pid, started=event.started)
             elif isinstance(event, LaunchFailed):
                 raise JobError(f"rank {running[event.worker].rank} could not be launched: {event.error}")
+            elif isinstance(event, LoadFailed) and event.worker in running:
+                place = running[event.worker]
+                raise Unloadable(cannot_load(f"rank {place.rank}", place.hostname, event.reason))
             elif isinstance(event, Exited):
                 place = running.pop(event.worker)
                 self.log.emit("worker_exit", slot=event.worker.split("#")[0], worker=event.worker,

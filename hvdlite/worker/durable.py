@@ -244,7 +244,7 @@ def _verified(commit: int):
 
 
 def unloadable(path: str, error: BaseException) -> None:
-    """End this worker: the checkpoint at path exists but does not load. An elastic job's
+    """End this worker: the checkpoint at path exists but does not load. The job's
     driver is told (PUT /rdzv/load_failed, body "PATH: CAUSE") and ends the job with that one
     line, stopping the other workers; when it cannot be told, the line is said here. Exit code
     UNLOADABLE either way. Nothing in the folder is touched."""
@@ -260,8 +260,6 @@ def _told_driver(reason: str) -> bool:
     from hvdlite.worker.session import session  # session imports this module
     try:
         me = session()
-        if not me.elastic:
-            return False  # a static job's driver names the exit code
         status, _ = me.client.request("PUT", "/rdzv/load_failed", reason.encode(),
                                       query={"worker": me.worker}, timeout=REPORT_TIMEOUT)
         return status == 200

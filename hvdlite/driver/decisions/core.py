@@ -24,7 +24,7 @@ from hvdlite.driver.decisions.messages import (
     LaunchFailed, LoadFailed, Log, Publish, Ready, Stop, StopRequested, TemplateDied, Tick)
 from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.stopping import GracefulStop
-from hvdlite.driver.decisions.workers import Incarnation, Phase, describe_exit, overdue
+from hvdlite.driver.decisions.workers import Incarnation, Phase, cannot_load, describe_exit, overdue
 
 REMOVED = {"removed": True}
 
@@ -262,9 +262,7 @@ class ElasticCore(Forming, HostRule, GracefulStop):
     def _on_load_failed(self, event: LoadFailed):
         # Never a fresh start over it: the job ends, its other workers are stopped unjudged.
         inc = self.workers[event.worker]
-        raise JobFailed(f"{inc.name} on {inc.host} cannot load checkpoint {event.reason}. Nothing was "
-                        f"deleted. Fix the script so that it loads, or start anew on purpose with --fresh",
-                        exitcodes.UNLOADABLE)
+        raise JobFailed(cannot_load(inc.name, inc.host, event.reason), exitcodes.UNLOADABLE)
 
     def _on_tick(self, event: Tick):
         now, p = self._now, self.policy

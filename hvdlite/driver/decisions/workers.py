@@ -67,3 +67,10 @@ def describe_exit(code: int) -> str:
         except ValueError:
             return f"was killed by signal {-code}"
     return f"exited with code {code}"
+
+
+def cannot_load(name: str, host: str, reason: str) -> str:
+    """The one line that ends a job whose worker cannot load the checkpoint it found; reason is
+    the worker's "PATH: CAUSE"."""
+    return (f"{name} on {host} cannot load checkpoint {reason}. Nothing was deleted. Fix the script "
+            f"so that it loads, or start anew on purpose with --fresh")
