@@ -471,6 +471,18 @@ def test_a_template_dying_relaunches_its_workers_and_blacklists_nothing():
     assert len([a for a in sim.actions if isinstance(a, Launch)]) == 4
 
 
+def test_a_template_dying_with_every_holder_never_trains_on_from_scratch():
+    # No --checkpoint-dir: its workers were the only holders of commit 7. Relaunching them is
+    # no failure, but the world they would form has nothing: that is said, not trained over.
+    sim, ids = first_world([("localhost", 2)])
+    sim.send(Heartbeats(tuple((worker, 7) for worker in ids)))
+    out = [a for worker in ids for a in sim.send(TemplateDied(worker))]
+    for worker in sim.launched(out):
+        sim.ready(worker)
+    assert sim.core.round == 1 and not sim.logged("blacklisted")
+    assert "every worker holding the training state is gone (last commit 7)" in sim.end().error
+
+
 def test_a_failed_launch_of_a_worker_told_to_leave_is_not_a_failure():
     sim, (a, b) = first_world([("a", 1), ("b", 1)])
     sim.send(HostsFound((("a", 1), ("b", 1), ("c", 1))))

@@ -257,6 +257,8 @@ class ElasticCore(Forming, HostRule, GracefulStop):
         if inc.killed is not None:  # the driver was ending it as failed anyway
             return self._on_exited(Exited(inc.id, -signal.SIGKILL))
         # Not the worker's failure: its slot is free again and a new worker is launched there.
+        # What it held counts: a world formed without any holder left says so (or fails).
+        self.commit_high = max(self.commit_high, inc.commit)
         self._gone(inc, -signal.SIGKILL, cause="its template died")
 
     def _on_load_failed(self, event: LoadFailed):
