@@ -24,13 +24,13 @@ BACKENDS = [
 ELASTIC = ["-H", "localhost:2", "--min-np", "1"]
 
 
-def run(tmp_path, backend, name, *flags, timeout=120, **knobs):
+def run(tmp_path, backend, name, *flags, timeout=120, hosts=ELASTIC, **knobs):
     """One job of durable_edit.py on tmp_path/ckpt to its end; its Result."""
     folder = tmp_path / name
     folder.mkdir()
     python = NUMPY_PYTHON if backend == "numpy" else sys.executable
     env = job_env(tmp_path, BACKEND=backend, RUN=name, **knobs)
-    with Job(["--checkpoint-dir", str(tmp_path / "ckpt"), *flags, *ELASTIC, python, SCRIPT], folder, env=env) as job:
+    with Job(["--checkpoint-dir", str(tmp_path / "ckpt"), *flags, *hosts, python, SCRIPT], folder, env=env) as job:
         return job.finish(timeout)
 
 
@@ -109,6 +109,15 @@ def test_an_edited_script_ends_the_job_with_one_line_and_the_original_still_resu
     assert result.code == 0, result.stderr
     assert f"resumed from commit 5 ({path})" in result.stdout + result.stderr
     assert min(runs_logged(tmp_path)["3"]) == 6
+
+
+def test_a_static_job_that_cannot_load_ends_with_the_same_one_line_and_exit_65(tmp_path):
+    _, path = first_run(tmp_path, "torch")
+    before = files_and_bytes(tmp_path / "ckpt")
+    result = run(tmp_path, "torch", "2", TOTAL_STEPS=8, WIDTH=3, hosts=["-np", "2"])
+    check_ended_by(result, path, r"RuntimeError: Error\(s\) in loading state_dict for Linear: size mismatch")
+    assert files_and_bytes(tmp_path / "ckpt") == before
+    assert "2" not in runs_logged(tmp_path)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
