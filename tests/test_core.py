@@ -671,6 +671,18 @@ def test_a_slow_member_that_alone_holds_the_newest_commit_is_waited_for():
     assert sim.world() == {"b/0": 0, "a/0": 1}
 
 
+def test_a_stuck_member_killed_with_the_newest_commit_is_said_lost_when_the_world_forms_without_it():
+    sim, (a, b, c) = first_world([("a", 1), ("b", 1), ("c", 1)], liveness_timeout=5.0, elastic_timeout=10.0)
+    sim.send(Heartbeats(((a, 4), (b, 5), (c, 4))))
+    sim.send(Exited(c, -9))
+    sim.ready(a, after=1, commit=4)
+    _beat_while(sim, ((a, 4), (b, 5)), 11)  # b never leaves its broken world: killed
+    assert Stop(b, 0.0) in sim.actions
+    sim.send(Exited(b, -9))
+    assert sim.world() == {"a/0": 0}
+    assert sim.logged("commit_lost") == [{"newest": 5, "resumed": 4}]
+
+
 def test_a_left_behind_member_that_never_returns_is_still_killed_after_the_elastic_timeout():
     sim, (a, b, c) = first_world([("a", 1), ("b", 1), ("c", 1)], liveness_timeout=5.0, elastic_timeout=10.0)
     sim.send(Exited(c, -9))

@@ -403,6 +403,11 @@ class ElasticJob(RuleBasedStateMachine):
         lost = [a for a in self.last_actions if isinstance(a, Log) and a.event == "commit_lost"]
         assert lost or max(outside, default=0) <= max(commits[rank0], self.lost), \
             f"a live holder of commit {max(outside)} was left out of a world at {commits[rank0]}"
+        # Nor from scratch, or older, because every holder the core heard of died (with its
+        # template, say): that is said (commit_lost), or the job ends.
+        held = max([c.commit_seen] + [i.commit for i in c.workers.values()])
+        assert lost or held <= max(commits[rank0], self.lost, self.disk or 0), \
+            f"world {c.round} starts at commit {commits[rank0]}; commit {held} went unsaid"
 
     def sidelined(self, worker):
         """Its slot is blacklisted or gone from discovery."""

@@ -257,8 +257,7 @@ class ElasticCore(Forming, HostRule, GracefulStop):
         if inc.killed is not None:  # the driver was ending it as failed anyway
             return self._on_exited(Exited(inc.id, -signal.SIGKILL))
         # Not the worker's failure: its slot is free again and a new worker is launched there.
-        # What it held counts: a world formed without any holder left says so (or fails).
-        self.commit_high = max(self.commit_high, inc.commit)
+        self._count_held(inc)
         self._gone(inc, -signal.SIGKILL, cause="its template died")
 
     def _on_load_failed(self, event: LoadFailed):
@@ -395,8 +394,15 @@ class ElasticCore(Forming, HostRule, GracefulStop):
             self._mark_broken()
         return was
 
+    def _count_held(self, inc: Incarnation):
+        """Its process goes without leaving for the rendezvous (its template died, the driver
+        kills it): the commit it held counts, so that a world formed from less says so (or
+        fails) rather than training on from an older commit, or from scratch, without a word."""
+        self.commit_high = max(self.commit_high, inc.commit)
+
     def _kill(self, inc: Incarnation, event, why):
         inc.killed = why
+        self._count_held(inc)
         self._log(event, slot=inc.slot, worker=inc.id, rank=inc.rank, reason=why, action="killing it")
         self._emit(Stop(inc.id, 0.0))
         if inc.id in self.world:
