@@ -153,5 +153,9 @@ def test_the_state_reset_hook_runs_at_every_reset():
 
 def test_a_process_set_takes_ranks_only():
     assert hvd.ProcessSet(ranks_or_comm=[2, 0]).ranks == [0, 2]
-    with pytest.raises(ValueError, match="list of ranks"):
-        hvd.ProcessSet(object())
+    assert hvd.ProcessSet(r for r in (3, 1)).ranks == [1, 3]  # any iterable, as Horovod's
+    for wrong in (object(), "01", [0.0, 1]):
+        with pytest.raises(ValueError, match="list of ranks"):
+            hvd.ProcessSet(wrong)
+    unadded = hvd.ProcessSet([0])  # as Horovod's before add_process_set
+    assert (unadded.process_set_id, unadded.mpi_comm, unadded.size(), unadded.rank()) == (None, None, None, None)
