@@ -57,9 +57,9 @@ class State:
         self._heard_update = self._acted_update = 0
 
     def on_hosts_updated(self, timestamp, update_res):
-        """Horovod's notification hook: an update newer than any before makes the next
-        check_host_updates() raise HostsUpdatedInterrupt on every rank (`update_res`, whether
-        hosts came or went, changes nothing here: every rank re-syncs anyway)."""
+        """Horovod's notification hook: an update newer than any this rank heard before makes
+        the next check_host_updates() raise HostsUpdatedInterrupt on every rank (`update_res`,
+        whether hosts came or went, changes nothing here: every rank re-syncs anyway)."""
         self._heard_update = max(self._heard_update, timestamp)
 
     def register_reset_callbacks(self, callbacks):
