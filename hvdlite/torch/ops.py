@@ -300,7 +300,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                             process_set).wait()
 
 
-def sparse_allreduce_async(tensor, name=None, op=Average, process_set=global_process_set):
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     raise NotImplementedError(
         "hvdlite has no sparse allreduce: reduce tensor.to_dense() with allreduce, or pass "
         "sparse_as_dense=True to DistributedOptimizer")

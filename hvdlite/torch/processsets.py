@@ -12,12 +12,11 @@ class ProcessSet:
     """ProcessSet([0, 2]): the ranks a collective's process_set= argument runs on. Horovod
     also takes an MPI communicator here; hvdlite, without MPI, a list of ranks only."""
 
+    process_set_id = None  # given by add_process_set (or init(process_sets=))
+    mpi_comm = None  # Horovod's MPI communicator: never one here
+
     def __init__(self, ranks_or_comm):
-        if ranks_or_comm is not None and not isinstance(ranks_or_comm, (list, tuple, range, set)):
-            raise ValueError(f"ProcessSet takes a list of ranks (hvdlite has no MPI "
-                             f"communicators), got {ranks_or_comm!r}")
-        self._ranks = None if ranks_or_comm is None else sorted({int(r) for r in ranks_or_comm})
-        self.process_set_id = None
+        self._ranks = None if ranks_or_comm is None else _ranks(ranks_or_comm)
         self._world, self._group = None, None
 
     @property
@@ -31,17 +30,23 @@ class ProcessSet:
     def _members(self, size):
         return list(range(size)) if self._ranks is None else [r for r in self._ranks if r < size]
 
-    def size(self) -> int:
+    def size(self):
+        """How many ranks the set has; None until it is added, as in Horovod."""
+        if self.process_set_id is None:
+            return None
         return len(self._members(runtime.info().size))
 
-    def rank(self) -> int:
-        """This process's rank within the set, -1 if the set does not include it."""
-        info = runtime.info()
-        members = self._members(info.size)
-        return members.index(info.rank) if info.rank in members else -1
+    def rank(self):
+        """This process's rank within the set; None until the set is added, and a ValueError
+        if the set does not include this process, as in Horovod."""
+        if self.process_set_id is None:
+            return None
+        return self.set_rank(runtime.info().rank, "this process, rank")
 
-    def included(self) -> bool:
-        return self.rank() >= 0
+    def included(self):
+        """Whether the set includes this process (None before init() for the global set)."""
+        ranks = self.ranks
+        return None if ranks is None else runtime.info().rank in ranks
 
     def global_rank(self, set_rank: int) -> int:
         return self._members(runtime.info().size)[set_rank]
@@ -57,6 +62,8 @@ class ProcessSet:
         """The gloo group of this set in the current world (built on first use)."""
         if self._ranks is None:
             return runtime.process_group()
+        if self.process_set_id is None:
+            raise ValueError(f"{self} has not been added: pass it to hvd.add_process_set() first")
         info = runtime.info()
         if self._world is not info:
             members = self._members(info.size)
@@ -70,7 +77,19 @@ class ProcessSet:
         return self._group
 
     def __repr__(self):
-        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, mpi_comm=None)"
+
+
+def _ranks(ranks_or_comm):
+    """The sorted ranks of any iterable of ints, as Horovod takes them."""
+    try:
+        ranks = sorted(set(ranks_or_comm))
+    except TypeError:
+        ranks = None
+    if ranks is None or not all(isinstance(r, int) for r in ranks):
+        raise ValueError(f"ProcessSet takes a list of ranks (hvdlite has no MPI "
+                         f"communicators), got {ranks_or_comm!r}")
+    return ranks
 
 
 global_process_set = ProcessSet(None)

@@ -53,11 +53,20 @@ class State:
         # rank 0's is every rank's after a sync.
         self._lineage = durable.lineage()
         self._reset_callbacks = []
+        # Host updates told through on_hosts_updated: the newest heard, the newest acted on.
+        self._heard_update = self._acted_update = 0
+
+    def on_hosts_updated(self, timestamp, update_res):
+        """Horovod's notification hook: an update newer than any this rank heard before makes
+        the next check_host_updates() raise HostsUpdatedInterrupt on every rank (`update_res`,
+        whether hosts came or went, changes nothing here: every rank re-syncs anyway)."""
+        self._heard_update = max(self._heard_update, timestamp)
 
     def register_reset_callbacks(self, callbacks):
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self):
+        self._acted_update = self._heard_update  # the reset answers every update heard so far
         self.reset()
         for callback in self._reset_callbacks:
             callback()
@@ -76,8 +85,10 @@ class State:
         """Raise HostsUpdatedInterrupt on every rank if any rank heard of a host update or is
         leaving (the leaver exits instead); every rank exits if any heard that the job stops."""
         s = session()
-        mine = _STOP if s.stopping else int(s.updates > self.backend.info().updates or stopping.requested)
+        heard = s.updates > self.backend.info().updates or self._heard_update > self._acted_update
+        mine = _STOP if s.stopping else int(heard or stopping.requested)
         agreed = self.backend.agree_flag(mine)
+        self._acted_update = self._heard_update
         if agreed == _STOP or agreed and stopping.requested:
             stopping.leave()
         if agreed:

@@ -81,7 +81,7 @@ def check_allreduce(r, n):
     assert torch.allclose(hvd.allreduce(vectors[r], op=hvd.Adasum), expected, atol=1e-6)
     grouped = hvd.grouped_allreduce([vectors[r], vectors[r] * 2], op=hvd.Adasum)
     assert torch.allclose(grouped[1], adasum.reduce([v * 2 for v in vectors]), atol=1e-6)
-    raises(NotImplementedError, lambda: hvd.sparse_allreduce_async(x.to_sparse()), "sparse_as_dense")
+    raises(NotImplementedError, lambda: hvd.sparse_allreduce_async(x.to_sparse(), "s", hvd.Sum), "sparse_as_dense")
 
 
 def check_join(r, n):
@@ -147,7 +147,13 @@ def check_process_sets(r, n):
     members = [k for k in (1, 2) if k < n]
     assert NOT_ZERO.ranks == [1, 2] and NOT_ZERO.size() == len(members)
     assert NOT_ZERO.included() == (r in members)
-    assert NOT_ZERO.rank() == (members.index(r) if r in members else -1)
+    if r in members:
+        assert NOT_ZERO.rank() == members.index(r)
+    else:  # as Horovod's
+        raises(ValueError, NOT_ZERO.rank, "not in the process set")
+    loose = hvd.ProcessSet([0])
+    assert (loose.size(), loose.rank(), loose.included()) == (None, None, r == 0)
+    raises(ValueError, lambda: hvd.allreduce(torch.ones(1), process_set=loose), "has not been added")
     assert hvd.global_process_set.size() == n and hvd.global_process_set.rank() == r
     assert hvd.global_process_set.ranks == list(range(n))
     evens = [k for k in (0, 2) if k < n]
@@ -182,6 +188,17 @@ def check_process_sets(r, n):
                        else torch.tensor([2]), torch.tensor([min(n, 2)]))
     assert hvd.remove_process_set(again) and not hvd.remove_process_set(again)
     assert not hvd.remove_process_set(hvd.global_process_set)
+
+
+def check_hosts_updated_hook(r, n):
+    state = hvd.elastic.ObjectState(epoch=0)
+    if r == n - 1:  # Horovod's notification hook, heard by one rank: every rank is interrupted
+        state.on_hosts_updated(5, 1)
+    raises(hvd.HostsUpdatedInterrupt, state.check_host_updates)
+    state.check_host_updates()  # once
+    if r == n - 1:
+        state.on_hosts_updated(4, 1)  # older than the update this rank heard: none
+    state.check_host_updates()
 
 
 def check_sync_batch_norm(r, n):
@@ -260,6 +277,7 @@ def check_all():
     check_reducescatter(r, n)
     check_allgather(r, n)
     check_process_sets(r, n)
+    check_hosts_updated_hook(r, n)
     check_sync_batch_norm(r, n)
     check_optimizer(r, n)
     check_join(r, n)
