@@ -1,4 +1,5 @@
 """Building a gloo process group over the driver's KV store: the world's, and process sets'."""
+import os
 import threading
 from datetime import timedelta
 
@@ -15,10 +16,18 @@ def _timeout(name: str, default: float) -> timedelta:
     return timedelta(seconds=float(session().environ.get(name, default)))
 
 
+# torch's flight recorder, sized when the first group is made. On by default for gloo, it
+# keeps about 460 KB of past collectives, and about 0.3 KB more for every group ever made:
+# a long elastic job's survivor grew with its re-forms. A user's setting stands.
+FLIGHT_RECORDER = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+
+
 def connect(scope: str, rank: int, size: int, abandoned=lambda: False, seen=None):
     """A gloo group of `size` ranks bootstrapped under KV `scope` (a fresh one per group: gloo
     never deletes its keys). The collective timeout is set explicitly: a group made with
     torch's new_group would not inherit it. `seen`: see ScopeStore."""
+    if not any(name in os.environ for name in FLIGHT_RECORDER):
+        os.environ[FLIGHT_RECORDER[0]] = "0"
     s = session()
     store = KVStore(s.client, scope, _timeout(env.START_TIMEOUT, defaults.START_TIMEOUT), abandoned,
                     size, seen)

@@ -97,6 +97,11 @@ class Links:
                 # its sockets (this frame's `outcome` holding the error makes a cycle that
                 # only the garbage collector breaks), its peers' ends open meanwhile.
                 outcome["error"] = e.with_traceback(None)
+            finally:
+                # The KV connection this thread opened: left to the thread's end, its socket is
+                # closed by the finalizer, whose unclosed-socket warning makes CPython give the
+                # dying thread a new state dict that is never freed (one per round).
+                session.client.close()
         helper = threading.Thread(target=run, daemon=True, name="hvdlite-connect")
         helper.start()
         while helper.is_alive():

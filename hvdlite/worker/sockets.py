@@ -5,7 +5,6 @@ down makes every pending operation fail at once, here and, through the closed co
 on every peer. That turns one worker's failure into a fast, world-wide error.
 """
 import os
-import re
 import select
 import socket
 import struct
@@ -91,8 +90,20 @@ def release(fds) -> None:
 def _published(family, end, published) -> bool:
     port, host = struct.pack(">H", end[1]), socket.inet_pton(family, end[0])
     # sockaddr_in: port, address; sockaddr_in6: port, 4 bytes of flow information, address
-    pattern = re.escape(port) + (b"" if family == socket.AF_INET else b".{4}") + re.escape(host)
-    return any(re.search(pattern, value, re.DOTALL) for value in published)
+    gap = 0 if family == socket.AF_INET else 4
+    return any(_holds(value, port, gap, host) for value in published)
+
+
+def _holds(value: bytes, port: bytes, gap: int, host: bytes) -> bool:
+    """Whether `value` has `port`, then `gap` bytes, then `host`. Not a regular expression:
+    each round's addresses would be compiled into re's cache, which the program shares."""
+    at = value.find(port)
+    while at >= 0:
+        start = at + len(port) + gap
+        if value[start:start + len(host)] == host:
+            return True
+        at = value.find(port, at + 1)
+    return False
 
 
 def cut(fds) -> None:
