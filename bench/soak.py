@@ -187,7 +187,10 @@ def soak(backend, rounds, early, say=print, gloo_timeout=None):
                 slot = f"localhost/{victim}"
                 victim = 3 - victim
                 pid = [e["pid"] for e in log_.read() if e["event"] == "worker_start" and e["slot"] == slot][-1]
-                os.kill(pid, signal.SIGKILL)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:  # it died on its own first: the world re-forms anyway
+                    pass
                 joined = log_.wait(lambda e: e["event"] == "round_complete" and e["round"] > current["round"]
                                    and e["size"] == 3, ROUND_TIMEOUT, proc)
                 # Kills land while the world trains (one during its connect is another test).
