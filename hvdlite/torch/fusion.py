@@ -77,8 +77,11 @@ class Pack:
             elif len(self.tensors) == 1:
                 self._parts = [self.flat.view(self.tensors[0].shape)]
             else:
-                pieces = self.flat.split([t.numel() for t in self.tensors])
-                self._parts = [piece.view(t.shape) for t, piece in zip(self.tensors, pieces)]
+                # (split_with_sizes skips split's Python wrapper; a 1-D piece needs no view:
+                # each costs several us, and a bucket has dozens of pieces)
+                pieces = self.flat.split_with_sizes([t.numel() for t in self.tensors])
+                self._parts = [piece if t.dim() == 1 else piece.view(t.shape)
+                               for t, piece in zip(self.tensors, pieces)]
         return self._parts
 
     def _small(self) -> bool:
