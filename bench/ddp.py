@@ -1,16 +1,20 @@
 """A training step under hvdlite's DistributedOptimizer against the same step under torch's
-DistributedDataParallel (gloo), alternating in one run.
+DistributedDataParallel (gloo), interleaved in one run.
 
-    python bench/ddp.py [--np 2 4] [--cases mlp embeddings conv] [--rounds 6] [--steps 10]
+    python bench/ddp.py [--np 2 4] [--cases mlp embeddings conv] [--rounds 10] [--steps 8]
 
 Per case and world size: the same model, data and seed under both, one torch thread per rank,
-default settings on both sides (hvdlite's join support on). Each round runs --steps steps of
-each, one after the other; every step starts from a barrier. Prints, on rank 0, the medians of
-a step and their ratio (target: hvdlite / DDP <= 1.00x), with the lowest and highest ratio of
-the rounds, and checks that every rank ends with the same parameters in both.
+default settings on both sides (hvdlite's join support on). The two take turns step by step,
+each step after a barrier, in the order AB BA AB ... so that a change of load within a round
+falls on both alike. A round's ratio is the median of its hvdlite steps over the median of its
+DDP steps. Prints, on rank 0, the median of the round ratios (target: hvdlite / DDP <= 1.00x)
+with a distribution-free ~90% confidence interval of that median (from the rounds' order
+statistics), each side's median step and CPU time (rank 0's process, every thread), and the
+load average; checks that every rank ends with the same parameters in both.
 """
 import argparse
 import datetime
+import math
 import os
 import statistics
 import subprocess
@@ -103,27 +107,38 @@ def trainer(kind, wrap):
 
 
 def run_case(name, rounds, steps):
-    """(hvdlite median s, DDP median s, per-round ratios); raises when parameters differ."""
+    """Per round: (hvdlite median s, DDP median s, hvdlite CPU s, DDP CPU s), from rank 0's
+    clocks; raises when parameters differ."""
     pg = runtime.process_group()
     runs = {wrap: trainer(CASES[name], wrap) for wrap in ("hvd", "ddp")}
-    times = {wrap: [] for wrap in runs}
-    ratios = []
+    results = []
     for round_ in range(rounds + 1):  # round 0 warms up
-        medians = {}
-        for wrap, (step, _) in runs.items():
-            mine = []
-            for _ in range(steps):
+        times = {wrap: [] for wrap in runs}
+        cpu = dict.fromkeys(runs, 0.0)
+        for i in range(steps):
+            for wrap in (("hvd", "ddp") if i % 2 == 0 else ("ddp", "hvd")):
                 pg.barrier(dist.BarrierOptions()).wait()
-                start = time.perf_counter()
-                step()
-                mine.append(time.perf_counter() - start)
-            medians[wrap] = statistics.median(mine)
-            if round_:
-                times[wrap] += mine
+                start, start_cpu = time.perf_counter(), time.process_time()
+                runs[wrap][0]()
+                times[wrap].append(time.perf_counter() - start)
+                cpu[wrap] += time.process_time() - start_cpu
         if round_:
-            ratios.append(medians["hvd"] / medians["ddp"])
+            results.append((statistics.median(times["hvd"]), statistics.median(times["ddp"]),
+                            cpu["hvd"] / steps, cpu["ddp"] / steps))
     check_parameters(name, runs["hvd"][1], runs["ddp"][1].module)
-    return statistics.median(times["hvd"]), statistics.median(times["ddp"]), ratios
+    return results
+
+
+def median_interval(values, coverage=0.9):
+    """A distribution-free interval that holds the median of what `values` are drawn from
+    with probability >= coverage (or the widest there is): the k-th smallest and k-th largest
+    value, k as large as that coverage allows (fewer than k of n values fall below the median
+    with probability P(Binomial(n, 1/2) < k))."""
+    ordered, n = sorted(values), len(values)
+    k = 1
+    while k < n // 2 and 1 - 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n >= coverage:
+        k += 1
+    return ordered[k - 1], ordered[n - k]
 
 
 def check_parameters(name, ours, theirs):
@@ -148,11 +163,17 @@ def child(rank, size, store_path, cases, rounds, steps):
     runtime.activate(pg, WorldInfo(rank=rank, size=size, local_rank=rank, local_size=size,
                                    cross_rank=0, cross_size=1, hostname="localhost"))
     for name in cases:
-        ours, theirs, ratios = run_case(name, rounds, steps)
+        load = os.getloadavg()[0]
+        results = run_case(name, rounds, steps)
         if rank == 0:
-            print(f"{name:<11} np {size}  hvdlite {ours * 1e3:8.2f} ms  DDP {theirs * 1e3:8.2f} ms  "
-                  f"ratio {ours / theirs:5.2f}x  (rounds {min(ratios):.2f}-{max(ratios):.2f}x, "
-                  f"median {statistics.median(ratios):.2f}x)", flush=True)
+            ours, theirs, our_cpu, their_cpu = (statistics.median(r[i] for r in results)
+                                                for i in range(4))
+            ratios = [r[0] / r[1] for r in results]
+            low, high = median_interval(ratios)
+            print(f"{name:<11} np {size}  ratio {statistics.median(ratios):5.2f}x "
+                  f"(>=90% CI {low:.2f}-{high:.2f}x)  step hvdlite {ours * 1e3:7.2f} ms, "
+                  f"DDP {theirs * 1e3:7.2f} ms  CPU {our_cpu / their_cpu:4.2f}x  "
+                  f"load {load:.1f}-{os.getloadavg()[0]:.1f}", flush=True)
     hvd.barrier()
 
 
@@ -176,15 +197,15 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--np", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
-    parser.add_argument("--rounds", type=int, default=6, help="alternations of the two")
-    parser.add_argument("--steps", type=int, default=10, help="timed steps of each per round")
+    parser.add_argument("--rounds", type=int, default=10, help="rounds, each giving one ratio")
+    parser.add_argument("--steps", type=int, default=8, help="timed steps of each per round")
     parser.add_argument("--child", nargs=3, metavar=("RANK", "SIZE", "STORE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(int(args.child[0]), int(args.child[1]), args.child[2], args.cases, args.rounds, args.steps)
         return
-    print(f"hvdlite DistributedOptimizer vs torch DDP (gloo), {args.rounds} alternations of "
-          f"{args.steps} steps; medians of a step", flush=True)
+    print(f"hvdlite DistributedOptimizer vs torch DDP (gloo): {args.rounds} rounds of {args.steps} "
+          f"interleaved steps each; ratio = median over rounds of hvdlite / DDP", flush=True)
     failed = any(any(spawn(size, args)) for size in args.np)
     sys.exit(1 if failed else 0)
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import gloo_harness
-from hvdlite.torch import autograd, ops, runtime
+from hvdlite.torch import autograd, fusion, ops, runtime
 from hvdlite.torch.compression import Compression
 from hvdlite.worker.errors import HorovodInternalError
 
@@ -197,3 +197,17 @@ def test_collectives_before_init_raise_clear_error():
                  lambda: autograd.broadcast(BASE, 0), lambda: ops.broadcast_object(1), ops.barrier):
         with pytest.raises(runtime.NotInitializedError, match=r"hvd\.init\(\)"):
             call()
+
+
+def test_a_fused_copy_is_scaled_as_torch_scales():
+    # Packing scales each tensor on its way into the buffer (through numpy where that gives
+    # the same bits); every dtype and layout must come out as torch.mul gives it.
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(6, 5, generator=g, dtype=torch.float64)
+    tensors = [base.float(), base, base.half(), base.bfloat16(), base.float().t(),
+               base.float()._neg_view(), torch.arange(7, dtype=torch.float32)]
+    for tensor in tensors:
+        for factor in (1 / 3, 0.1, 2.0):
+            pack = fusion.Pack([tensor, tensor], room=1, scale=factor)
+            for part in pack.parts():
+                assert torch.equal(part, torch.mul(tensor, factor)), (tensor.dtype, factor)

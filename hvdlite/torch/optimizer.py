@@ -5,6 +5,7 @@ import os
 import warnings
 import weakref
 
+import numpy
 import torch
 
 from hvdlite.torch import ops, runtime
@@ -193,7 +194,7 @@ class _GradientReducer:
             if not everything and self.ready[index] < len(bucket):
                 return
             compressed = [self.compression.compress(self._local_grad(p)) for p in bucket]
-            flags = torch.tensor([p.grad is not None for p in bucket], dtype=compressed[0][0].dtype)
+            flags = _flags([p.grad is not None for p in bucket], compressed[0][0].dtype)
             # Reduced into a new fused buffer, whose pieces become the gradients: no copy back.
             handle = ops.grouped_allreduce_async(
                 [c for c, _ in compressed] + [flags], op=self.op,
@@ -223,6 +224,17 @@ class _GradientReducer:
         finally:
             self._reset()  # also after a failure, so the next step starts clean
         self.synchronized = True
+
+
+# torch.tensor() of a short list costs ~20 us; numpy's array and from_numpy ~4 us.
+_NUMPY_FLOATS = {torch.float32: numpy.float32, torch.float64: numpy.float64,
+                 torch.float16: numpy.float16}
+
+
+def _flags(values, dtype):
+    if dtype in _NUMPY_FLOATS:
+        return torch.from_numpy(numpy.array(values, dtype=_NUMPY_FLOATS[dtype]))
+    return torch.tensor(values, dtype=dtype)
 
 
 def _on_grad(reducer_ref, p):
