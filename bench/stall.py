@@ -321,6 +321,9 @@ def main():
     if recoveries:
         print(f"  kill -> next step: median {median:.2f} s, max {max(recoveries):.2f} s "
               f"({max(recoveries) / median:.1f}x the median)")
+        slow = sorted(recoveries)[::-1]
+        print(f"  over 1 s: {sum(r > 1 for r in recoveries)}, over 2 s: {sum(r > 2 for r in recoveries)}; "
+              f"slowest: {', '.join(f'{r:.2f}' for r in slow[:5])} s")
 
 
 if __name__ == "__main__":
