@@ -15,7 +15,7 @@ from hvdlite.worker.session import session
 from hvdlite.worker.world import WorldInfo
 
 runtime = Runtime()  # the current pygloo context and world
-_links = Links()  # the current context's gloo connections
+_links = Links(sockets.PYGLOO_SAFE_CUT)  # the current context's gloo connections
 _voucher = None  # the helper that stands in for this worker while a collective holds the GIL
 
 

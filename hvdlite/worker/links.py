@@ -4,6 +4,7 @@ Cutting is the one way to unblock a stuck gloo collective (see sockets.py). It h
 abort() after a failed collective, and from the heartbeat thread as soon as the driver says
 the group's round fell apart, so that no survivor waits for a gloo timeout.
 """
+import socket
 import sys
 import threading
 import time
@@ -40,7 +41,10 @@ def told(abandoned, seconds: float) -> bool:
 
 
 class Links:
-    def __init__(self):
+    def __init__(self, broken_cut=socket.SHUT_RDWR):
+        """`broken_cut`: how the heartbeat thread cuts a group whose round broke (see
+        sockets.cut): it runs while the main thread may be about to enter a collective."""
+        self._broken_cut = broken_cut
         self._round, self._fds = None, []  # the fds: this object's duplicates of gloo's sockets
         self._lock = threading.Lock()
         self._given_up = []  # helper threads of connects given up, which gloo may still run
@@ -131,7 +135,7 @@ class Links:
     def on_round_broken(self, newest_broken: int) -> None:
         with self._lock:
             if broken(self._round, newest_broken):
-                sockets.cut(self._fds)
+                sockets.cut(self._fds, self._broken_cut)
 
     def finish_given_up(self, timeout: float) -> None:
         """Wait (at most `timeout` seconds) for connects given up that gloo still runs: a peer

@@ -95,13 +95,25 @@ def _published(family, end, published) -> bool:
     return any(re.search(pattern, value, re.DOTALL) for value in published)
 
 
-def cut(fds) -> None:
+def cut(fds, how=socket.SHUT_RDWR) -> None:
+    """Shut the sockets down: SHUT_RDWR also tells the peers at once. SHUT_RD (reading only)
+    fails this end alone, and writes still succeed: a cut made while another thread or process
+    may be about to send over the sockets must not fail that send (see PYGLOO_SAFE_CUT)."""
     for fd in fds:
         try:
             with _wrap(fd) as s:
-                s.shutdown(socket.SHUT_RDWR)
+                s.shutdown(how)
         except OSError:
             pass
+
+
+# pygloo's gloo leaves a send its peer's socket refused (EPIPE, ECONNRESET) queued and, when
+# the connection then fails, never tells that send: its collective waits out the 30 s timeout
+# (UnboundBuffer::waitSend). A cut of the writing side made just before such a send, and before
+# gloo's event loop saw the connection end, caused that. Cutting the reading side only ends
+# every pending receive (the loop reads the end of the stream) without failing a send; the
+# peers hear of it when this worker's own abort() cuts both sides or its sockets close.
+PYGLOO_SAFE_CUT = socket.SHUT_RD
 
 
 def _address(hex_address: str):

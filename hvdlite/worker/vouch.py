@@ -9,7 +9,8 @@ out gloo's 30 s timeout. This process does both in the worker's place:
   worker's offset to the driver's clock (told with every message), or the driver would drop
   them all on a host whose clock is off by more than the signatures' skew;
 - it holds copies of the worker's gloo sockets (passed over a Unix socket with SCM_RIGHTS) and
-  shuts them down once the driver says their round broke, which fails the pending collective;
+  shuts their reading side down once the driver says their round broke, which fails the
+  pending collective (see sockets.PYGLOO_SAFE_CUT);
 - while the worker connects a group (pygloo holds the GIL for all of it), it knocks on the
   sockets that group's pairs listen on once the driver says that round broke: a pair waiting
   for a peer that died would otherwise wait out gloo's 30 s. It knocks on the ones the worker
@@ -121,7 +122,7 @@ class _Held:
 
     def cut_if_broken(self, newest_broken: int, pid: int) -> None:
         if broken(self.round, newest_broken):
-            sockets.cut(self.fds)
+            sockets.cut(self.fds, sockets.PYGLOO_SAFE_CUT)  # the worker may be sending meanwhile
         if self.connecting is not None and broken(self.connecting[0], newest_broken):
             _, listening, knocked = self.connecting
             knocked |= sockets.knock(pid, listening - knocked)
