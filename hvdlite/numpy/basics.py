@@ -70,19 +70,19 @@ def _context(info: WorldInfo, abandoned, seen):
     return context
 
 
-abort = _links.cut  # fail every pending and future collective of the context, here and on peers
+abort = _links.cut  # fail the pending and future receives here (peers hear from the driver)
 
 
 def shutdown() -> None:
     """Leave the current world (after a failure, call abort() first). pygloo collectives are
-    synchronous, so nothing is pending and the context can simply be dropped."""
-    _links.forget()
-    if _voucher is not None:
-        _voucher.release()
+    synchronous, so nothing is pending and the context can simply be dropped. Its sockets stay
+    open (cut on the reading side at most) until the next world's group connected, or the
+    process ends: a peer still in this world never has a send refused (see
+    sockets.PYGLOO_SAFE_CUT)."""
     runtime.deactivate()
 
 
-atexit.register(shutdown)  # close the connections before the interpreter tears down
+atexit.register(shutdown)  # drop the context before the interpreter tears down
 
 
 is_initialized = runtime.is_initialized

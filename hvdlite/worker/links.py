@@ -41,10 +41,9 @@ def told(abandoned, seconds: float) -> bool:
 
 
 class Links:
-    def __init__(self, broken_cut=socket.SHUT_RDWR):
-        """`broken_cut`: how the heartbeat thread cuts a group whose round broke (see
-        sockets.cut): it runs while the main thread may be about to enter a collective."""
-        self._broken_cut = broken_cut
+    def __init__(self, how=socket.SHUT_RDWR):
+        """`how`: how cut() and the heartbeat thread cut the group (see sockets.cut)."""
+        self._how = how
         self._round, self._fds = None, []  # the fds: this object's duplicates of gloo's sockets
         self._lock = threading.Lock()
         self._given_up = []  # helper threads of connects given up, which gloo may still run
@@ -130,12 +129,12 @@ class Links:
     def cut(self) -> None:
         """Fail every pending and future collective of the group, here and on its peers."""
         with self._lock:
-            sockets.cut(self._fds)
+            sockets.cut(self._fds, self._how)
 
     def on_round_broken(self, newest_broken: int) -> None:
         with self._lock:
             if broken(self._round, newest_broken):
-                sockets.cut(self._fds, self._broken_cut)
+                sockets.cut(self._fds, self._how)
 
     def finish_given_up(self, timeout: float) -> None:
         """Wait (at most `timeout` seconds) for connects given up that gloo still runs: a peer

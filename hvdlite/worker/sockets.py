@@ -109,10 +109,13 @@ def cut(fds, how=socket.SHUT_RDWR) -> None:
 
 # pygloo's gloo leaves a send its peer's socket refused (EPIPE, ECONNRESET) queued and, when
 # the connection then fails, never tells that send: its collective waits out the 30 s timeout
-# (UnboundBuffer::waitSend). A cut of the writing side made just before such a send, and before
-# gloo's event loop saw the connection end, caused that. Cutting the reading side only ends
-# every pending receive (the loop reads the end of the stream) without failing a send; the
-# peers hear of it when this worker's own abort() cuts both sides or its sockets close.
+# (UnboundBuffer::waitSend). A write fails so once its own socket's writing side was shut down,
+# or once the peer's socket reset the connection: Linux resets on data that reaches a socket
+# whose reading and writing sides were both shut down, or one already closed. So on pygloo a
+# cut shuts the reading side only (every pending receive ends: gloo's loop reads the end of the
+# stream; a send still succeeds), and a round's sockets are closed only once the next round's
+# group connected (hvdlite.numpy.basics.shutdown): until then no peer still in that round can
+# have a send refused. Peers hear that the round broke from their own voucher.
 PYGLOO_SAFE_CUT = socket.SHUT_RD
 
 
