@@ -15,7 +15,7 @@ from hvdlite.worker.session import session
 from hvdlite.worker.world import WorldInfo
 
 runtime = Runtime()  # the current pygloo context and world
-_links = Links(sockets.PYGLOO_SAFE_CUT)  # the current context's gloo connections
+_links = Links(sockets.PYGLOO_ABORT_CUT, sockets.PYGLOO_BROKEN_CUT)  # the context's gloo connections
 _voucher = None  # the helper that stands in for this worker while a collective holds the GIL
 
 
@@ -70,7 +70,7 @@ def _context(info: WorldInfo, abandoned, seen):
     return context
 
 
-abort = _links.cut  # fail the pending and future receives here (peers hear from the driver)
+abort = _links.cut  # fail the peers' pending and future collectives (see sockets.PYGLOO_ABORT_CUT)
 
 
 def shutdown() -> None:
@@ -78,7 +78,7 @@ def shutdown() -> None:
     synchronous, so nothing is pending and the context can simply be dropped. Its sockets stay
     open (cut on the reading side at most) until the next world's group connected, or the
     process ends: a peer still in this world never has a send refused (see
-    sockets.PYGLOO_SAFE_CUT)."""
+    sockets.PYGLOO_BROKEN_CUT)."""
     runtime.deactivate()
 
 

@@ -98,7 +98,7 @@ def _published(family, end, published) -> bool:
 def cut(fds, how=socket.SHUT_RDWR) -> None:
     """Shut the sockets down: SHUT_RDWR also tells the peers at once. SHUT_RD (reading only)
     fails this end alone, and writes still succeed: a cut made while another thread or process
-    may be about to send over the sockets must not fail that send (see PYGLOO_SAFE_CUT)."""
+    may be about to send over the sockets must not fail that send (see PYGLOO_BROKEN_CUT)."""
     for fd in fds:
         try:
             with _wrap(fd) as s:
@@ -111,12 +111,15 @@ def cut(fds, how=socket.SHUT_RDWR) -> None:
 # the connection then fails, never tells that send: its collective waits out the 30 s timeout
 # (UnboundBuffer::waitSend). A write fails so once its own socket's writing side was shut down,
 # or once the peer's socket reset the connection: Linux resets on data that reaches a socket
-# whose reading and writing sides were both shut down, or one already closed. So on pygloo a
-# cut shuts the reading side only (every pending receive ends: gloo's loop reads the end of the
-# stream; a send still succeeds), and a round's sockets are closed only once the next round's
-# group connected (hvdlite.numpy.basics.shutdown): until then no peer still in that round can
-# have a send refused. Peers hear that the round broke from their own voucher.
-PYGLOO_SAFE_CUT = socket.SHUT_RD
+# whose reading and writing sides were both shut down, or one already closed. So on pygloo:
+# - a cut made while the worker may be about to send (by the voucher or the heartbeat thread,
+#   once the driver says the round broke) shuts the reading side only: every pending receive
+#   ends (gloo's loop reads the end of the stream), and a send still succeeds;
+# - abort(), on the main thread after a collective failed, shuts the writing side only: the
+#   peers read the end of the stream at once, and their sends to this worker still succeed;
+# - a round's sockets are closed once the next round's group connected, not when the worker
+#   leaves the round (hvdlite.numpy.basics.shutdown): no peer still in it has a send refused.
+PYGLOO_BROKEN_CUT, PYGLOO_ABORT_CUT = socket.SHUT_RD, socket.SHUT_WR
 
 
 def _address(hex_address: str):

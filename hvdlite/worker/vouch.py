@@ -10,7 +10,7 @@ out gloo's 30 s timeout. This process does both in the worker's place:
   them all on a host whose clock is off by more than the signatures' skew;
 - it holds copies of the worker's gloo sockets (passed over a Unix socket with SCM_RIGHTS), from
   one group to the next, and shuts their reading side down once the driver says their round
-  broke, which fails the pending collective (see sockets.PYGLOO_SAFE_CUT);
+  broke, which fails the pending collective (see sockets.PYGLOO_BROKEN_CUT);
 - while the worker connects a group (pygloo holds the GIL for all of it), it knocks on the
   sockets that group's pairs listen on once the driver says that round broke: a pair waiting
   for a peer that died would otherwise wait out gloo's 30 s. It knocks on the ones the worker
@@ -116,7 +116,7 @@ class _Held:
 
     def cut_if_broken(self, newest_broken: int, pid: int) -> None:
         if broken(self.round, newest_broken):
-            sockets.cut(self.fds, sockets.PYGLOO_SAFE_CUT)  # the worker may be sending meanwhile
+            sockets.cut(self.fds, sockets.PYGLOO_BROKEN_CUT)  # the worker may be sending meanwhile
         if self.connecting is not None and broken(self.connecting[0], newest_broken):
             _, listening, knocked = self.connecting
             knocked |= sockets.knock(pid, listening - knocked)
