@@ -8,7 +8,7 @@ import pygloo
 from hvdlite.numpy.store import GlooStore
 from hvdlite import defaults
 from hvdlite.worker import elastic, env, sockets, trace, vouch
-from hvdlite.worker.links import Links
+from hvdlite.worker.links import EXIT_WAIT, Links
 from hvdlite.worker.runtime import Runtime
 from hvdlite.worker.scopestore import ScopeStore
 from hvdlite.worker.session import session
@@ -82,7 +82,15 @@ def shutdown() -> None:
     runtime.deactivate()
 
 
-atexit.register(shutdown)  # drop the context before the interpreter tears down
+def _at_exit() -> None:
+    # Drop the context before the interpreter tears down, and wait for connects given up that
+    # gloo still runs: such a thread returning into pygloo while the interpreter finalizes
+    # crashed the process (SIGSEGV), so a finished worker would look failed.
+    shutdown()
+    _links.finish_given_up(EXIT_WAIT)
+
+
+atexit.register(_at_exit)
 
 
 is_initialized = runtime.is_initialized

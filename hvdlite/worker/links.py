@@ -9,11 +9,16 @@ import sys
 import threading
 import time
 
+from hvdlite import defaults
 from hvdlite.errors import first_line
 from hvdlite.worker import sockets
 
 CONNECT_POLL = 0.2  # seconds between checks whether the round being connected was given up
 CONNECT_ATTEMPTS = 3  # worlds in a row whose group failed to connect before the worker gives up
+# Seconds an exiting worker waits for what gloo still runs (connects given up, and on torch
+# released groups): within the driver's grace for a worker that said it is exiting, with room
+# for the rest of its teardown.
+EXIT_WAIT = defaults.EXIT_GRACE - 5.0
 
 
 class RoundAbandoned(RuntimeError):
