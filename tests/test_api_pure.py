@@ -107,6 +107,18 @@ def test_knocking_reaches_the_named_listening_sockets_only():
         server.close()
 
 
+def test_releasing_a_voucher_whose_helper_is_gone_is_quiet():
+    # A stop signals the worker's process group: the helper dies first, then the worker's
+    # exit releases it (atexit), which once printed a ConnectionRefusedError traceback.
+    import os
+    from hvdlite.worker import env, vouch
+    environ = {**os.environ, env.RENDEZVOUS_ADDR: "127.0.0.1", env.RENDEZVOUS_PORT: "9", env.SECRET: "x"}
+    voucher = vouch.Voucher(environ, lambda: 0.0)
+    voucher.proc.terminate()
+    voucher.proc.wait(10)
+    voucher.release()
+
+
 def test_a_released_group_is_destroyed_off_the_calling_thread():
     # A gloo group's destructor waits for its peers (and forever for a hung one's pending op):
     # shutdown() hands it to a thread and keeps no reference that would run it here.

@@ -75,17 +75,17 @@ abort = _links.cut  # fail the peers' pending and future collectives (see socket
 
 def shutdown() -> None:
     """Leave the current world (after a failure, call abort() first). pygloo collectives are
-    synchronous, so nothing is pending and the context can simply be dropped. Its sockets stay
-    open (cut on the reading side at most) until the next world's group connected, or the
-    process ends: a peer still in this world never has a send refused (see
-    sockets.PYGLOO_BROKEN_CUT)."""
+    synchronous, so nothing is pending and the context can simply be dropped."""
+    _links.forget()
+    if _voucher is not None:
+        _voucher.release()
     runtime.deactivate()
 
 
 def _at_exit() -> None:
-    # Drop the context before the interpreter tears down, and wait for connects given up that
-    # gloo still runs: such a thread returning into pygloo while the interpreter finalizes
-    # crashed the process (SIGSEGV), so a finished worker would look failed.
+    # Close the connections before the interpreter tears down, and wait for connects given
+    # up that gloo still runs: such a thread returning into pygloo while the interpreter
+    # finalizes crashed the process (SIGSEGV), so a finished worker would look failed.
     shutdown()
     _links.finish_given_up(EXIT_WAIT)
 

@@ -116,9 +116,8 @@ def cut(fds, how=socket.SHUT_RDWR) -> None:
 #   once the driver says the round broke) shuts the reading side only: every pending receive
 #   ends (gloo's loop reads the end of the stream), and a send still succeeds;
 # - abort(), on the main thread after a collective failed, shuts the writing side only: the
-#   peers read the end of the stream at once, and their sends to this worker still succeed;
-# - a round's sockets are closed once the next round's group connected, not when the worker
-#   leaves the round (hvdlite.numpy.basics.shutdown): no peer still in it has a send refused.
+#   peers read the end of the stream at once, and their sends to this worker still succeed
+#   until it closes the sockets (shutdown(), right after).
 PYGLOO_BROKEN_CUT, PYGLOO_ABORT_CUT = socket.SHUT_RD, socket.SHUT_WR
 
 

@@ -8,9 +8,9 @@ out gloo's 30 s timeout. This process does both in the worker's place:
   is still evicted after the liveness timeout; its beats carry the time corrected by the
   worker's offset to the driver's clock (told with every message), or the driver would drop
   them all on a host whose clock is off by more than the signatures' skew;
-- it holds copies of the worker's gloo sockets (passed over a Unix socket with SCM_RIGHTS), from
-  one group to the next, and shuts their reading side down once the driver says their round
-  broke, which fails the pending collective (see sockets.PYGLOO_BROKEN_CUT);
+- it holds copies of the worker's gloo sockets (passed over a Unix socket with SCM_RIGHTS) and
+  shuts their reading side down once the driver says their round broke, which fails the
+  pending collective (see sockets.PYGLOO_BROKEN_CUT);
 - while the worker connects a group (pygloo holds the GIL for all of it), it knocks on the
   sockets that group's pairs listen on once the driver says that round broke: a pair waiting
   for a peer that died would otherwise wait out gloo's 30 s. It knocks on the ones the worker
@@ -38,7 +38,7 @@ from hvdlite.worker.session import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
 
 MAX_FDS = 250  # per message: the kernel passes at most 253 descriptors at once
 PR_SET_PDEATHSIG = 1
-NO_ROUND = -1  # "hold nothing": the worker has no group yet
+NO_ROUND = -1  # "hold nothing": the worker left its group
 
 
 class Voucher:
@@ -61,6 +61,12 @@ class Voucher:
             chunk = array.array("i", fds[start:start + MAX_FDS])
             ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, chunk)] if chunk else []
             self._channel.sendmsg([f"{round_number} {self._offset()!r}".encode()], ancillary)
+
+    def release(self) -> None:
+        try:
+            self.watch(NO_ROUND, [])
+        except OSError:
+            pass  # the helper is gone already (a TERM to the worker's process group): it holds nothing
 
     def listening(self, round_number: int, inodes) -> None:
         """The group of `round_number` the worker connects listens on these sockets (inodes)."""
