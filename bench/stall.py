@@ -10,8 +10,9 @@ on a member of the world just formed, after a random delay of 0 to --early secon
 world connects or syncs the state) or, every other kill, once the world trains. A stall is
 --stall seconds from a kill without a step in a newer world, or --stall seconds in which no worker
 completes a step and the driver logs nothing: then every live worker's Python stacks
-(faulthandler, SIGUSR2), native stacks (py-spy, if installed; its voucher's too) and TCP sockets
-are written to --keep/stall-N/, and the hunt goes on once the job moves again. After a kill its
+(faulthandler, SIGUSR2), native stacks (py-spy, if installed; its voucher's too, and the
+driver's) and TCP sockets are written to --keep/stall-N/, and the hunt goes on once the job
+moves again. After a kill its
 length runs from the kill to the first step of a newer world (a world formed without a wedged
 survivor is no progress until it steps); otherwise from the last step or event before it to the
 first after it; by their own time stamps (a gap under --stall means the hunt itself was starved:
@@ -214,6 +215,11 @@ def dump(job, folder):
                     lines.append(spies[target].communicate()[0])
         with open(os.path.join(folder, f"{worker.replace('/', '_')}.txt"), "w") as f:
             f.write("\n".join(lines) + "\n")
+    if shutil.which("py-spy"):  # the driver's own, last: is it the one stuck?
+        spy = subprocess.run(["py-spy", "dump", "--pid", str(job.proc.pid)], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, timeout=60)
+        with open(os.path.join(folder, "driver.stacks"), "w") as f:
+            f.write(spy.stdout)
     for name in os.listdir(job.dir):
         if name.startswith("stacks."):
             shutil.copy(job.path(name), folder)
