@@ -15,7 +15,7 @@ from hvdlite.worker.session import session
 from hvdlite.worker.world import WorldInfo
 
 runtime = Runtime()  # the current pygloo context and world
-_links = Links(sockets.PYGLOO_ABORT_CUT, sockets.PYGLOO_BROKEN_CUT)  # the context's gloo connections
+_links = Links(broken_how=sockets.PYGLOO_BROKEN_CUT)  # the current context's gloo connections
 _voucher = None  # the helper that stands in for this worker while a collective holds the GIL
 
 
@@ -70,7 +70,7 @@ def _context(info: WorldInfo, abandoned, seen):
     return context
 
 
-abort = _links.cut  # fail the peers' pending and future collectives (see sockets.PYGLOO_ABORT_CUT)
+abort = _links.cut  # fail every pending and future collective of the context, here and on peers
 
 
 def shutdown() -> None:

@@ -46,10 +46,10 @@ def told(abandoned, seconds: float) -> bool:
 
 
 class Links:
-    def __init__(self, abort_how=socket.SHUT_RDWR, broken_how=socket.SHUT_RDWR):
-        """How cut() (abort(), on the main thread) and the heartbeat thread (when the driver
-        says the round broke) shut the group's sockets down (see sockets.cut)."""
-        self._abort_how, self._broken_how = abort_how, broken_how
+    def __init__(self, broken_how=socket.SHUT_RDWR):
+        """`broken_how`: how the heartbeat thread shuts the group's sockets down when the driver
+        says the round broke (see sockets.cut); cut() shuts both sides."""
+        self._broken_how = broken_how
         self._round, self._fds = None, []  # the fds: this object's duplicates of gloo's sockets
         self._lock = threading.Lock()
         self._given_up = []  # helper threads of connects given up, which gloo may still run
@@ -135,7 +135,7 @@ class Links:
     def cut(self) -> None:
         """Fail every pending and future collective of the group, here and on its peers."""
         with self._lock:
-            sockets.cut(self._fds, self._abort_how)
+            sockets.cut(self._fds)
 
     def on_round_broken(self, newest_broken: int) -> None:
         with self._lock:

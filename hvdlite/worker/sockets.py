@@ -107,18 +107,15 @@ def cut(fds, how=socket.SHUT_RDWR) -> None:
             pass
 
 
-# pygloo's gloo leaves a send its peer's socket refused (EPIPE, ECONNRESET) queued and, when
-# the connection then fails, never tells that send: its collective waits out the 30 s timeout
-# (UnboundBuffer::waitSend). A write fails so once its own socket's writing side was shut down,
-# or once the peer's socket reset the connection: Linux resets on data that reaches a socket
-# whose reading and writing sides were both shut down, or one already closed. So on pygloo:
-# - a cut made while the worker may be about to send (by the voucher or the heartbeat thread,
-#   once the driver says the round broke) shuts the reading side only: every pending receive
-#   ends (gloo's loop reads the end of the stream), and a send still succeeds;
-# - abort(), on the main thread after a collective failed, shuts the writing side only: the
-#   peers read the end of the stream at once, and their sends to this worker still succeed
-#   until it closes the sockets (shutdown(), right after).
-PYGLOO_BROKEN_CUT, PYGLOO_ABORT_CUT = socket.SHUT_RD, socket.SHUT_WR
+# pygloo's gloo leaves a send its own socket refused (EPIPE, ECONNRESET) queued and, when the
+# connection then fails, never tells that send: its collective waits out the 30 s timeout
+# (UnboundBuffer::waitSend). A cut of the writing side made just before the worker sends, and
+# before gloo's event loop saw the connection end, did that. So the cuts made while the worker
+# may be about to send (by the voucher and the heartbeat thread, once the driver says the round
+# broke) shut the reading side only: every pending receive ends (gloo's loop reads the end of
+# the stream), and a send still succeeds. abort() runs on the main thread once a collective
+# failed, and cuts both sides.
+PYGLOO_BROKEN_CUT = socket.SHUT_RD
 
 
 def _address(hex_address: str):
