@@ -10,10 +10,13 @@ on a member of the world just formed, after a random delay of 0 to --early secon
 world connects or syncs the state) or, every other kill, once the world trains. A stall is
 --stall seconds from a kill without a step in a newer world, or --stall seconds in which no worker
 completes a step and the driver logs nothing: then every live worker's Python stacks
-(faulthandler, SIGUSR2), native stacks (py-spy, if installed; its voucher's too) and TCP sockets
-are written to --keep/stall-N/, and the hunt goes on once the job moves again. Its length runs
-from the last step or event before it to the first after it, by their own time stamps (a gap
-under --stall means the hunt itself was starved: not counted). The job's start is not timed.
+(faulthandler, SIGUSR2), native stacks (py-spy, if installed; its voucher's too, and the
+driver's) and TCP sockets are written to --keep/stall-N/, and the hunt goes on once the job
+moves again. After a kill its
+length runs from the kill to the first step of a newer world (a world formed without a wedged
+survivor is no progress until it steps); otherwise from the last step or event before it to the
+first after it; by their own time stamps (a gap under --stall means the hunt itself was starved:
+not counted). The job's start is not timed.
 Prints the kills, the stalls with their lengths, the workers that failed on their own (not by a
 kill), and the recovery times (kill -> first step of a newer world) against their median.
 """
@@ -212,6 +215,11 @@ def dump(job, folder):
                     lines.append(spies[target].communicate()[0])
         with open(os.path.join(folder, f"{worker.replace('/', '_')}.txt"), "w") as f:
             f.write("\n".join(lines) + "\n")
+    if shutil.which("py-spy"):  # the driver's own, last: is it the one stuck?
+        spy = subprocess.run(["py-spy", "dump", "--pid", str(job.proc.pid)], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, timeout=60)
+        with open(os.path.join(folder, "driver.stacks"), "w") as f:
+            f.write(spy.stdout)
     for name in os.listdir(job.dir):
         if name.startswith("stacks."):
             shutil.copy(job.path(name), folder)
@@ -226,7 +234,7 @@ def hunt(args, say=print):
     job = Job(args.backend, args.ranks, folder, args.plain)
     stalls, recoveries, kills = [], [], 0
     try:
-        def wait(predicate, limit, since=None, watch=True):
+        def wait(predicate, limit, since=None, watch=True, since_wall=None):
             """Poll until predicate(); a stall on the way (nothing moved for --stall seconds, or
             `since`, a kill's time, is --stall seconds ago) is dumped and timed, if `watch`."""
             deadline = time.monotonic() + limit
@@ -244,8 +252,12 @@ def hunt(args, say=print):
                     stalled = (job.newest, where)
                     dump(job, where)
             job.poll()
-            if stalled is not None:  # from the last thing before it to the first after it
-                length = job.first_after(stalled[0]) - stalled[0]
+            if stalled is not None:
+                # After a kill: from the kill to the first step of a newer world (driver events
+                # meanwhile, a world formed without a wedged survivor, say, are no progress).
+                # Otherwise from the last thing before it to the first after it.
+                length = (job.last_step[0] - since_wall if since_wall is not None
+                          else job.first_after(stalled[0]) - stalled[0])
                 if length < args.stall:  # the hunt itself was not running, not the job
                     say(f"  no stall: the job moved within {length:.1f} s", flush=True)
                     shutil.rmtree(stalled[1], ignore_errors=True)
@@ -275,7 +287,7 @@ def hunt(args, say=print):
             killed_at, since = time.time(), time.monotonic()
             # The next world (the survivors, or one formed meanwhile) trains, then the full one.
             wait(lambda: len(job.rounds) > formed and job.last_step and job.last_step[1] > target["round"],
-                 RECOVERY_LIMIT, since)
+                 RECOVERY_LIMIT, since, since_wall=killed_at)
             recoveries.append(job.last_step[0] - killed_at)
             wait(full, RECOVERY_LIMIT)
             if kills % 50 == 0:
@@ -315,6 +327,9 @@ def main():
     if recoveries:
         print(f"  kill -> next step: median {median:.2f} s, max {max(recoveries):.2f} s "
               f"({max(recoveries) / median:.1f}x the median)")
+        slow = sorted(recoveries)[::-1]
+        print(f"  over 1 s: {sum(r > 1 for r in recoveries)}, over 2 s: {sum(r > 2 for r in recoveries)}; "
+              f"slowest: {', '.join(f'{r:.2f}' for r in slow[:5])} s")
 
 
 if __name__ == "__main__":

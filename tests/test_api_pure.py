@@ -94,12 +94,10 @@ def test_knocking_reaches_the_named_listening_sockets_only():
     from hvdlite.worker import sockets
     other = socket.create_server(("127.0.0.1", 0))
     new4, new6 = socket.create_server(("127.0.0.7", 0)), socket.create_server(("::1", 0), family=socket.AF_INET6)
-    named = sockets.inodes({(s.fileno(), os.readlink(f"/proc/self/fd/{s.fileno()}")) for s in (new4, new6)})
-    assert sorted(sockets.listening(os.getpid(), named)) == \
-        sorted([(os.fstat(s.fileno()).st_ino, *s.getsockname()[:2]) for s in (new4, new6)])
+    named = {os.fstat(s.fileno()).st_ino: s.getsockname()[:2] for s in (new4, new6)}
     for server in (other, new4, new6):
         server.settimeout(0)
-    assert sockets.knock(os.getpid(), named) == named
+    assert sockets.knock(os.getpid(), named) == set(named)
     assert new4.accept() and new6.accept()
     with pytest.raises(BlockingIOError):
         other.accept()

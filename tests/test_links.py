@@ -5,13 +5,19 @@ import gc
 import os
 import socket
 import struct
+import subprocess
 import threading
 import time
 import weakref
 
+import pytest
+
 from hvdlite.worker import sockets, vouch
 from hvdlite.worker.links import Links
 from hvdlite.worker.world import WorldInfo
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYGLOO = os.path.join(os.path.dirname(HERE), ".venv-pygloo", "bin", "python")
 
 
 class Session:
@@ -42,6 +48,11 @@ def sockaddr(host, port) -> bytes:
 
 def inode(sock) -> int:
     return os.fstat(sock.fileno()).st_ino
+
+
+def named(*servers) -> dict:
+    """Listening sockets as a worker names them to its voucher (sockets.published_listeners)."""
+    return {inode(server): server.getsockname()[:2] for server in servers}
 
 
 def test_the_group_s_sockets_are_held_not_their_descriptor_numbers():
@@ -161,17 +172,17 @@ def test_the_voucher_knocks_on_the_connecting_round_s_listeners_until_it_connect
         except BlockingIOError:
             return False
 
-    voucher.listening(3, {inode(first)})
+    voucher.listening(3, named(first))
     held.receive(theirs)
     held.cut_if_broken(2, pid)
     assert not knocked(first)  # its round has not broken
     held.cut_if_broken(3, pid)
     assert knocked(first)
-    voucher.listening(3, {inode(later)})
+    voucher.listening(3, named(later))
     held.receive(theirs)
     held.cut_if_broken(3, pid)
     assert knocked(later) and not knocked(first)  # each listener once
-    voucher.listening(4, {inode(next_round)})
+    voucher.listening(4, named(next_round))
     held.receive(theirs)
     held.cut_if_broken(3, pid)
     assert not knocked(next_round)
@@ -185,7 +196,7 @@ def test_the_voucher_knocks_on_the_connecting_round_s_listeners_until_it_connect
 
 def test_a_worker_names_the_listeners_at_the_addresses_it_published():
     mine, other = socket.create_server(("127.0.0.5", 0)), socket.create_server(("127.0.0.6", 0))
-    assert sockets.published_listeners([b"x" + sockaddr(*mine.getsockname()) + b"y"]) == {inode(mine)}
+    assert sockets.published_listeners([b"x" + sockaddr(*mine.getsockname()) + b"y"]) == named(mine)
     mine.close()
     other.close()
 
@@ -206,7 +217,62 @@ def test_knocks_on_pairs_that_do_not_accept_hold_the_voucher_briefly():
         servers.append(server)
     time.sleep(0.2)
     start = time.monotonic()
-    assert sockets.knock(os.getpid(), {inode(server) for server in servers}) == {inode(s) for s in servers}
+    assert sockets.knock(os.getpid(), named(*servers)) == {inode(s) for s in servers}
     assert time.monotonic() - start < 4  # a second each: 8 s
     for s in servers + fillers:
         s.close()
+
+
+@pytest.mark.parametrize("cutter", ["voucher", "heartbeat"])
+def test_a_cut_just_before_a_pygloo_send_does_not_hold_the_sender_for_the_gloo_timeout(tmp_path, cutter):
+    # pygloo's gloo leaves a send that met a cut writing side (EPIPE) queued, and never tells it
+    # that the connection then failed: the root of a broadcast waited out 30 s in waitSend, the
+    # survivor left behind in bench/stall.py's stalls. The voucher and the heartbeat thread cut
+    # while the worker may be about to send (scripts/pygloo_send_after_cut.py makes that race
+    # certain); the send must finish or fail at once.
+    if not os.path.exists(PYGLOO):
+        pytest.skip(f"no pygloo venv at {PYGLOO}: pygloo needs Python 3.8-3.10 (.ci/setup.sh)")
+    cmd = [PYGLOO, os.path.join(HERE, "scripts", "pygloo_send_after_cut.py")]
+    args = [str(tmp_path / "store"), cutter]
+    os.mkdir(args[0])
+    peer = subprocess.Popen([*cmd, "1", *args], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        root = subprocess.run([*cmd, "0", *args], capture_output=True, text=True, timeout=15)
+    finally:
+        peer.kill()
+        peer.wait(10)
+    assert root.returncode == 0, root.stdout + root.stderr
+    took = float(root.stdout.split()[-2])
+    assert took < 5, f"the root's broadcast took {took} s after the cut"
+
+
+def test_an_exiting_numpy_worker_waits_for_a_connect_it_gave_up():
+    # As torch's (above): a given-up connect's thread still inside pygloo's connectFullMesh
+    # (waiting in the store) when the interpreter finalized returned into pygloo then, and the
+    # process could die of SIGSEGV: a finished worker that looked failed.
+    if not os.path.exists(PYGLOO):
+        pytest.skip(f"no pygloo venv at {PYGLOO}: pygloo needs Python 3.8-3.10 (.ci/setup.sh)")
+    out = subprocess.run([PYGLOO, os.path.join(HERE, "scripts", "numpy_exit_after_given_up.py")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.split("\n")[:2] == ["joined round 2", "the given-up connect ended"], out.stdout
+
+
+def test_knocking_does_not_read_the_host_s_tcp_table(monkeypatch):
+    # After many re-forms the table holds tens of thousands of TIME_WAIT rows: reading it took
+    # 45 ms of CPU (0.5 s under load) on every beat of every voucher of a broken connecting
+    # round, and vouchers that fell silent got their workers killed as unresponsive.
+    server, gone = socket.create_server(("127.0.0.9", 0)), socket.create_server(("127.0.0.9", 0))
+    server.settimeout(0)
+    listeners = named(server, gone)
+    gone.close()  # its port may be a later listener's: never knocked on
+    real_open = open
+
+    def no_tables(path, *args, **kwargs):
+        assert "/net/tcp" not in str(path), f"read {path}"
+        return real_open(path, *args, **kwargs)
+    monkeypatch.setattr("builtins.open", no_tables)
+    assert sockets.knock(os.getpid(), listeners) == {inode(server)}
+    monkeypatch.undo()
+    assert server.accept()
+    server.close()

@@ -8,14 +8,14 @@ import pygloo
 from hvdlite.numpy.store import GlooStore
 from hvdlite import defaults
 from hvdlite.worker import elastic, env, sockets, trace, vouch
-from hvdlite.worker.links import Links
+from hvdlite.worker.links import EXIT_WAIT, Links
 from hvdlite.worker.runtime import Runtime
 from hvdlite.worker.scopestore import ScopeStore
 from hvdlite.worker.session import session
 from hvdlite.worker.world import WorldInfo
 
 runtime = Runtime()  # the current pygloo context and world
-_links = Links()  # the current context's gloo connections
+_links = Links(broken_how=sockets.PYGLOO_BROKEN_CUT)  # the current context's gloo connections
 _voucher = None  # the helper that stands in for this worker while a collective holds the GIL
 
 
@@ -82,7 +82,15 @@ def shutdown() -> None:
     runtime.deactivate()
 
 
-atexit.register(shutdown)  # close the connections before the interpreter tears down
+def _at_exit() -> None:
+    # Close the connections before the interpreter tears down, and wait for connects given
+    # up that gloo still runs: such a thread returning into pygloo while the interpreter
+    # finalizes crashed the process (SIGSEGV), so a finished worker would look failed.
+    shutdown()
+    _links.finish_given_up(EXIT_WAIT)
+
+
+atexit.register(_at_exit)
 
 
 is_initialized = runtime.is_initialized

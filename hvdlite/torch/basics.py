@@ -5,18 +5,14 @@ import time
 
 import torch
 
-from hvdlite import defaults
 from hvdlite.torch import gloo, runtime
 from hvdlite.torch.processsets import add_process_set
 from hvdlite.worker import elastic, env, trace
-from hvdlite.worker.links import Links
+from hvdlite.worker.links import EXIT_WAIT, Links
 from hvdlite.worker.session import session
 from hvdlite.worker.world import WorldInfo
 
 EXIT_RELEASE_WAIT = 10.0  # seconds an exiting worker waits for groups it released to be destroyed
-# Seconds an exiting worker waits for it all (released groups, connects given up): within the
-# driver's grace for a worker that said it is exiting, with room for the rest of its teardown.
-EXIT_WAIT = defaults.EXIT_GRACE - 5.0
 
 _links = Links()  # the current group's gloo connections
 

@@ -4,15 +4,21 @@ Cutting is the one way to unblock a stuck gloo collective (see sockets.py). It h
 abort() after a failed collective, and from the heartbeat thread as soon as the driver says
 the group's round fell apart, so that no survivor waits for a gloo timeout.
 """
+import socket
 import sys
 import threading
 import time
 
+from hvdlite import defaults
 from hvdlite.errors import first_line
 from hvdlite.worker import sockets
 
 CONNECT_POLL = 0.2  # seconds between checks whether the round being connected was given up
 CONNECT_ATTEMPTS = 3  # worlds in a row whose group failed to connect before the worker gives up
+# Seconds an exiting worker waits for what gloo still runs (connects given up, and on torch
+# released groups): within the driver's grace for a worker that said it is exiting, with room
+# for the rest of its teardown.
+EXIT_WAIT = defaults.EXIT_GRACE - 5.0
 
 
 class RoundAbandoned(RuntimeError):
@@ -40,7 +46,10 @@ def told(abandoned, seconds: float) -> bool:
 
 
 class Links:
-    def __init__(self):
+    def __init__(self, broken_how=socket.SHUT_RDWR):
+        """`broken_how`: how the heartbeat thread shuts the group's sockets down when the driver
+        says the round broke (see sockets.cut); cut() shuts both sides."""
+        self._broken_how = broken_how
         self._round, self._fds = None, []  # the fds: this object's duplicates of gloo's sockets
         self._lock = threading.Lock()
         self._given_up = []  # helper threads of connects given up, which gloo may still run
@@ -136,7 +145,7 @@ class Links:
     def on_round_broken(self, newest_broken: int) -> None:
         with self._lock:
             if broken(self._round, newest_broken):
-                sockets.cut(self._fds)
+                sockets.cut(self._fds, self._broken_how)
 
     def finish_given_up(self, timeout: float) -> None:
         """Wait (at most `timeout` seconds) for connects given up that gloo still runs: a peer

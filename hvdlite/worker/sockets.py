@@ -106,13 +106,27 @@ def _holds(value: bytes, port: bytes, gap: int, host: bytes) -> bool:
     return False
 
 
-def cut(fds) -> None:
+def cut(fds, how=socket.SHUT_RDWR) -> None:
+    """Shut the sockets down: SHUT_RDWR also tells the peers at once. SHUT_RD (reading only)
+    fails this end alone, and writes still succeed: a cut made while another thread or process
+    may be about to send over the sockets must not fail that send (see PYGLOO_BROKEN_CUT)."""
     for fd in fds:
         try:
             with _wrap(fd) as s:
-                s.shutdown(socket.SHUT_RDWR)
+                s.shutdown(how)
         except OSError:
             pass
+
+
+# pygloo's gloo leaves a send its own socket refused (EPIPE, ECONNRESET) queued and, when the
+# connection then fails, never tells that send: its collective waits out the 30 s timeout
+# (UnboundBuffer::waitSend). A cut of the writing side made just before the worker sends, and
+# before gloo's event loop saw the connection end, did that. So the cuts made while the worker
+# may be about to send (by the voucher and the heartbeat thread, once the driver says the round
+# broke) shut the reading side only: every pending receive ends (gloo's loop reads the end of
+# the stream), and a send still succeeds. abort() runs on the main thread once a collective
+# failed, and cuts both sides.
+PYGLOO_BROKEN_CUT = socket.SHUT_RD
 
 
 def _address(hex_address: str):
@@ -140,30 +154,35 @@ def listening(pid, wanted) -> list:
     return found
 
 
-def published_listeners(published) -> set:
-    """Inodes of this process's listening TCP sockets at an address in `published` (see
-    hold_gloo). From the sockets themselves: the host's TCP table can hold tens of thousands
-    of rows, and this runs while gloo connects, holding the GIL."""
-    found = set()
+def published_listeners(published) -> dict:
+    """{inode: (host, port)} of this process's listening TCP sockets at an address in
+    `published` (see hold_gloo). From the sockets themselves: the host's TCP table can hold
+    tens of thousands of rows, and this runs while gloo connects, holding the GIL."""
+    found = {}
     for fd, _ in open_sockets():
         try:
             with _wrap(fd) as s:
                 if s.type == socket.SOCK_STREAM and s.family in (socket.AF_INET, socket.AF_INET6) \
                         and s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) \
                         and _published(s.family, s.getsockname(), published):
-                    found.add(os.fstat(s.fileno()).st_ino)
+                    found[os.fstat(s.fileno()).st_ino] = s.getsockname()[:2]
         except OSError:
             pass  # closed meanwhile
     return found
 
 
 def knock(pid, wanted) -> set:
-    """Connect once to every socket `pid` listens on whose inode is in `wanted`, and hang up: a
-    pair of pygloo's gloo waiting for its peer takes any connection, so its wait ends (and the
-    pair fails on first use). All at once, waiting at most KNOCK_WAIT: a pair that does not
-    accept (its listen backlog of 1 full) must not hold the caller, the voucher, whose beats
-    keep the worker alive. Returns the inodes knocked on."""
-    found = listening(pid, wanted)
+    """Connect once to each listening socket in `wanted` ({inode: (host, port)}, as
+    published_listeners names them) that `pid` still holds, and hang up: a pair of pygloo's
+    gloo waiting for its peer takes any connection, so its wait ends (and the pair fails on
+    first use). Held is judged by inode, from `pid`'s descriptors: a closed listener's port may
+    be a later one's. Not from the host's TCP table: with tens of thousands of rows (TIME_WAIT
+    after many re-forms) reading it took 45 ms of CPU, 0.5 s under load, on every beat of
+    every voucher, which kept them from beating. All at once, waiting at most KNOCK_WAIT: a
+    pair that does not accept (its listen backlog of 1 full) must not hold the caller, the
+    voucher, whose beats keep the worker alive. Returns the inodes knocked on."""
+    held = inodes(open_sockets(pid))
+    found = [(inode, *address) for inode, address in wanted.items() if inode in held]
     knocks, poller = [], select.poll()
     for _, host, port in found:
         host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)

@@ -9,7 +9,8 @@ out gloo's 30 s timeout. This process does both in the worker's place:
   worker's offset to the driver's clock (told with every message), or the driver would drop
   them all on a host whose clock is off by more than the signatures' skew;
 - it holds copies of the worker's gloo sockets (passed over a Unix socket with SCM_RIGHTS) and
-  shuts them down once the driver says their round broke, which fails the pending collective;
+  shuts their reading side down once the driver says their round broke, which fails the
+  pending collective (see sockets.PYGLOO_BROKEN_CUT);
 - while the worker connects a group (pygloo holds the GIL for all of it), it knocks on the
   sockets that group's pairs listen on once the driver says that round broke: a pair waiting
   for a peer that died would otherwise wait out gloo's 30 s. It knocks on the ones the worker
@@ -67,9 +68,10 @@ class Voucher:
         except OSError:
             pass  # the helper is gone already (a TERM to the worker's process group): it holds nothing
 
-    def listening(self, round_number: int, inodes) -> None:
-        """The group of `round_number` the worker connects listens on these sockets (inodes)."""
-        words = " ".join(map(str, sorted(inodes)))
+    def listening(self, round_number: int, listeners) -> None:
+        """The group of `round_number` the worker connects listens on these sockets
+        ({inode: (host, port)}, see sockets.published_listeners)."""
+        words = " ".join(f"{inode},{host},{port}" for inode, (host, port) in sorted(listeners.items()))
         self._channel.sendmsg([f"listening {round_number} {self._offset()!r} {words}".encode()])
 
 
@@ -89,7 +91,8 @@ class _Held:
     def __init__(self):
         self.round, self.fds = NO_ROUND, []
         self.offset = 0.0  # the worker's clock offset to the driver's, as last told
-        # While the worker connects: (round, inodes its pairs listen on, inodes knocked on).
+        # While the worker connects: (round, {inode: (host, port)} its pairs listen on, inodes
+        # knocked on).
         self.connecting = None
 
     def receive(self, channel) -> None:
@@ -102,10 +105,11 @@ class _Held:
             words = data.split()
             if words[0] == b"listening":
                 self.offset = float(words[2])
-                round_number, inodes = int(words[1]), {int(inode) for inode in words[3:]}
+                round_number = int(words[1])
                 if self.connecting is None or self.connecting[0] != round_number:
-                    self.connecting = round_number, set(), set()
-                self.connecting[1].update(inodes)
+                    self.connecting = round_number, {}, set()
+                for inode, host, port in (word.decode().split(",") for word in words[3:]):
+                    self.connecting[1][int(inode)] = host, int(port)
                 continue
             self.connecting = None  # connected (or gone): what it holds now is its group
             fds = array.array("i")
@@ -121,10 +125,11 @@ class _Held:
 
     def cut_if_broken(self, newest_broken: int, pid: int) -> None:
         if broken(self.round, newest_broken):
-            sockets.cut(self.fds)
+            sockets.cut(self.fds, sockets.PYGLOO_BROKEN_CUT)  # the worker may be sending meanwhile
         if self.connecting is not None and broken(self.connecting[0], newest_broken):
             _, listening, knocked = self.connecting
-            knocked |= sockets.knock(pid, listening - knocked)
+            knocked |= sockets.knock(pid, {inode: address for inode, address in listening.items()
+                                           if inode not in knocked})
 
 
 def main(pid: int, channel_fd: int) -> None:
