@@ -3,6 +3,7 @@ hold connections open, output files closed per launch, metrics scrapes that cost
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -10,7 +11,7 @@ import time
 
 import pytest
 
-from hvdlite.worker.sockets import listening
+from hvdlite.worker.sockets import inodes, open_sockets
 from jobs import SCRIPTS, Job, job_env, next_world, slot_pid, wait_progress
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -20,9 +21,25 @@ NUMPY_JOB = [PYTHON, os.path.join(SCRIPTS, "numpy_elastic_job.py")]
 
 
 def rendezvous_address(job):
-    """The driver's one TCP listener (no --metrics-port): its KV server."""
-    ((_, *address),) = listening(job.proc.pid, None)
-    return tuple(address)
+    """The driver's one TCP listener (no --metrics-port): its KV server, from the host's TCP
+    table rows whose inode the driver holds."""
+    mine = inodes(open_sockets(job.proc.pid))
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/{job.proc.pid}/net/{table}") as f:
+            rows = [line.split() for line in f.readlines()[1:]]
+        found = [row[1] for row in rows if row[3] == "0A" and int(row[9]) in mine]
+        if found:
+            (address,) = found  # exactly one
+            return _address(address)
+    raise AssertionError("the driver listens on no TCP socket")
+
+
+def _address(hex_address: str):
+    """(host, port) of a /proc/net/tcp{,6} address: host words in host byte order, port hex."""
+    host, port = hex_address.split(":")
+    raw = bytes.fromhex(host)
+    words = b"".join(struct.pack("=I", int.from_bytes(raw[i:i + 4], "big")) for i in range(0, len(raw), 4))
+    return socket.inet_ntop(socket.AF_INET if len(words) == 4 else socket.AF_INET6, words), int(port, 16)
 
 
 def hold_idle(address, count: int, stop: threading.Event, held: list):

@@ -129,31 +129,6 @@ def cut(fds, how=socket.SHUT_RDWR) -> None:
 PYGLOO_BROKEN_CUT = socket.SHUT_RD
 
 
-def _address(hex_address: str):
-    """(host, port) of a /proc/net/tcp{,6} address: host words in host byte order, port hex."""
-    host, port = hex_address.split(":")
-    raw = bytes.fromhex(host)
-    words = b"".join(struct.pack("=I", int.from_bytes(raw[i:i + 4], "big")) for i in range(0, len(raw), 4))
-    family = socket.AF_INET if len(words) == 4 else socket.AF_INET6
-    return socket.inet_ntop(family, words), int(port, 16)
-
-
-def listening(pid, wanted) -> list:
-    """(inode, host, port) of the TCP sockets `pid` listens on whose inode is in `wanted`
-    (None: all of them)."""
-    mine = inodes(open_sockets(pid))
-    found = []
-    for table in ("tcp", "tcp6"):
-        try:
-            with open(f"/proc/{pid}/net/{table}") as f:
-                rows = [line.split() for line in f.readlines()[1:]]
-        except OSError:
-            continue
-        found += [(int(row[9]), *_address(row[1])) for row in rows
-                  if row[3] == "0A" and int(row[9]) in mine and (wanted is None or int(row[9]) in wanted)]
-    return found
-
-
 def published_listeners(published) -> dict:
     """{inode: (host, port)} of this process's listening TCP sockets at an address in
     `published` (see hold_gloo). From the sockets themselves: the host's TCP table can hold
