@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from hvdlite import procstat
 from hvdlite.driver.launchers.start import fork_first_world
 from hvdlite.driver.launchers.process import LocalWorker
 from hvdlite.driver.launchers.template import Templates, TemplateWorker
@@ -26,21 +27,11 @@ ELASTIC_JOB = [sys.executable, os.path.join(SCRIPTS, "elastic_job.py")]
 
 
 def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-
-
-def state(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0]
+    return procstat.state(pid) not in procstat.GONE
 
 
 def parent(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
+    return int(procstat.stat_fields(pid)[1])
 
 
 def templates_under(pid):
@@ -225,12 +216,32 @@ def test_kill_9_and_sigstop(spawner, capsys):
     handle = spawner.spawn([sys.executable, script])
     wait_until(lambda: "up" in capsys.readouterr().out, 30, "worker up")
     handle.signal(signal.SIGSTOP)
-    wait_until(lambda: state(handle.pid) == "T", 10, "worker stopped")
+    wait_until(lambda: procstat.state(handle.pid) == "T", 10, "worker stopped")
     assert handle.poll() is None and handle.wait(0.3) is None
     handle.signal(signal.SIGCONT)
     os.kill(handle.pid, signal.SIGKILL)
     assert handle.wait(10) == -signal.SIGKILL
     assert not handle.template_died  # its own death, not its template's
+
+
+def test_proc_state_reads_past_a_command_name_that_looks_like_fields():
+    # Every side that watches a process (template children, the vouch helper, Ray slots) reads
+    # its state through procstat, which must not be fooled by ") Z " inside the name.
+    child = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                              "open('/proc/self/comm', 'w').write('a) Z 1 (b')\n"
+                              "print('named', flush=True); time.sleep(60)"], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline() == b"named\n"
+        assert procstat.state(child.pid) == "S" and not procstat.exiting(child.pid)
+        os.kill(child.pid, signal.SIGSTOP)
+        wait_until(lambda: procstat.state(child.pid) in procstat.STOPPED, 10, "child stopped")
+        os.kill(child.pid, signal.SIGKILL)
+        wait_until(lambda: procstat.state(child.pid) == "Z", 10, "child a zombie")
+        assert procstat.exiting(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert procstat.state(child.pid) == "X" and procstat.stat_fields(child.pid) is None
 
 
 def test_stop_ends_the_process_group_with_the_workers_children(spawner, capsys):
