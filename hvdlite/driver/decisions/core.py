@@ -218,7 +218,9 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
         if inc.killed is not None:  # the driver was ending it as failed anyway
             return self._on_exited(Exited(inc.id, -signal.SIGKILL))
         # Not the worker's failure: its slot is free again and a new worker is launched there.
-        self._gone(inc, -signal.SIGKILL, cause="its template died")
+        # Nor its host's: a launch whose template died before forking it reached the host.
+        self._gone(inc, -signal.SIGKILL, cause="its template died" if inc.pid is not None
+                   else "its template died before forking it")
 
     def _on_load_failed(self, event: LoadFailed):
         # Never a fresh start over it: the job ends, its other workers are stopped unjudged.

@@ -18,7 +18,7 @@ import threading
 import time
 
 from hvdlite.procstat import exiting
-from hvdlite.template.spawn import MARK
+from hvdlite.template.spawn import MARK, TEMPLATE_DIED
 
 MAX_LINES = 10000  # buffered lines while the driver does not read; older ones are dropped
 
@@ -89,6 +89,8 @@ class Slot:
     def _pump(self, stream, pipe):
         with pipe:
             for raw in iter(pipe.readline, b""):
+                if stream == "stdout" and raw.rstrip(b"\n") == TEMPLATE_DIED.encode():
+                    continue  # the spawn client's last word, not output: its exit and the template's state tell
                 if stream == "stdout" and not self.marked.is_set() and raw.startswith(MARK.encode() + b" "):
                     self._mark(raw.decode("utf-8", "replace").split(None, 3)[1:])
                     continue
