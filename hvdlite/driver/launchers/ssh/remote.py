@@ -148,6 +148,7 @@ class RemoteWorker:
             self.channel.close()
             raise SSHError(f"worker on {self.hostname} did not start within {timeout:g} s")
         if self.pgid is None and self._template_died:
+            self.channel.close()
             raise TemplateGone(f"the worker template on {self.hostname} died before forking the worker")
         if self.pgid is None:
             code = self.wait(5.0)
