@@ -2,6 +2,7 @@
 started plainly. Real template processes, real forks, real signals."""
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -15,6 +16,7 @@ from hvdlite.driver.launchers.process import LocalWorker
 from hvdlite.driver.launchers.template import Templates, TemplateWorker
 from hvdlite.driver.output import RankOutput
 from hvdlite.template.command import Refused, plan
+from hvdlite.template.spawn import TEMPLATE_DIED
 from jobs import (SCRIPTS, Job, _tree, check_training_continuous, discovery, job_env, run_job, sizes,
                   wait_progress, wait_until)
 
@@ -242,6 +244,34 @@ def test_proc_state_reads_past_a_command_name_that_looks_like_fields():
         child.kill()
         child.wait()
     assert procstat.state(child.pid) == "X" and procstat.stat_fields(child.pid) is None
+
+
+def test_a_spawn_client_whose_template_dies_before_forking_says_so_on_stdout(tmp_path):
+    # A template that took the request and died before forking (here: one that never answers,
+    # killed -9). The driver must tell this from a host that is gone: the client's last line.
+    path = str(tmp_path / "socket")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    stand_in = subprocess.Popen([sys.executable, "-c", "import socket, sys, time\n"
+                                 "listener = socket.socket(fileno=int(sys.argv[1]))\n"
+                                 "conn, _ = listener.accept(); conn.recv(1 << 16)\n"
+                                 "print('took it', flush=True); time.sleep(60)", str(listener.fileno())],
+                                pass_fds=(listener.fileno(),), stdout=subprocess.PIPE)
+    listener.close()
+    client = subprocess.Popen([sys.executable, "-m", "hvdlite.template.spawn", "--socket", path, "--",
+                               sys.executable, "-c", "print('worker ran')"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
+    try:
+        assert stand_in.stdout.readline() == b"took it\n"
+        stand_in.kill()
+        out, err = client.communicate(timeout=30)
+    finally:
+        stand_in.kill()
+        client.kill()
+        stand_in.wait()
+    assert client.returncode == -signal.SIGKILL
+    assert out.decode().splitlines() == [TEMPLATE_DIED], (out, err)
 
 
 def test_stop_ends_the_process_group_with_the_workers_children(spawner, capsys):
