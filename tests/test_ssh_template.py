@@ -272,7 +272,7 @@ def test_job_whose_remote_template_is_killed_9_relaunches_its_workers_and_blackl
 
 
 def wchan(hosts, name, pid):
-    """What the host's process waits in ("do_select", "unix_stream_read_generic", ...)."""
+    """What the host's process waits in ("poll_schedule_timeout" for select, ...)."""
     return hosts.run(name, ["cat", f"/proc/{pid}/wchan"]).stdout
 
 
@@ -287,10 +287,10 @@ def test_job_whose_remote_template_dies_before_forking_a_joiner_relaunches_it_an
              tmp_path, env=job_env(tmp_path, TOTAL_STEPS=total, STEP_SLEEP=0.1, HOLD_AT=10)) as job:
         try:
             wait_progress(job, tmp_path, 10, 120)
-            # the template warmed once the first world formed, and serves (waits in select)
+            # the template warmed once the first world formed, and serves (waits in its select)
             wait_until(lambda: [pid for pid, _, args in hosts.processes("host-1")
                                 if args.split()[1:3] == ["-m", "hvdlite.template"]
-                                and "select" in wchan(hosts, "host-1", pid)], 60, "host-1's template ready")
+                                and "poll_schedule_timeout" in wchan(hosts, "host-1", pid)], 60, "host-1's template ready")
             (template,) = [pid for pid, _, args in hosts.processes("host-1")
                            if args.split()[1:3] == ["-m", "hvdlite.template"]]
             time.sleep(1.0)  # its `ready` reaches the driver
