@@ -36,6 +36,7 @@ from urllib.parse import urlencode
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from hvdlite import procstat  # noqa: E402
 from hvdlite.worker import kvproto  # noqa: E402
 
 SECRET = "controlplane-bench"
@@ -345,8 +346,7 @@ def split(size, procs):
 
 
 def cpu_seconds(pid, user=True, system=True):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
+    fields = procstat.stat_fields(pid)
     return (user * int(fields[11]) + system * int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 

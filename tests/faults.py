@@ -13,21 +13,14 @@ import signal
 import sys
 import time
 
+from hvdlite import procstat
 from jobs import SCRIPTS, Job, effective_steps, flat, progress, replay, ssh_flags, steps_log
 
 LEFTOVER_WAIT = 10.0  # seconds the job's workers may take to be gone after the driver
 
 
-def _state(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return "X"
-
-
 def _alive(pid):
-    return _state(pid) not in ("Z", "X")
+    return procstat.state(pid) not in procstat.GONE
 
 
 def _host(slot):
@@ -48,7 +41,7 @@ class LocalHosts:
     faults = ["kill", "kill", "stop", "hosts"]
 
     def state(self, slot, pid):
-        return _state(pid)
+        return procstat.state(pid)
 
     def signal(self, slot, pid, sig):
         os.kill(pid, sig)

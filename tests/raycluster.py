@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 
+from hvdlite import procstat
 from sshhosts import NamespacedNodes, free_port, NFT_PARTITION, PREFIX, Bridge, _b36, _die_with_parent, _pick_subnet, remove_stale
 
 _clusters = 0  # clusters started by this process (part of the names)
@@ -69,11 +70,8 @@ def cmdline(pid) -> str:
 
 def parent(pid) -> int:
     """The process's parent pid (0 once it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
+    fields = procstat.stat_fields(pid)
+    return int(fields[1]) if fields else 0
 
 
 class RayCluster(NamespacedNodes):

@@ -471,6 +471,7 @@ def test_a_template_dying_relaunches_its_workers_and_blacklists_nothing():
     assert len([a for a in sim.actions if isinstance(a, Launch)]) == 4
 
 
+<<<<<<< HEAD
 def test_a_template_dying_with_every_holder_never_trains_on_from_scratch():
     # No --checkpoint-dir: its workers were the only holders of commit 7. Relaunching them is
     # no failure, but the world they would form has nothing: that is said, not trained over.
@@ -481,6 +482,25 @@ def test_a_template_dying_with_every_holder_never_trains_on_from_scratch():
         sim.ready(worker)
     assert sim.core.round == 1 and not sim.logged("blacklisted")
     assert "every worker holding the training state is gone (last commit 7)" in sim.end().error
+=======
+def test_a_template_dying_before_it_forks_a_joiner_blacklists_no_host():
+    # Two hosts (the host rule): c's template dies before forking c's first worker. c answered
+    # (unlike a host that is gone, LaunchFailed): the worker is launched again, nothing judged.
+    sim, (a, b) = first_world([("a", 1), ("b", 1)])
+    sim.send(HostsFound((("a", 1), ("b", 1), ("c", 1))))
+    out = sim.send(TemplateDied("c/0#1"))
+    assert [x.worker for x in out if isinstance(x, Launch)] == ["c/0#2"]
+    assert sim.logged("worker_exit")[-1]["cause"] == "its template died before forking it"
+    assert not sim.logged("blacklisted") and sim.core.first_failure is None and not sim.core.failures
+    sim.launched(out)
+    sim.ready("c/0#2")
+    leave(sim, [a, b], commit=4)
+    assert sorted(sim.world()) == ["a/0", "b/0", "c/0"]
+    # a host that is really gone still fails the launch, and is blacklisted
+    sim.send(HostsFound((("a", 1), ("b", 1), ("c", 1), ("d", 1))))
+    sim.send(LaunchFailed("d/0#1", "SSH connection to d port 22: no route to host"))
+    assert [e["key"] for e in sim.logged("blacklisted")] == ["d"]
+>>>>>>> tmpl25
 
 
 def test_a_failed_launch_of_a_worker_told_to_leave_is_not_a_failure():

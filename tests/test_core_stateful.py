@@ -150,19 +150,22 @@ class ElasticJob(RuleBasedStateMachine):
         gone = tuple(h for h, _ in self.core.hosts if h not in dict(hosts))
         self.send(HostsFound(tuple(hosts), **({how: gone} if how else {})), dt=0.05)
 
-    @rule(data=st.data(), ok=st.booleans())
-    def launch_completes(self, data, ok):
+    @rule(data=st.data(), how=st.sampled_from(["ok", "failed", "template"]))
+    def launch_completes(self, data, how):
+        """A launch starts its worker, fails (the host is unreachable), or finds that the
+        template that was to fork the worker died first."""
         pending = sorted(p.worker for p in self.procs.values() if not p.started and p.alive)
         if not pending:
             return
         proc = self.procs[data.draw(st.sampled_from(pending))]
-        if ok:
+        if how == "ok":
             proc.started = True
             proc.exit_code = proc.stop_when_started
             self.send(Launched(proc.worker, 1000 + len(self.procs)), dt=0.01)
         else:
             proc.alive = False
-            self.send(LaunchFailed(proc.worker, "no route to host"), dt=0.01)
+            self.send(LaunchFailed(proc.worker, "no route to host") if how == "failed"
+                      else TemplateDied(proc.worker), dt=0.01)
 
     @rule(data=st.data())
     def enters_rendezvous(self, data):

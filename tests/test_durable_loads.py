@@ -12,7 +12,7 @@ import pytest
 
 from jobs import SCRIPTS, Job, job_env, progress, wait_progress
 from test_numpy_backend import PYTHON as NUMPY_PYTHON
-from hvdlite import exitcodes
+from hvdlite import exitcodes, procstat
 from hvdlite.worker import checkpointdir, checkpoints, trusted
 
 SCRIPT = os.path.join(SCRIPTS, "durable_edit.py")
@@ -170,11 +170,7 @@ def wait_exited(pid, timeout):
     """Until pid has exited (gone, or a zombie nobody reaped yet)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    return
-        except FileNotFoundError:
+        if procstat.state(pid) in procstat.GONE:
             return
         time.sleep(0.05)
     raise AssertionError(f"worker {pid} still runs {timeout} s after the driver died")

@@ -6,6 +6,7 @@ known steps whatever the machine's speed.
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -110,6 +111,25 @@ def test_a_survivor_finishing_while_given_up_connects_still_retry_exits_cleanly(
     # finishes a step later; it crashed at interpreter exit (std::terminate: -6, or -11)
     # after DONE, and the job failed.
     run_connect_victims(sys.executable, "torch_connect_victim.py", tmp_path, 60, LAGGARD="localhost/3@3:4")
+
+
+def test_a_survivor_whose_given_up_connect_outlasts_the_exit_wait_still_exits_cleanly(tmp_path):
+    # As above, but the connect goes on past the exit's bounded wait (as one retried under a
+    # --gloo-timeout-seconds above it would; here the wait is cut to 2 s, the connect takes 8):
+    # the interpreter's teardown aborted the survivor after DONE. It now leaves without
+    # teardown (os._exit), with its own code.
+    run_connect_victims(sys.executable, "torch_connect_victim.py", tmp_path, 60,
+                        LAGGARD="localhost/3@3:8", EXIT_WAIT="2")
+
+
+@pytest.mark.parametrize("ending, code", [("pass", 0), ("sys.exit(3)", 3), ("sys.exit('bye')", 1),
+                                          ("raise KeyError('x')", 1)])
+def test_a_worker_leaving_without_teardown_keeps_its_own_exit_code(ending, code):
+    # What _leave_without_teardown exits with: the code the interpreter would have exited with.
+    script = ("import atexit, os, sys\nfrom hvdlite.worker import exitcode\n"
+              "atexit.register(lambda: os._exit(exitcode.own()))\n" + ending + "\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    assert r.returncode == code, r.stderr
 
 
 def test_all_workers_failing_fails_the_job_naming_the_first(tmp_path):

@@ -271,6 +271,51 @@ def test_job_whose_remote_template_is_killed_9_relaunches_its_workers_and_blackl
     check_training_continuous(tmp_path, total)
 
 
+def wchan(hosts, name, pid):
+    """What the host's process waits in ("poll_schedule_timeout" for select, ...)."""
+    return hosts.run(name, ["cat", f"/proc/{pid}/wchan"]).stdout
+
+
+def test_job_whose_remote_template_dies_before_forking_a_joiner_relaunches_it_and_blacklists_nothing(
+        tmp_path, hosts):
+    # host-1's template is stopped (SIGSTOP), so the spawn client of host-1's new slot hands it
+    # the request and waits; then the template is killed -9: it died before forking. The host
+    # answered and the worker did nothing: relaunched, nothing blacklisted, every step once.
+    schedule = [[0, ["host-1:1", "host-2:1"]], [20, ["host-1:2", "host-2:1"]]]
+    total, stopped = 200, None
+    with Job([*ssh_flags(hosts), *discovery(tmp_path, schedule), "--min-np", "1", "--preload", "json", *JOB],
+             tmp_path, env=job_env(tmp_path, TOTAL_STEPS=total, STEP_SLEEP=0.1, HOLD_AT=10)) as job:
+        try:
+            wait_progress(job, tmp_path, 10, 120)
+            # the template warmed once the first world formed, and serves (waits in its select)
+            wait_until(lambda: [pid for pid, _, args in hosts.processes("host-1")
+                                if args.split()[1:3] == ["-m", "hvdlite.template"]
+                                and "poll_schedule_timeout" in wchan(hosts, "host-1", pid)], 60, "host-1's template ready")
+            (template,) = [pid for pid, _, args in hosts.processes("host-1")
+                           if args.split()[1:3] == ["-m", "hvdlite.template"]]
+            time.sleep(1.0)  # its `ready` reaches the driver
+            hosts.run("host-1", ["kill", "-STOP", str(template)])
+            stopped = template
+            (tmp_path / "go").touch()
+            wait_until(lambda: [pid for pid, _, _ in procs(hosts, "host-1", "hvdlite.template.spawn")
+                                if "unix_stream" in wchan(hosts, "host-1", pid)], 60, "spawn client sent")
+            hosts.run("host-1", ["kill", "-9", str(template)])
+            stopped = None
+            r = job.finish(180)
+        finally:
+            if stopped is not None:  # a stopped template would never exit by itself
+                hosts.run("host-1", ["kill", "-9", str(stopped)])
+    assert r.code == 0, r.stderr
+    assert not r.of("blacklisted"), r.of("blacklisted")
+    (died,) = [e for e in r.of("worker_exit") if e.get("cause", "").startswith("its template died")]
+    assert died["worker"] == "host-1/1#1" and died["cause"] == "its template died before forking it", died
+    assert not r.of("launch_failed"), r.of("launch_failed")
+    assert "host-1/1#2" in {e["worker"] for e in r.of("worker_start")}
+    assert any(e["size"] == 3 for e in r.of("round_complete")), r.of("round_complete")
+    assert "template-died" not in r.stdout + r.stderr  # the spawn client's word is not output
+    check_training_continuous(tmp_path, total)
+
+
 def test_job_whose_remote_template_cannot_preload_runs_plainly_said_once(tmp_path, hosts):
     (tmp_path / "badmod.py").write_text("raise RuntimeError('broken at import')\n")
     env = job_env(tmp_path, TOTAL_STEPS=40, STEP_SLEEP=0.1)

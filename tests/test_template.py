@@ -2,6 +2,7 @@
 started plainly. Real template processes, real forks, real signals."""
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -9,11 +10,13 @@ import time
 
 import pytest
 
+from hvdlite import procstat
 from hvdlite.driver.launchers.start import fork_first_world
 from hvdlite.driver.launchers.process import LocalWorker
 from hvdlite.driver.launchers.template import Templates, TemplateWorker
 from hvdlite.driver.output import RankOutput
 from hvdlite.template.command import Refused, plan
+from hvdlite.template.spawn import TEMPLATE_DIED
 from jobs import (SCRIPTS, Job, _tree, check_training_continuous, discovery, job_env, run_job, sizes,
                   wait_progress, wait_until)
 
@@ -26,21 +29,11 @@ ELASTIC_JOB = [sys.executable, os.path.join(SCRIPTS, "elastic_job.py")]
 
 
 def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-
-
-def state(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0]
+    return procstat.state(pid) not in procstat.GONE
 
 
 def parent(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
+    return int(procstat.stat_fields(pid)[1])
 
 
 def templates_under(pid):
@@ -225,12 +218,60 @@ def test_kill_9_and_sigstop(spawner, capsys):
     handle = spawner.spawn([sys.executable, script])
     wait_until(lambda: "up" in capsys.readouterr().out, 30, "worker up")
     handle.signal(signal.SIGSTOP)
-    wait_until(lambda: state(handle.pid) == "T", 10, "worker stopped")
+    wait_until(lambda: procstat.state(handle.pid) == "T", 10, "worker stopped")
     assert handle.poll() is None and handle.wait(0.3) is None
     handle.signal(signal.SIGCONT)
     os.kill(handle.pid, signal.SIGKILL)
     assert handle.wait(10) == -signal.SIGKILL
     assert not handle.template_died  # its own death, not its template's
+
+
+def test_proc_state_reads_past_a_command_name_that_looks_like_fields():
+    # Every side that watches a process (template children, the vouch helper, Ray slots) reads
+    # its state through procstat, which must not be fooled by ") Z " inside the name.
+    child = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                              "open('/proc/self/comm', 'w').write('a) Z 1 (b')\n"
+                              "print('named', flush=True); time.sleep(60)"], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline() == b"named\n"
+        assert procstat.state(child.pid) == "S" and not procstat.exiting(child.pid)
+        os.kill(child.pid, signal.SIGSTOP)
+        wait_until(lambda: procstat.state(child.pid) in procstat.STOPPED, 10, "child stopped")
+        os.kill(child.pid, signal.SIGKILL)
+        wait_until(lambda: procstat.state(child.pid) == "Z", 10, "child a zombie")
+        assert procstat.exiting(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert procstat.state(child.pid) == "X" and procstat.stat_fields(child.pid) is None
+
+
+def test_a_spawn_client_whose_template_dies_before_forking_says_so_on_stdout(tmp_path):
+    # A template that took the request and died before forking (here: one that never answers,
+    # killed -9). The driver must tell this from a host that is gone: the client's last line.
+    path = str(tmp_path / "socket")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    stand_in = subprocess.Popen([sys.executable, "-c", "import socket, sys, time\n"
+                                 "listener = socket.socket(fileno=int(sys.argv[1]))\n"
+                                 "conn, _ = listener.accept(); conn.recv(1 << 16)\n"
+                                 "print('took it', flush=True); time.sleep(60)", str(listener.fileno())],
+                                pass_fds=(listener.fileno(),), stdout=subprocess.PIPE)
+    listener.close()
+    client = subprocess.Popen([sys.executable, "-m", "hvdlite.template.spawn", "--socket", path, "--",
+                               sys.executable, "-c", "print('worker ran')"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
+    try:
+        assert stand_in.stdout.readline() == b"took it\n"
+        stand_in.kill()
+        out, err = client.communicate(timeout=30)
+    finally:
+        stand_in.kill()
+        client.kill()
+        stand_in.wait()
+    assert client.returncode == -signal.SIGKILL
+    assert out.decode().splitlines() == [TEMPLATE_DIED], (out, err)
 
 
 def test_stop_ends_the_process_group_with_the_workers_children(spawner, capsys):

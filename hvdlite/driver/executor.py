@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from hvdlite.driver.decisions.messages import (
     Answer, DropScope, EndJob, Exited, Launch, Launched, LaunchFailed, Log, Publish, Stop,
     TemplateDied)
+from hvdlite.driver.launchers.base import TemplateGone
 from hvdlite.driver.network import ANY, advertised_address
 from hvdlite.driver.output import RankOutput
 from hvdlite.driver.workerenv import worker_env
@@ -64,6 +65,10 @@ class Executor:
             env = worker_env(self.settings, (addr, self.server.address[1]), self.secret,
                              a.worker, a.slot, a.slots_on_host, a.world, self.elastic)
             handle = self.launchers.launch(a.host, env, self.outputs[a.worker], a.joining, a.slots_on_host)
+        except TemplateGone:  # the host answered; its template died before it forked the worker
+            self._forget(a.worker)
+            self.post(TemplateDied(a.worker))
+            return
         except Exception as e:  # noqa: BLE001 - every launcher error is the host's failure
             self._forget(a.worker)
             self.post(LaunchFailed(a.worker, _one_line(e)))

@@ -1,14 +1,20 @@
 """init / shutdown, the rank queries and the capability queries of the Horovod-compatible face."""
 import atexit
 import os
+import sys
 import time
 
 import torch
 
 from hvdlite.torch import gloo, runtime
 from hvdlite.torch.processsets import add_process_set
+<<<<<<< HEAD
 from hvdlite.worker import elastic, env, trace
 from hvdlite.worker.links import EXIT_WAIT, Links
+=======
+from hvdlite.worker import durable, elastic, env, exitcode, trace
+from hvdlite.worker.links import Links
+>>>>>>> tmpl25
 from hvdlite.worker.session import session
 from hvdlite.worker.world import WorldInfo
 
@@ -71,8 +77,25 @@ def _destroy_at_exit() -> None:
     # (SIGABRT, exit -6), which would make a finished worker look failed.
     deadline = time.monotonic() + EXIT_WAIT
     runtime.deactivate()
-    gloo.finish_releases(EXIT_RELEASE_WAIT)
-    _links.finish_given_up(max(0.0, deadline - time.monotonic()))
+    released = gloo.finish_releases(min(EXIT_RELEASE_WAIT, EXIT_WAIT))
+    if not (_links.finish_given_up(max(0.0, deadline - time.monotonic())) and released):
+        _leave_without_teardown()
+
+
+def _leave_without_teardown() -> None:
+    """gloo still runs a destructor or a given-up connect (one retried up to a
+    --gloo-timeout-seconds longer than EXIT_WAIT) on a thread that calls back into Python: once
+    the interpreter tears down, such a call ends its thread through gloo's C++ frames, which
+    aborts the process. Flush what must reach its place, then end with this process's own code
+    before any teardown."""
+    durable.finish()
+    trace.stop()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed, or a pipe to a driver that is gone
+            pass
+    os._exit(exitcode.own())
 
 
 atexit.register(_destroy_at_exit)

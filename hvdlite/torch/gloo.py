@@ -52,8 +52,8 @@ def release(holder: list) -> None:
     _releasing[:] = [t for t in _releasing if t.is_alive()] + [thread]
 
 
-def finish_releases(timeout: float) -> None:
+def finish_releases(timeout: float) -> bool:
     """Wait (at most `timeout` seconds) for groups still being destroyed: a destructor cut
     off by the interpreter's exit aborts the process (SIGABRT), so a worker that ends
-    cleanly right after leaving a world would look failed."""
-    join_all(_releasing, timeout)
+    cleanly right after leaving a world would look failed. True if all ended."""
+    return join_all(_releasing, timeout)

@@ -20,7 +20,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable
 
-from hvdlite.worker import durable, stopping
+from hvdlite.worker import durable, exitcode, stopping
 from hvdlite.worker.errors import HorovodInternalError, HostsUpdatedInterrupt
 from hvdlite.worker.session import session
 from hvdlite.worker.world import WorldInfo
@@ -180,6 +180,9 @@ def run(func):
                 except HostsUpdatedInterrupt:
                     pass
                 _reset(state, backend)
+        except SystemExit as e:  # its code is the process's: an exit hook may need it (exitcode.py)
+            exitcode.note(e.code)
+            raise
         finally:
             _inside_run -= 1
             stopping.at_work = False

@@ -147,12 +147,12 @@ class Links:
             if broken(self._round, newest_broken):
                 sockets.cut(self._fds, self._broken_how)
 
-    def finish_given_up(self, timeout: float) -> None:
+    def finish_given_up(self, timeout: float) -> bool:
         """Wait (at most `timeout` seconds) for connects given up that gloo still runs: a peer
         that refused one is retried until the group's timeout, and an interpreter that tears
         down meanwhile aborts the process (std::terminate, SIGABRT or SIGSEGV), so a worker
-        that finished right after giving a connect up would look failed."""
-        join_all(self._given_up, timeout)
+        that finished right after giving a connect up would look failed. True if all ended."""
+        return join_all(self._given_up, timeout)
 
     def forget(self) -> None:
         with self._lock:
@@ -160,8 +160,9 @@ class Links:
             self._round, self._fds = None, []
 
 
-def join_all(threads, timeout: float) -> None:
-    """Join `threads`, all of them within `timeout` seconds."""
+def join_all(threads, timeout: float) -> bool:
+    """Join `threads`, all of them within `timeout` seconds; True if all ended."""
     deadline = time.monotonic() + timeout
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
+    return not any(thread.is_alive() for thread in threads)

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 
+from hvdlite import procstat
 from hvdlite.worker import env, sockets
 from hvdlite.worker.kvclient import Heartbeats, KVClient
 from hvdlite.worker.links import broken
@@ -77,12 +78,7 @@ class Voucher:
 
 def _running(pid: int) -> bool:
     """False once the worker is gone (or a zombie), or while it is stopped."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("T", "t", "Z", "X")
+    return procstat.state(pid) not in procstat.GONE + procstat.STOPPED
 
 
 class _Held:

@@ -2,14 +2,16 @@
 connects (see connect_victims.py), and the survivors finish a step later. With
 LAGGARD="slot@round:seconds" that survivor's store answers gloo's calls of that round only after
 so many seconds, polling meanwhile like a store far away: its connect, given up, goes on in
-gloo (as gloo retries a refused peer up to its timeout) while the worker exits. Prints
-'DONE <rank> <size>'."""
+gloo (as gloo retries a refused peer up to its timeout) while the worker exits. EXIT_WAIT=seconds cuts
+the exit's wait for it (as if that connect ran under a --gloo-timeout-seconds longer than the
+wait). Prints 'DONE <rank> <size>'."""
 import os
 import time
 
 import torch
 
 import hvdlite.torch as hvd
+import hvdlite.torch.basics
 from connect_victims import SLOT, die, doomed_scope
 from hvdlite.torch.store import KVStore
 
@@ -38,6 +40,7 @@ def slow_wait(self, keys, *args):
 
 
 KVStore.get, KVStore.wait = slow_get, slow_wait
+hvdlite.torch.basics.EXIT_WAIT = float(os.environ.get("EXIT_WAIT", hvdlite.torch.basics.EXIT_WAIT))
 
 
 @hvd.elastic.run

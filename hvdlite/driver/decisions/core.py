@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 from hvdlite import exitcodes
-from hvdlite.discovery.hostset import diff, reorder
 from hvdlite.driver.decisions.blacklist import Blacklist
 from hvdlite.driver.decisions.forming import Forming, JobFailed
+from hvdlite.driver.decisions.hostchanges import HostChanges
 from hvdlite.driver.decisions.hostrule import HostRule
 from hvdlite.driver.decisions.messages import (
     Answer, DiscoveryFailed, EndJob, Exited, Exiting, Heartbeats, HostsFound, Launched,
@@ -41,9 +41,9 @@ class JobView:
     resets: int
 
 
-class ElasticCore(Forming, HostRule, GracefulStop):
+class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
     """The job's state and its events; forming.py decides worlds, hostrule.py blacklisting,
-    stopping.py the graceful stop."""
+    hostchanges.py what discovery says, stopping.py the graceful stop."""
 
     def __init__(self, policy: Policy, rng=random.random):
         self.policy = policy
@@ -130,45 +130,6 @@ class ElasticCore(Forming, HostRule, GracefulStop):
         self._emit(EndJob(code, error))
 
     # ---- events -------------------------------------------------------------------------
-    def _on_hosts(self, event: HostsFound):
-        self.hosts_known = True
-        if self.discovery_failing:
-            self._log("discovery_recovered", failures=self.discovery_failing)
-            self.discovery_failing, self.discovery_error = 0, None
-        self.drained -= {h for h, _ in event.hosts}  # back in the list: a failure counts again
-        for host in set(event.drained) - self.drained:
-            self.drained.add(host)
-            self._log("host_drained", host=host)
-        for host in event.failed:
-            for inc in self._live():
-                if inc.host == host and inc.killed is None:
-                    self._kill(inc, "host_failed", "its host failed")
-        change = diff(self.hosts, event.hosts)
-        if change.kind is None:
-            return
-        self.hosts = reorder(self.hosts, list(event.hosts))
-        self.slots_of = dict(self.hosts)
-        self.left = {slot for slot in self.left if self._slot_exists(slot)}
-        self.hosts_dirty = True
-        resized = {h: [old, new] for h, old, new in change.resized}
-        self._log("hosts_changed", kind=change.kind, added=list(change.added),
-                  removed=list(change.removed), hosts=[f"{h}:{n}" for h, n in self.hosts],
-                  **({"resized": resized} if resized else {}))
-        gone = sorted(self.workers[w].slot for w in self.world
-                      if self.workers[w].alive and not self._slot_exists(self.workers[w].slot))
-        if gone:
-            self._announce(f"slots removed: {gone}")
-        for inc in self._live():
-            if inc.id not in self.world and not self._slot_exists(inc.slot):
-                self._remove(inc)
-
-    def _on_discovery_failed(self, event: DiscoveryFailed):
-        # Said once per kind of failure, then once when a run succeeds again.
-        self.discovery_failing += 1
-        if event.error != self.discovery_error:
-            self.discovery_error = event.error
-            self._log("discovery_failed", error=event.error, action="retrying")
-
     def _on_launched(self, event: Launched):
         inc = self._current(event.worker)
         if inc is not None:
@@ -257,8 +218,10 @@ class ElasticCore(Forming, HostRule, GracefulStop):
         if inc.killed is not None:  # the driver was ending it as failed anyway
             return self._on_exited(Exited(inc.id, -signal.SIGKILL))
         # Not the worker's failure: its slot is free again and a new worker is launched there.
+        # Nor its host's: a launch whose template died before forking it reached the host.
         self._count_held(inc)
-        self._gone(inc, -signal.SIGKILL, cause="its template died")
+        self._gone(inc, -signal.SIGKILL, cause="its template died" if inc.pid is not None
+                   else "its template died before forking it")
 
     def _on_load_failed(self, event: LoadFailed):
         # Never a fresh start over it: the job ends, its other workers are stopped unjudged.

@@ -68,7 +68,8 @@ class Exited:
 @dataclass(frozen=True)
 class TemplateDied:
     """The template the worker was forked from died, and took the worker with it (the
-    parent-death signal): the worker did nothing wrong."""
+    parent-death signal), or died before it forked the worker (no Launched came): neither the
+    worker nor its host did anything wrong."""
     worker: str
 
 

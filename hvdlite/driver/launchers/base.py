@@ -11,6 +11,11 @@ class LaunchError(Exception):
     """A worker could not be started; the message is one line that says why."""
 
 
+class TemplateGone(LaunchError):
+    """The template that was to fork the worker died first: neither the worker's failure nor
+    its host's (the host answered); the worker is launched again."""
+
+
 class Handle(Protocol):
     """A started worker. Every method is safe to call after the worker ended."""
     started: str            # how it started, for the event log: "process", "template", "ssh", ...

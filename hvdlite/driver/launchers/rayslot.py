@@ -17,7 +17,8 @@ import subprocess
 import threading
 import time
 
-from hvdlite.template.spawn import MARK
+from hvdlite.procstat import exiting
+from hvdlite.template.spawn import MARK, TEMPLATE_DIED
 
 MAX_LINES = 10000  # buffered lines while the driver does not read; older ones are dropped
 
@@ -32,17 +33,6 @@ def start_process(argv, env: dict, cwd: str, stdin) -> subprocess.Popen:
     return subprocess.Popen(argv, env=env, cwd=cwd if os.path.isdir(cwd) else None, stdin=stdin,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                             preexec_fn=die_with_parent)
-
-
-def exiting(pid: int) -> bool:
-    """The process is gone, a zombie, or on its way out (PF_EXITING is set as it starts to
-    exit, before it closes its descriptors)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return True
-    return fields[0] in ("Z", "X") or bool(int(fields[6]) & 0x4)
 
 
 class Slot:
@@ -99,6 +89,8 @@ class Slot:
     def _pump(self, stream, pipe):
         with pipe:
             for raw in iter(pipe.readline, b""):
+                if stream == "stdout" and raw.rstrip(b"\n") == TEMPLATE_DIED.encode():
+                    continue  # the spawn client's last word, not output: its exit and the template's state tell
                 if stream == "stdout" and not self.marked.is_set() and raw.startswith(MARK.encode() + b" "):
                     self._mark(raw.decode("utf-8", "replace").split(None, 3)[1:])
                     continue

@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 
+from hvdlite import procstat
 from hvdlite.driver.launchers.process import LocalWorker
 from hvdlite.template import DEFAULT_PRELOAD, wire
 from hvdlite.template.command import Refused, interpreter, startup_env
@@ -29,15 +30,6 @@ REPLY_TIMEOUT = 10.0  # seconds for a template to fork and answer a spawn
 
 class Unavailable(Exception):
     """No template can serve this host and interpreter: launch plainly."""
-
-
-def _gone(pid: int) -> bool:
-    """The process has exited (or is a zombie nobody reaps)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except (OSError, IndexError):
-        return True
 
 
 class TemplateProcess:
@@ -59,7 +51,7 @@ class TemplateProcess:
         children got SIGKILL (parent-death signal). Say -9 once the child is gone."""
         self.template_died = True
         def watch():
-            while not _gone(self.pid):
+            while procstat.state(self.pid) not in procstat.GONE:
                 time.sleep(0.02)
             self.exited(-signal.SIGKILL)
         threading.Thread(target=watch, daemon=True, name=f"orphan-{self.pid}").start()

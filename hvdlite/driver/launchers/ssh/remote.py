@@ -9,6 +9,7 @@ import time
 import paramiko
 
 from hvdlite.driver.launchers.ssh.connection import SSHHost, _sh, _signal_code
+from hvdlite.driver.launchers.base import TemplateGone
 from hvdlite.driver.launchers.ssh.config import SSHError
 from hvdlite.driver.launchers.start import spawn_argv
 from hvdlite.driver.output import RankOutput
@@ -106,6 +107,9 @@ class RemoteWorker:
         try:
             for raw in iter(fileobj.readline, b""):
                 text = raw.decode("utf-8", "replace")
+                if stream == "stdout" and text.rstrip("\n") == TEMPLATE_DIED:  # before or after its marker
+                    self._template_died = True
+                    continue
                 if not self._started.is_set():
                     if stream == "stdout" and text.startswith(MARK + " "):
                         self._marked(text.split(None, 3)[1:])
@@ -113,9 +117,6 @@ class RemoteWorker:
                         continue
                     if stream == "stderr":
                         self._early_stderr.append(text.rstrip("\n"))
-                elif stream == "stdout" and self.started == "template" and text.rstrip("\n") == TEMPLATE_DIED:
-                    self._template_died = True
-                    continue
                 self.output.line(stream, text)
         except (OSError, EOFError, paramiko.SSHException):
             pass
@@ -146,6 +147,9 @@ class RemoteWorker:
         if not self._started.wait(timeout):
             self.channel.close()
             raise SSHError(f"worker on {self.hostname} did not start within {timeout:g} s")
+        if self.pgid is None and self._template_died:
+            self.channel.close()
+            raise TemplateGone(f"the worker template on {self.hostname} died before forking the worker")
         if self.pgid is None:
             code = self.wait(5.0)
             for t in self._pumps:

@@ -1,0 +1,34 @@
+"""A process's state as /proc/PID/stat tells it, for whoever watches a process it cannot wait
+for: the driver (a template's child), the worker's vouch helper (its worker) and a Ray slot's
+actor (its node's template). Standard library only: it runs on every side.
+
+The command name (field 2) is in parentheses and may hold spaces or ")", so the fields are read
+after the last ")".
+"""
+GONE = ("Z", "X")  # zombie or dead: exited, whether or not anybody reaped it
+STOPPED = ("T", "t")  # stopped by a signal or traced
+PF_EXITING = 0x4  # in the flags (field 9): set as the process starts to exit
+
+
+def stat_fields(pid: int):
+    """The fields after the command name, state first (field 3 onwards), or None when there
+    is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields or None
+
+
+def state(pid: int) -> str:
+    """The state letter ("R", "S", "T", "Z", ...); "X" when there is no such process."""
+    fields = stat_fields(pid)
+    return fields[0] if fields else "X"
+
+
+def exiting(pid: int) -> bool:
+    """The process is gone, a zombie, or on its way out (PF_EXITING is set before it closes its
+    descriptors)."""
+    fields = stat_fields(pid)
+    return fields is None or fields[0] in GONE or bool(int(fields[6]) & PF_EXITING)
