@@ -471,7 +471,6 @@ def test_a_template_dying_relaunches_its_workers_and_blacklists_nothing():
     assert len([a for a in sim.actions if isinstance(a, Launch)]) == 4
 
 
-<<<<<<< HEAD
 def test_a_template_dying_with_every_holder_never_trains_on_from_scratch():
     # No --checkpoint-dir: its workers were the only holders of commit 7. Relaunching them is
     # no failure, but the world they would form has nothing: that is said, not trained over.
@@ -482,7 +481,8 @@ def test_a_template_dying_with_every_holder_never_trains_on_from_scratch():
         sim.ready(worker)
     assert sim.core.round == 1 and not sim.logged("blacklisted")
     assert "every worker holding the training state is gone (last commit 7)" in sim.end().error
-=======
+
+
 def test_a_template_dying_before_it_forks_a_joiner_blacklists_no_host():
     # Two hosts (the host rule): c's template dies before forking c's first worker. c answered
     # (unlike a host that is gone, LaunchFailed): the worker is launched again, nothing judged.
@@ -500,7 +500,6 @@ def test_a_template_dying_before_it_forks_a_joiner_blacklists_no_host():
     sim.send(HostsFound((("a", 1), ("b", 1), ("c", 1), ("d", 1))))
     sim.send(LaunchFailed("d/0#1", "SSH connection to d port 22: no route to host"))
     assert [e["key"] for e in sim.logged("blacklisted")] == ["d"]
->>>>>>> tmpl25
 
 
 def test_a_failed_launch_of_a_worker_told_to_leave_is_not_a_failure():

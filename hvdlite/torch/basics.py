@@ -8,13 +8,8 @@ import torch
 
 from hvdlite.torch import gloo, runtime
 from hvdlite.torch.processsets import add_process_set
-<<<<<<< HEAD
-from hvdlite.worker import elastic, env, trace
-from hvdlite.worker.links import EXIT_WAIT, Links
-=======
 from hvdlite.worker import durable, elastic, env, exitcode, trace
-from hvdlite.worker.links import Links
->>>>>>> tmpl25
+from hvdlite.worker.links import EXIT_WAIT, Links
 from hvdlite.worker.session import session
 from hvdlite.worker.world import WorldInfo
 
