@@ -140,7 +140,7 @@ def test_the_state_element_shows_joined_right_and_wrong_under_every_op():
             for states in ([joinwire.JOINED] * size, [joinwire.RIGHT] + [joinwire.JOINED] * (size - 1),
                            [joinwire.RIGHT] * size, [joinwire.WRONG] * size,
                            [joinwire.WRONG] + [joinwire.RIGHT] * (size - 1) + [joinwire.JOINED]):
-                values = [joinwire._states(op, size)[s] for s in states]
+                values = [joinwire.states(op, size)[s] for s in states]
                 reduced = sum(values) if op == ops.Sum else min(values) if op == ops.Min else max(values)
                 guess = joinwire.Layout(0, 0, op, True)
                 envelope = joinwire.Envelope(torch.tensor([float(reduced)]), guess, op)
