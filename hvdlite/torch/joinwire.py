@@ -136,7 +136,14 @@ class Slot:
         self.buffer = identity(guess.op, guess.torch_dtype, 1 + guess.numel)
         self.array = self.buffer.numpy()  # the state element, then the data
         self.data = self.array[1:]
+        self.views = {}  # shape -> self.data shaped so
         self.busy = False
+
+    def shaped(self, shape):
+        view = self.views.get(shape)
+        if view is None:
+            view = self.views[shape] = self.data.reshape(shape)
+        return view
 
 
 class Control(NamedTuple):
@@ -180,6 +187,7 @@ class Wire:
         self.after = {}  # layout -> the layout that followed it last time
         self.context, self.last = (), None
         self.slots = {}  # layout -> Slot
+        self.on = enabled()  # read once a world: every rank must carry the state or none
 
     def guess(self) -> Layout:
         guess = self.follows.get(self.context)

@@ -206,7 +206,7 @@ def _allreduce_async(tensors, average, op, prescale_factor, postscale_factor, pr
         return _adasum(pg, tensors, copy, prescale_factor, postscale_factor, single)
     divisor = pg.size() if op == Average else 1
     op = Sum if op == Average else op
-    announced = process_set is global_process_set and joinwire.enabled()
+    announced = process_set is global_process_set and joinwire.wire().on
     if announced and single:
         handle = _lone(pg, tensors[0], op, prescale_factor, postscale_factor, divisor, copy)
         if handle is not None:
@@ -240,43 +240,45 @@ def _allreduce_async(tensors, average, op, prescale_factor, postscale_factor, pr
 
 def _lone(pg, tensor, op, prescale_factor, postscale_factor, divisor, copy):
     """A small contiguous lone tensor whose layout was guessed right rides in its layout's
-    kept envelope (joinwire.Slot): numpy copies in and out around one gloo call, which is
-    most of what a 4-byte allreduce costs. None when it does not apply (the general path)."""
-    fusion.check_cpu(tensor)
-    floats = tensor.dtype in _FLOATS
-    if not (floats or (tensor.dtype in _INTS and divisor == 1 and prescale_factor == 1
-                       and postscale_factor == 1)):
+    kept envelope (joinwire.Slot): numpy copies in and out around one gloo call. At 4 bytes
+    every microsecond here costs several of latency, so this path stays bare. None when it
+    does not apply (the general path)."""
+    dtype = tensor.dtype
+    floats = dtype in _FLOATS
+    if not (floats or (dtype in _INTS and divisor == 1 and prescale_factor == 1 and postscale_factor == 1)):
         return None
-    if tensor.numel() * tensor.element_size() > joinwire.COPY_LIMIT or not tensor.is_contiguous():
+    numel = tensor.numel()
+    if numel * dtype.itemsize > joinwire.COPY_LIMIT or not tensor.is_cpu or not tensor.is_contiguous():
         return None
     wire = joinwire.wire()
-    layout = joinwire.layout(tensor.numel(), tensor.dtype, op, copy)
+    layout = joinwire.layout(numel, dtype, op, copy)
     slot = wire.slot(layout) if layout == wire.guess() and layout.carried else None
     if slot is None:
         return None
     slot.busy = True
     wire.record(layout)
-    mine = (tensor.detach() if tensor.requires_grad else tensor).numpy().reshape(-1)
+    mine = (tensor.detach() if tensor.requires_grad else tensor).numpy()
+    data = slot.shaped(mine.shape)
     scale = prescale_factor / divisor
     if floats and scale != 1:
-        numpy.multiply(mine, scale, out=slot.data)
+        numpy.multiply(mine, scale, out=data)
     else:
-        slot.data[:] = mine
-    slot.array[0] = joinwire.states(op, pg.size())[joinwire.RIGHT]
+        numpy.copyto(data, mine)
+    _, right, wrong = joinwire.states(op, pg.size())
+    slot.array[0] = right
     work = pg.allreduce([slot.buffer], joinwire.OPTIONS[op])
 
     def done():
         try:
-            if joinwire.said(op, slot.array[0].item(), pg.size()) == joinwire.WRONG:
+            said = slot.array[0]
+            if said >= wrong if op == Sum else said == wrong:
                 raise joinwire.disagree(layout)
             if postscale_factor != 1:
-                slot.data *= postscale_factor
-            if not copy:
-                mine[:] = slot.data
-                return tensor
-            out = torch.empty(tensor.shape, dtype=tensor.dtype)
-            out.numpy().reshape(-1)[:] = slot.data
-            return out
+                numpy.multiply(data, postscale_factor, out=data)
+            if copy:
+                return torch.from_numpy(data.copy())
+            numpy.copyto(mine, data)
+            return tensor
         finally:
             slot.busy = False
     return Handle([work], done)
