@@ -105,15 +105,11 @@ class Envelope(NamedTuple):
 
     def said(self, size) -> int:
         """JOINED when no rank is active, WRONG when an active rank guessed wrong, else RIGHT."""
-        return said(self.op, self.buffer.numpy()[0].item(), size)
-
-
-def said(op, value, size) -> int:
-    """What a reduced state element `value` says (see Envelope.said)."""
-    joined, right, wrong = states(op, size)
-    if op == Sum:
-        return JOINED if value == 0 else WRONG if value >= wrong else RIGHT
-    return {joined: JOINED, right: RIGHT, wrong: WRONG}[value]
+        value = self.buffer.numpy()[0].item()
+        joined, right, wrong = states(self.op, size)
+        if self.op == Sum:
+            return JOINED if value == 0 else WRONG if value >= wrong else RIGHT
+        return {joined: JOINED, right: RIGHT, wrong: WRONG}[value]
 
 
 def envelope(guess: Layout, state: int, size: int, room=None) -> Envelope:

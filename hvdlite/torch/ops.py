@@ -287,7 +287,7 @@ def _lone(pg, tensor, op, prescale_factor, postscale_factor, divisor, copy):
 def _adasum(pg, tensors, copy, prescale_factor, postscale_factor, single) -> Handle:
     """Adasum needs every rank's whole tensor (its dot products are per tensor): gather them,
     then combine them on every rank alike. Runs at the call; the handle is complete."""
-    announced = pg is runtime.process_group() and joinwire.enabled()
+    announced = pg is runtime.process_group() and joinwire.wire().on
     results = []
     for tensor in tensors:
         fusion.check_cpu(tensor)
@@ -364,7 +364,7 @@ def join(device=-1) -> int:
     zeros (the op's identity for Min, Max and Product) until every rank joined. Returns the
     rank that joined last. While a rank is joined the others may only allreduce."""
     pg = runtime.process_group()
-    if not joinwire.enabled():
+    if not joinwire.wire().on:
         raise RuntimeError(f"hvd.join() needs the allreduce envelopes that {joinwire.JOIN_ENV}=0 turned off")
     wire, first = joinwire.wire(), True
     while True:
