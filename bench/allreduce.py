@@ -2,6 +2,7 @@
 
     hvdlite run -np 2 python bench/allreduce.py
     python bench/allreduce.py --spawn [--np 2]     # its own launcher, no driver needed
+    python bench/allreduce.py --spawn --sizes 4    # only these sizes (bytes), for a quick look
 
 Prints, on rank 0, medians over --iters timed runs:
 - hvd.allreduce / hvd.allreduce_ against pg.allreduce on the very same group (target >= 0.95x);
@@ -44,7 +45,7 @@ def timed(fn, iters):
     return statistics.median(times)
 
 
-def bench_allreduce(iters):
+def bench_allreduce(iters, sizes=SIZES):
     """Per size: {case: median seconds}. Each hvdlite case has a raw gloo twin doing the same
     work by hand, so the ratio is hvdlite's own overhead."""
     pg = runtime.process_group()
@@ -57,7 +58,7 @@ def bench_allreduce(iters):
         return out.div_(pg.size())
 
     rows = []
-    for nbytes in SIZES:
+    for nbytes in sizes:
         tensor = torch.randn(nbytes // 4)
         cases = {RAW_IN_PLACE: lambda: pg.allreduce([tensor], options).wait(),
                  HVD_IN_PLACE: lambda: hvd.allreduce_(tensor, op=hvd.Sum),
@@ -126,8 +127,8 @@ def bench_optimizer(iters):
     return len(list(model.parameters())), results
 
 
-def report(iters):
-    rows = bench_allreduce(iters)
+def report(iters, sizes):
+    rows = bench_allreduce(iters, sizes)
     tensors, steps = bench_optimizer(iters)
     if hvd.rank() != 0:
         return
@@ -147,13 +148,14 @@ def report(iters):
         print(f"  {name:<50} {seconds * 1e3:8.2f} ms  {seconds / fused:5.1f}x the fused step")
 
 
-def spawn(np_, iters):
+def spawn(np_, iters, sizes):
     with tempfile.TemporaryDirectory() as tmp:
         # One torch thread per rank unless told otherwise, as torchrun does: idle OpenMP
         # threads spin and steal the cores gloo's threads need.
         env = {"OMP_NUM_THREADS": "1", **os.environ}
         procs = [subprocess.Popen([sys.executable, __file__, "--child", str(rank), str(np_),
-                                   os.path.join(tmp, "store"), "--iters", str(iters)], env=env)
+                                   os.path.join(tmp, "store"), "--iters", str(iters),
+                                   "--sizes", *map(str, sizes)], env=env)
                  for rank in range(np_)]
         try:
             codes = [proc.wait(timeout=600) for proc in procs]
@@ -176,15 +178,16 @@ def main():
     parser.add_argument("--spawn", action="store_true", help="start --np local ranks itself")
     parser.add_argument("--np", type=int, default=2)
     parser.add_argument("--iters", type=int, default=20, help="timed runs per case (>= 10)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=SIZES, help="bytes per allreduce")
     parser.add_argument("--child", nargs=3, metavar=("RANK", "SIZE", "STORE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.spawn:
-        sys.exit(spawn(args.np, args.iters))
+        sys.exit(spawn(args.np, args.iters, args.sizes))
     if args.child:
         join_file_store(int(args.child[0]), int(args.child[1]), args.child[2])
     else:
         hvd.init()
-    report(max(args.iters, 10))
+    report(max(args.iters, 10), args.sizes)
     hvd.barrier()
 
 

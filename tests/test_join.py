@@ -140,8 +140,45 @@ def test_the_state_element_shows_joined_right_and_wrong_under_every_op():
             for states in ([joinwire.JOINED] * size, [joinwire.RIGHT] + [joinwire.JOINED] * (size - 1),
                            [joinwire.RIGHT] * size, [joinwire.WRONG] * size,
                            [joinwire.WRONG] + [joinwire.RIGHT] * (size - 1) + [joinwire.JOINED]):
-                values = [joinwire._states(op, size)[s] for s in states]
+                values = [joinwire.states(op, size)[s] for s in states]
                 reduced = sum(values) if op == ops.Sum else min(values) if op == ops.Min else max(values)
                 guess = joinwire.Layout(0, 0, op, True)
                 envelope = joinwire.Envelope(torch.tensor([float(reduced)]), guess, op)
                 assert envelope.said(size) == max(states), (op, size, states)
+
+
+def check_a_small_guessed_allreduce_reuses_its_envelope():
+    info = runtime.info()
+    rank, size = info.rank, info.size
+    counting = _Counting(runtime.deactivate())
+    runtime.activate(counting, info)
+    x = torch.ones(1)
+    for _ in range(4):  # guessed right from the third on
+        hvd.allreduce_(x, op=hvd.Sum)
+    last = counting.buffers[-2:]
+    assert last[0] is last[1] and last[0].numel() == 2  # the kept envelope: state, then data
+    assert torch.equal(x, torch.tensor([16.0]))
+    # Two of the same layout in flight: the second may not take the envelope the first holds.
+    a, b = torch.ones(1), torch.full((1,), 3.0)
+    first, second = hvd.allreduce_async_(a, op=hvd.Sum), hvd.allreduce_async_(b, op=hvd.Sum)
+    assert torch.equal(hvd.synchronize(second), torch.tensor([6.0]))
+    assert torch.equal(hvd.synchronize(first), torch.tensor([2.0]))
+    # What the kept envelopes serve, each repeated until guessed right.
+    mine = torch.arange(6, dtype=torch.float64).view(2, 3) + rank
+    total = torch.arange(6, dtype=torch.float64).view(2, 3) * size + size * (size - 1) // 2
+    ints = torch.tensor([rank, -rank], dtype=torch.int32)
+    for _ in range(3):
+        assert torch.allclose(hvd.allreduce(mine, prescale_factor=2, postscale_factor=0.25), total / size / 2)
+        assert torch.equal(mine, torch.arange(6, dtype=torch.float64).view(2, 3) + rank)  # left alone
+        assert torch.equal(hvd.allreduce(ints, op=hvd.Max), torch.tensor([size - 1, 0], dtype=torch.int32))
+        leaf = torch.full((3,), float(rank), requires_grad=True)
+        assert hvd.allreduce_(leaf, op=hvd.Sum) is leaf
+        assert torch.equal(leaf.detach(), torch.full((3,), float(size * (size - 1) // 2)))
+        strided = mine.t()  # not contiguous: the general path
+        assert torch.equal(hvd.allreduce(strided, op=hvd.Sum), total.t())
+    runtime.deactivate()
+    runtime.activate(counting.pg, info)
+
+
+def test_a_small_guessed_allreduce_reuses_its_envelope():
+    gloo_harness.run(check_a_small_guessed_allreduce_reuses_its_envelope, 2)

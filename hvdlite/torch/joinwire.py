@@ -12,7 +12,8 @@ and whether the active ranks' guess was wrong. Only then does more follow:
 - every rank in join(): a control exchange of who joined just now, to name the last one.
 A training loop repeats its allreduces, so from its third step on every guess holds and an
 allreduce costs one collective, one element longer (an in-place one above COPY_LIMIT: the data
-where it lies and a one-element envelope alongside).
+where it lies and a one-element envelope alongside). A small lone tensor's envelope is kept per
+layout and reused (Slot), so such a call is a numpy copy in, one gloo call and a copy out.
 """
 import os
 from typing import NamedTuple
@@ -45,6 +46,7 @@ OPTIONS = {Sum: _options(dist.ReduceOp.SUM), Min: _options(dist.ReduceOp.MIN),
            Max: _options(dist.ReduceOp.MAX), Product: _options(dist.ReduceOp.PRODUCT)}
 JOINED, RIGHT, WRONG = range(3)  # what a rank says in the state element
 _LONGEST_RUN = 16
+_SLOTS = 64  # kept envelopes per world, at most COPY_LIMIT each
 
 
 def enabled() -> bool:
@@ -85,7 +87,7 @@ def identity(op, dtype, numel):
     return torch.full((numel,), value, dtype=dtype)
 
 
-def _states(op, size):
+def states(op, size):
     """The state element's value for JOINED, RIGHT and WRONG under `op`, chosen so that the
     reduction shows whether anyone is active and whether anyone guessed wrong."""
     if op == Sum:
@@ -104,7 +106,7 @@ class Envelope(NamedTuple):
     def said(self, size) -> int:
         """JOINED when no rank is active, WRONG when an active rank guessed wrong, else RIGHT."""
         value = self.buffer.numpy()[0].item()
-        joined, right, wrong = _states(self.op, size)
+        joined, right, wrong = states(self.op, size)
         if self.op == Sum:
             return JOINED if value == 0 else WRONG if value >= wrong else RIGHT
         return {joined: JOINED, right: RIGHT, wrong: WRONG}[value]
@@ -114,11 +116,30 @@ def envelope(guess: Layout, state: int, size: int, room=None) -> Envelope:
     """The envelope for `guess` saying `state`. Its data part is `room` (a buffer with one
     element free in front of the data) or, when left to this, the op's identity."""
     if not guess.carried:  # the state alone
-        return Envelope(torch.tensor([_states(Sum, size)[state]]), guess, Sum)
+        return Envelope(torch.tensor([states(Sum, size)[state]]), guess, Sum)
     if room is None:
         room = identity(guess.op, guess.torch_dtype, 1 + guess.numel)
-    room.numpy()[0] = _states(guess.op, size)[state]  # a carrier dtype; 3x quicker than room[0] =
+    room.numpy()[0] = states(guess.op, size)[state]  # a carrier dtype; 3x quicker than room[0] =
     return Envelope(room, guess, guess.op)
+
+
+class Slot:
+    """A kept envelope for one small carried layout, reused by each allreduce of it: making
+    the envelope and its numpy views anew costs more than the 4-byte collective itself. One
+    allreduce holds it at a time (`busy`); a second in flight makes its own envelope."""
+
+    def __init__(self, guess: Layout):
+        self.buffer = identity(guess.op, guess.torch_dtype, 1 + guess.numel)
+        self.array = self.buffer.numpy()  # the state element, then the data
+        self.data = self.array[1:]
+        self.views = {}  # shape -> self.data shaped so
+        self.busy = False
+
+    def shaped(self, shape):
+        view = self.views.get(shape)
+        if view is None:
+            view = self.views[shape] = self.data.reshape(shape)
+        return view
 
 
 class Control(NamedTuple):
@@ -161,6 +182,8 @@ class Wire:
         self.follows = {}  # context -> the layout that followed it last time
         self.after = {}  # layout -> the layout that followed it last time
         self.context, self.last = (), None
+        self.slots = {}  # layout -> Slot
+        self.on = enabled()  # read once a world: every rank must carry the state or none
 
     def guess(self) -> Layout:
         guess = self.follows.get(self.context)
@@ -174,6 +197,15 @@ class Wire:
         recent, run = self.context or ((), 0)
         run = min(run + 1, _LONGEST_RUN) if self.last == actual else 1
         self.context, self.last = ((*recent, actual)[-3:], run), actual
+
+    def slot(self, carried: Layout):
+        """The kept envelope of a small carried layout, or None while another call holds it."""
+        slot = self.slots.get(carried)
+        if slot is None:
+            if len(self.slots) >= _SLOTS:  # a script of ever-new small sizes
+                self.slots.clear()
+            slot = self.slots[carried] = Slot(carried)
+        return None if slot.busy else slot
 
 
 _wire = [None]
