@@ -15,7 +15,8 @@ if ! command -v chromium >/dev/null 2>&1; then
     echo "setup: not root, no chromium; the page rendering tests will be skipped" >&2
   fi
 fi
-python3 -m pip install -q -e '.[test,ray]'
+# Re-runs skip pip while this checkout is installed with every requirement met (.ci/installed.py).
+python3 -E .ci/installed.py --extras test,ray || python3 -m pip install -q -e '.[test,ray]'
 # The numpy backend's workers run on pygloo, whose wheels exist for CPython 3.8-3.10 only:
 # a torch-free venv in .venv-pygloo/ (gitignored), when such an interpreter exists.
 pygloo_python() {
@@ -28,8 +29,10 @@ pygloo_python() {
 py=$(pygloo_python)
 if [ -n "$py" ]; then
   [ -x .venv-pygloo/bin/python ] || "$py" -m venv .venv-pygloo
-  .venv-pygloo/bin/python -m pip install -q pygloo numpy cloudpickle
-  .venv-pygloo/bin/python -m pip install -q -e .
+  if ! .venv-pygloo/bin/python -E .ci/installed.py pygloo numpy cloudpickle; then
+    .venv-pygloo/bin/python -m pip install -q pygloo numpy cloudpickle
+    .venv-pygloo/bin/python -m pip install -q -e .
+  fi
 else
   echo "setup: no Python 3.8-3.10 interpreter; the numpy backend's tests will be skipped" >&2
 fi

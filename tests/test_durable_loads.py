@@ -4,6 +4,7 @@ start; another run's files are never pruned against; a malicious pickle runs not
 driver's kill -9 still gets rank 0's last commit to the disk."""
 import os
 import re
+import shutil
 import signal
 import sys
 import time
@@ -72,9 +73,26 @@ def first_run(tmp_path, backend, total=5):
     return lineage, path
 
 
+@pytest.fixture(scope="module")
+def first_runs(tmp_path_factory):
+    """first_run(tmp_path, backend) with the job run once per backend for the module: each test
+    gets its own copy of that run's checkpoint folder and steps log, to damage or resume."""
+    done = {}
+
+    def copy(tmp_path, backend):
+        if backend not in done:
+            folder = tmp_path_factory.mktemp(f"first-{backend}")
+            done[backend] = folder, first_run(folder, backend)
+        folder, (lineage, path) = done[backend]
+        shutil.copytree(folder / "ckpt", tmp_path / "ckpt")
+        shutil.copyfile(folder / "steps.txt", tmp_path / "steps.txt")
+        return lineage, str(tmp_path / "ckpt" / os.path.basename(path))
+    return copy
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_flipped_byte_in_tensor_data_ends_the_job_naming_the_file(tmp_path, backend):
-    _, path = first_run(tmp_path, backend)
+def test_a_flipped_byte_in_tensor_data_ends_the_job_naming_the_file(tmp_path, backend, first_runs):
+    _, path = first_runs(tmp_path, backend)
     with open(path, "r+b") as f:
         _, _, _, layout = checkpoints._read_manifest(f, os.fstat(f.fileno()).st_size)
         f.seek(layout[1] + 5)  # a byte of the first array: the model's weights
@@ -98,8 +116,9 @@ EDITS = [
 
 
 @pytest.mark.parametrize("backend, edit, cause", EDITS)
-def test_an_edited_script_ends_the_job_with_one_line_and_the_original_still_resumes(tmp_path, backend, edit, cause):
-    _, path = first_run(tmp_path, backend)
+def test_an_edited_script_ends_the_job_with_one_line_and_the_original_still_resumes(tmp_path, backend, edit, cause,
+                                                                                  first_runs):
+    _, path = first_runs(tmp_path, backend)
     before = files_and_bytes(tmp_path / "ckpt")
     result = run(tmp_path, backend, "2", TOTAL_STEPS=8, **edit)
     check_ended_by(result, path, cause)

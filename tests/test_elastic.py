@@ -233,7 +233,10 @@ def test_later_discovery_failures_and_hangs_are_retried(tmp_path):
 
 
 def test_a_group_that_cannot_connect_is_said_and_given_up(tmp_path):
-    r = run_job(["-H", "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1", "--min-np", "1", *JOB], tmp_path,
+    # Each failed connect waits the liveness timeout for the driver's word that a peer died
+    # (links.told): three attempts, so 3 s rather than the default 5 s.
+    r = run_job(["-H", "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1", "--min-np", "1", "--liveness-timeout", "3",
+                 *JOB], tmp_path,
                 timeout=90, env=job_env(tmp_path, TOTAL_STEPS=10, CONNECT_FAILS="127.0.0.3/0"))
     assert r.code == 0, r.stderr
     said = [line for line in r.stdout.splitlines() if line.startswith("[") and "could not connect" in line] + \

@@ -178,8 +178,8 @@ def test_slow_clients_do_not_stop_real_ones():
             client.put("s", f"k{i}", b"v")
             assert client.get("s", f"k{i}") == b"v"
         assert time.monotonic() - start < 2, "real clients were slowed down by slow ones"
-        time.sleep(3)  # past the idle timeout: the slow connections are dropped
-        assert all(s.recv(1024) == b"" or True for s in slow)
+        for s in slow:  # each is dropped past the idle timeout (recv waits for it, 5 s at most)
+            assert s.recv(1024) == b"", "a slow connection was answered instead of dropped"
         assert rss_kb() - before < 50_000, "memory grew by over 50 MB"
     finally:
         for s in slow:
