@@ -33,6 +33,7 @@ class Handle:
     def __init__(self, works, finish):
         self._works, self._finish = works, finish
         self._done, self._result = False, None
+        self.taken = False  # given to synchronize() once: Horovod forgets it then
         self.ended = None  # ends its span in the collective trace, when one is recorded
 
     def poll(self) -> bool:
@@ -124,6 +125,11 @@ def _nbytes(args) -> int:
 
 
 def synchronize(handle: Handle):
+    """The handle's result; None for a handle synchronized before, as in Horovod (whose
+    handle map forgets it at the first synchronize, even one that raised)."""
+    if handle.taken:
+        return None
+    handle.taken = True
     return handle.wait()
 
 

@@ -136,7 +136,9 @@ def check_reducescatter(r, n):
 
 def check_allgather(r, n):
     parts = [torch.full((k + 1, 2), float(k)) for k in range(n)]
-    assert torch.equal(hvd.synchronize(hvd.allgather_async(parts[r])), torch.cat(parts))
+    handle = hvd.allgather_async(parts[r])
+    assert torch.equal(hvd.synchronize(handle), torch.cat(parts))
+    assert hvd.synchronize(handle) is None  # Horovod forgets a handle once synchronized
     a, b = hvd.grouped_allgather([parts[r], torch.tensor([r])])
     assert torch.equal(a, torch.cat(parts)) and torch.equal(b, torch.arange(n))
     a, = hvd.synchronize(hvd.grouped_allgather_async([torch.zeros(r, 3)]))
