@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from hvdlite import procstat
 from hvdlite.cli import keep_warm_seconds
 from hvdlite.driver.launchers.kept import obtain
 from hvdlite.driver.launchers.template import Templates, TemplateWorker
@@ -19,7 +20,7 @@ from hvdlite.driver.output import RankOutput
 from hvdlite.errors import UsageError
 from hvdlite.template import kept
 from jobs import SCRIPTS, Job, wait_until
-from test_template import PYGLOO_PYTHON, alive, finished, needs_pygloo, parent, state
+from test_template import PYGLOO_PYTHON, alive, finished, needs_pygloo, parent
 
 UID = os.getuid()
 
@@ -194,7 +195,7 @@ def test_workers_behave_as_plain_ones(keep, capsys):
     handle = templates.spawn([sys.executable, script, "sleep"], keep.env, str(keep.tmp_path), RankOutput("1"))
     wait_until(lambda: "up" in capsys.readouterr().out, 30, "worker up")
     handle.signal(signal.SIGSTOP)
-    wait_until(lambda: state(handle.pid) == "T", 10, "worker stopped")
+    wait_until(lambda: procstat.state(handle.pid) == "T", 10, "worker stopped")
     assert handle.poll() is None
     handle.signal(signal.SIGCONT)
     os.kill(handle.pid, signal.SIGKILL)
