@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from hvdlite.torch import adasum, joinwire, ops
+from hvdlite.torch import adasum, handles, joinwire, ops
 from hvdlite.torch.optimizer import _fusion_buckets, _groups_as_buckets
 from hvdlite.worker.reduceops import shares
 
@@ -167,7 +167,7 @@ def test_a_collective_of_a_world_the_driver_says_broke_ends_at_once(monkeypatch)
     class Session:
         broken = 0
     said = Session()
-    monkeypatch.setattr(ops, "session", lambda: said, raising=False)
+    monkeypatch.setattr(handles, "session", lambda: said, raising=False)
     runtime.activate(groups[0], WorldInfo(rank=0, size=2, local_rank=0, local_size=2, cross_rank=0,
                                           cross_size=1, hostname="localhost", round=7))
     try:
@@ -175,7 +175,7 @@ def test_a_collective_of_a_world_the_driver_says_broke_ends_at_once(monkeypatch)
         threading.Timer(0.5, setattr, (said, "broken", 7)).start()
         start = time.monotonic()
         with pytest.raises(HorovodInternalError):
-            ops._wait(work)
+            handles.wait_work(work)
         assert time.monotonic() - start < 5
     finally:
         runtime.deactivate()

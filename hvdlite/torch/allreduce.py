@@ -1,0 +1,256 @@
+"""Allreduce, in every Horovod form, and join(): each allreduce carries join's state (see
+joinwire), so a rank that joined takes part in the others' allreduces until every rank has."""
+import numpy
+import torch
+
+from hvdlite.torch import adasum, fusion, handles, joinwire, runtime
+from hvdlite.torch.handles import Handle
+from hvdlite.torch.processsets import global_process_set
+from hvdlite.worker.reduceops import Adasum, Average, Sum, resolve
+
+_FLOATS, _INTS = {torch.float32, torch.float64}, {torch.int32, torch.int64}  # join's carriers
+
+
+def _announce(pg, layout, works, room=None, guess=None):
+    """Issue join's envelope (see joinwire) for this rank's allreduce `layout`, carrying the
+    data in `room` when given; after a wrong guess, the control exchange too. Returns what
+    the handle checks once done: (envelope, control or None, layout)."""
+    wire = joinwire.wire()
+    guess = wire.guess() if guess is None else guess
+    wire.record(layout)
+    wrong = layout != guess
+    envelope = joinwire.envelope(guess, joinwire.WRONG if wrong else joinwire.RIGHT, pg.size(), room)
+    works.append(envelope.issue(pg))
+    control = None
+    if wrong:
+        control, work = joinwire.Control.issue(pg, layout)
+        works.append(work)
+    return envelope, control, layout
+
+
+def _check_announced(pg, envelope, control, layout) -> None:
+    said = envelope.said(pg.size())
+    if (control is None and said == joinwire.WRONG) or (control is not None and not control.agrees(layout)):
+        raise joinwire.disagree(layout)
+
+
+def _packed(group, room, copy, prescale_factor, divisor):
+    """`group` packed and prescaled. Floats copied into a buffer are divided for Average as
+    they are copied (no pass of its own); otherwise the division waits for the sum, when it
+    overlaps with the peers' work. Returns the pack and the divisor left for after the sum."""
+    floats = group[0].is_floating_point()
+    pack = fusion.Pack(group, room, copy, scale=prescale_factor / divisor if floats else None)
+    if pack.scaled:
+        return pack, 1
+    fusion.scale(pack.flat, prescale_factor)
+    return pack, divisor
+
+
+def _issue_announced(pg, group, op, prescale_factor, divisor, copy, works):
+    """Pack `group` and issue its allreduce in join's envelope: one collective when the layout
+    was guessed right and its data rides along, else the envelope and then the data."""
+    owned = copy or len(group) > 1 or not group[0].is_contiguous()
+    layout = joinwire.layout(sum(t.numel() for t in group), group[0].dtype, op, owned)
+    guess = joinwire.wire().guess()
+    rides = layout == guess and layout.carried
+    pack, left = _packed(group, 1 if rides else 0, copy, prescale_factor, divisor)
+    checks = _announce(pg, layout, works, pack.buffer if rides else None, guess)
+    if not rides:
+        works.append(pg.allreduce([pack.flat], joinwire.OPTIONS[op]))
+    return pack, left, checks
+
+
+@handles.traced("allreduce")
+def _allreduce_async(tensors, average, op, prescale_factor, postscale_factor, process_set,
+                     copy, single=False) -> Handle:
+    """Reduce `tensors`, fused into one buffer per dtype: in place, or (copy=True) into new
+    tensors. The handle's result is the list of them, or its only one (single=True)."""
+    op = resolve(op, average)
+    pg = process_set.group()
+    if op == Adasum:
+        return _adasum(pg, tensors, copy, prescale_factor, postscale_factor, single)
+    divisor = pg.size() if op == Average else 1
+    op = Sum if op == Average else op
+    announced = process_set is global_process_set and joinwire.wire().on
+    if announced and single:
+        handle = _lone(pg, tensors[0], op, prescale_factor, postscale_factor, divisor, copy)
+        if handle is not None:
+            return handle
+    groups, where = fusion.by_dtype(tensors)
+    packs, announced_checks, works = [], [], []
+    for group in groups:
+        if announced:
+            pack, left, checks = _issue_announced(pg, group, op, prescale_factor, divisor, copy, works)
+            announced_checks.append(checks)
+        else:
+            pack, left = _packed(group, 0, copy, prescale_factor, divisor)
+            works.append(pg.allreduce([pack.flat], joinwire.OPTIONS[op]))
+        packs.append((pack, left))
+
+    def done():
+        for checks in announced_checks:
+            _check_announced(pg, *checks)
+        for pack, left in packs:
+            fusion.average(pack.flat, postscale_factor, left)
+        if copy:
+            parts = [pack.parts() for pack, _ in packs]
+            out = [parts[g][i] for g, i in where]
+        else:
+            for pack, _ in packs:
+                pack.unpack()
+            out = tensors
+        return out[0] if single else out
+    return Handle(works, done)
+
+
+def _lone(pg, tensor, op, prescale_factor, postscale_factor, divisor, copy):
+    """A small contiguous lone tensor whose layout was guessed right rides in its layout's
+    kept envelope (joinwire.Slot): numpy copies in and out around one gloo call. At 4 bytes
+    every microsecond here costs several of latency, so this path stays bare. None when it
+    does not apply (the general path)."""
+    dtype = tensor.dtype
+    floats = dtype in _FLOATS
+    if not (floats or (dtype in _INTS and divisor == 1 and prescale_factor == 1 and postscale_factor == 1)):
+        return None
+    numel = tensor.numel()
+    if numel * dtype.itemsize > joinwire.COPY_LIMIT or not tensor.is_cpu or not tensor.is_contiguous():
+        return None
+    wire = joinwire.wire()
+    layout = joinwire.layout(numel, dtype, op, copy)
+    slot = wire.slot(layout) if layout == wire.guess() and layout.carried else None
+    if slot is None:
+        return None
+    slot.busy = True
+    wire.record(layout)
+    mine = (tensor.detach() if tensor.requires_grad else tensor).numpy()
+    data = slot.shaped(mine.shape)
+    scale = prescale_factor / divisor
+    if floats and scale != 1:
+        numpy.multiply(mine, scale, out=data)
+    else:
+        numpy.copyto(data, mine)
+    _, right, wrong = joinwire.states(op, pg.size())
+    slot.array[0] = right
+    work = pg.allreduce([slot.buffer], joinwire.OPTIONS[op])
+
+    def done():
+        try:
+            said = slot.array[0]
+            if said >= wrong if op == Sum else said == wrong:
+                raise joinwire.disagree(layout)
+            if postscale_factor != 1:
+                numpy.multiply(data, postscale_factor, out=data)
+            if copy:
+                return torch.from_numpy(data.copy())
+            numpy.copyto(mine, data)
+            return tensor
+        finally:
+            slot.busy = False
+    return Handle([work], done)
+
+
+def _adasum(pg, tensors, copy, prescale_factor, postscale_factor, single) -> Handle:
+    """Adasum needs every rank's whole tensor (its dot products are per tensor): gather them,
+    then combine them on every rank alike. Runs at the call; the handle is complete."""
+    announced = pg is runtime.process_group() and joinwire.wire().on
+    results = []
+    for tensor in tensors:
+        fusion.check_cpu(tensor)
+        if not tensor.is_floating_point():
+            raise ValueError(f"Adasum needs floating point tensors, got {tensor.dtype}")
+        mine = tensor.detach().contiguous().view(1, -1).clone()
+        fusion.scale(mine, prescale_factor)
+        works = []
+        if announced:  # joined ranks take part with zeros, which Adasum leaves out
+            checks = _announce(pg, joinwire.layout(mine.numel(), mine.dtype, Adasum, False), works)
+        combined = adasum.reduce(handles.gather_equal(pg, mine))
+        for work in works:
+            handles.wait_work(work)
+        if works:
+            _check_announced(pg, *checks)
+        fusion.scale(combined, postscale_factor)
+        combined = combined.view(tensor.shape)
+        results.append(combined if copy else tensor.detach().copy_(combined))
+    out = results if copy else tensors
+    return handles.done(out[0] if single else out)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=global_process_set) -> Handle:
+    """Reduce `tensors` in place, fused into one buffer per dtype."""
+    return _allreduce_async(list(tensors), average, op, prescale_factor, postscale_factor,
+                            process_set, False, name=name)
+
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=global_process_set) -> Handle:
+    """Reduce `tensors` into new ones (views of one fused buffer per dtype)."""
+    return _allreduce_async(list(tensors), average, op, prescale_factor, postscale_factor,
+                            process_set, True, name=name)
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=global_process_set):
+    return grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                    postscale_factor, process_set).wait()
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0, process_set=global_process_set) -> Handle:
+    return _allreduce_async([tensor], average, op, prescale_factor, postscale_factor,
+                            process_set, False, True, name=name)
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=global_process_set) -> Handle:
+    return _allreduce_async([tensor], average, op, prescale_factor, postscale_factor,
+                            process_set, True, True, name=name)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=global_process_set):
+    return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
+                            process_set).wait()
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    raise NotImplementedError(
+        "hvdlite has no sparse allreduce: reduce tensor.to_dense() with allreduce, or pass "
+        "sparse_as_dense=True to DistributedOptimizer")
+
+
+@handles.traced("join")
+def join(device=-1) -> int:
+    """This rank has no more data: answer the other ranks' allreduces on the global set with
+    zeros (the op's identity for Min, Max and Product) until every rank joined. Returns the
+    rank that joined last. While a rank is joined the others may only allreduce."""
+    pg = runtime.process_group()
+    if not joinwire.wire().on:
+        raise RuntimeError(f"hvd.join() needs the allreduce envelopes that {joinwire.JOIN_ENV}=0 turned off")
+    wire, first = joinwire.wire(), True
+    while True:
+        guess = wire.guess()
+        envelope = joinwire.envelope(guess, joinwire.JOINED, pg.size())
+        handles.wait_work(envelope.issue(pg))
+        said = envelope.said(pg.size())
+        if said == joinwire.JOINED:  # everyone is in join(): who came last?
+            control, work = joinwire.Control.issue(pg, joined_now=first)
+            handles.wait_work(work)
+            return max(control.joined_now(), default=pg.rank())
+        first = False
+        actual = guess
+        if said == joinwire.WRONG:
+            control, work = joinwire.Control.issue(pg)
+            handles.wait_work(work)
+            actual = control.layout()
+        wire.record(actual)
+        if said == joinwire.RIGHT and actual.carried:
+            continue  # the data rode in the envelope
+        dtype = actual.torch_dtype
+        if actual.op == Adasum:
+            handles.gather_equal(pg, torch.zeros(1, actual.numel, dtype=dtype))
+        else:
+            handles.wait_work(pg.allreduce([joinwire.identity(actual.op, dtype, actual.numel)],
+                               joinwire.OPTIONS[actual.op]))
+

@@ -1,0 +1,162 @@
+"""What every collective of hvdlite.torch shares: the Handle a caller waits on, a wait that
+notices a broken world, the collective trace's spans, and the packing of tensors into one buffer
+per dtype around a gloo call."""
+import functools
+from datetime import timedelta
+
+import torch
+from torch._C._distributed_c10d import AllgatherOptions  # not re-exported by torch.distributed
+
+from hvdlite.torch import fusion, runtime
+from hvdlite.worker import trace
+from hvdlite.worker.errors import HorovodInternalError
+from hvdlite.worker.links import broken
+from hvdlite.worker.session import session
+
+_SLICE = timedelta(seconds=0.2)  # a wait's checks whether the driver said the world broke
+
+
+class Handle:
+    """A collective in flight: synchronize(handle) waits and returns its result."""
+
+    def __init__(self, works, finish):
+        self._works, self._finish = works, finish
+        self._done, self._result = False, None
+        self.taken = False  # given to synchronize() once: Horovod forgets it then
+        self.ended = None  # ends its span in the collective trace, when one is recorded
+
+    def poll(self) -> bool:
+        return all(work.is_completed() for work in self._works)
+
+    is_completed = poll  # a Handle can wait on other Handles
+
+    def wait(self):
+        if not self._done:
+            try:
+                for work in self._works:
+                    wait_work(work)
+                self._result, self._done = self._finish(), True
+            finally:
+                if self.ended is not None:
+                    self.ended(**({} if self._done else {"failed": True}))
+                    self.ended = None
+        return self._result
+
+
+def done(result) -> Handle:
+    """A Handle for a result computed already."""
+    return Handle([], lambda: result)
+
+
+def wait_work(work) -> None:
+    """Wait for a gloo Work; HorovodInternalError when it fails, or once the driver says the
+    world broke while it still waits. Cutting the group's sockets (links.py) fails its pending
+    work at once, but not always: a gloo pair whose incoming message was meant for a collective
+    that failed already reads no more (its buffer is gone), so it sees neither the cut nor the
+    peer's exit, and work waiting on that pair waits out the whole collective timeout."""
+    if isinstance(work, Handle):  # waits for its own works
+        work.wait()
+        return
+    while True:
+        try:
+            work.wait(_SLICE)
+            return
+        except RuntimeError as e:
+            if work.is_completed():  # failed, or finished just as the slice ended
+                break
+            if _world_broke():
+                raise HorovodInternalError("hvdlite: the driver said this world broke while a "
+                                           "collective waited") from e
+    try:
+        work.wait()
+    except RuntimeError as e:
+        # gloo reports a dead, hung or cut-off peer as a plain RuntimeError.
+        raise HorovodInternalError(str(e)) from e
+
+
+def _world_broke() -> bool:
+    # Only an elastic world (round 1 on) can break; only a worker of `hvdlite run` has a session.
+    round_ = runtime.info().round if runtime.is_initialized() else 0
+    return round_ > 0 and broken(round_, session().broken)
+
+
+def traced(kind):
+    """Record each call as a span of the collective trace, from issue to the handle's wait
+    (only while hvdlite.worker.trace records), named by the caller's name= or else by its
+    kind (the wrapped function takes no name)."""
+    def wrap(issue):
+        @functools.wraps(issue)
+        def call(*args, name=None, **kwargs):
+            if trace.recorder() is None:
+                return issue(*args, **kwargs)
+            end = trace.collective(kind, name, runtime.info(), _nbytes(args))
+            try:
+                out = issue(*args, **kwargs)
+            except BaseException:
+                end(failed=True)
+                raise
+            if isinstance(out, Handle):
+                out.ended = end
+            else:
+                end()
+            return out
+        return call
+    return wrap
+
+
+def _nbytes(args) -> int:
+    """Bytes of the tensors a collective was given (its first tensor or list of tensors)."""
+    for arg in args:
+        tensors = [arg] if torch.is_tensor(arg) else arg if isinstance(arg, (list, tuple)) else []
+        if tensors and all(torch.is_tensor(t) for t in tensors):
+            return sum(t.numel() * t.element_size() for t in tensors)
+    return 0
+
+
+def synchronize(handle: Handle):
+    """The handle's result; None for a handle synchronized before, as in Horovod (whose
+    handle map forgets it at the first synchronize, even one that raised)."""
+    if handle.taken:
+        return None
+    handle.taken = True
+    return handle.wait()
+
+
+def poll(handle: Handle) -> bool:
+    return handle.poll()
+
+
+def collective(tensors, result, start, finish=None) -> Handle:
+    """Issue start(buffer) -> list of Works on one packed buffer per dtype; waiting runs
+    finish(buffer), copies the buffers back into `tensors` and returns `result`."""
+    packs = [fusion.Pack(group) for group in fusion.by_dtype(tensors)[0]]
+    works = [work for pack in packs for work in start(pack.flat)]
+
+    def done():
+        for pack in packs:
+            if finish:
+                finish(pack.flat)
+            pack.unpack()
+        return result
+    return Handle(works, done)
+
+
+
+def copies(tensors):
+    return [t.detach().clone(memory_format=torch.contiguous_format) for t in tensors]
+
+
+
+def gather_equal_async(pg, tensor):
+    """Start gathering same-shaped tensors; returns (work, their concatenation along dim 0)."""
+    fusion.check_cpu(tensor)
+    tensor = tensor.contiguous()
+    out = tensor.new_empty((pg.size() * tensor.shape[0],) + tuple(tensor.shape[1:]))
+    return pg.allgather([list(out.chunk(pg.size()))], [tensor], AllgatherOptions()), out
+
+
+def gather_equal(pg, tensor):
+    work, out = gather_equal_async(pg, tensor)
+    wait_work(work)
+    return out
+
