@@ -1,7 +1,14 @@
-"""join()'s Wire: its steady-state shortcut gives exactly the guesses of the full history."""
+"""join()'s Wire: its steady-state shortcut gives exactly the guesses of the full history; the
+short path of a lone small allreduce."""
+import json
+import os
+
+import torch
 from hypothesis import given, settings, strategies as st
 
-from hvdlite.torch import joinwire
+import hvdlite.torch as hvd
+from hvdlite.torch import joinwire, runtime
+import gloo_harness
 
 _LAYOUTS = [joinwire.Layout(n, 0, 0, True) for n in (1, 2, 3)]
 
@@ -30,3 +37,28 @@ def test_a_saturated_run_is_steady():
     assert wire.steady == layout and wire.guess() == layout
     wire.record(_LAYOUTS[1])
     assert wire.steady is None
+
+
+def check_lone_allreduces_stay_traced():
+    """A lone 4-byte allreduce whose layout is guessed right takes the short path, which must
+    still record its span (under the caller's name) while the timeline records."""
+    rank, size = runtime.info().rank, runtime.info().size
+    path = os.path.join(os.path.dirname(gloo_harness._store_path), "timeline.json")
+    x = torch.tensor([float(rank + 1)])
+    for _ in range(3):  # from the third the layout is guessed right
+        assert hvd.allreduce(x, op=hvd.Sum).item() == size * (size + 1) / 2
+    hvd.start_timeline(path)
+    assert hvd.allreduce(x, op=hvd.Sum, name="lone").item() == size * (size + 1) / 2
+    hvd.allreduce_(x, op=hvd.Sum, name="lone_")
+    assert x.item() == size * (size + 1) / 2
+    for turn in range(size):  # rank 0 stops first: later ranks add their part to its file
+        if turn == rank:
+            hvd.stop_timeline()
+        hvd.barrier()
+    with open(path) as f:
+        names = [e["name"] for e in json.load(f)["traceEvents"] if e["ph"] == "B"]
+    assert names.count("lone") == size and names.count("lone_") == size, names
+
+
+def test_lone_allreduces_stay_traced():
+    gloo_harness.run(check_lone_allreduces_stay_traced, 2)
