@@ -10,7 +10,7 @@ from faults import SSHHosts, _alive, run_trial
 from jobs import SCRIPTS, Job, skip_without_partitions
 
 
-@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("seed", range(3))  # three trials keep CI under 25 min; the bench runs 100
 def test_random_faults_lose_no_commit(tmp_path, seed):
     run_trial(seed, str(tmp_path))
 
