@@ -70,8 +70,7 @@ def _allreduce_async(tensors, average, op, prescale_factor, postscale_factor, pr
     pg = process_set.group()
     if op == Adasum:
         return _adasum(pg, tensors, copy, prescale_factor, postscale_factor, single)
-    divisor = pg.size() if op == Average else 1
-    op = Sum if op == Average else op
+    op, divisor = _as_sum(op, pg)
     announced = process_set is global_process_set and joinwire.wire().on
     if announced and single:
         handle = _lone(pg, tensors[0], op, prescale_factor, postscale_factor, divisor, copy)
@@ -197,40 +196,35 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
                                     postscale_factor, process_set).wait()
 
 
-def _untraced_lone(tensor, average, op, prescale_factor, postscale_factor, copy):
-    """_lone straight from the caller, when nothing records spans and nothing calls for the
-    general path: at 4 bytes the ~2 us of that call chain cost several of latency. None when
-    it does not apply."""
-    if trace.recorder() is not None:
-        return None
-    wire = joinwire.wire()
-    op = resolve(op, average)
-    if not wire.on or op == Adasum:
-        return None
-    pg = runtime.process_group()
-    if op == Average:
-        return _lone(pg, tensor, Sum, prescale_factor, postscale_factor, pg.size(), copy)
-    return _lone(pg, tensor, op, prescale_factor, postscale_factor, 1, copy)
+def _as_sum(op, pg):
+    """(op, divisor): an Average is a Sum divided by the group's size."""
+    return (Sum, pg.size()) if op == Average else (op, 1)
+
+
+def _one_async(tensor, average, op, prescale_factor, postscale_factor, process_set, copy, name):
+    """One tensor: straight to its kept envelope (_lone) when nothing records spans and nothing
+    calls for the general path, since at 4 bytes the ~2 us of the traced call chain cost
+    several of latency; else the general path."""
+    if process_set is global_process_set and trace.recorder() is None:
+        resolved = resolve(op, average)
+        if joinwire.wire().on and resolved != Adasum:
+            pg = runtime.process_group()
+            summed, divisor = _as_sum(resolved, pg)
+            handle = _lone(pg, tensor, summed, prescale_factor, postscale_factor, divisor, copy)
+            if handle is not None:
+                return handle
+    return _allreduce_async([tensor], average, op, prescale_factor, postscale_factor,
+                            process_set, copy, True, name=name)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set) -> Handle:
-    if process_set is global_process_set:
-        handle = _untraced_lone(tensor, average, op, prescale_factor, postscale_factor, False)
-        if handle is not None:
-            return handle
-    return _allreduce_async([tensor], average, op, prescale_factor, postscale_factor,
-                            process_set, False, True, name=name)
+    return _one_async(tensor, average, op, prescale_factor, postscale_factor, process_set, False, name)
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=global_process_set) -> Handle:
-    if process_set is global_process_set:
-        handle = _untraced_lone(tensor, average, op, prescale_factor, postscale_factor, True)
-        if handle is not None:
-            return handle
-    return _allreduce_async([tensor], average, op, prescale_factor, postscale_factor,
-                            process_set, True, True, name=name)
+    return _one_async(tensor, average, op, prescale_factor, postscale_factor, process_set, True, name)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
