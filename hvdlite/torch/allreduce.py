@@ -73,9 +73,9 @@ def _allreduce_async(tensors, average, op, prescale_factor, postscale_factor, pr
     op, divisor = _as_sum(op, pg)
     announced = process_set is global_process_set and joinwire.wire().on
     if announced and single:
-        handle = _lone(pg, tensors[0], op, prescale_factor, postscale_factor, divisor, copy)
-        if handle is not None:
-            return handle
+        lone = _lone(pg, joinwire.wire(), tensors[0], op, prescale_factor, postscale_factor, divisor, copy)
+        if lone is not None:
+            return _lone_handle(lone, tensors[0], postscale_factor, copy)
     groups, where = fusion.by_dtype(tensors)
     packs, announced_checks, works = [], [], []
     for group in groups:
@@ -103,11 +103,14 @@ def _allreduce_async(tensors, average, op, prescale_factor, postscale_factor, pr
     return Handle(works, done)
 
 
-def _lone(pg, tensor, op, prescale_factor, postscale_factor, divisor, copy):
+_LAYOUTS = {}  # (numel, dtype, op, copy) -> its Layout: making a Layout costs more than finding it
+
+
+def _lone(pg, wire, tensor, op, prescale_factor, postscale_factor, divisor, copy):
     """A small contiguous lone tensor whose layout was guessed right rides in its layout's
-    kept envelope (joinwire.Slot): numpy copies in and out around one gloo call. At 4 bytes
-    every microsecond here costs several of latency, so this path stays bare. None when it
-    does not apply (the general path)."""
+    kept envelope (joinwire.Slot): a numpy copy in, one gloo call, and (_landed) a copy out.
+    At 4 bytes every microsecond here costs several of latency, so this path stays bare.
+    Returns the slot, issued, and its work; None when it does not apply (the general path)."""
     dtype = tensor.dtype
     floats = dtype in _FLOATS
     if not (floats or (dtype in _INTS and divisor == 1 and prescale_factor == 1 and postscale_factor == 1)):
@@ -115,38 +118,45 @@ def _lone(pg, tensor, op, prescale_factor, postscale_factor, divisor, copy):
     numel = tensor.numel()
     if numel * dtype.itemsize > joinwire.COPY_LIMIT or not tensor.is_cpu or not tensor.is_contiguous():
         return None
-    wire = joinwire.wire()
-    layout = joinwire.layout(numel, dtype, op, copy)
+    key = (numel, dtype, op, copy)
+    layout = _LAYOUTS.get(key)
+    if layout is None:
+        if len(_LAYOUTS) > 4096:  # a script of ever-new sizes
+            _LAYOUTS.clear()
+        layout = _LAYOUTS[key] = joinwire.layout(numel, dtype, op, copy)
     slot = wire.slot(layout) if layout == wire.guess() and layout.carried else None
     if slot is None:
         return None
-    slot.busy = True
+    slot.take(tensor)
     wire.record(layout)
-    mine = (tensor.detach() if tensor.requires_grad else tensor).numpy()
-    data = slot.shaped(mine.shape)
     scale = prescale_factor / divisor
     if floats and scale != 1:
-        numpy.multiply(mine, scale, out=data)
+        numpy.multiply(slot.mine, scale, out=slot.view)
     else:
-        numpy.copyto(data, mine)
-    _, right, wrong = joinwire.states(op, pg.size())
-    slot.array[0] = right
-    work = pg.allreduce([slot.buffer], joinwire.OPTIONS[op])
+        slot.view[...] = slot.mine  # for a few elements quicker than numpy.copyto
+    slot.array[0] = slot.right
+    return slot, pg.allreduce([slot.buffer], joinwire.OPTIONS[op])
 
-    def done():
-        try:
-            said = slot.array[0]
-            if said >= wrong if op == Sum else said == wrong:
-                raise joinwire.disagree(layout)
-            if postscale_factor != 1:
-                numpy.multiply(data, postscale_factor, out=data)
-            if copy:
-                return torch.from_numpy(data.copy())
-            numpy.copyto(mine, data)
-            return tensor
-        finally:
-            slot.busy = False
-    return Handle([work], done)
+
+def _landed(slot, tensor, postscale_factor, copy):
+    """The result of _lone's allreduce, done: the reduced tensor (a new one with copy)."""
+    try:
+        if slot.said_wrong():
+            raise joinwire.disagree(slot.layout)
+        data = slot.view
+        if postscale_factor != 1:
+            numpy.multiply(data, postscale_factor, out=data)
+        if copy:
+            return torch.from_numpy(data.copy())
+        slot.mine[...] = data
+        return tensor
+    finally:
+        slot.give_back()
+
+
+def _lone_handle(lone, tensor, postscale_factor, copy) -> Handle:
+    slot, work = lone
+    return Handle([work], lambda: _landed(slot, tensor, postscale_factor, copy))
 
 
 def _adasum(pg, tensors, copy, prescale_factor, postscale_factor, single) -> Handle:
@@ -201,18 +211,24 @@ def _as_sum(op, pg):
     return (Sum, pg.size()) if op == Average else (op, 1)
 
 
+def _short(tensor, average, op, prescale_factor, postscale_factor, process_set, copy):
+    """_lone's (slot, work) when nothing records spans and nothing calls for the general path,
+    since at 4 bytes the ~2 us of the traced call chain cost several of latency; else None."""
+    if process_set is not global_process_set or trace.recorder() is not None:
+        return None
+    resolved = resolve(op, average)
+    wire = joinwire.wire()
+    if not wire.on or resolved == Adasum:
+        return None
+    pg = runtime.process_group()
+    summed, divisor = _as_sum(resolved, pg)
+    return _lone(pg, wire, tensor, summed, prescale_factor, postscale_factor, divisor, copy)
+
+
 def _one_async(tensor, average, op, prescale_factor, postscale_factor, process_set, copy, name):
-    """One tensor: straight to its kept envelope (_lone) when nothing records spans and nothing
-    calls for the general path, since at 4 bytes the ~2 us of the traced call chain cost
-    several of latency; else the general path."""
-    if process_set is global_process_set and trace.recorder() is None:
-        resolved = resolve(op, average)
-        if joinwire.wire().on and resolved != Adasum:
-            pg = runtime.process_group()
-            summed, divisor = _as_sum(resolved, pg)
-            handle = _lone(pg, tensor, summed, prescale_factor, postscale_factor, divisor, copy)
-            if handle is not None:
-                return handle
+    lone = _short(tensor, average, op, prescale_factor, postscale_factor, process_set, copy)
+    if lone is not None:
+        return _lone_handle(lone, tensor, postscale_factor, copy)
     return _allreduce_async([tensor], average, op, prescale_factor, postscale_factor,
                             process_set, copy, True, name=name)
 
@@ -229,8 +245,14 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
-    return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
-                            process_set).wait()
+    """Waits at the call, with no Handle: ~1 us less than allreduce_async_(...).wait() where
+    the short path applies. A failed wait keeps the slot held (its work may still write)."""
+    lone = _short(tensor, average, op, prescale_factor, postscale_factor, process_set, False)
+    if lone is None:
+        return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
+                                process_set).wait()
+    handles.wait_work(lone[1])
+    return _landed(lone[0], tensor, postscale_factor, False)
 
 
 def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):

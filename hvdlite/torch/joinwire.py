@@ -129,18 +129,44 @@ class Slot:
     the envelope and its numpy views anew costs more than the 4-byte collective itself. One
     allreduce holds it at a time (`busy`); a second in flight makes its own envelope."""
 
-    def __init__(self, guess: Layout):
+    def __init__(self, guess: Layout, size: int):
+        self.layout = guess
         self.buffer = identity(guess.op, guess.torch_dtype, 1 + guess.numel)
         self.array = self.buffer.numpy()  # the state element, then the data
         self.data = self.array[1:]
-        self.views = {}  # shape -> self.data shaped so
+        _, self.right, self.wrong = states(guess.op, size)  # constant for the world
+        self.sums = guess.op == Sum
         self.busy = False
+        # The tensor last carried, its address and shape when it was, its numpy view (mine)
+        # and the data part shaped like it (view): see take().
+        self.tensor = self.ptr = self.shape = self.mine = self.view = None
 
-    def shaped(self, shape):
-        view = self.views.get(shape)
-        if view is None:
-            view = self.views[shape] = self.data.reshape(shape)
-        return view
+    def take(self, tensor) -> None:
+        """Hold the slot for an allreduce of `tensor` (contiguous, on the CPU, of the slot's
+        dtype and numel) and point `mine` and `view` at it. A numpy view is only an address,
+        a shape and a dtype: one made for this very tensor still fits while its data_ptr and
+        shape are unchanged (a resize_, set_ or as_strided_ changes one of them), and since
+        `mine` keeps the storage it saw alive, another storage cannot come to lie at that
+        address. The same object, not just the same address: a tensor sharing it may differ
+        in what numpy() refuses (a negative view)."""
+        if tensor is not self.tensor or tensor.data_ptr() != self.ptr or tensor.shape != self.shape:
+            self.mine = (tensor.detach() if tensor.requires_grad else tensor).numpy()
+            self.view = self.data.reshape(self.mine.shape)
+            # Keep it for next time unless that pins a larger storage (a row of a big tensor).
+            kept = tensor.untyped_storage().nbytes() <= COPY_LIMIT
+            self.tensor = tensor if kept else None
+            self.ptr, self.shape = tensor.data_ptr(), tensor.shape
+        self.busy = True
+
+    def said_wrong(self) -> bool:
+        """After the allreduce: whether an active rank's guess was wrong (see states)."""
+        said = self.array[0]
+        return said >= self.wrong if self.sums else said == self.wrong
+
+    def give_back(self) -> None:
+        self.busy = False
+        if self.tensor is None:  # not kept: let its storage go
+            self.mine = None
 
 
 class Control(NamedTuple):
@@ -214,7 +240,7 @@ class Wire:
         if slot is None:
             if len(self.slots) >= _SLOTS:  # a script of ever-new small sizes
                 self.slots.clear()
-            slot = self.slots[carried] = Slot(carried)
+            slot = self.slots[carried] = Slot(carried, self.world.size)
         return None if slot.busy else slot
 
 
