@@ -1,13 +1,15 @@
 """join()'s Wire: its steady-state shortcut gives exactly the guesses of the full history; the
-short path of a lone small allreduce."""
+short path of a lone small allreduce: traced, its kept views, its errors."""
 import json
 import os
 
+import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
 import hvdlite.torch as hvd
 from hvdlite.torch import joinwire, runtime
+from hvdlite.worker.errors import HorovodInternalError
 import gloo_harness
 
 _LAYOUTS = [joinwire.Layout(n, 0, 0, True) for n in (1, 2, 3)]
@@ -62,3 +64,77 @@ def check_lone_allreduces_stay_traced():
 
 def test_lone_allreduces_stay_traced():
     gloo_harness.run(check_lone_allreduces_stay_traced, 2)
+
+
+def _sum_of_ranks():
+    size = runtime.info().size
+    return size * (size + 1) / 2
+
+
+def _slot(tensor, copy=False):
+    return joinwire.wire().slots[joinwire.layout(tensor.numel(), tensor.dtype, hvd.Sum, copy)]
+
+
+def check_kept_views_follow_the_tensor():
+    """The short path keeps a tensor's numpy view in its slot between calls: a tensor given
+    new storage (set_) or a new shape of the same size (resize_) must be seen anew, and a
+    small window on a big storage is not kept (it would pin the whole storage)."""
+    rank, total = runtime.info().rank, _sum_of_ranks()
+    x = torch.tensor([0.0])
+    for _ in range(4):  # from the third the layout is guessed right: the short path
+        assert hvd.allreduce_(x.fill_(rank + 1), op=hvd.Sum).item() == total
+    assert _slot(x).tensor is x  # kept
+    x.set_(torch.tensor([float(rank + 1)]))  # same object and shape, another address
+    hvd.allreduce_(x, op=hvd.Sum)
+    assert x.item() == total
+
+    big = torch.zeros(1 << 16)
+    row = big[7:8]
+    for _ in range(4):
+        row.fill_(rank + 1)
+        assert hvd.allreduce_(row, op=hvd.Sum) is row and big[7].item() == total
+    assert _slot(row).tensor is None and _slot(row).mine is None  # not kept
+
+    y = torch.zeros(2)
+    for _ in range(4):
+        assert hvd.allreduce(y.fill_(rank + 1), op=hvd.Sum).tolist() == [total] * 2
+    y.resize_(2, 1)  # same storage and address, another shape
+    out = hvd.allreduce(y, op=hvd.Sum)
+    assert out.shape == (2, 1) and out.flatten().tolist() == [total] * 2
+
+
+def test_kept_views_follow_the_tensor():
+    gloo_harness.run(check_kept_views_follow_the_tensor, 2)
+
+
+def check_short_path_disagreement():
+    """Rank 0's allreduce_ of a steady layout takes the short path while rank 1 reduces
+    something else: rank 0 raises ValueError and exits, rank 1 then HorovodInternalError."""
+    rank = runtime.info().rank
+    x = torch.tensor([1.0])
+    for _ in range(4):
+        hvd.allreduce_(x, op=hvd.Sum)
+    if rank == 0:
+        with pytest.raises(ValueError, match="disagree"):
+            hvd.allreduce_(x, op=hvd.Sum)
+        gloo_harness.leave()
+    with pytest.raises(HorovodInternalError):
+        hvd.allreduce_(torch.ones(2), op=hvd.Sum)
+
+
+def test_short_path_disagreement_raises():
+    gloo_harness.run(check_short_path_disagreement, 2)
+
+
+def check_short_path_peer_death():
+    x = torch.tensor([1.0])
+    for _ in range(4):
+        hvd.allreduce_(x, op=hvd.Sum)
+    if runtime.info().rank == 1:
+        gloo_harness.leave()
+    with pytest.raises(HorovodInternalError):
+        hvd.allreduce_(x, op=hvd.Sum)
+
+
+def test_short_path_peer_death_raises():
+    gloo_harness.run(check_short_path_peer_death, 2)
