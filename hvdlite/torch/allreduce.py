@@ -103,7 +103,19 @@ def _allreduce_async(tensors, average, op, prescale_factor, postscale_factor, pr
     return Handle(works, done)
 
 
-_LAYOUTS = {}  # (numel, dtype, op, copy) -> its Layout: making a Layout costs more than finding it
+# (numel, dtype, op, copy) -> its Layout if the short path can carry it, else False: making a
+# Layout costs more than finding it.
+_LAYOUTS = {}
+
+
+def _short_layout(key):
+    numel, dtype, op, copy = key
+    layout = joinwire.layout(numel, dtype, op, copy)
+    if len(_LAYOUTS) > 4096:  # a script of ever-new sizes
+        _LAYOUTS.clear()
+    small = numel * dtype.itemsize <= joinwire.COPY_LIMIT
+    _LAYOUTS[key] = layout if small and layout.carried else False
+    return _LAYOUTS[key]
 
 
 def _lone(pg, wire, tensor, op, prescale_factor, postscale_factor, divisor, copy):
@@ -115,16 +127,13 @@ def _lone(pg, wire, tensor, op, prescale_factor, postscale_factor, divisor, copy
     floats = dtype in _FLOATS
     if not (floats or (dtype in _INTS and divisor == 1 and prescale_factor == 1 and postscale_factor == 1)):
         return None
-    numel = tensor.numel()
-    if numel * dtype.itemsize > joinwire.COPY_LIMIT or not tensor.is_cpu or not tensor.is_contiguous():
+    if not tensor.is_cpu or not tensor.is_contiguous():
         return None
-    key = (numel, dtype, op, copy)
+    key = (tensor.numel(), dtype, op, copy)
     layout = _LAYOUTS.get(key)
     if layout is None:
-        if len(_LAYOUTS) > 4096:  # a script of ever-new sizes
-            _LAYOUTS.clear()
-        layout = _LAYOUTS[key] = joinwire.layout(numel, dtype, op, copy)
-    slot = wire.slot(layout) if layout == wire.guess() and layout.carried else None
+        layout = _short_layout(key)
+    slot = wire.slot(layout) if layout == wire.guess() else None  # False is never a guess
     if slot is None:
         return None
     slot.take(tensor)
