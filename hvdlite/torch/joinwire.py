@@ -143,12 +143,12 @@ class Slot:
 
     def take(self, tensor) -> None:
         """Hold the slot for an allreduce of `tensor` (contiguous, on the CPU, of the slot's
-        dtype and numel) and point `mine` and `view` at it. A numpy view is only an address,
-        a shape and a dtype: one made for this very tensor still fits while its data_ptr and
-        shape are unchanged (a resize_, set_ or as_strided_ changes one of them), and since
-        `mine` keeps the storage it saw alive, another storage cannot come to lie at that
-        address. The same object, not just the same address: a tensor sharing it may differ
-        in what numpy() refuses (a negative view)."""
+        dtype and numel) and point `mine` and `view` at it. A numpy view is an address, a
+        shape and a dtype: the one made for this same tensor object still fits while its
+        data_ptr and shape are unchanged (set_, resize_ or as_strided_ change one), and as
+        `mine` keeps the storage it saw alive, no other storage can come to that address.
+        The same object: another one at that address may be what numpy() refuses (a
+        negative view)."""
         if tensor is not self.tensor or tensor.data_ptr() != self.ptr or tensor.shape != self.shape:
             self.mine = (tensor.detach() if tensor.requires_grad else tensor).numpy()
             self.view = self.data.reshape(self.mine.shape)
