@@ -128,6 +128,46 @@ def check_missing_gradients():
     _assert_replicas_identical(torch.nn.ModuleList([used, sometimes]))
 
 
+def check_a_late_missing_gradient_agrees_with_prepacked_ranks():
+    """From the third step on, a bucket with every gradient present is sent prepacked (its
+    kept buffer, one gloo call); a rank missing a gradient on such a step takes the general
+    path. The layouts and the flags must agree across the two."""
+    rank, size = _world()
+    torch.manual_seed(0)
+    used, sometimes = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    opt = DistributedOptimizer(torch.optim.SGD([*used.parameters(), *sometimes.parameters()], lr=0.1))
+    for step in range(6):
+        opt.zero_grad()
+        skip = step == 4 and rank == 0
+        x = torch.ones(1, 2) * (rank + 1)
+        (used(x) + (0 if skip else sometimes(x))).sum().backward()
+        opt.step()
+        givers = range(1 if step == 4 else 0, size)
+        assert torch.equal(sometimes.bias.grad, torch.full((2,), len(givers) / size)), step
+        assert torch.allclose(sometimes.weight.grad, torch.full((2, 2), sum(r + 1 for r in givers) / size))
+    assert all(plan.buffer is not None for plan in opt._hvd_reducer.plans)  # it went prepacked
+    _assert_replicas_identical(torch.nn.ModuleList([used, sometimes]))
+
+
+def check_held_gradients_survive_the_next_step():
+    """Each bucket's buffer is kept and packed again once no gradient view of it is alive:
+    gradients a script still holds from an earlier step keep their values."""
+    rank, size = _world()
+    model = _model()
+    opt = DistributedOptimizer(_sgd(model.parameters()))
+    where = []
+    for step in range(7):
+        opt.zero_grad()
+        x, y = _global_batch(step, size)
+        _loss(model, x[rank::size], y[rank::size]).backward()
+        opt.step()
+        if step == 3:
+            held = [(p.grad, p.grad.clone()) for p in model.parameters()]
+        where.append(next(model.parameters()).grad.untyped_storage().data_ptr())
+    assert all(torch.equal(grad, values) for grad, values in held)
+    assert where[5] == where[6], "the buffer was not reused once nothing held it"
+
+
 def check_synchronize_skip_and_zero_grad():
     rank, size = _world()
     model = _model()
@@ -194,6 +234,8 @@ def check_all():
     check_training_matches_single_process()
     check_sum_and_too_many_backward_passes()
     check_missing_gradients()
+    check_a_late_missing_gradient_agrees_with_prepacked_ranks()
+    check_held_gradients_survive_the_next_step()
     check_synchronize_skip_and_zero_grad()
     check_broadcasts()
 

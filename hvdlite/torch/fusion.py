@@ -36,12 +36,58 @@ class Pool:
         return buffer
 
 
-def _unused(buffer) -> bool:
-    # References to the memory: the buffer's own, and the storage object made to ask.
-    return torch._C._storage_Use_Count(buffer.untyped_storage()._cdata) <= 2
+def _unused(buffer, held=0) -> bool:
+    # References to the memory: the buffer's own, the storage object made to ask, and the
+    # `held` ones the asker keeps itself.
+    return torch._C._storage_Use_Count(buffer.untyped_storage()._cdata) <= 2 + held
 
 
 pool = Pool()
+
+
+class Plan:
+    """The fixed layout of a bucket packed step after step (DistributedOptimizer's): one free
+    element in front (join's state), the tensors, then `extra` elements. It keeps its buffer
+    and the buffer's numpy views, and packs into them again once nothing else refers to the
+    buffer (no gradient view of it is alive), else into a new one."""
+
+    def __init__(self, tensors, extra):
+        self.shapes = [t.shape for t in tensors]
+        self.cuts = [1, *(t.numel() for t in tensors), extra]  # the buffer's pieces
+        self.numel = sum(self.cuts) - 1
+        self.dtype = tensors[0].dtype
+        self.buffer, self.arrays = None, None
+
+    def fits(self, tensors) -> bool:
+        """Whether the tensors are plain dense ones of the plan's dtype and shapes (numpy can
+        read them), so that pack() may take them."""
+        return self.dtype in _NUMPY_SCALED and all(
+            t is not None and t.dtype == self.dtype and t.shape == shape and t.layout == torch.strided
+            and not t.requires_grad and not t.is_neg() for t, shape in zip(tensors, self.shapes))
+
+    def pack(self, tensors, factor, fill):
+        """The buffer with the tensors multiplied by `factor` (numpy's float32/64 product, as
+        _multiply's), its extra elements set to `fill`."""
+        if self.buffer is None or not _unused(self.buffer, held=1):  # (our numpy views)
+            self.buffer = torch.empty(1 + self.numel, dtype=self.dtype)
+            array, start, self.arrays = self.buffer.numpy(), 0, []
+            for size in self.cuts:
+                self.arrays.append(array[start:start + size])
+                start += size
+            self.arrays[1:-1] = [a.reshape(shape) for a, shape in zip(self.arrays[1:-1], self.shapes)]
+        for tensor, out in zip(tensors, self.arrays[1:-1]):
+            if factor == 1:
+                numpy.copyto(out, tensor.numpy())
+            else:
+                numpy.multiply(tensor.numpy(), factor, out=out)
+        self.arrays[-1].fill(fill)
+        return self.buffer
+
+    def pieces(self, buffer):
+        """The tensors' parts of `buffer`, shaped as they are (views, no copy)."""
+        pieces = buffer.split_with_sizes(self.cuts)[1:-1]
+        return [piece if len(shape) == 1 else piece.view(shape)
+                for piece, shape in zip(pieces, self.shapes)]
 
 
 class Pack:
