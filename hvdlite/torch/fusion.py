@@ -47,16 +47,19 @@ pool = Pool()
 
 class Plan:
     """The fixed layout of a bucket packed step after step (DistributedOptimizer's): one free
-    element in front (join's state), the tensors, then `extra` elements. It keeps its buffer
-    and the buffer's numpy views, and packs into them again once nothing else refers to the
-    buffer (no gradient view of it is alive), else into a new one."""
+    element in front (join's state), the tensors, then `extra` elements. It keeps its last two
+    buffers with their numpy views, and packs into one again once nothing else refers to it
+    (no gradient view of it is alive): two, so that gradients kept as views between steps
+    (zero_grad(set_to_none=False)) alternate between them rather than need a new one."""
+
+    KEPT = 2
 
     def __init__(self, tensors, extra):
         self.shapes = [t.shape for t in tensors]
+        self.dtype = tensors[0].dtype
         self.cuts = [1, *(t.numel() for t in tensors), extra]  # the buffer's pieces
         self.numel = sum(self.cuts) - 1
-        self.dtype = tensors[0].dtype
-        self.buffer, self.arrays = None, None
+        self.kept = []  # (buffer, its numpy views: one per piece), the newest first
 
     def fits(self, tensors) -> bool:
         """Whether the tensors are plain dense ones of the plan's dtype and shapes (numpy can
@@ -66,22 +69,30 @@ class Plan:
             and not t.requires_grad and not t.is_neg() for t, shape in zip(tensors, self.shapes))
 
     def pack(self, tensors, factor, fill):
-        """The buffer with the tensors multiplied by `factor` (numpy's float32/64 product, as
-        _multiply's), its extra elements set to `fill`."""
-        if self.buffer is None or not _unused(self.buffer, held=1):  # (our numpy views)
-            self.buffer = torch.empty(1 + self.numel, dtype=self.dtype)
-            array, start, self.arrays = self.buffer.numpy(), 0, []
-            for size in self.cuts:
-                self.arrays.append(array[start:start + size])
-                start += size
-            self.arrays[1:-1] = [a.reshape(shape) for a, shape in zip(self.arrays[1:-1], self.shapes)]
-        for tensor, out in zip(tensors, self.arrays[1:-1]):
+        """(buffer, head): the tensors multiplied by `factor` (numpy's float32/64 product, as
+        _multiply's) and the extra elements set to `fill` in a buffer, and a numpy view of its
+        first element."""
+        buffer, arrays = self._take()
+        for tensor, out in zip(tensors, arrays[1:-1]):
             if factor == 1:
                 numpy.copyto(out, tensor.numpy())
             else:
                 numpy.multiply(tensor.numpy(), factor, out=out)
-        self.arrays[-1].fill(fill)
-        return self.buffer
+        arrays[-1].fill(fill)
+        return buffer, arrays[0]
+
+    def _take(self):
+        for kept in self.kept:
+            if _unused(kept[0], held=1):  # (its numpy views hold one reference)
+                return kept
+        buffer = torch.empty(1 + self.numel, dtype=self.dtype)
+        array, start, arrays = buffer.numpy(), 0, []
+        for size, shape in zip(self.cuts, [None, *self.shapes, None]):
+            arrays.append(array[start:start + size] if shape is None
+                          else array[start:start + size].reshape(shape))
+            start += size
+        self.kept = [(buffer, arrays), *self.kept[:self.KEPT - 1]]
+        return self.kept[0]
 
     def pieces(self, buffer):
         """The tensors' parts of `buffer`, shaped as they are (views, no copy)."""

@@ -227,8 +227,8 @@ class _GradientReducer:
         layout = prepacked(plan.numel, plan.dtype, self.process_set)
         if layout is None:
             return None
-        buffer = plan.pack(grads, factor, fill=factor)
-        return prepacked_async(buffer, plan.arrays[0], layout, self.postscale)
+        buffer, head = plan.pack(grads, factor, fill=factor)
+        return prepacked_async(buffer, head, layout, self.postscale)
 
     def _local_grad(self, p):
         if p.grad is None:
