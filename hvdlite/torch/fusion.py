@@ -36,10 +36,9 @@ class Pool:
         return buffer
 
 
-def _unused(buffer, held=0) -> bool:
-    # References to the memory: the buffer's own, the storage object made to ask, and the
-    # `held` ones the asker keeps itself.
-    return torch._C._storage_Use_Count(buffer.untyped_storage()._cdata) <= 2 + held
+def _unused(buffer) -> bool:
+    # References to the memory: the buffer's own, and the storage object made to ask.
+    return torch._C._storage_Use_Count(buffer.untyped_storage()._cdata) <= 2
 
 
 pool = Pool()
@@ -47,19 +46,14 @@ pool = Pool()
 
 class Plan:
     """The fixed layout of a bucket packed step after step (DistributedOptimizer's): one free
-    element in front (join's state), the tensors, then `extra` elements. It keeps its last two
-    buffers with their numpy views, and packs into one again once nothing else refers to it
-    (no gradient view of it is alive): two, so that gradients kept as views between steps
-    (zero_grad(set_to_none=False)) alternate between them rather than need a new one."""
-
-    KEPT = 2
+    element in front (join's state), the tensors, then `extra` elements, in a buffer from the
+    pool (so a kept one is packed again once no gradient view of it is alive)."""
 
     def __init__(self, tensors, extra):
         self.shapes = [t.shape for t in tensors]
         self.dtype = tensors[0].dtype
         self.cuts = [1, *(t.numel() for t in tensors), extra]  # the buffer's pieces
         self.numel = sum(self.cuts) - 1
-        self.kept = []  # (buffer, its numpy views: one per piece), the newest first
 
     def fits(self, tensors) -> bool:
         """Whether the tensors are plain dense ones of the plan's dtype and shapes (numpy can
@@ -72,27 +66,17 @@ class Plan:
         """(buffer, head): the tensors multiplied by `factor` (numpy's float32/64 product, as
         _multiply's) and the extra elements set to `fill` in a buffer, and a numpy view of its
         first element."""
-        buffer, arrays = self._take()
-        for tensor, out in zip(tensors, arrays[1:-1]):
+        buffer = pool.take(1 + self.numel, self.dtype)
+        array, start = buffer.numpy(), 1
+        for tensor, size, shape in zip(tensors, self.cuts[1:], self.shapes):
+            out = array[start:start + size].reshape(shape)
             if factor == 1:
                 numpy.copyto(out, tensor.numpy())
             else:
                 numpy.multiply(tensor.numpy(), factor, out=out)
-        arrays[-1].fill(fill)
-        return buffer, arrays[0]
-
-    def _take(self):
-        for kept in self.kept:
-            if _unused(kept[0], held=1):  # (its numpy views hold one reference)
-                return kept
-        buffer = torch.empty(1 + self.numel, dtype=self.dtype)
-        array, start, arrays = buffer.numpy(), 0, []
-        for size, shape in zip(self.cuts, [None, *self.shapes, None]):
-            arrays.append(array[start:start + size] if shape is None
-                          else array[start:start + size].reshape(shape))
             start += size
-        self.kept = [(buffer, arrays), *self.kept[:self.KEPT - 1]]
-        return self.kept[0]
+        array[start:].fill(fill)
+        return buffer, array[:1]
 
     def pieces(self, buffer):
         """The tensors' parts of `buffer`, shaped as they are (views, no copy)."""
