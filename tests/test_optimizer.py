@@ -128,6 +128,49 @@ def check_missing_gradients():
     _assert_replicas_identical(torch.nn.ModuleList([used, sometimes]))
 
 
+def check_a_late_missing_gradient_agrees_with_prepacked_ranks():
+    """From the third step on, a bucket with every gradient present is sent prepacked (its
+    kept buffer, one gloo call); a rank missing a gradient on such a step takes the general
+    path. The layouts and the flags must agree across the two."""
+    rank, size = _world()
+    torch.manual_seed(0)
+    used, sometimes = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    opt = DistributedOptimizer(torch.optim.SGD([*used.parameters(), *sometimes.parameters()], lr=0.1))
+    for step in range(6):
+        opt.zero_grad()
+        skip = step == 4 and rank == 0
+        x = torch.ones(1, 2) * (rank + 1)
+        (used(x) + (0 if skip else sometimes(x))).sum().backward()
+        if step == 3:  # every gradient present, the wire's guesses right: prepacked
+            assert [contexts for _, contexts, _ in opt._hvd_reducer.started] == [None]
+        opt.step()
+        givers = range(1 if step == 4 else 0, size)
+        assert torch.equal(sometimes.bias.grad, torch.full((2,), len(givers) / size)), step
+        assert torch.allclose(sometimes.weight.grad, torch.full((2, 2), sum(r + 1 for r in givers) / size))
+    _assert_replicas_identical(torch.nn.ModuleList([used, sometimes]))
+
+
+def check_held_gradients_survive_the_next_step():
+    """A bucket's buffer is kept (above fusion.Pool.SMALLEST) and packed again once no
+    gradient view of it is alive: gradients a script still holds from an earlier step keep
+    their values."""
+    rank, size = _world()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(256, 257)  # 257 KB of gradients: a kept buffer
+    opt = DistributedOptimizer(_sgd(model.parameters()))
+    where = []
+    for step in range(7):
+        opt.zero_grad()
+        model(torch.randn(4, 256) * (rank + 1)).square().sum().backward()
+        opt.step()
+        if step == 3:
+            held = [(p.grad, p.grad.clone()) for p in model.parameters()]
+        where.append(model.weight.grad.untyped_storage().data_ptr())
+    assert all(torch.equal(grad, values) for grad, values in held)
+    assert where[5] == where[6] != where[3], "the kept buffer was not packed again"
+    _assert_replicas_identical(model)
+
+
 def check_synchronize_skip_and_zero_grad():
     rank, size = _world()
     model = _model()
@@ -194,6 +237,8 @@ def check_all():
     check_training_matches_single_process()
     check_sum_and_too_many_backward_passes()
     check_missing_gradients()
+    check_a_late_missing_gradient_agrees_with_prepacked_ranks()
+    check_held_gradients_survive_the_next_step()
     check_synchronize_skip_and_zero_grad()
     check_broadcasts()
 

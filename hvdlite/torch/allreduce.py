@@ -168,6 +168,37 @@ def _lone_handle(lone, tensor, postscale_factor, copy) -> Handle:
     return Handle([work], lambda: _landed(slot, tensor, postscale_factor, copy))
 
 
+def prepacked(numel, dtype, process_set):
+    """For a caller that packs its own fused buffers (DistributedOptimizer's buckets): the
+    layout of a summed allreduce of `numel` elements when it can ride alone in join's envelope
+    (the global set, join on, float32/64, its layout guessed right, no trace recorded), else
+    None: then the caller takes the general path, which keeps the wire's history alike."""
+    if process_set is not global_process_set or dtype not in _FLOATS or trace.recorder() is not None:
+        return None
+    wire = joinwire.wire()
+    layout = joinwire.layout(numel, dtype, Sum, True)
+    return layout if wire.on and layout == wire.guess() else None
+
+
+def prepacked_async(buffer, head, layout, postscale_factor) -> Handle:
+    """Sum `buffer` across the global set: join's state element, then the data of `layout`
+    (from prepacked()) packed and prescaled by the caller. `head` is a numpy view of the state
+    element. The handle's result is the buffer, the data postscaled."""
+    pg = runtime.process_group()
+    joinwire.wire().record(layout)
+    _, right, wrong = joinwire.states(Sum, pg.size())
+    head[0] = right
+    work = pg.allreduce([buffer], joinwire.OPTIONS[Sum])
+
+    def done():
+        if head[0] >= wrong:
+            raise joinwire.disagree(layout)
+        if postscale_factor != 1:
+            fusion.average(buffer[1:], postscale_factor, 1)
+        return buffer
+    return Handle([work], done)
+
+
 def _adasum(pg, tensors, copy, prescale_factor, postscale_factor, single) -> Handle:
     """Adasum needs every rank's whole tensor (its dot products are per tensor): gather them,
     then combine them on every rank alike. Runs at the call; the handle is complete."""

@@ -44,6 +44,47 @@ def _unused(buffer) -> bool:
 pool = Pool()
 
 
+class Plan:
+    """The fixed layout of a bucket packed step after step (DistributedOptimizer's): one free
+    element in front (join's state), the tensors, then `extra` elements, in a buffer from the
+    pool (so a kept one is packed again once no gradient view of it is alive)."""
+
+    def __init__(self, tensors, extra):
+        self.shapes = [t.shape for t in tensors]
+        self.dtype = tensors[0].dtype
+        self.cuts = [1, *(t.numel() for t in tensors), extra]  # the buffer's pieces
+        self.numel = sum(self.cuts) - 1
+
+    def fits(self, tensors) -> bool:
+        """Whether the tensors are plain dense ones of the plan's dtype and shapes (numpy can
+        read them), so that pack() may take them."""
+        return self.dtype in _NUMPY_SCALED and all(
+            t is not None and t.dtype == self.dtype and t.shape == shape and t.layout == torch.strided
+            and not t.requires_grad and not t.is_neg() for t, shape in zip(tensors, self.shapes))
+
+    def pack(self, tensors, factor, fill):
+        """(buffer, head): the tensors multiplied by `factor` (numpy's float32/64 product, as
+        _multiply's) and the extra elements set to `fill` in a buffer, and a numpy view of its
+        first element."""
+        buffer = pool.take(1 + self.numel, self.dtype)
+        array, start = buffer.numpy(), 1
+        for tensor, size, shape in zip(tensors, self.cuts[1:], self.shapes):
+            out = array[start:start + size].reshape(shape)
+            if factor == 1:
+                numpy.copyto(out, tensor.numpy())
+            else:
+                numpy.multiply(tensor.numpy(), factor, out=out)
+            start += size
+        array[start:].fill(fill)
+        return buffer, array[:1]
+
+    def pieces(self, buffer):
+        """The tensors' parts of `buffer`, shaped as they are (views, no copy)."""
+        pieces = buffer.split_with_sizes(self.cuts)[1:-1]
+        return [piece if len(shape) == 1 else piece.view(shape)
+                for piece, shape in zip(pieces, self.shapes)]
+
+
 class Pack:
     """Same-dtype tensors as one contiguous buffer: collectives on many small tensors cost
     one round trip. `room` elements are left free in front of the data (for join's state);

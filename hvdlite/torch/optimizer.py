@@ -8,7 +8,8 @@ import weakref
 import numpy
 import torch
 
-from hvdlite.torch import ops, runtime
+from hvdlite.torch import fusion, ops, runtime
+from hvdlite.torch.allreduce import prepacked, prepacked_async
 from hvdlite.torch.compression import Compression
 from hvdlite.torch.processsets import global_process_set
 
@@ -146,6 +147,8 @@ class _GradientReducer:
         self.buckets = buckets or _fusion_buckets(list(reversed(params)), fusion_threshold(),
                                                   first=FIRST_BUCKET)
         self.bucket_of = {p: i for i, bucket in enumerate(self.buckets) for p in bucket}
+        # Each bucket's layout with its flags, for the prepacked path (see _prepacked).
+        self.plans = [fusion.Plan(bucket, len(bucket)) for bucket in self.buckets]
         self.skip_synchronize = False
         self.synchronized = False
         # The world this step's buckets run on. Its WorldInfo, not its process group: a group
@@ -193,6 +196,10 @@ class _GradientReducer:
             bucket = self.buckets[index]
             if not everything and self.ready[index] < len(bucket):
                 return
+            handle = self._prepacked(index)
+            if handle is not None:
+                self.started.append((bucket, None, handle))
+                continue
             compressed = [self.compression.compress(self._local_grad(p)) for p in bucket]
             flags = _flags([p.grad is not None for p in bucket], compressed[0][0].dtype)
             # Reduced into a new fused buffer, whose pieces become the gradients: no copy back.
@@ -201,6 +208,27 @@ class _GradientReducer:
                 prescale_factor=self.prescale, postscale_factor=self.postscale,
                 process_set=self.process_set)
             self.started.append((bucket, [ctx for _, ctx in compressed], handle))
+
+    def _prepacked(self, index):
+        """The common case in short: every gradient of the bucket present and as its plan
+        has it (dense, float32/64), not compressed, on the global set, on a layout join's wire
+        guessed right. The bucket's Plan packs them as the general path would, into the buffer
+        it keeps, and prepacked_async sends it with no more Python. None when the general path
+        must take the bucket (a rank may take either: the wire and the sums come out alike)."""
+        if self.compression is not Compression.none or self.process_set is not global_process_set:
+            return None
+        plan = self.plans[index]
+        factor = self.prescale / (self.process_set.size() if self.op == ops.Average else 1)
+        if not factor > 0:  # (a positive factor keeps each flag of a present gradient nonzero)
+            return None
+        grads = [p.grad for p in self.buckets[index]]
+        if not plan.fits(grads):
+            return None
+        layout = prepacked(plan.numel, plan.dtype, self.process_set)
+        if layout is None:
+            return None
+        buffer, head = plan.pack(grads, factor, fill=factor)
+        return prepacked_async(buffer, head, layout, self.postscale)
 
     def _local_grad(self, p):
         if p.grad is None:
@@ -216,7 +244,11 @@ class _GradientReducer:
         self._follow_world()
         try:
             self._start(everything=True)
-            for bucket, contexts, handle in self.started:
+            for index, (bucket, contexts, handle) in enumerate(self.started):
+                if contexts is None:  # prepacked: every rank had some of each gradient
+                    for p, grad in zip(bucket, self.plans[index].pieces(handle.wait())):
+                        p.grad = grad
+                    continue
                 *reduced, flags = ops.synchronize(handle)
                 for p, grad, ctx, anyone in zip(bucket, reduced, contexts, flags.tolist()):
                     if anyone:
