@@ -12,11 +12,10 @@ from hvdlite.worker.reduceops import Adasum, Average, Sum, resolve
 _FLOATS, _INTS = {torch.float32, torch.float64}, {torch.int32, torch.int64}  # join's carriers
 
 
-def _announce(pg, layout, works, room=None, guess=None):
+def _announce(pg, wire, layout, works, room=None, guess=None):
     """Issue join's envelope (see joinwire) for this rank's allreduce `layout`, carrying the
     data in `room` when given; after a wrong guess, the control exchange too. Returns what
     the handle checks once done: (envelope, control or None, layout)."""
-    wire = joinwire.wire()
     guess = wire.guess() if guess is None else guess
     wire.record(layout)
     wrong = layout != guess
@@ -47,15 +46,15 @@ def _packed(group, room, copy, prescale_factor, divisor):
     return pack, divisor
 
 
-def _issue_announced(pg, group, op, prescale_factor, divisor, copy, works):
+def _issue_announced(pg, wire, group, op, prescale_factor, divisor, copy, works):
     """Pack `group` and issue its allreduce in join's envelope: one collective when the layout
     was guessed right and its data rides along, else the envelope and then the data."""
     owned = copy or len(group) > 1 or not group[0].is_contiguous()
     layout = joinwire.layout(sum(t.numel() for t in group), group[0].dtype, op, owned)
-    guess = joinwire.wire().guess()
+    guess = wire.guess()
     rides = layout == guess and layout.carried
     pack, left = _packed(group, 1 if rides else 0, copy, prescale_factor, divisor)
-    checks = _announce(pg, layout, works, pack.buffer if rides else None, guess)
+    checks = _announce(pg, wire, layout, works, pack.buffer if rides else None, guess)
     if not rides:
         works.append(pg.allreduce([pack.flat], joinwire.OPTIONS[op]))
     return pack, left, checks
@@ -71,16 +70,17 @@ def _allreduce_async(tensors, average, op, prescale_factor, postscale_factor, pr
     if op == Adasum:
         return _adasum(pg, tensors, copy, prescale_factor, postscale_factor, single)
     op, divisor = _as_sum(op, pg)
-    announced = process_set is global_process_set and joinwire.wire().on
+    wire = joinwire.wire()
+    announced = process_set is global_process_set and wire.on
     if announced and single:
-        lone = _lone(pg, joinwire.wire(), tensors[0], op, prescale_factor, postscale_factor, divisor, copy)
+        lone = _lone(pg, wire, tensors[0], op, prescale_factor, postscale_factor, divisor, copy)
         if lone is not None:
             return _lone_handle(lone, tensors[0], postscale_factor, copy)
     groups, where = fusion.by_dtype(tensors)
     packs, announced_checks, works = [], [], []
     for group in groups:
         if announced:
-            pack, left, checks = _issue_announced(pg, group, op, prescale_factor, divisor, copy, works)
+            pack, left, checks = _issue_announced(pg, wire, group, op, prescale_factor, divisor, copy, works)
             announced_checks.append(checks)
         else:
             pack, left = _packed(group, 0, copy, prescale_factor, divisor)
@@ -212,7 +212,7 @@ def _adasum(pg, tensors, copy, prescale_factor, postscale_factor, single) -> Han
         fusion.scale(mine, prescale_factor)
         works = []
         if announced:  # joined ranks take part with zeros, which Adasum leaves out
-            checks = _announce(pg, joinwire.layout(mine.numel(), mine.dtype, Adasum, False), works)
+            checks = _announce(pg, joinwire.wire(), joinwire.layout(mine.numel(), mine.dtype, Adasum, False), works)
         combined = adasum.reduce(handles.gather_equal(pg, mine))
         for work in works:
             handles.wait_work(work)

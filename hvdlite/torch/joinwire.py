@@ -18,6 +18,7 @@ layout and reused (Slot), so such a call is a numpy copy in, one gloo call and a
 import os
 from typing import NamedTuple
 
+import numpy
 import torch
 import torch.distributed as dist
 
@@ -106,7 +107,7 @@ class Envelope(NamedTuple):
 
     def said(self, size) -> int:
         """JOINED when no rank is active, WRONG when an active rank guessed wrong, else RIGHT."""
-        value = self.buffer.numpy()[0].item()
+        value = self.buffer.numpy().item(0)  # (2x quicker than numpy()[0].item())
         joined, right, wrong = states(self.op, size)
         if self.op == Sum:
             return JOINED if value == 0 else WRONG if value >= wrong else RIGHT
@@ -116,8 +117,8 @@ class Envelope(NamedTuple):
 def envelope(guess: Layout, state: int, size: int, room=None) -> Envelope:
     """The envelope for `guess` saying `state`. Its data part is `room` (a buffer with one
     element free in front of the data) or, when left to this, the op's identity."""
-    if not guess.carried:  # the state alone
-        return Envelope(torch.tensor([states(Sum, size)[state]]), guess, Sum)
+    if not guess.carried:  # the state alone (through numpy: torch.tensor([v]) takes ~5x as long)
+        return Envelope(torch.from_numpy(numpy.array([states(Sum, size)[state]], dtype=numpy.int64)), guess, Sum)
     if room is None:
         room = identity(guess.op, guess.torch_dtype, 1 + guess.numel)
     room.numpy()[0] = states(guess.op, size)[state]  # a carrier dtype; 3x quicker than room[0] =
