@@ -12,7 +12,7 @@ from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.workers import Phase
 from hvdlite.driver.decisions.messages import (
     Answer, EndJob, Exited, Exiting, Heartbeats, HostsFound, Launch, Launched, LaunchFailed,
-    LoadFailed, Log, Publish, Ready, Stop, StopRequested, TemplateDied, Tick)
+    LoadFailed, Log, Publish, Ready, Stop, StopRequested, TemplateDied, Tick, WriteFailed)
 
 
 class Sim:
@@ -560,6 +560,16 @@ def test_a_commit_that_does_not_load_ends_the_job_naming_it():
     sim.send(Exited(a, exitcodes.UNLOADABLE))  # its exit, and the peers' when stopped, judge nobody
     sim.send(Exited(b, -15))
     assert sim.end().code == exitcodes.UNLOADABLE and not sim.logged("blacklisted")
+
+
+def test_a_checkpoint_rank_0_cannot_write_ends_the_job_naming_it():
+    sim, (a, b) = first_world([("a", 1), ("b", 1)], durable=True)
+    sim.send(WriteFailed(a, "could not write checkpoint 1 to /ckpt: Untrusted: it holds __main__.Config"))
+    end = sim.end()
+    assert end.code == 1 and end.error == "rank 0 on a could not write checkpoint 1 to /ckpt: Untrusted: it holds __main__.Config"
+    sim.send(Exited(a, -15))  # stopped with the job: nobody is judged
+    sim.send(Exited(b, -15))
+    assert sim.end().code == 1 and not sim.logged("blacklisted")
 
 
 def test_a_drained_host_leaves_without_blacklisting_and_its_workers_hand_over():

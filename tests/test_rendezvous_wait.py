@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from hvdlite.driver.decisions.messages import LoadFailed, Ready
+from hvdlite.driver.decisions.messages import LoadFailed, Ready, WriteFailed
 from hvdlite.driver.kvserver import KVServer
 from hvdlite.driver.rendezvous import Rendezvous
 from hvdlite.worker import env
@@ -70,3 +70,11 @@ def test_a_commit_that_does_not_load_is_reported_with_its_reason_on_one_line(dri
                                        query={"worker": "w#1"})
     assert status == 200
     assert events.get(timeout=10) == LoadFailed("w#1", "ckpt/commit-7.pt: no class Net")
+
+
+def test_a_checkpoint_that_could_not_be_written_is_reported_on_one_line(driver):
+    events, _, session = driver
+    status, _ = session.client.request("PUT", "/rdzv/write_failed", b"could not write checkpoint 1\nto /ckpt",
+                                       query={"worker": "w#1"})
+    assert status == 200
+    assert events.get(timeout=10) == WriteFailed("w#1", "could not write checkpoint 1 to /ckpt")
