@@ -170,7 +170,9 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
         self.commit_high = max(self.commit_high, event.commit)
         if inc.id in self.world and event.after >= self.round:
             self.staying.discard(inc.id)
-            self._mark_broken()  # a member left its world: the others must not wait for it
+            # A member left its world: the others must not wait for it. It left at a commit
+            # for the host update announced, or on an error it rolls back from.
+            self._mark_broken(self.disrupted[1] if self.disrupted else "failure")
 
     def _on_heartbeats(self, event: Heartbeats):
         for worker, commit in event.beats:
@@ -329,11 +331,11 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
         self._log("hosts_updated", updates=self.updates, reason=reason)
         self._emit(Publish(self.updates, self.broken))
 
-    def _mark_broken(self):
+    def _mark_broken(self, cause="failure"):
         if self.round and self.broken < self.round:
             self.broken, self.broken_at = self.round, self._now
-            self._disrupt("failure")
-            self._log("round_broken", round=self.round)
+            self._disrupt(cause)
+            self._log("round_broken", round=self.round, cause=cause)
             self._emit(Publish(self.updates, self.broken))
 
     def _disrupt(self, why):
