@@ -16,7 +16,7 @@ from hvdlite.driver.launchers.process import LocalWorker
 from hvdlite.driver.launchers.template import Templates, TemplateWorker
 from hvdlite.driver.output import RankOutput
 from hvdlite.template.command import Refused, plan
-from hvdlite.template.spawn import TEMPLATE_DIED
+from hvdlite.template.spawn import MARK, TEMPLATE_DIED
 from jobs import (SCRIPTS, Job, _tree, check_training_continuous, discovery, job_env, run_job, sizes,
                   wait_progress, wait_until)
 
@@ -272,6 +272,38 @@ def test_a_spawn_client_whose_template_dies_before_forking_says_so_on_stdout(tmp
         stand_in.wait()
     assert client.returncode == -signal.SIGKILL
     assert out.decode().splitlines() == [TEMPLATE_DIED], (out, err)
+
+
+def test_a_spawn_client_whose_template_never_answers_starts_the_worker_plainly_within_its_bound(tmp_path):
+    # A hung template (here: one that takes the request and never answers). Without a bound
+    # the client waited for ever, and the launch's start timeout failed the launch.
+    path = str(tmp_path / "socket")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    stand_in = subprocess.Popen([sys.executable, "-c", "import socket, sys, time\n"
+                                 "listener = socket.socket(fileno=int(sys.argv[1]))\n"
+                                 "conn, _ = listener.accept(); conn.recv(1 << 16)\n"
+                                 "print('took it', flush=True)\n"
+                                 "conn.settimeout(30); print('hung up' if conn.recv(1) == b'' else 'more', flush=True)\n"
+                                 "time.sleep(60)", str(listener.fileno())],
+                                pass_fds=(listener.fileno(),), stdout=subprocess.PIPE)
+    listener.close()
+    start = time.monotonic()
+    client = subprocess.Popen([sys.executable, "-m", "hvdlite.template.spawn", "--socket", path,
+                               "--answer-timeout", "1", "--", sys.executable, "-c", "print('worker ran')"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
+    try:
+        out, err = client.communicate(timeout=30)
+        assert stand_in.stdout.readline() == b"took it\n"
+        assert stand_in.stdout.readline() == b"hung up\n"  # it forks nothing for a client gone
+    finally:
+        stand_in.kill()
+        client.kill()
+        stand_in.wait()
+    assert client.returncode == 0 and time.monotonic() - start < 20, (out, err)
+    assert out.decode().splitlines() == [f"{MARK} {client.pid} plain the template did not answer within 1 s",
+                                         "worker ran"], (out, err)
 
 
 def test_stop_ends_the_process_group_with_the_workers_children(spawner, capsys):
