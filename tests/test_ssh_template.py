@@ -270,6 +270,7 @@ def test_job_whose_remote_template_is_killed_9_relaunches_its_workers_and_blackl
     assert died == ["host-1/1", "host-1/2"], r.of("worker_exit")
     assert {"host-1/1#2", "host-1/2#2"} <= {e["worker"] for e in r.of("worker_start")}
     assert "template-died" not in r.stdout + r.stderr  # the spawn client's word is not output
+    assert "without a preloaded template" not in r.stderr  # the relaunches never tried its dead socket
     check_training_continuous(tmp_path, total)
 
 
