@@ -566,7 +566,8 @@ def test_a_checkpoint_rank_0_cannot_write_ends_the_job_naming_it():
     sim, (a, b) = first_world([("a", 1), ("b", 1)], durable=True)
     sim.send(WriteFailed(a, "could not write checkpoint 1 to /ckpt: Untrusted: it holds __main__.Config"))
     end = sim.end()
-    assert end.code == 1 and end.error == "rank 0 on a could not write checkpoint 1 to /ckpt: Untrusted: it holds __main__.Config"
+    assert end.code == 1
+    assert end.error == "rank 0 on a could not write checkpoint 1 to /ckpt: Untrusted: it holds __main__.Config"
     sim.send(Exited(a, -15))  # stopped with the job: nobody is judged
     sim.send(Exited(b, -15))
     assert sim.end().code == 1 and not sim.logged("blacklisted")

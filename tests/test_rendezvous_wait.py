@@ -66,7 +66,8 @@ def test_a_wait_past_the_elastic_timeout_and_many_long_polls_goes_on_until_the_d
 
 @pytest.mark.parametrize("endpoint, said, event", [
     ("load_failed", b"ckpt/commit-7.pt: no class\nNet", LoadFailed("w#1", "ckpt/commit-7.pt: no class Net")),
-    ("write_failed", b"could not write checkpoint 1\nto /ckpt", WriteFailed("w#1", "could not write checkpoint 1 to /ckpt")),
+    ("write_failed", b"could not write checkpoint 1\nto /ckpt",
+     WriteFailed("w#1", "could not write checkpoint 1 to /ckpt")),
 ])
 def test_a_checkpoint_that_does_not_load_or_could_not_be_written_is_reported_on_one_line(driver, endpoint, said, event):
     events, _, session = driver

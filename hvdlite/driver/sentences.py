@@ -54,7 +54,8 @@ def _round_complete(f):
 
 def _round_broken(f):
     if f.get("cause") == "hosts updated":  # its members left it together, at the same commit
-        return f"world {f.get('round')} re-forms for the host update; its members left it at a commit, nobody rolls back"
+        return (f"world {f.get('round')} re-forms for the host update; its members left it at a commit, "
+                f"nobody rolls back")
     return f"world {f.get('round')} broke; the survivors roll back to their last commit"
 
 
