@@ -12,7 +12,7 @@ from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.workers import Phase
 from hvdlite.driver.decisions.messages import (
     Answer, EndJob, Exited, Exiting, Heartbeats, HostsFound, Launch, Launched, LaunchFailed,
-    LoadFailed, Log, Publish, Ready, Stop, StopRequested, TemplateDied, Tick)
+    LoadFailed, Log, Publish, Ready, Stop, StopRequested, TemplateDied, Tick, WriteFailed)
 
 
 class Sim:
@@ -560,6 +560,35 @@ def test_a_commit_that_does_not_load_ends_the_job_naming_it():
     sim.send(Exited(a, exitcodes.UNLOADABLE))  # its exit, and the peers' when stopped, judge nobody
     sim.send(Exited(b, -15))
     assert sim.end().code == exitcodes.UNLOADABLE and not sim.logged("blacklisted")
+
+
+def test_a_checkpoint_rank_0_cannot_write_ends_the_job_naming_it():
+    sim, (a, b) = first_world([("a", 1), ("b", 1)], durable=True)
+    sim.send(WriteFailed(a, "could not write checkpoint 1 to /ckpt: Untrusted: it holds __main__.Config"))
+    end = sim.end()
+    assert end.code == 1
+    assert end.error == "rank 0 on a could not write checkpoint 1 to /ckpt: Untrusted: it holds __main__.Config"
+    sim.send(Exited(a, -15))  # stopped with the job: nobody is judged
+    sim.send(Exited(b, -15))
+    assert sim.end().code == 1 and not sim.logged("blacklisted")
+
+
+def test_a_world_re_formed_for_a_host_update_is_not_said_to_roll_back():
+    from hvdlite.driver.sentences import sentence
+    sim, (a, b) = first_world([("a", 1), ("b", 1)])
+    sim.send(HostsFound((("a", 1), ("b", 1), ("c", 1))))
+    (c,) = sim.launched(sim.actions[-3:])
+    sim.ready(c)  # announced: a and b leave together at their next commit
+    leave(sim, [a, b], commit=5)
+    (broken,) = sim.logged("round_broken")
+    assert broken == {"round": 1, "cause": "hosts updated"}
+    assert sentence("round_broken", broken) == \
+        "world 1 re-forms for the host update; its members left it at a commit, nobody rolls back"
+    assert sim.core.round == 2
+    sim.send(Exited(c, -9))  # a failure: the survivors do roll back
+    assert sim.logged("round_broken")[-1] == {"round": 2, "cause": "failure"}
+    assert sentence("round_broken", sim.logged("round_broken")[-1]) == \
+        "world 2 broke; the survivors roll back to their last commit"
 
 
 def test_a_drained_host_leaves_without_blacklisting_and_its_workers_hand_over():

@@ -139,6 +139,52 @@ def test_a_static_job_that_cannot_load_ends_with_the_same_one_line_and_exit_65(t
     assert "2" not in runs_logged(tmp_path)
 
 
+@pytest.mark.parametrize("backend, hosts", [
+    pytest.param("torch", ELASTIC, id="torch"),
+    pytest.param(*BACKENDS[1].values, ELASTIC, id="numpy", marks=BACKENDS[1].marks),
+    pytest.param("torch", ["-np", "2"], id="torch-static"),
+])
+def test_a_state_holding_a_class_not_trusted_ends_the_job_at_its_first_commit_saying_how_to_trust_it(
+        tmp_path, backend, hosts):
+    # Before: "could not write checkpoint 1 ..." once, then training to the end, exit 0 and
+    # nothing on disk: a user who counted on the checkpoints had none.
+    result = run(tmp_path, backend, "1", "--checkpoint-interval", "0", hosts=hosts, TOTAL_STEPS=400, TRUST=0)
+    everything = result.stdout + result.stderr
+    naming = [line for line in everything.splitlines() if "could not write" in line]
+    assert len(naming) == 1, everything
+    assert re.match(rf"^hvdlite: error: (rank 0|worker localhost/\d) on localhost could not write checkpoint 1 to "
+                    rf"{re.escape(str(tmp_path / 'ckpt'))}: Untrusted: it holds __main__\.Config, which is neither "
+                    rf"a plain value nor a class the script passed to hvd\.elastic\.trust\(\) before hvd\.init\(\)$",
+                    naming[0]), naming
+    assert result.code == 1, everything
+    assert checkpointdir.files(str(tmp_path / "ckpt")) == []
+    assert max(runs_logged(tmp_path)["1"]) < 100  # ended at that commit, give or take the stop's
+    assert not result.of("blacklisted")
+    assert not [line for line in everything.splitlines() if "Traceback" in line], everything
+
+
+def test_a_folder_that_cannot_be_written_any_more_ends_the_job_and_keeps_what_was_written(tmp_path):
+    # A write failing for any other reason (the folder replaced by a file here: as root, no
+    # permission bit stops a write; one under way when it happens fails at its rename) is no
+    # more silent: the job ends, the files on disk stay.
+    ckpt = tmp_path / "ckpt"
+    env = job_env(tmp_path, BACKEND="torch", RUN="1", TOTAL_STEPS=400)
+    with Job(["--checkpoint-dir", str(ckpt), "--checkpoint-interval", "0", *ELASTIC, sys.executable, SCRIPT],
+             tmp_path, env=env) as job:
+        wait_progress(job, tmp_path, 5)
+        ckpt.rename(tmp_path / "moved")
+        ckpt.write_text("not a folder")
+        result = job.finish(60)
+    everything = result.stdout + result.stderr
+    naming = [line for line in everything.splitlines() if "could not write" in line]
+    assert len(naming) == 1, everything
+    assert re.match(rf"^hvdlite: error: (rank 0|worker localhost/\d) on localhost could not write checkpoint \d+ "
+                    rf"to {re.escape(str(ckpt))}: (FileExistsError|NotADirectoryError): ", naming[0]), naming
+    assert result.code == 1, everything
+    assert checkpointdir.newest(str(tmp_path / "moved"))[0] >= 2  # what was written stays
+    assert max(runs_logged(tmp_path)["1"]) < 200
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_fresh_keeps_an_earlier_runs_higher_commits_and_prunes_only_its_own(tmp_path, backend):
     old_lineage, _ = first_run(tmp_path, backend, total=10)

@@ -190,6 +190,53 @@ def test_connecting_world_after_world_leaves_no_objects_behind():
         server.stop()
 
 
+def test_sigusr1_after_sigusr1_leaves_no_objects_behind():
+    # Each SIGUSR1 asks the driver to stop from a thread of its own (Session._ask_stop): its KV
+    # connection, left for the thread's end to close, left a dict and a list behind, as a
+    # connect thread's did (above).
+    import collections
+    import gc
+    import signal
+    import threading
+
+    from hvdlite.driver.kvserver import KVServer
+    from hvdlite.worker import stopping
+    from hvdlite.worker.kvclient import KVClient
+    from hvdlite.worker.session import Session
+
+    server = KVServer("s3cret")
+    server.start()
+    me = Session.__new__(Session)  # its real handler, without a driver or a heartbeat thread
+    me.client, me.worker = KVClient(*server.address, "s3cret", timeout=5.0), "localhost/0#1"
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+
+    def signalled():
+        os.kill(os.getpid(), signal.SIGUSR1)  # its handler runs here, and starts the thread
+        for thread in threading.enumerate():
+            if thread.name == "hvdlite-ask-stop":
+                thread.join(10)
+                assert not thread.is_alive()
+
+    def counts():
+        gc.collect()
+        return collections.Counter(type(o) for o in gc.get_objects() if type(o) in (dict, list))
+
+    try:
+        stopping.install(me._ask_stop)
+        for _ in range(3):  # the first ones fill what is made once
+            signalled()
+        before = counts()
+        for _ in range(30):
+            signalled()
+        grown = {t.__name__: n for t, n in (counts() - before).items() if n >= 15}
+        assert not grown, f"{grown} more after 30 signals"
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        me.client.close()
+        server.stop()
+
+
 def test_a_torch_group_made_and_dropped_leaves_next_to_nothing_behind():
     # torch's flight recorder, on for gloo unless told otherwise, kept its past collectives
     # and grew with every group made: 1.6-1.7 KB a group over this run's 120 groups (0.2 KB

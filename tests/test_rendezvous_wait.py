@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from hvdlite.driver.decisions.messages import LoadFailed, Ready
+from hvdlite.driver.decisions.messages import LoadFailed, Ready, WriteFailed
 from hvdlite.driver.kvserver import KVServer
 from hvdlite.driver.rendezvous import Rendezvous
 from hvdlite.worker import env
@@ -64,9 +64,13 @@ def test_a_wait_past_the_elastic_timeout_and_many_long_polls_goes_on_until_the_d
     assert outcome == {"world": WORLD}
 
 
-def test_a_commit_that_does_not_load_is_reported_with_its_reason_on_one_line(driver):
+@pytest.mark.parametrize("endpoint, said, event", [
+    ("load_failed", b"ckpt/commit-7.pt: no class\nNet", LoadFailed("w#1", "ckpt/commit-7.pt: no class Net")),
+    ("write_failed", b"could not write checkpoint 1\nto /ckpt",
+     WriteFailed("w#1", "could not write checkpoint 1 to /ckpt")),
+])
+def test_a_checkpoint_that_does_not_load_or_could_not_be_written_is_reported_on_one_line(driver, endpoint, said, event):
     events, _, session = driver
-    status, _ = session.client.request("PUT", "/rdzv/load_failed", b"ckpt/commit-7.pt: no class\nNet",
-                                       query={"worker": "w#1"})
+    status, _ = session.client.request("PUT", f"/rdzv/{endpoint}", said, query={"worker": "w#1"})
     assert status == 200
-    assert events.get(timeout=10) == LoadFailed("w#1", "ckpt/commit-7.pt: no class Net")
+    assert events.get(timeout=10) == event

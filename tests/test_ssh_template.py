@@ -6,10 +6,12 @@ import signal
 import sys
 import textwrap
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from hvdlite.driver.launchers.ssh import SSHHost, SSHSettings, launch
+from hvdlite.driver.launchers.ssh.launcher import SSHLauncher
 from hvdlite.driver.launchers.ssh.template import RemoteTemplates
 from hvdlite.driver.launchers.template import SayOnce
 from hvdlite.driver.output import RankOutput
@@ -268,6 +270,7 @@ def test_job_whose_remote_template_is_killed_9_relaunches_its_workers_and_blackl
     assert died == ["host-1/1", "host-1/2"], r.of("worker_exit")
     assert {"host-1/1#2", "host-1/2#2"} <= {e["worker"] for e in r.of("worker_start")}
     assert "template-died" not in r.stdout + r.stderr  # the spawn client's word is not output
+    assert "without a preloaded template" not in r.stderr  # the relaunches never tried its dead socket
     check_training_continuous(tmp_path, total)
 
 
@@ -297,8 +300,9 @@ def test_job_whose_remote_template_dies_before_forking_a_joiner_relaunches_it_an
             hosts.run("host-1", ["kill", "-STOP", str(template)])
             stopped = template
             (tmp_path / "go").touch()
+            # The client waits for the answer in a poll bounded at 5 s: kill -9 well within it.
             wait_until(lambda: [pid for pid, _, _ in procs(hosts, "host-1", "hvdlite.template.spawn")
-                                if "unix_stream" in wchan(hosts, "host-1", pid)], 60, "spawn client sent")
+                                if "poll_schedule_timeout" in wchan(hosts, "host-1", pid)], 60, "spawn client sent")
             hosts.run("host-1", ["kill", "-9", str(template)])
             stopped = None
             r = job.finish(180)
@@ -314,6 +318,73 @@ def test_job_whose_remote_template_dies_before_forking_a_joiner_relaunches_it_an
     assert any(e["size"] == 3 for e in r.of("round_complete")), r.of("round_complete")
     assert "template-died" not in r.stdout + r.stderr  # the spawn client's word is not output
     check_training_continuous(tmp_path, total)
+
+
+def ssh_launcher(hosts, command, said):
+    """A job's SSH launcher of `command` with --preload json, saying into `said`."""
+    settings = SimpleNamespace(command=command, ssh_port=None, ssh_identity_file=None,
+                               ssh_accept_unknown_hosts=False, ssh_config=hosts.ssh_config,
+                               preload=("json",), preload_first=False, keep_warm=None, joins_possible=True)
+    return SSHLauncher(settings, SayOnce(said.append))
+
+
+def templates_on(hosts, name):
+    return [pid for pid, _, args in hosts.processes(name) if args.split()[1:3] == ["-m", "hvdlite.template"]]
+
+
+@pytest.fixture
+def host_1_launcher(hosts, tmp_path):
+    """(launcher of a script that prints `up` and sleeps, what it said, its workers) with
+    host-1's template ready; every process of the test ends on the host, even on failure."""
+    script = tmp_path / "up.py"
+    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(300)\n")
+    said, workers = [], []
+    launcher = ssh_launcher(hosts, [PY, str(script)], said)
+    try:
+        workers.append(launcher.start("host-1", ENV, RankOutput("0"), joining=True))  # plain; starts the template
+        wait_until(lambda: launcher._templates.templates["host-1"].socket, 60, "host-1's template ready")
+        wait_until(lambda: len(templates_on(hosts, "host-1")) == 1, 30, "only this launcher's template")
+        yield launcher, said, workers
+    finally:
+        for worker in workers:
+            worker.stop(grace=0.2)
+        launcher.close()
+        # One still starting (a shell yet) exits by itself: its lifeline is closed.
+        for pid in templates_on(hosts, "host-1"):
+            hosts.run("host-1", ["kill", "-9", str(pid)])
+        wait_until(lambda: not templates_on(hosts, "host-1"), 30, "host-1's templates gone")
+
+
+def test_a_remote_template_that_hangs_costs_a_launch_its_bound_then_it_starts_plainly(hosts, host_1_launcher):
+    # A stopped template answers nobody. Without a bound the spawn client waited until the
+    # launch's start timeout failed the launch, and the host was blacklisted.
+    launcher, said, workers = host_1_launcher
+    (template,) = templates_on(hosts, "host-1")
+    hosts.run("host-1", ["kill", "-STOP", str(template)])
+    workers.append(launcher.start("host-1", ENV, RankOutput("1"), joining=True))
+    hung = "the template did not answer within 5 s"  # half the launch's 10 s start timeout
+    assert workers[-1].started == "ssh" and workers[-1].fallback == hung
+    assert workers[-1].wait(0.5) is None  # it runs
+    assert said == [f"hvdlite: starting workers on host-1 without a preloaded template ({hung})"]
+    # Forgotten: the next launch does not wait for it again, it starts plainly at once
+    # while a new template starts.
+    start = time.monotonic()
+    workers.append(launcher.start("host-1", ENV, RankOutput("2"), joining=True))
+    assert workers[-1].fallback is None and time.monotonic() - start < 5
+    wait_until(lambda: len(templates_on(hosts, "host-1")) == 2, 30, "a new template beside the stopped one")
+
+
+def test_a_dead_remote_templates_socket_is_forgotten_at_once(hosts, host_1_launcher):
+    # Before, the next launch tried the dead template's socket for up to a second (the
+    # heartbeat's poll), "Connection refused" was said and the worker started plainly anyway.
+    launcher, said, workers = host_1_launcher
+    workers.append(launcher.start("host-1", ENV, RankOutput("1"), joining=True))
+    assert workers[-1].started == "template"
+    (template,) = templates_on(hosts, "host-1")
+    hosts.run("host-1", ["kill", "-9", str(template)])
+    assert workers[-1].wait(10) == -signal.SIGKILL and workers[-1].template_died
+    workers.append(launcher.start("host-1", ENV, RankOutput("2"), joining=True))
+    assert workers[-1].started == "ssh" and workers[-1].fallback is None and not said, said
 
 
 def test_job_whose_remote_template_cannot_preload_runs_plainly_said_once(tmp_path, hosts):

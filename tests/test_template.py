@@ -16,7 +16,7 @@ from hvdlite.driver.launchers.process import LocalWorker
 from hvdlite.driver.launchers.template import Templates, TemplateWorker
 from hvdlite.driver.output import RankOutput
 from hvdlite.template.command import Refused, plan
-from hvdlite.template.spawn import TEMPLATE_DIED
+from hvdlite.template.spawn import MARK, TEMPLATE_DIED
 from jobs import (SCRIPTS, Job, _tree, check_training_continuous, discovery, job_env, run_job, sizes,
                   wait_progress, wait_until)
 
@@ -246,9 +246,9 @@ def test_proc_state_reads_past_a_command_name_that_looks_like_fields():
     assert procstat.state(child.pid) == "X" and procstat.stat_fields(child.pid) is None
 
 
-def test_a_spawn_client_whose_template_dies_before_forking_says_so_on_stdout(tmp_path):
-    # A template that took the request and died before forking (here: one that never answers,
-    # killed -9). The driver must tell this from a host that is gone: the client's last line.
+def stand_in_template(tmp_path, then="time.sleep(60)"):
+    """(socket path, process) of a stand-in for a template that takes one spawn request, says
+    `took it` and never answers: it runs `then` (Python, `conn` its client) instead."""
     path = str(tmp_path / "socket")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
@@ -256,9 +256,16 @@ def test_a_spawn_client_whose_template_dies_before_forking_says_so_on_stdout(tmp
     stand_in = subprocess.Popen([sys.executable, "-c", "import socket, sys, time\n"
                                  "listener = socket.socket(fileno=int(sys.argv[1]))\n"
                                  "conn, _ = listener.accept(); conn.recv(1 << 16)\n"
-                                 "print('took it', flush=True); time.sleep(60)", str(listener.fileno())],
+                                 f"print('took it', flush=True)\n{then}", str(listener.fileno())],
                                 pass_fds=(listener.fileno(),), stdout=subprocess.PIPE)
     listener.close()
+    return path, stand_in
+
+
+def test_a_spawn_client_whose_template_dies_before_forking_says_so_on_stdout(tmp_path):
+    # A template that took the request and died before forking (here: one that never answers,
+    # killed -9). The driver must tell this from a host that is gone: the client's last line.
+    path, stand_in = stand_in_template(tmp_path)
     client = subprocess.Popen([sys.executable, "-m", "hvdlite.template.spawn", "--socket", path, "--",
                                sys.executable, "-c", "print('worker ran')"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
@@ -272,6 +279,29 @@ def test_a_spawn_client_whose_template_dies_before_forking_says_so_on_stdout(tmp
         stand_in.wait()
     assert client.returncode == -signal.SIGKILL
     assert out.decode().splitlines() == [TEMPLATE_DIED], (out, err)
+
+
+def test_a_spawn_client_whose_template_never_answers_starts_the_worker_plainly_within_its_bound(tmp_path):
+    # A hung template (here: one that takes the request and never answers). Without a bound
+    # the client waited for ever, and the launch's start timeout failed the launch.
+    path, stand_in = stand_in_template(tmp_path, "conn.settimeout(30)\n"
+                                       "print('hung up' if conn.recv(1) == b'' else 'more', flush=True)\n"
+                                       "time.sleep(60)")
+    start = time.monotonic()
+    client = subprocess.Popen([sys.executable, "-m", "hvdlite.template.spawn", "--socket", path,
+                               "--answer-timeout", "1", "--", sys.executable, "-c", "print('worker ran')"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
+    try:
+        out, err = client.communicate(timeout=30)
+        assert stand_in.stdout.readline() == b"took it\n"
+        assert stand_in.stdout.readline() == b"hung up\n"  # a template that wakes kills what it forks for it
+    finally:
+        stand_in.kill()
+        client.kill()
+        stand_in.wait()
+    assert client.returncode == 0 and time.monotonic() - start < 20, (out, err)
+    assert out.decode().splitlines() == [f"{MARK} {client.pid} plain the template did not answer within 1 s",
+                                         "worker ran"], (out, err)
 
 
 def test_stop_ends_the_process_group_with_the_workers_children(spawner, capsys):

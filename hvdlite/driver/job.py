@@ -19,7 +19,7 @@ from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.workers import cannot_load, describe_exit
 from hvdlite.driver.decisions.messages import (
     DiscoveryFailed, Exited, Heartbeats, HostsFound, Launch, Launched, LaunchFailed, LoadFailed, StopRequested,
-    Tick)
+    Tick, WriteFailed)
 from hvdlite.driver.descriptors import raise_limit
 from hvdlite.driver.eventlog import EventLog
 from hvdlite.driver.executor import Executor
@@ -160,6 +160,9 @@ class Job:
             elif isinstance(event, LoadFailed) and event.worker in running:
                 place = running[event.worker]
                 raise Unloadable(cannot_load(f"rank {place.rank}", place.hostname, event.reason))
+            elif isinstance(event, WriteFailed) and event.worker in running:
+                place = running[event.worker]
+                raise JobError(f"rank {place.rank} on {place.hostname} {event.reason}")
             elif isinstance(event, Exited):
                 place = running.pop(event.worker)
                 self.log.emit("worker_exit", slot=event.worker.split("#")[0], worker=event.worker,

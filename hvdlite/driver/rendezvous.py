@@ -10,15 +10,17 @@
   graceful stop, as a SIGUSR1 to the driver would.
 - PUT /rdzv/load_failed?worker=ID, the reason as the body (one line naming the file and the
   cause): the worker cannot load the commit it reported; becomes a LoadFailed event.
+- PUT /rdzv/write_failed?worker=ID, the reason as the body (one line): rank 0 could not write
+  a checkpoint; becomes a WriteFailed event.
 """
 import json
 import signal
 import threading
 from concurrent.futures import Future, InvalidStateError
 
-from hvdlite.driver.decisions.messages import Exiting, LoadFailed, Ready, StopRequested
+from hvdlite.driver.decisions.messages import Exiting, LoadFailed, Ready, StopRequested, WriteFailed
 
-MAX_REASON = 1000  # characters of a load failure's reason kept
+MAX_REASON = 1000  # characters of a load or write failure's reason kept
 
 class Rendezvous:
     def __init__(self, post):
@@ -44,9 +46,9 @@ class Rendezvous:
             except ValueError:
                 return 400, b"expected commit as an integer"
             return 200, b""
-        if subpath == "load_failed" and method == "PUT":
+        if subpath in ("load_failed", "write_failed") and method == "PUT":
             reason = " ".join(bytes(body).decode("utf-8", "replace").split())[:MAX_REASON]
-            self._post(LoadFailed(worker, reason or "no reason given"))
+            self._post((LoadFailed if subpath == "load_failed" else WriteFailed)(worker, reason or "no reason given"))
             return 200, b""
         if subpath == "stop" and method == "PUT":
             self._post(StopRequested(signal.SIGUSR1))  # a worker was told the allocation ends

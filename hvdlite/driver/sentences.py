@@ -52,6 +52,13 @@ def _round_complete(f):
     return text
 
 
+def _round_broken(f):
+    if f.get("cause") == "hosts updated":  # its members left it together, at the same commit
+        return (f"world {f.get('round')} re-forms for the host update; its members left it at a commit, "
+                f"nobody rolls back")
+    return f"world {f.get('round')} broke; the survivors roll back to their last commit"
+
+
 def _hosts_changed(f):
     resized = f.get("resized") or {}  # a host whose slot count changed is neither added nor removed
     parts = [f"{h} {old} -> {new} slots" for h, (old, new) in resized.items()]
@@ -100,7 +107,7 @@ _SENTENCES = {
     "worker_exit": _worker_exit,
     "launch_failed": lambda f: f"worker {f.get('slot')} could not be launched: {f.get('error')}",
     "round_complete": _round_complete,
-    "round_broken": lambda f: f"world {f.get('round')} broke; the survivors roll back to their last commit",
+    "round_broken": _round_broken,
     "hosts_changed": _hosts_changed,
     "hosts_updated": lambda f: f"workers told to re-form at their next commit: {f.get('reason')}",
     "blacklisted": lambda f: f"{f.get('key')} blacklisted ({f.get('cooldown')})",

@@ -1,4 +1,4 @@
-"""`python -m hvdlite.template.spawn --socket PATH -- PYTHON script.py args...`
+"""`python -m hvdlite.template.spawn --socket PATH [--answer-timeout S] -- PYTHON script.py args...`
 
 The SSH launcher (and a Ray slot's actor) runs this on a remote host in place of the worker
 command, started as the worker would be (environment, working directory, stdin from
@@ -12,7 +12,11 @@ tells the driver the process group to signal. When the template cannot fork it (
 refused), this process says `MARK PID plain REASON` and becomes the worker itself (exec). When
 the template dies, before it forked the worker or after (taking the worker along), this
 process's last line is TEMPLATE_DIED: the driver launches the worker again without holding
-the template's death against it or its host.
+the template's death against it or its host. A template that does not answer the request
+within S seconds (hung, stopped) is given up: this process hangs up (a template that wakes
+later kills what it forks for it, as for any client gone) and starts the worker plainly
+(`plain` says why), within the launch's own start timeout, which would fail the launch and
+blacklist the host.
 Torch-free and quick to start: it runs on every remote join.
 """
 import os
@@ -25,7 +29,9 @@ from hvdlite.template import wire
 
 MARK = "__hvdlite_pgid__"
 TEMPLATE_DIED = f"{MARK} template-died"
-USAGE = "usage: python -m hvdlite.template.spawn --socket PATH -- COMMAND..."
+NO_ANSWER = "the template did not answer within"  # how a `plain` reason starts when it hung
+REFUSED = "the template refused"  # ... when it serves, but not this command
+USAGE = "usage: python -m hvdlite.template.spawn --socket PATH [--answer-timeout SECONDS] -- COMMAND..."
 
 
 def plain(command, reason: str) -> int:
@@ -59,11 +65,26 @@ def request(command) -> dict:
             "cwd": os.getcwd(), "mark": MARK}
 
 
-def main(argv) -> int:
+def _arguments(argv):
+    """(socket path, answer timeout or None, command), or None if argv is not as USAGE says."""
+    answer = None
+    if argv[2:3] == ["--answer-timeout"] and len(argv) > 4:
+        try:
+            answer = float(argv[3])
+        except ValueError:
+            return None
+        argv = argv[:2] + argv[4:]
     if len(argv) < 4 or argv[0] != "--socket" or argv[2] != "--":
+        return None
+    return argv[1], answer, argv[3:]
+
+
+def main(argv) -> int:
+    parsed = _arguments(argv)
+    if parsed is None:
         sys.stderr.write(USAGE + "\n")
         return 2
-    path, command = argv[1], argv[3:]
+    path, answer, command = parsed
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(path)
@@ -72,15 +93,21 @@ def main(argv) -> int:
         conn.close()
         return plain(command, f"no template at {path}: {e.strerror or e}")
     reader = wire.Reader(conn)
+    conn.settimeout(answer)  # for `started` or `refused`; the worker's exit may take days
     while True:
         try:
             more = reader.read_once()
+        except socket.timeout:
+            conn.close()
+            return plain(command, f"{NO_ANSWER} {answer:g} s")
         except OSError:
             more = False
         for header, _, _ in reader.frames():
+            if header.get("op") == "started":
+                conn.settimeout(None)
             if header.get("op") == "refused":
                 conn.close()
-                return plain(command, f"the template refused: {header.get('reason')}")
+                return plain(command, f"{REFUSED}: {header.get('reason')}")
             if header.get("op") == "exit":
                 mirror(header["code"])
         if not more:

@@ -14,6 +14,9 @@ DIR in the background, and a worker resumes from DIR when it holds less (torch-f
   has) ends the worker with exit code exitcodes.UNLOADABLE, after telling the driver, which
   ends the job with one line naming the file and the cause; never a fresh start over it.
   `--fresh` starts a new lineage on purpose.
+- A write that fails (a class not passed to hvd.elastic.trust(), a full disk, a folder not
+  writable) ends the job at that commit with one line naming the commit, the folder and the
+  cause (exit 1): never training on without the checkpoints the user counts on.
 - The writer's newest commit reaches the disk before the worker exits, within EXIT_FLUSH, even
   when it exits because the driver is gone.
 """
@@ -29,7 +32,7 @@ from hvdlite import exitcodes
 from hvdlite.worker import checkpointdir, env, stopping
 
 EXIT_FLUSH = 20.0  # seconds a finishing worker waits to write its newest commit (exit grace: 30)
-REPORT_TIMEOUT = 5.0  # seconds to tell the driver a checkpoint does not load
+REPORT_TIMEOUT = 5.0  # seconds to tell the driver a checkpoint does not load or was not written
 WRITER_NICE = 10
 # What a write may take of one core and of the disk. 100 MB take ~13 ms of CPU to write (all
 # in the kernel: O_DIRECT from the tensors' memory) and ~26 ms to checksum. The bytes cost
@@ -109,8 +112,7 @@ class Writer:
         self._busy = False
         self._last_start = None
         self._hurry = False  # a forced flush: the training is over, write at full speed
-        self._closed = False  # a last flush: later commits are not written
-        self._errors = set()
+        self._closed = False  # a last flush, or a write failed: later commits are not written
         threading.Thread(target=self._run, daemon=True, name="hvdlite-checkpoint").start()
 
     def offer(self, lineage: str, commit: int, snapshot) -> None:
@@ -135,6 +137,17 @@ class Writer:
                 self._cond.wait(left)
         return True
 
+    def _failed(self, commit: int, error: BaseException) -> None:
+        """A write failed: the job ends at this commit rather than train on while the user counts
+        on checkpoints that are not there (a class not trusted fails every write the same way;
+        a full disk or a folder not writable any more is as silent). The files on disk stay.
+        The driver ends the job with this one line; when it cannot be told, it is said here."""
+        with self._cond:
+            self._closed, self._pending = True, None
+        reason = f"could not write checkpoint {commit} to {self.cfg.directory}: {_cause(error)}"
+        if not _told_driver("write_failed", reason):
+            _say(reason)
+
     def _run(self):
         _low_priority()
         while True:
@@ -149,12 +162,8 @@ class Writer:
             try:
                 checkpointdir.write(self.cfg.directory, lineage, commit, snapshot, self.cfg.keep,
                                     Pacer(CPU_SHARE, DISK_RATE, lambda: self._hurry))
-            except Exception as e:  # noqa: BLE001 - a full disk must not stop training
-                why = _cause(e)
-                if why not in self._errors:
-                    self._errors.add(why)
-                    _say(f"could not write checkpoint {commit} to {self.cfg.directory} ({why}); "
-                         f"training goes on, later commits will be tried")
+            except Exception as e:  # noqa: BLE001 - whatever the reason: said, then the job ends
+                self._failed(commit, e)
             finally:
                 del snapshot
                 with self._cond:
@@ -250,17 +259,18 @@ def unloadable(path: str, error: BaseException) -> None:
     UNLOADABLE either way. Nothing in the folder is touched."""
     cause = _cause(error)
     stopping.on_exit()
-    if not _told_driver(f"{path}: {cause}"):
+    if not _told_driver("load_failed", f"{path}: {cause}"):
         _say(f"checkpoint {path} does not load: {cause}. Nothing was deleted. Fix the script so that "
              f"it loads, or start anew on purpose with --fresh")
     raise SystemExit(exitcodes.UNLOADABLE)
 
 
-def _told_driver(reason: str) -> bool:
+def _told_driver(what: str, reason: str) -> bool:
+    """Whether the driver heard `reason` at /rdzv/`what` (load_failed, write_failed)."""
     from hvdlite.worker.session import session  # session imports this module
     try:
         me = session()
-        status, _ = me.client.request("PUT", "/rdzv/load_failed", reason.encode(),
+        status, _ = me.client.request("PUT", f"/rdzv/{what}", reason.encode(),
                                       query={"worker": me.worker}, timeout=REPORT_TIMEOUT)
         return status == 200
     except Exception:  # noqa: BLE001 - the driver may be gone: then this worker says it

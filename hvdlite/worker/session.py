@@ -69,10 +69,15 @@ class Session:
             stopping.install(self._ask_stop)
 
     def _ask_stop(self):
+        """Runs on a thread of its own per SIGUSR1 (stopping.install)."""
         try:
             self.client.request("PUT", "/rdzv/stop", query={"worker": self.worker}, timeout=5)
         except Exception:  # noqa: BLE001 - the driver may be gone: then there is nothing to stop
             pass
+        finally:
+            # This thread's KV connection: left to the thread's end, it leaks as a connect
+            # thread's did (links.py).
+            self.client.close()
 
     def _say_goodbye(self):
         stopping.on_exit()

@@ -2,7 +2,8 @@
 backend (BACKEND=torch|numpy). Its state holds a class of its own, trusted for checkpoints.
 
 Knobs (env): CLASS (the name the script gives that class: renaming it is the edit), WIDTH (the
-model's width: changing it changes a tensor's shape), TOTAL_STEPS, STEP_SLEEP. Rank 0 writes
+model's width: changing it changes a tensor's shape), TRUST=0 (the script forgets to trust its
+class), TOTAL_STEPS, STEP_SLEEP. Rank 0 writes
 the step it last committed to $LOG_DIR/progress; every rank appends its steps to
 $LOG_DIR/steps.txt as "run step".
 """
@@ -18,6 +19,7 @@ TOTAL = int(os.environ.get("TOTAL_STEPS", "20"))
 SLEEP = float(os.environ.get("STEP_SLEEP", "0.05"))
 WIDTH = int(os.environ.get("WIDTH", "2"))
 RUN = os.environ.get("RUN", "0")
+TRUSTED = os.environ.get("TRUST", "1") == "1"
 
 
 class Config:
@@ -30,7 +32,8 @@ globals()[Config.__name__] = Config
 
 if os.environ.get("BACKEND") == "numpy":
     import hvdlite.numpy as hvd
-    hvd.elastic.trust(Config)  # before init: init reports the commit it can load
+    if TRUSTED:
+        hvd.elastic.trust(Config)  # before init: init reports the commit it can load
     hvd.init()
     state = hvd.elastic.ObjectState(step=0, cfg=Config(0.1), w=np.zeros((WIDTH, 4)))
 
@@ -39,7 +42,8 @@ if os.environ.get("BACKEND") == "numpy":
 else:
     import torch
     import hvdlite.torch as hvd
-    hvd.elastic.trust(Config)  # before init: init reports the commit it can load
+    if TRUSTED:
+        hvd.elastic.trust(Config)  # before init: init reports the commit it can load
     hvd.init()
     torch.manual_seed(0)
     model = torch.nn.Linear(4, WIDTH)

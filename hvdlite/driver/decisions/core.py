@@ -21,7 +21,7 @@ from hvdlite.driver.decisions.hostchanges import HostChanges
 from hvdlite.driver.decisions.hostrule import HostRule
 from hvdlite.driver.decisions.messages import (
     Answer, DiscoveryFailed, EndJob, Exited, Exiting, Heartbeats, HostsFound, Launched,
-    LaunchFailed, LoadFailed, Log, Publish, Ready, Stop, StopRequested, TemplateDied, Tick)
+    LaunchFailed, LoadFailed, Log, Publish, Ready, Stop, StopRequested, TemplateDied, Tick, WriteFailed)
 from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.stopping import GracefulStop
 from hvdlite.driver.decisions.workers import Incarnation, Phase, cannot_load, describe_exit, overdue
@@ -86,6 +86,7 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
                           Ready: self._on_ready, Heartbeats: self._on_heartbeats,
                           Exiting: self._on_exiting, Exited: self._on_exited,
                           TemplateDied: self._on_template_died, LoadFailed: self._on_load_failed,
+                          WriteFailed: self._on_write_failed,
                           Tick: self._on_tick, StopRequested: self._on_stop}
 
     # ---- entry ------------------------------------------------------------------------
@@ -169,7 +170,9 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
         self.commit_high = max(self.commit_high, event.commit)
         if inc.id in self.world and event.after >= self.round:
             self.staying.discard(inc.id)
-            self._mark_broken()  # a member left its world: the others must not wait for it
+            # A member left its world: the others must not wait for it. It left at a commit
+            # for the host update announced, or on an error it rolls back from.
+            self._mark_broken(self.disrupted[1] if self.disrupted else "failure")
 
     def _on_heartbeats(self, event: Heartbeats):
         for worker, commit in event.beats:
@@ -227,6 +230,12 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
         # Never a fresh start over it: the job ends, its other workers are stopped unjudged.
         inc = self.workers[event.worker]
         raise JobFailed(cannot_load(inc.name, inc.host, event.reason), exitcodes.UNLOADABLE)
+
+    def _on_write_failed(self, event: WriteFailed):
+        # Training on would leave every later commit unsaved while the user counts on the
+        # folder: the job ends here, said, and what is on disk stays.
+        inc = self.workers[event.worker]
+        raise JobFailed(f"{inc.name} on {inc.host} {event.reason}")
 
     def _on_tick(self, event: Tick):
         now, p = self._now, self.policy
@@ -322,11 +331,11 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
         self._log("hosts_updated", updates=self.updates, reason=reason)
         self._emit(Publish(self.updates, self.broken))
 
-    def _mark_broken(self):
+    def _mark_broken(self, cause="failure"):
         if self.round and self.broken < self.round:
             self.broken, self.broken_at = self.round, self._now
-            self._disrupt("failure")
-            self._log("round_broken", round=self.round)
+            self._disrupt(cause)
+            self._log("round_broken", round=self.round, cause=cause)
             self._emit(Publish(self.updates, self.broken))
 
     def _disrupt(self, why):

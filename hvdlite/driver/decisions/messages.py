@@ -82,6 +82,14 @@ class LoadFailed:
 
 
 @dataclass(frozen=True)
+class WriteFailed:
+    """Rank 0 could not write a checkpoint to --checkpoint-dir (a class the script did not
+    trust, a full disk, no permission); `reason` says which commit, where and why, in one line."""
+    worker: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class StopRequested:
     """A signal asked the job to stop gracefully: every worker leaves at its next commit."""
     signum: int

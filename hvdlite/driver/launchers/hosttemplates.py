@@ -3,8 +3,9 @@ there (an SSH channel, ssh/template.py; a Ray actor, raytemplate.py).
 
 A host's template starts with a launch that wants one (or `warm()`, on every host that has had
 a worker); launches start plainly until it says it is ready, then fork from it through the
-spawn client (hvdlite.template.spawn). A template that died is started again by the next
-launch that wants one; one that cannot preload is given up for that host (said once).
+spawn client (hvdlite.template.spawn). A template that died, or hangs, is forgotten as soon
+as a spawn client over SSH says so, and started again by the next launch that wants one; one that cannot
+preload is given up for that host (said once).
 
 `make(host, command, env, cwd, preload, failed)` starts one template in the background and
 gives a HostTemplate; it calls `failed(reason)` when the template cannot preload.
@@ -66,6 +67,15 @@ class HostTemplates:
         """The path of the host's ready template's socket, or None (see serving)."""
         current = self.serving(host, command, env, cwd, start)
         return current.socket if current is not None else None
+
+    def forget(self, host, socket_path: str) -> None:
+        """The template at socket_path died, or hangs (a spawn client said so): no launch tries
+        it again, and the next one that wants a template starts another."""
+        with self.lock:
+            current = self.templates.get(self.name(host))
+            if current is not None and current.socket == socket_path:
+                current.socket, current.finished = None, True
+                current.close()  # a hung one forks no more once it wakes: its lifeline is gone
 
     def warm(self) -> None:
         """Start a template on every remote host that has had a worker."""

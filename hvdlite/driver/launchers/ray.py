@@ -58,7 +58,7 @@ class RayLauncher:
         template = self._templates.serving(host, self.command, env, os.getcwd(),
                                            start=self._rule.template_remotely(joining)) \
             if self._templates else None
-        argv = spawn_argv(self.command, template.socket) if template else self.command
+        argv = spawn_argv(self.command, template.socket, self.start_timeout) if template else self.command
         bundle = self.shape.bundle()
         actor = self._actor.options(
             scheduling_strategy=self._pin(host, soft=False), num_cpus=bundle.pop("CPU", 0),

@@ -18,10 +18,12 @@ def fork_first_world(local_workers: int, cores: int) -> bool:
     return local_workers >= cores
 
 
-def spawn_argv(command, socket_path: str) -> list:
+def spawn_argv(command, socket_path: str, start_timeout: float = None) -> list:
     """The argv that has the template listening at `socket_path` fork `command`; the spawn
-    client starts it plainly when the template cannot."""
-    return [command[0], "-m", "hvdlite.template.spawn", "--socket", socket_path, "--", *command]
+    client starts it plainly when the template cannot, or has not answered within half of
+    the launch's `start_timeout` (None: no bound), so that the plain start still starts in time."""
+    answer = [] if start_timeout is None else ["--answer-timeout", f"{start_timeout / 2:g}"]
+    return [command[0], "-m", "hvdlite.template.spawn", "--socket", socket_path, *answer, "--", *command]
 
 
 class StartRule:

@@ -10,6 +10,7 @@ from hvdlite.driver.launchers.hosttemplates import fallback_line
 from hvdlite.driver.launchers.ssh.template import RemoteTemplates
 from hvdlite.driver.launchers.start import StartRule
 from hvdlite.driver.network import route_address
+from hvdlite.template.spawn import REFUSED
 
 
 class SSHLauncher:
@@ -39,9 +40,13 @@ class SSHLauncher:
         if self._templates:
             socket_path = self._templates.socket(connection, self.command, env, os.getcwd(),
                                                  start=self._rule.template_remotely(joining))
-        worker = launch(connection, self.command, env, os.getcwd(), output, template=socket_path)
+        forget = lambda: self._templates.forget(connection, socket_path)  # noqa: E731
+        worker = launch(connection, self.command, env, os.getcwd(), output, template=socket_path,
+                        template_gone=forget)
         if worker.fallback:
             self._say(fallback_line(host, worker.fallback))
+            if not worker.fallback.startswith(REFUSED):  # nobody answers at that socket, or it hangs
+                forget()
         return worker
 
     def warm(self):

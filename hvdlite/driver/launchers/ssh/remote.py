@@ -51,15 +51,17 @@ def _exec(host: SSHHost, command, env: dict, cwd: str, announce: bool, lifeline:
 
 
 def launch(host: SSHHost, command, env: dict, cwd: str, output: RankOutput,
-           template: str = None) -> "RemoteWorker":
+           template: str = None, template_gone=lambda: None) -> "RemoteWorker":
     """Start `command` (argv) in `cwd` on the host with `env` exported; returns once the
     remote process runs (its process group is known). With `template` (the path of the host's
     template socket) the spawn client asks that template to fork the worker, and launches
-    it plainly if it cannot."""
+    it plainly if it cannot; `template_gone()` is called as soon as its client says that
+    template died."""
     if template is not None:
-        command = spawn_argv(command, template)
+        command = spawn_argv(command, template, host.settings.connect_timeout)
     chan, skipped = _exec(host, command, env, cwd, announce=template is None)
     worker = RemoteWorker(host, chan, output, skipped)
+    worker.template_gone = template_gone
     try:
         worker._start_pumps()
         chan.shutdown_write()
@@ -75,6 +77,7 @@ class RemoteWorker:
     started = "ssh"  # "template" once its marker says a template forked it
     fallback = None  # why a spawn client launched plainly after all
     error = None     # why the worker counts as failed without exit status
+    template_gone = staticmethod(lambda: None)  # called when its spawn client says the template died
 
     def __init__(self, host: SSHHost, channel: paramiko.Channel, output: RankOutput, skipped_env):
         self.host = host
@@ -109,6 +112,7 @@ class RemoteWorker:
                 text = raw.decode("utf-8", "replace")
                 if stream == "stdout" and text.rstrip("\n") == TEMPLATE_DIED:  # before or after its marker
                     self._template_died = True
+                    self.template_gone()
                     continue
                 if not self._started.is_set():
                     if stream == "stdout" and text.startswith(MARK + " "):

@@ -10,7 +10,6 @@ driver dies or the host is cut off, the template forks no more and exits after i
 worker.
 """
 import socket
-import time
 
 import paramiko
 
@@ -70,7 +69,8 @@ class RemoteTemplate(HostTemplate):
                 self.chan.sendall(b".")
                 while self.chan.recv_stderr_ready():  # its own warnings: do not let them fill the window
                     self.chan.recv_stderr(65536)
-                time.sleep(HEARTBEAT)
+                # Woken by its exit (or the channel's close): its socket is forgotten at once.
+                self.chan.status_event.wait(HEARTBEAT)
         except (paramiko.SSHException, OSError, EOFError):
             pass
 
