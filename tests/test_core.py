@@ -791,3 +791,23 @@ def test_a_member_whose_beats_a_starved_driver_did_not_read_is_not_taken_for_hel
     assert sim.core.round == 1 and not sim.logged("member_left_behind")
     _pass(sim, 0.5, ((a, 4), (b, 4)), ((b, 1),))
     assert sim.core.round == 1 and not sim.logged("member_left_behind")
+
+
+def test_a_left_behind_member_holding_the_newest_commit_is_waited_for_once_the_others_holding_it_died():
+    # Found by the stateful model (on a member stuck in user code, left behind after 5 s): the
+    # job ended "every worker holding the training state is gone" while it lived.
+    sim, (a, b, c, d) = first_world([("a", 1), ("b", 1), ("c", 1), ("d", 1)], liveness_timeout=5.0,
+                                    elastic_timeout=60.0)
+    sim.send(Heartbeats(((a, 4), (b, 4), (c, 4), (d, 4)), ((b, 1),)))
+    sim.send(Exited(c, -9))
+    leave(sim, [a, d], commit=4)
+    _pass(sim, 1.2, ((a, 4), (d, 4)), ((b, 1),))
+    assert sim.world() == {"a/0": 0, "d/0": 1} and sim.logged("member_left_behind")
+    (e,) = sim.launched(sim.send(HostsFound((("a", 1), ("b", 1), ("c", 1), ("d", 1), ("e", 1)))))
+    sim.ready(e, commit=0)
+    sim.send(Exited(a, -9))
+    sim.send(Exited(d, -9))
+    _pass(sim, 5, (), ((b, 1),), step=0.5)
+    assert sim.end() is None and sim.core.round == 2
+    sim.ready(b, after=1, commit=4)
+    assert sim.world() == {"b/0": 0, "e/0": 1}

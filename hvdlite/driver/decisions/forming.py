@@ -67,6 +67,8 @@ class Forming:
             return self._check_short(len(usable), source)
         members = usable + [source] if source is not None else usable
         top = max(c.commit for c in members)
+        if any(inc.commit > top for inc in self._behind()):
+            return  # it comes back and joins, or is killed after --elastic-timeout and counted
         if top < self.commit_high:
             if top == 0:
                 raise JobFailed(f"every worker holding the training state is gone (last commit "
@@ -107,6 +109,11 @@ class Forming:
                       after=round(since, 3), **({"held": "in a pygloo collective"} if held else {}))
         self.staying = set()
         return True
+
+    def _behind(self):
+        """Live members left behind in a broken world: each holds what it reported."""
+        return [inc for inc in self.phases[Phase.TRAINING].values()
+                if inc.left_behind is not None and inc.killed is None]
 
     def _held(self, inc) -> bool:
         """Its stand-in beats for it, in the group of the broken world, and has since the break,
