@@ -301,16 +301,21 @@ class ElasticJob(RuleBasedStateMachine):
         if members and dice == 0 and self.core.broken >= self.core.round:
             self.procs[data.draw(st.sampled_from(members))].stuck = True
 
-    @rule(data=st.data())
-    def peer_dies_while_sending(self, data):
+    @rule(data=st.data(), ahead=st.booleans())
+    def peer_dies_while_sending(self, data, ahead):
         """A member dies; a peer of it sits in a pygloo send that its reset left queued, and that
         gloo does not wake when the world breaks: pygloo holds the peer's GIL for gloo's 30 s,
-        so only its stand-in process beats for it."""
-        members = sorted(p.worker for p in self.members())
+        so only its stand-in process beats for it. That peer may have committed once more than
+        the others (in the next step's collective, it alone got past the last one)."""
+        members = sorted(p.worker for p in self.members() if not p.handover)
         if len(members) < 2:
             return
         dead, held = (self.procs[w] for w in data.draw(st.lists(st.sampled_from(members), min_size=2,
                                                                  max_size=2, unique=True)))
+        if ahead:
+            held.commit += 1
+            if self.disk is not None and self.core.world[held.worker].rank == 0:
+                self.disk = max(self.disk, held.commit)
         self.send(self.beats([held]), dt=0.01)  # its last own beat says what it holds
         held.stuck = held.held = True
         dead.alive = False
