@@ -185,7 +185,7 @@ def test_a_rank_held_in_a_wedged_pygloo_send_is_left_behind_within_a_second_or_t
     # in pygloo's gloo, which does not wake it when the world breaks. The rank's own heartbeat is
     # silent (pygloo holds its GIL), its voucher's goes on: the next world forms without it after
     # about a second (Policy.held_grace), not after --liveness-timeout, and nothing kills it.
-    with Job(["-H", "localhost:3", "--min-np", "2", "--liveness-timeout", "10", *JOB[:1],
+    with Job(["-H", "localhost:3", "--min-np", "2", "--liveness-timeout", "10", PYTHON,
               os.path.join(SCRIPTS, "numpy_wedged_send.py")], tmp_path,
              env={"WEDGE_MARK": str(tmp_path / "wedged"), "STEPS": str(tmp_path / "steps")}) as job:
         events = job.wait_for(lambda es: any(e["event"] == "round_complete" and e["round"] == 2 for e in es), 60)
