@@ -188,9 +188,10 @@ def test_a_rank_held_in_a_wedged_pygloo_send_is_left_behind_within_a_second_or_t
     with Job(["-H", "localhost:3", "--min-np", "2", "--liveness-timeout", "10", PYTHON,
               os.path.join(SCRIPTS, "numpy_wedged_send.py")], tmp_path,
              env={"WEDGE_MARK": str(tmp_path / "wedged"), "STEPS": str(tmp_path / "steps")}) as job:
-        events = job.wait_for(lambda es: any(e["event"] == "round_complete" and e["round"] == 2 for e in es), 60)
-        broke = next(e["time"] for e in events if e["event"] == "round_broken")
-        formed = next(e for e in events if e["event"] == "round_complete" and e["round"] == 2)
+        events = job.wait_for(lambda es: any(e["event"] == "round_complete" and len(e["members"]) == 2
+                                             for e in es), 90)
+        formed = next(e for e in events if e["event"] == "round_complete" and len(e["members"]) == 2)
+        broke = next(e["time"] for e in events if e["event"] == "round_broken" and e["round"] == formed["round"] - 1)
         (behind,) = [e for e in events if e["event"] == "member_left_behind"]
         assert behind.get("held") and behind["slot"] == "localhost/2", behind
         assert formed["time"] - broke < 4, (formed, broke)
