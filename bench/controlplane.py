@@ -80,7 +80,7 @@ def serve(size: int) -> None:
     from hvdlite.driver.decisions.core import ElasticCore
     from hvdlite.driver.decisions.policy import Policy
     from hvdlite.driver.decisions.messages import (
-        Answer, Heartbeats, HostsFound, Launch, Launched, Publish, Stop, Tick)
+        Answer, HostsFound, Launch, Launched, Publish, Stop, Tick)
     from hvdlite.driver.job import TICK
     from hvdlite.driver.kvserver import KVServer
     from hvdlite.driver.rendezvous import Rendezvous
@@ -113,8 +113,8 @@ def serve(size: int) -> None:
                 event = event()
             actions = core.handle(event, now) if event is not None else []
             beats = rendezvous.drain_heartbeats()
-            if beats:
-                actions += core.handle(Heartbeats(beats), now)
+            if beats is not None:
+                actions += core.handle(beats, now)
             if now - last_tick >= TICK:
                 last_tick = now
                 actions += core.handle(Tick(), now)

@@ -18,7 +18,8 @@ survivor is no progress until it steps); otherwise from the last step or event b
 first after it; by their own time stamps (a gap under --stall means the hunt itself was starved:
 not counted). The job's start is not timed.
 Prints the kills, the stalls with their lengths, the workers that failed on their own (not by a
-kill), and the recovery times (kill -> first step of a newer world) against their median.
+kill), the members the next world formed without (those held in a pygloo collective apart), and
+the recovery times (kill -> first step of a newer world) against their median.
 """
 import argparse
 import json
@@ -72,6 +73,7 @@ class Job:
         self.pids = {}  # worker id -> pid, of live workers
         self.rounds = []  # round_complete events
         self.failed = []  # worker_exit events of workers that failed on their own (not killed -9)
+        self.left_behind = []  # member_left_behind events: worlds formed without a wedged survivor
         self.newest = 0.0  # when the newest step or event happened (its own time stamp)
         self.last_move = time.monotonic()
         self.last_step = None  # (time, round) of the newest step
@@ -94,6 +96,8 @@ class Job:
                     self.failed.append(e)
             elif e["event"] == "round_complete":
                 self.rounds.append(e)
+            elif e["event"] == "member_left_behind":
+                self.left_behind.append(e)
             elif e["event"] == "job_end":
                 raise RuntimeError(f"the job ended: {e}")
         for line in self.steps.lines():
@@ -297,7 +301,7 @@ def hunt(args, say=print):
         job.stop()
         if not stalls:
             shutil.rmtree(folder, ignore_errors=True)
-    return kills, stalls, recoveries, job.failed
+    return kills, stalls, recoveries, job.failed, job.left_behind
 
 
 def main():
@@ -317,13 +321,16 @@ def main():
         sys.exit(f"numpy: no pygloo venv at {PYGLOO}")
     start = time.monotonic()
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # clean up the job
-    kills, stalls, recoveries, failed = hunt(args)
+    kills, stalls, recoveries, failed, left_behind = hunt(args)
     median = statistics.median(recoveries) if recoveries else float("nan")
     print(f"{args.backend}, {args.ranks} ranks: {kills} kills in {time.monotonic() - start:.0f} s, "
           f"{len(stalls)} stalls (> {args.stall:g} s without progress)"
           + (f": {', '.join(f'{s:.1f}' for s in stalls)} s" if stalls else ""))
     causes = sorted({e.get("error") or f"code {e['code']}" for e in failed})
     print(f"  workers that failed on their own: {len(failed)}" + (f" ({'; '.join(causes)})" if causes else ""))
+    held = [e["after"] for e in left_behind if e.get("held")]
+    print(f"  members left behind: {len(held)} held in a pygloo collective (after "
+          f"{', '.join(f'{s:.1f}' for s in held) or '-'} s), {len(left_behind) - len(held)} others")
     if recoveries:
         print(f"  kill -> next step: median {median:.2f} s, max {max(recoveries):.2f} s "
               f"({max(recoveries) / median:.1f}x the median)")

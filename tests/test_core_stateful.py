@@ -3,7 +3,8 @@ step against the rules the core must keep (hypothesis RuleBasedStateMachine, no 
 
 The workers are modelled just enough to behave like real ones: they wait in the rendezvous
 (as long as it takes), train in lockstep (commits), sync from rank 0 (or fail to), exit when
-told, crash at any time, die with their template, fail to load a checkpoint.
+told, crash at any time, die with their template, fail to load a checkpoint, sit in a pygloo
+collective of a broken world (their stand-in process beating for them).
 """
 import dataclasses
 import os
@@ -34,6 +35,7 @@ class Proc:
         self.round = None  # the world it was last answered with
         self.handover = False  # that world only hands the state over: leave it once synced
         self.stuck = False  # in user code for good (its heartbeat thread goes on)
+        self.held = False  # stuck in a pygloo collective: its own beats stop, its stand-in's go on
         self.waiting = None  # `after` of its unanswered rendezvous request
         self.commit = 0  # commits its training state holds
         self.exit_code = None  # how it will exit: told to go, or stopped
@@ -142,6 +144,13 @@ class ElasticJob(RuleBasedStateMachine):
     def running(self):
         return [p for p in self.procs.values() if p.started and p.alive]
 
+    @staticmethod
+    def beats(procs, stand_ins=True):
+        """Their heartbeats: their own, and (numpy) their stand-ins', which alone go on while
+        pygloo holds a worker in a collective."""
+        return Heartbeats(tuple((p.worker, p.commit) for p in procs if not p.held),
+                          tuple((p.worker, p.round or 0) for p in procs if p.held or stand_ins))
+
     # ---- rules ---------------------------------------------------------------------------
     @rule(hosts=st.lists(st.sampled_from(UNIVERSE), unique=True, max_size=4),
           how=st.sampled_from(["", "drained", "failed"]))
@@ -216,7 +225,7 @@ class ElasticJob(RuleBasedStateMachine):
             return
         proc = self.procs[data.draw(st.sampled_from(waiting))]
         for _ in range(int(self.core.policy.elastic_timeout) + 2):
-            self.send(Heartbeats(tuple((p.worker, p.commit) for p in self.running())), dt=1.0)
+            self.send(self.beats(self.running()), dt=1.0)
             self.send(Tick(), dt=0.0)
             if self.ended is not None or proc.waiting is None or not proc.alive:
                 return
@@ -279,7 +288,7 @@ class ElasticJob(RuleBasedStateMachine):
         for _ in range(int(self.core.policy.liveness_timeout) + 2):
             if self.ended is not None:
                 return
-            self.send(Heartbeats(tuple((p.worker, p.commit) for p in self.running() if p is not proc)), dt=1.0)
+            self.send(self.beats([p for p in self.running() if p is not proc]), dt=1.0)
             self.send(Tick(), dt=0.0)
         if proc.alive and proc.waiting is not None:
             self.send(Ready(proc.worker, proc.waiting, self.said(proc)), dt=0.01)
@@ -292,6 +301,26 @@ class ElasticJob(RuleBasedStateMachine):
         if members and dice == 0 and self.core.broken >= self.core.round:
             self.procs[data.draw(st.sampled_from(members))].stuck = True
 
+    @rule(data=st.data(), ahead=st.booleans())
+    def peer_dies_while_sending(self, data, ahead):
+        """A member dies; a peer of it sits in a pygloo send that its reset left queued, and that
+        gloo does not wake when the world breaks: pygloo holds the peer's GIL for gloo's 30 s,
+        so only its stand-in process beats for it. That peer may have committed once more than
+        the others (in the next step's collective, it alone got past the last one)."""
+        members = sorted(p.worker for p in self.members() if not p.handover)
+        if len(members) < 2:
+            return
+        dead, held = (self.procs[w] for w in data.draw(st.lists(st.sampled_from(members), min_size=2,
+                                                                 max_size=2, unique=True)))
+        if ahead:
+            held.commit += 1
+            if self.disk is not None and self.core.world[held.worker].rank == 0:
+                self.disk = max(self.disk, held.commit)
+        self.send(self.beats([held]), dt=0.01)  # its last own beat says what it holds
+        held.stuck = held.held = True
+        dead.alive = False
+        self.send(Exited(dead.worker, -9), dt=0.01)
+
     @rule(data=st.data())
     def stuck_member_comes_back(self, data):
         """A member slow to leave its broken world (pygloo sat out its own timeout, a long step
@@ -299,7 +328,7 @@ class ElasticJob(RuleBasedStateMachine):
         stuck = sorted(p.worker for p in self.running() if p.stuck and p.exit_code is None)
         if stuck:
             proc = self.procs[data.draw(st.sampled_from(stuck))]
-            proc.stuck, proc.waiting = False, proc.round
+            proc.stuck, proc.held, proc.waiting = False, False, proc.round
             self.send(Ready(proc.worker, proc.waiting, self.said(proc)), dt=0.01)
 
     @rule(data=st.data())
@@ -349,11 +378,11 @@ class ElasticJob(RuleBasedStateMachine):
             proc.alive = False
             self.send(Exited(proc.worker, 0), dt=0.01)
 
-    @rule(data=st.data())
-    def heartbeats(self, data):
+    @rule(data=st.data(), stand_ins=st.booleans())
+    def heartbeats(self, data, stand_ins):
         live = sorted(p.worker for p in self.running())
         chosen = data.draw(st.lists(st.sampled_from(live), unique=True)) if live else []
-        self.send(Heartbeats(tuple((w, self.procs[w].commit) for w in chosen)), dt=0.01)
+        self.send(self.beats([self.procs[w] for w in chosen], stand_ins), dt=0.01)
 
     @rule(dt=st.sampled_from([0.1, 0.5, 1.5, 1.5, 1.5, 6.0]))
     def time_passes(self, dt):
@@ -361,13 +390,14 @@ class ElasticJob(RuleBasedStateMachine):
         self.send(Tick(), dt=dt)
 
     @precondition(lambda self: any(not p.alive for p in self.procs.values()))
-    @rule(data=st.data(), kind=st.sampled_from(["exit", "ready", "beat", "launched", "failed", "template",
-                                                "load"]))
+    @rule(data=st.data(), kind=st.sampled_from(["exit", "ready", "beat", "vouched", "launched", "failed",
+                                                "template", "load"]))
     def stale_incarnation_speaks(self, data, kind):
         proc = self.procs[data.draw(st.sampled_from(sorted(w for w, p in self.procs.items() if not p.alive)))]
         before = self.signature()
         event = {"exit": Exited(proc.worker, data.draw(st.sampled_from([0, 1, -9]))),
                  "ready": Ready(proc.worker, 99, 10 ** 6), "beat": Heartbeats(((proc.worker, 10 ** 6),)),
+                 "vouched": Heartbeats((), ((proc.worker, self.core.round),)),
                  "launched": Launched(proc.worker, 1), "failed": LaunchFailed(proc.worker, "x"),
                  "template": TemplateDied(proc.worker), "load": LoadFailed(proc.worker, "x")}[kind]
         actions = self.core.handle(event, self.now)
@@ -472,7 +502,7 @@ class ElasticJob(RuleBasedStateMachine):
             if members and not any(p.waiting is not None for p in self.procs.values() if p.alive):
                 members[0].alive = False  # training is done
                 self.send(Exited(members[0].worker, 0), dt=0.01)
-            self.send(Heartbeats(tuple((p.worker, p.commit) for p in self.running())), dt=0.0)
+            self.send(self.beats(self.running()), dt=0.0)
             self.send(Tick(), dt=0.5)
         raise AssertionError(f"the job did not end: {self.signature()}")
 

@@ -18,7 +18,7 @@ from hvdlite.driver.decisions.core import ElasticCore, JobView
 from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.workers import cannot_load, describe_exit
 from hvdlite.driver.decisions.messages import (
-    DiscoveryFailed, Exited, Heartbeats, HostsFound, Launch, Launched, LaunchFailed, LoadFailed, StopRequested,
+    DiscoveryFailed, Exited, HostsFound, Launch, Launched, LaunchFailed, LoadFailed, StopRequested,
     Tick, WriteFailed)
 from hvdlite.driver.descriptors import raise_limit
 from hvdlite.driver.eventlog import EventLog
@@ -100,8 +100,8 @@ class Job:
             now = time.monotonic()
             actions = core.handle(event, now) if event is not None else []
             beats = self.rendezvous.drain_heartbeats()
-            if beats:
-                actions += core.handle(Heartbeats(beats), now)
+            if beats is not None:
+                actions += core.handle(beats, now)
             ticked = now - last_tick >= TICK
             if ticked:
                 last_tick = now
@@ -144,7 +144,8 @@ class Job:
             self.executor.apply([Launch(f"{slot}#1", slot, place.hostname, place.local_size, place)])
         while running:
             event = self.next_event(TICK)
-            commits.update(self.rendezvous.drain_heartbeats())
+            beats = self.rendezvous.drain_heartbeats()
+            commits.update(beats.beats if beats is not None else ())
             # One world of every rank: what the status of an elastic job says, for /metrics.
             members = len(started & running.keys())
             self.stats.on_view(JobView(round=1 if members else 0, world_size=members,

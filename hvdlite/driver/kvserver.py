@@ -273,7 +273,7 @@ class KVServer:
 
     def set_heartbeat(self, handler) -> None:
         """Answer heartbeat datagrams with handler(beats) -> bytes, on the server's thread (it
-        must not block): beats are the (worker, commit) pairs of the good datagrams that came
+        must not block): beats are the (worker, commit, vouched) triples of the good datagrams that came
         in together, each answered with what the handler returned."""
         self._heartbeat = handler
 

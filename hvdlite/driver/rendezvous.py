@@ -2,9 +2,10 @@
 
 - GET /rdzv/assign?worker=ID&after=R&commit=C: the worker waits for its place in a world
   formed after round R (the barrier); becomes a Ready event, answered by an Answer action.
-- heartbeat datagrams (worker, commit) (signed UDP on the server's port): liveness, answered
-  at once with what the core published (host updates announced, newest broken round).
-  Heartbeats reach the core in batches, not one event each.
+- heartbeat datagrams (worker, commit, vouched) (signed UDP on the server's port): liveness,
+  answered at once with what the core published (host updates announced, newest broken round).
+  Heartbeats reach the core in batches, not one event each; a worker's own beats apart from
+  those its stand-in process sends for it (vouched: the round it holds, see worker/vouch.py).
 - PUT /rdzv/exiting?worker=ID&commit=C: the worker is exiting; becomes an Exiting event.
 - PUT /rdzv/stop?worker=ID: a worker got SIGUSR1 (the allocation ends); becomes the job's
   graceful stop, as a SIGUSR1 to the driver would.
@@ -18,7 +19,7 @@ import signal
 import threading
 from concurrent.futures import Future, InvalidStateError
 
-from hvdlite.driver.decisions.messages import Exiting, LoadFailed, Ready, StopRequested, WriteFailed
+from hvdlite.driver.decisions.messages import Exiting, Heartbeats, LoadFailed, Ready, StopRequested, WriteFailed
 
 MAX_REASON = 1000  # characters of a load or write failure's reason kept
 
@@ -28,6 +29,7 @@ class Rendezvous:
         self._lock = threading.Lock()
         self._waiting = {}  # worker -> Future of its pending assign request
         self._beats = {}  # worker -> commits, heard since the last drain
+        self._vouched = {}  # worker -> round its stand-in holds, heard since the last drain
         self._published = json.dumps({"updates": 0, "broken": 0, "stop": False}).encode()
 
     def route(self, method, subpath, query, body):
@@ -56,10 +58,14 @@ class Rendezvous:
         return 404, b"unknown rendezvous endpoint"
 
     def heartbeat(self, beats) -> bytes:
-        """Heartbeat datagrams that came in together, (worker, commit) each (the server checked
-        their signatures): note them, answer at once. One lock for the batch, not one a beat."""
+        """Heartbeat datagrams that came in together, (worker, commit, vouched) each (the server
+        checked their signatures): note them, answer at once. One lock for the batch, not one a beat."""
         with self._lock:
-            self._beats.update(beats)
+            for worker, commit, vouched in beats:
+                if vouched is None:
+                    self._beats[worker] = commit
+                else:
+                    self._vouched[worker] = vouched
             return self._published
 
     def _assign(self, worker, after, commit):
@@ -94,10 +100,11 @@ class Rendezvous:
         with self._lock:
             self._published = json.dumps({"updates": updates, "broken": broken, "stop": stop}).encode()
 
-    def drain_heartbeats(self) -> tuple:
+    def drain_heartbeats(self):
+        """The beats heard since the last drain, as a Heartbeats event, or None if there were none."""
         with self._lock:
-            beats, self._beats = self._beats, {}
-        return tuple(beats.items())
+            (beats, self._beats), (vouched, self._vouched) = (self._beats, {}), (self._vouched, {})
+        return Heartbeats(tuple(beats.items()), tuple(vouched.items())) if beats or vouched else None
 
     def close(self):
         with self._lock:

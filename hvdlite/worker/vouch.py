@@ -7,7 +7,10 @@ out gloo's 30 s timeout. This process does both in the worker's place:
 - it heartbeats as long as the worker exists and is not stopped (SIGSTOP), so a frozen worker
   is still evicted after the liveness timeout; its beats carry the time corrected by the
   worker's offset to the driver's clock (told with every message), or the driver would drop
-  them all on a host whose clock is off by more than the signatures' skew;
+  them all on a host whose clock is off by more than the signatures' skew; they name the
+  round of the group the worker is in or connecting: heard while the worker's own beats are
+  silent, they tell the driver the worker is held in a collective of that round (a send that
+  gloo does not wake when the round breaks waits out gloo's 30 s), so it re-forms without it;
 - it holds copies of the worker's gloo sockets (passed over a Unix socket with SCM_RIGHTS) and
   shuts their reading side down once the driver says their round broke, which fails the
   pending collective (see sockets.PYGLOO_BROKEN_CUT);
@@ -119,6 +122,11 @@ class _Held:
                 self.round, self.fds = round_number, []
             self.fds.extend(fds)
 
+    def group(self) -> int:
+        """The round of the group the worker is in or connecting, 0 if none."""
+        round_number = self.connecting[0] if self.connecting is not None else self.round
+        return max(round_number, 0)
+
     def cut_if_broken(self, newest_broken: int, pid: int) -> None:
         if broken(self.round, newest_broken):
             sockets.cut(self.fds, sockets.PYGLOO_BROKEN_CUT)  # the worker may be sending meanwhile
@@ -143,7 +151,7 @@ def main(pid: int, channel_fd: int) -> None:
         held.receive(channel)
         beats.client.offset = held.offset
         if _running(pid):
-            body = beats.beat(worker)
+            body = beats.beat(worker, vouched=held.group())
             try:
                 if body is not None:
                     held.cut_if_broken(json.loads(body)["broken"], pid)

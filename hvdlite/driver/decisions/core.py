@@ -178,9 +178,13 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
         for worker, commit in event.beats:
             inc = self._current(worker)
             if inc is not None:
-                inc.heard_at = self._now
+                inc.heard_at = inc.own_at = self._now
                 if inc.phase is Phase.TRAINING:
                     inc.commit = max(inc.commit, commit)
+        for worker, round_number in event.vouched:
+            inc = self._current(worker)
+            if inc is not None:
+                inc.heard_at, inc.vouched = self._now, (self._now, round_number)
 
     def _on_exiting(self, event: Exiting):
         inc = self._current(event.worker)
@@ -246,6 +250,8 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
             gap = now - self.last_tick
             for inc in self._live():
                 inc.heard_at = None if inc.heard_at is None else inc.heard_at + gap
+                inc.own_at = None if inc.own_at is None else inc.own_at + gap
+                inc.vouched = None if inc.vouched is None else (inc.vouched[0] + gap, inc.vouched[1])
                 inc.launched_at += gap
                 inc.left_behind = None if inc.left_behind is None else inc.left_behind + gap
             self.broken_at += gap

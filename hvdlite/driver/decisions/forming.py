@@ -67,6 +67,8 @@ class Forming:
             return self._check_short(len(usable), source)
         members = usable + [source] if source is not None else usable
         top = max(c.commit for c in members)
+        if any(inc.commit > top for inc in self._behind()):
+            return  # it comes back and joins, or is killed after --elastic-timeout and counted
         if top < self.commit_high:
             if top == 0:
                 raise JobFailed(f"every worker holding the training state is gone (last commit "
@@ -84,12 +86,17 @@ class Forming:
     def _leave_behind(self) -> bool:
         """Whether the next world may form without the members still in the broken one: true
         once the world broke over --liveness-timeout ago (a survivor whose connections were cut
-        is back in milliseconds; pygloo may lose the wakeup and sit out its own 30 s) and the
+        is back in milliseconds; pygloo may lose the wakeup and sit out its own 30 s), or over
+        Policy.held_grace ago when each of them is held in a collective of it (_held), and the
         waiting workers hold every commit those members reported since it broke. A left-behind
         member is not failed: when it comes back it joins as any joiner."""
-        if self.broken < self.round or self._now - self.broken_at <= self.policy.liveness_timeout:
+        if self.broken < self.round:
             return False
+        since = self._now - self.broken_at
         stuck = sorted((self.workers[w] for w in self.staying), key=lambda inc: inc.slot)
+        held = all(self._held(inc) for inc in stuck)
+        if since <= self.policy.liveness_timeout and not held:
+            return False
         top = max((inc.commit for inc in self.phases[Phase.WAITING].values()
                    if inc.killed is None and overdue(inc, self._now, self.policy, None) is None), default=-1)
         # One being killed exits at once; one unheard since the break may hold a newer commit.
@@ -99,9 +106,22 @@ class Forming:
         for inc in stuck:
             inc.left_behind = self.broken_at  # --elastic-timeout still ends it if it never returns
             self._log("member_left_behind", slot=inc.slot, worker=inc.id, rank=inc.rank, round=self.round,
-                      after=round(self._now - self.broken_at, 3))
+                      after=round(since, 3), **({"held": "in a pygloo collective"} if held else {}))
         self.staying = set()
         return True
+
+    def _behind(self):
+        """Live members left behind in a broken world: each holds what it reported."""
+        return [inc for inc in self.phases[Phase.TRAINING].values()
+                if inc.left_behind is not None and inc.killed is None]
+
+    def _held(self, inc) -> bool:
+        """Its stand-in beats for it, in the group of the broken world, and has since the break,
+        while its own heartbeat has been silent for Policy.held_grace: pygloo holds its GIL
+        inside a collective of that world. A torch worker has no stand-in."""
+        grace = self.policy.held_grace
+        return inc.vouched is not None and inc.vouched[1] == self.round and inc.vouched[0] > self.broken_at \
+            and self._now - max(inc.own_at or 0.0, self.broken_at) > grace
 
     def _form(self, plan, candidates, commit, handover=False):
         if self.round >= 1:

@@ -48,6 +48,10 @@ class Ready:
 @dataclass(frozen=True)
 class Heartbeats:
     beats: tuple  # ((worker, commits it holds), ...) heard since the last batch
+    # ((worker, round), ...): beats a numpy worker's stand-in process (worker/vouch.py) sent for
+    # it, which go on while pygloo holds the worker's GIL and silences its own; `round`: the
+    # round of the group the worker is in or connecting, as the stand-in knows it (0: none).
+    vouched: tuple = ()
 
 
 @dataclass(frozen=True)

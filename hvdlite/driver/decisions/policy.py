@@ -14,6 +14,11 @@ class Policy:
     elastic_timeout: float = 600.0
     start_timeout: float = 30.0
     liveness_timeout: float = 5.0
+    # Seconds after a break a member of the broken world is waited for while its stand-in beats
+    # for it and its own heartbeat (every 0.5 s) is silent: pygloo holds its GIL inside a
+    # collective of that world, maybe a send gloo never wakes before its own 30 s timeout. A
+    # survivor whose connections were cut is back in milliseconds; two missed beats say it is not.
+    held_grace: float = 1.0
     exit_grace: float = 30.0  # seconds a worker that said it is exiting may take
     stall: float = 1.0  # a gap between ticks this long means the driver itself was starved
     cooldown_range: Optional[tuple] = None

@@ -26,7 +26,9 @@ class Incarnation:
     pid: Optional[int] = None
     after: int = -1  # while WAITING: the round it left
     commit: int = 0  # commits its training state holds, as last reported
-    heard_at: Optional[float] = None  # last heartbeat
+    heard_at: Optional[float] = None  # last heartbeat, its own or its stand-in's
+    own_at: Optional[float] = None  # last heartbeat of its own
+    vouched: Optional[tuple] = None  # (when, round) of the last beat its stand-in sent for it
     exiting_since: Optional[float] = None
     killed: Optional[str] = None  # why the driver killed it as failed
     answer: Optional[tuple] = None  # (round, body) of its last rendezvous answer
