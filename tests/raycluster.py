@@ -35,7 +35,7 @@ import tempfile
 import time
 
 from hvdlite import procstat
-from sshhosts import NamespacedNodes, free_port, NFT_PARTITION, PREFIX, Bridge, _b36, _die_with_parent, _pick_subnet, remove_stale
+from sshhosts import NamespacedNodes, free_port, NFT_PARTITION, PREFIX, Bridge, _b36, _die_with_parent, remove_stale
 
 _clusters = 0  # clusters started by this process (part of the names)
 NODE_RETRIES = 2  # starts of a node's raylet that may fail while it starts
@@ -97,7 +97,7 @@ class RayCluster(NamespacedNodes):
         self._gone = set()  # NodeIDs of raylets killed here (Ray may list them alive for 15 s)
         self._disturbed = set()  # names of nodes drained or cut off: reset() starts them anew
         try:
-            self.bridge = Bridge(f"{PREFIX}{self.tag}", _pick_subnet(os.getpid(), second="213"))
+            self.bridge = Bridge(f"{PREFIX}{self.tag}", os.getpid(), second="213")
             self.head = self.bridge.address
             self.address = f"{self.head}:{free_port(self.head)}"
             for i, name in enumerate(self.names, 1):
@@ -106,6 +106,8 @@ class RayCluster(NamespacedNodes):
             self._start("head", ["ray", "start", "--head", f"--node-ip-address={self.head}",
                                  f"--port={self.address.split(':')[1]}", "--num-cpus=0",
                                  "--include-dashboard=false", "--disable-usage-stats", OBJECT_STORE,
+                                 # not the fixed default (52365): other heads of this machine
+                                 f"--dashboard-agent-listen-port={free_port('')}",
                                  f"--temp-dir={self.dir}/head", "--block"])
             self._wait("the head", lambda: self._alive_nodes() is not None)
             for name in self.names:
