@@ -106,8 +106,6 @@ class RayCluster(NamespacedNodes):
             self._start("head", ["ray", "start", "--head", f"--node-ip-address={self.head}",
                                  f"--port={self.address.split(':')[1]}", "--num-cpus=0",
                                  "--include-dashboard=false", "--disable-usage-stats", OBJECT_STORE,
-                                 # not the fixed default (52365): other heads of this machine
-                                 f"--dashboard-agent-listen-port={free_port('')}",
                                  f"--temp-dir={self.dir}/head", "--block"])
             self._wait("the head", lambda: self._alive_nodes() is not None)
             for name in self.names:

@@ -19,7 +19,6 @@ except ImportError:
 import cloudpickle
 
 from hvdlite.ray import RayExecutor, WorkerError
-from sshhosts import free_port
 
 # The workers cannot import this test module: its functions travel by value, as a script's do.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -30,8 +29,7 @@ def cluster():
     os.environ["RAY_AUTH_MODE"] = "disabled"  # a stale token file would turn auth on
     temp = tempfile.mkdtemp(prefix="hvdlite-rayapi-")
     c = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 0, "include_dashboard": False, "object_store_memory": 80_000_000, "temp_dir": temp,
-        "dashboard_agent_listen_port": free_port("")})  # not the fixed 52365 of other heads
+        "num_cpus": 0, "include_dashboard": False, "object_store_memory": 80_000_000, "temp_dir": temp})
     try:
         for _ in range(3):
             c.add_node(num_cpus=1, object_store_memory=80_000_000)
