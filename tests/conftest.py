@@ -1,5 +1,21 @@
 import pytest
 
+# Modules that must not run at once in parallel workers (`-n N --dist loadgroup`): both start a
+# Ray cluster of ~2 GB whose raylets need the CPU to register in time on a 2-core machine.
+GROUPS = {"test_ray": "ray", "test_ray_api": "ray"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
+def pytest_collection_modifyitems(config, items):
+    """Under `--dist loadgroup` a module stays on one worker (its module-scoped clusters and
+    servers start once), as with loadfile; modules of one GROUPS entry share a worker."""
+    if not getattr(config.option, "loadgroup", False):  # set by xdist, on its workers too
+        return
+    for item in items:
+        if not any(item.iter_markers("xdist_group")):
+            module = item.nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
+            item.add_marker(pytest.mark.xdist_group(GROUPS.get(module, module)))
+
 
 @pytest.fixture(scope="module")
 def server(request):

@@ -35,7 +35,7 @@ import tempfile
 import time
 
 from hvdlite import procstat
-from sshhosts import NamespacedNodes, free_port, NFT_PARTITION, PREFIX, Bridge, _b36, _die_with_parent, _pick_subnet, remove_stale
+from sshhosts import NamespacedNodes, free_port, NFT_PARTITION, PREFIX, Bridge, _b36, _die_with_parent, remove_stale
 
 _clusters = 0  # clusters started by this process (part of the names)
 NODE_RETRIES = 2  # starts of a node's raylet that may fail while it starts
@@ -97,7 +97,7 @@ class RayCluster(NamespacedNodes):
         self._gone = set()  # NodeIDs of raylets killed here (Ray may list them alive for 15 s)
         self._disturbed = set()  # names of nodes drained or cut off: reset() starts them anew
         try:
-            self.bridge = Bridge(f"{PREFIX}{self.tag}", _pick_subnet(os.getpid(), second="213"))
+            self.bridge = Bridge(f"{PREFIX}{self.tag}", os.getpid(), second="213")
             self.head = self.bridge.address
             self.address = f"{self.head}:{free_port(self.head)}"
             for i, name in enumerate(self.names, 1):

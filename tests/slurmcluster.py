@@ -28,7 +28,7 @@ import time
 
 import pytest
 
-from sshhosts import NamespacedNodes, free_port, PREFIX, Bridge, _die_with_parent, _pick_subnet, new_tag
+from sshhosts import NamespacedNodes, free_port, PREFIX, Bridge, _die_with_parent, new_tag
 
 SLURMCTLD, SLURMD, MUNGED = "/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged"
 CLIENTS = ("srun", "salloc", "sbatch", "scontrol", "scancel", "sinfo", "squeue")
@@ -64,7 +64,7 @@ class SlurmCluster(NamespacedNodes):
         self.bridge = None
         self.netns, self.addresses = {}, {}
         try:
-            self.bridge = Bridge(f"{PREFIX}{self.tag}", _pick_subnet(os.getpid(), second="212"))
+            self.bridge = Bridge(f"{PREFIX}{self.tag}", os.getpid(), second="212")
             self.controller = self.bridge.address
             for i, name in enumerate(self.names, 1):
                 self.netns[name], _, self.addresses[name] = self.bridge.add(i)

@@ -25,6 +25,7 @@ use different names and subnets. Traffic stays on the bridge or loopback: the na
 no default route.
 """
 import ctypes
+import fcntl
 import os
 import shutil
 import signal
@@ -192,6 +193,7 @@ def _used_subnets():
     return used
 
 
+SUBNET_LOCK = os.path.join(tempfile.gettempdir(), "hvdlite-test-subnets.lock")
 RESERVED = {"212", "213"}  # 10.212/16: the Slurm test cluster, 10.213/16: the Ray one
 
 
@@ -254,21 +256,27 @@ class NamespacedNodes:
 
 
 class Bridge:
-    """A bridge `<prefix>b` at SUBNET.1/24 in the root namespace (`address`), and per host a
+    """A bridge `<prefix>b` at SUBNET.1/24 in the root namespace (`address`; SUBNET is
+    _pick_subnet(seed, second)), and per host a
     network namespace `<prefix>-hN` whose eth0 is SUBNET.(10+N), joined by veth `<prefix>vN`.
     The namespaces have no default route: traffic stays on the bridge."""
 
-    def __init__(self, prefix: str, subnet: str):
-        self.name, self.subnet, self.prefix = f"{prefix}b", subnet, prefix
-        self.address = f"{subnet}.1"
+    def __init__(self, prefix: str, seed: int, second=None):
+        self.name, self.prefix = f"{prefix}b", prefix
         self.members = []  # (netns, veth)
-        _ip("link", "add", self.name, "type", "bridge")
-        try:
-            _ip("addr", "add", f"{self.address}/24", "dev", self.name)
-            _ip("link", "set", self.name, "up")
-        except BaseException:
-            self.close()
-            raise
+        # One session at a time picks a free subnet and takes it (parallel test workers,
+        # other checkouts): the pick sees only subnets already on an interface.
+        with open(SUBNET_LOCK, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self.subnet = _pick_subnet(seed, second)
+            self.address = f"{self.subnet}.1"
+            _ip("link", "add", self.name, "type", "bridge")
+            try:
+                _ip("addr", "add", f"{self.address}/24", "dev", self.name)
+                _ip("link", "set", self.name, "up")
+            except BaseException:
+                self.close()
+                raise
 
     def add(self, i: int):
         """(netns, veth, address) of host i, created and up."""
@@ -539,7 +547,7 @@ class TestHosts:
         return r.returncode == 0
 
     def _make_bridge(self, count):
-        self.bridge = Bridge(f"{PREFIX}{self.tag}", _pick_subnet(os.getpid() * 31 + _groups))
+        self.bridge = Bridge(f"{PREFIX}{self.tag}", os.getpid() * 31 + _groups)
         self.driver_address = self.bridge.address
         for i in range(1, count + 1):
             name = f"host-{i}"

@@ -14,6 +14,7 @@ import torch
 from hvdlite.torch import elastic
 from hvdlite.worker import checkpointdir, checkpoints, durable, trusted
 from hvdlite.worker.checkpoints import CorruptCheckpoint
+from jobs import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -247,6 +248,8 @@ def test_kill_9_during_writes_never_leaves_a_checkpoint_that_fails_or_mixes(tmp_
                                 stdout=subprocess.PIPE, start_new_session=True)
         try:
             assert proc.stdout.readline() == b"writing\n"
+            if trial == 0:  # a loaded machine may take longer than the sleep for the first write
+                wait_until(lambda: checkpointdir.files(directory), 60, "the first checkpoint")
             time.sleep(rng.uniform(0.05, 0.3))  # a write takes ~0.04 s: kills land anywhere in one
         finally:
             proc.stdout.close()

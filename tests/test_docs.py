@@ -13,7 +13,7 @@ from pngs import png_pixels
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
-TEST_COMMAND = "bash .ci/setup.sh && python3 -m pytest -q tests"
+TEST_COMMAND = "bash .ci/setup.sh && python3 -m pytest -q -n 3 --dist loadgroup tests"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 

@@ -5,8 +5,10 @@ import functools
 import glob
 import os
 import re
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import sys
 
@@ -85,13 +87,13 @@ class Kept:
 
     def __init__(self, tmp_path):
         self.tmp_path = tmp_path
-        self.run_dir = tmp_path / "run"
-        self.run_dir.mkdir(mode=0o700)
+        # Short: a unix socket's path has 107 bytes at most, and tmp_path is deep under xdist.
+        self.run_dir = tempfile.mkdtemp(prefix="hvk-")
         self.modules = tmp_path / "modules"
         self.modules.mkdir()
         (self.modules / "kwmod.py").write_text("VALUE = 1\n")
         path = os.pathsep.join([str(self.modules), os.environ.get("PYTHONPATH", "")])
-        self.env = {**os.environ, "XDG_RUNTIME_DIR": str(self.run_dir), "PYTHONPATH": path,
+        self.env = {**os.environ, "XDG_RUNTIME_DIR": self.run_dir, "PYTHONPATH": path,
                     "PYTHONUNBUFFERED": "1"}
         self.folder = kept.runtime_dir(self.env, UID)
         self.made = []
@@ -128,6 +130,7 @@ class Kept:
                 os.killpg(pid, signal.SIGKILL)  # its own session: it and any worker it still has
             except (ProcessLookupError, PermissionError):
                 pass
+        shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
 @pytest.fixture
