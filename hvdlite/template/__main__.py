@@ -87,8 +87,8 @@ def main(argv=None) -> int:
     if args.keep:
         try:
             kept = KeptSocket(args.keep)
-        except OSError as e:
-            say({"op": "unusable", "reason": f"cannot listen on {args.keep}: {e.strerror}"})
+        except OSError as e:  # a path too long has no strerror, only its message
+            say({"op": "unusable", "reason": f"cannot listen on {args.keep}: {e.strerror or e}"})
             return 1
         if args.lock_fd is not None:
             os.close(args.lock_fd)  # listening: a driver waiting for the lock connects now
