@@ -221,9 +221,10 @@ def test_later_discovery_failures_and_hangs_are_retried(tmp_path):
     schedule = [[0, ["127.0.0.1:1", "127.0.0.2:1"]], [5, ["FAIL"]], [25, ["HANG"]],
                 [45, ["127.0.0.1:1", "127.0.0.2:1"]]]
     # A healthy run of the script (a Python start) must not time out too: under CI's load a
-    # start took over 1 s once, and its timeout was then said a second time.
-    r = run_job([*discovery(tmp_path, schedule), "--discovery-timeout", "3", "--min-np", "1", *JOB],
-                tmp_path, env=job_env(tmp_path, TOTAL_STEPS=60, STEP_SLEEP=0.1))
+    # start took over 1 s once, and its timeout was then said a second time. The steps after
+    # the hang leave room for a hung run's timeout and the next run that works.
+    r = run_job([*discovery(tmp_path, schedule), "--discovery-timeout", "2", "--min-np", "1", *JOB],
+                tmp_path, env=job_env(tmp_path, TOTAL_STEPS=110, STEP_SLEEP=0.1))
     assert r.code == 0, r.stderr
     errors = [e["error"] for e in r.of("discovery_failed")]
     assert any("exited with code 1" in e for e in errors)

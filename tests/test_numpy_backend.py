@@ -189,7 +189,12 @@ def test_a_rank_held_in_a_wedged_pygloo_send_is_left_behind_within_a_second_or_t
               os.path.join(SCRIPTS, "numpy_wedged_send.py")], tmp_path,
              env={"WEDGE_MARK": str(tmp_path / "wedged"), "STEPS": str(tmp_path / "steps")}) as job:
         events = job.wait_for(lambda es: any(e["event"] == "round_complete" and len(e["members"]) == 2
-                                             for e in es), 90)
+                                             for e in es) or any(e["event"] == "job_end" for e in es), 150)
+        if not any(e["event"] == "round_complete" and len(e["members"]) == 2 for e in events):
+            # Every try broke the world at once (the loaded box let gloo's loop run): nothing
+            # was wedged, so there is nothing this test can judge.
+            pytest.skip("the wedge was never set up: under this load each of the script's tries "
+                        "failed the broadcast at once")
         formed = next(e for e in events if e["event"] == "round_complete" and len(e["members"]) == 2)
         broke = next(e["time"] for e in events if e["event"] == "round_broken" and e["round"] == formed["round"] - 1)
         (behind,) = [e for e in events if e["event"] == "member_left_behind"]

@@ -380,6 +380,8 @@ def test_a_dead_remote_templates_socket_is_forgotten_at_once(hosts, host_1_launc
     launcher, said, workers = host_1_launcher
     workers.append(launcher.start("host-1", ENV, RankOutput("1"), joining=True))
     assert workers[-1].started == "template"
+    # The forked worker shows the template's command line until it has renamed itself.
+    wait_until(lambda: len(templates_on(hosts, "host-1")) == 1, 30, "the forked worker renamed")
     (template,) = templates_on(hosts, "host-1")
     hosts.run("host-1", ["kill", "-9", str(template)])
     assert workers[-1].wait(10) == -signal.SIGKILL and workers[-1].template_died
