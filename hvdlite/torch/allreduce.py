@@ -180,19 +180,17 @@ def prepacked(numel, dtype, process_set):
     return layout if wire.on and layout == wire.guess() else None
 
 
-def prepacked_async(buffer, head, layout, postscale_factor) -> Handle:
-    """Sum `buffer` across the global set: join's state element, then the data of `layout`
-    (from prepacked()) packed and prescaled by the caller. `head` is a numpy view of the state
-    element. The handle's result is the buffer, the data postscaled."""
+def prepacked_async(buffer, layout, postscale_factor) -> Handle:
+    """Sum `buffer` across the global set in join's envelope: its first element is left for
+    the state, the data of `layout` (from prepacked()) follows, packed and prescaled by the
+    caller. The handle's result is the buffer, the data postscaled."""
     pg = runtime.process_group()
     joinwire.wire().record(layout)
-    _, right, wrong = joinwire.states(Sum, pg.size())
-    head[0] = right
-    work = pg.allreduce([buffer], joinwire.OPTIONS[Sum])
+    envelope = joinwire.envelope(layout, joinwire.RIGHT, pg.size(), buffer)
+    work = envelope.issue(pg)
 
     def done():
-        if head[0] >= wrong:
-            raise joinwire.disagree(layout)
+        _check_announced(pg, envelope, None, layout)
         if postscale_factor != 1:
             fusion.average(buffer[1:], postscale_factor, 1)
         return buffer

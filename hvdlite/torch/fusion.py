@@ -63,9 +63,8 @@ class Plan:
             and not t.requires_grad and not t.is_neg() for t, shape in zip(tensors, self.shapes))
 
     def pack(self, tensors, factor, fill):
-        """(buffer, head): the tensors multiplied by `factor` (numpy's float32/64 product, as
-        _multiply's) and the extra elements set to `fill` in a buffer, and a numpy view of its
-        first element."""
+        """A buffer holding the tensors multiplied by `factor` (numpy's float32/64 product, as
+        _multiply's) after its first element, then the extra elements set to `fill`."""
         buffer = pool.take(1 + self.numel, self.dtype)
         array, start = buffer.numpy(), 1
         for tensor, size, shape in zip(tensors, self.cuts[1:], self.shapes):
@@ -76,7 +75,7 @@ class Plan:
                 numpy.multiply(tensor.numpy(), factor, out=out)
             start += size
         array[start:].fill(fill)
-        return buffer, array[:1]
+        return buffer
 
     def pieces(self, buffer):
         """The tensors' parts of `buffer`, shaped as they are (views, no copy)."""

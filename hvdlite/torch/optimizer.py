@@ -227,8 +227,7 @@ class _GradientReducer:
         layout = prepacked(plan.numel, plan.dtype, self.process_set)
         if layout is None:
             return None
-        buffer, head = plan.pack(grads, factor, fill=factor)
-        return prepacked_async(buffer, head, layout, self.postscale)
+        return prepacked_async(plan.pack(grads, factor, fill=factor), layout, self.postscale)
 
     def _local_grad(self, p):
         if p.grad is None:
