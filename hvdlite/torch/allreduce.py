@@ -9,16 +9,20 @@ from hvdlite.torch.processsets import global_process_set
 from hvdlite.worker import trace
 from hvdlite.worker.reduceops import Adasum, Average, Sum, resolve
 
-_FLOATS, _INTS = {torch.float32, torch.float64}, {torch.int32, torch.int64}  # join's carriers
+_FLOATS = {torch.float32, torch.float64}  # join's carriers that numpy scales
 
 
-def _announce(pg, wire, layout, works, room=None, guess=None):
+def _announce(pg, wire, layout, works, room=None, guess=None, data=None):
     """Issue join's envelope (see joinwire) for this rank's allreduce `layout`, carrying the
-    data in `room` when given; after a wrong guess, the control exchange too. Returns what
-    the handle checks once done: (envelope, control or None, layout)."""
+    data in `room` when given; after a wrong guess, the control exchange too. A guess that
+    goes ahead (Layout.ahead) is preceded by its allreduce: of `data` when guessed right,
+    else of the identity. Returns what the handle checks once done: (envelope, control or
+    None, layout)."""
     guess = wire.guess() if guess is None else guess
     wire.record(layout)
     wrong = layout != guess
+    if guess.ahead:
+        works.append(joinwire.issue_ahead(pg, guess, None if wrong else data))
     envelope = joinwire.envelope(guess, joinwire.WRONG if wrong else joinwire.RIGHT, pg.size(), room)
     works.append(envelope.issue(pg))
     control = None
@@ -48,14 +52,15 @@ def _packed(group, room, copy, prescale_factor, divisor):
 
 def _issue_announced(pg, wire, group, op, prescale_factor, divisor, copy, works):
     """Pack `group` and issue its allreduce in join's envelope: one collective when the layout
-    was guessed right and its data rides along, else the envelope and then the data."""
+    was guessed right and its data rides along; the data, then the state, when it was guessed
+    right and goes ahead; else the envelope and then the data."""
     owned = copy or len(group) > 1 or not group[0].is_contiguous()
     layout = joinwire.layout(sum(t.numel() for t in group), group[0].dtype, op, owned)
     guess = wire.guess()
     rides = layout == guess and layout.carried
     pack, left = _packed(group, 1 if rides else 0, copy, prescale_factor, divisor)
-    checks = _announce(pg, wire, layout, works, pack.buffer if rides else None, guess)
-    if not rides:
+    checks = _announce(pg, wire, layout, works, pack.buffer if rides else None, guess, pack.flat)
+    if layout != guess:  # (guessed right, it rode in the envelope or went ahead of it)
         works.append(pg.allreduce([pack.flat], joinwire.OPTIONS[op]))
     return pack, left, checks
 
@@ -72,10 +77,6 @@ def _allreduce_async(tensors, average, op, prescale_factor, postscale_factor, pr
     op, divisor = _as_sum(op, pg)
     wire = joinwire.wire()
     announced = process_set is global_process_set and wire.on
-    if announced and single:
-        lone = _lone(pg, wire, tensors[0], op, prescale_factor, postscale_factor, divisor, copy)
-        if lone is not None:
-            return _lone_handle(lone, tensors[0], postscale_factor, copy)
     groups, where = fusion.by_dtype(tensors)
     packs, announced_checks, works = [], [], []
     for group in groups:
@@ -103,9 +104,10 @@ def _allreduce_async(tensors, average, op, prescale_factor, postscale_factor, pr
     return Handle(works, done)
 
 
-# (numel, dtype, op, copy) -> its Layout if the short path can carry it, else False: making a
-# Layout costs more than finding it.
+# (numel, dtype, op, copy) -> (its Layout, the short path that takes it: _SLOT, _AHEAD or
+# None for the general path): making a Layout costs more than finding it.
 _LAYOUTS = {}
+_SLOT, _AHEAD = 1, 2
 
 
 def _short_layout(key):
@@ -113,42 +115,53 @@ def _short_layout(key):
     layout = joinwire.layout(numel, dtype, op, copy)
     if len(_LAYOUTS) > 4096:  # a script of ever-new sizes
         _LAYOUTS.clear()
-    small = numel * dtype.itemsize <= joinwire.COPY_LIMIT
-    _LAYOUTS[key] = layout if small and layout.carried else False
+    if layout.carried:
+        path = _SLOT if numel * dtype.itemsize <= joinwire.COPY_LIMIT else None
+    else:  # (a new tensor out of place is the general path's copy, scaled as it copies)
+        path = None if copy else _AHEAD
+    _LAYOUTS[key] = layout, path
     return _LAYOUTS[key]
 
 
 def _lone(pg, wire, tensor, op, prescale_factor, postscale_factor, divisor, copy):
-    """A small contiguous lone tensor whose layout was guessed right rides in its layout's
-    kept envelope (joinwire.Slot): a numpy copy in, one gloo call, and (_landed) a copy out.
-    At 4 bytes every microsecond here costs several of latency, so this path stays bare.
-    Returns the slot, issued, and its work; None when it does not apply (the general path)."""
-    dtype = tensor.dtype
-    floats = dtype in _FLOATS
-    if not (floats or (dtype in _INTS and divisor == 1 and prescale_factor == 1 and postscale_factor == 1)):
-        return None
+    """A contiguous lone tensor whose layout was guessed right takes its layout's kept
+    envelope (joinwire.Slot): a small carried one rides in it (_slotted), an in-place one
+    that is not carried goes ahead of it (_ahead). Returns (works, finish: the result once
+    the works are done); None when neither applies (the general path)."""
     if not tensor.is_cpu or not tensor.is_contiguous():
         return None
-    key = (tensor.numel(), dtype, op, copy)
-    layout = _LAYOUTS.get(key)
-    if layout is None:
-        layout = _short_layout(key)
-    slot = wire.slot(layout) if layout == wire.guess() else None  # False is never a guess
+    key = (tensor.numel(), tensor.dtype, op, copy)
+    known = _LAYOUTS.get(key)
+    layout, path = known if known is not None else _short_layout(key)
+    if path is None or layout != wire.guess():
+        return None
+    slot = wire.slot(layout)
     if slot is None:
         return None
+    if path == _AHEAD:
+        return _ahead(pg, wire, slot, tensor, op, prescale_factor, postscale_factor, divisor)
+    return _slotted(pg, wire, slot, tensor, op, prescale_factor, postscale_factor, divisor, copy)
+
+
+def _slotted(pg, wire, slot, tensor, op, prescale_factor, postscale_factor, divisor, copy):
+    """A numpy copy into the slot's envelope, one gloo call, and (_landed) a copy out. At 4
+    bytes every microsecond here costs several of latency, so this path stays bare."""
+    floats = tensor.dtype in _FLOATS
+    if not (floats or (divisor == 1 and prescale_factor == 1 and postscale_factor == 1)):
+        return None  # an integer to scale: the general path's torch arithmetic
     slot.take(tensor)
-    wire.record(layout)
+    wire.record(slot.layout)
     scale = prescale_factor / divisor
     if floats and scale != 1:
         numpy.multiply(slot.mine, scale, out=slot.view)
     else:
         slot.view[...] = slot.mine  # for a few elements quicker than numpy.copyto
     slot.array[0] = slot.right
-    return slot, pg.allreduce([slot.buffer], joinwire.OPTIONS[op])
+    return [pg.allreduce([slot.buffer], joinwire.OPTIONS[op])], lambda: _landed(slot, tensor, postscale_factor, copy)
 
 
 def _landed(slot, tensor, postscale_factor, copy):
-    """The result of _lone's allreduce, done: the reduced tensor (a new one with copy)."""
+    """The result of _slotted's allreduce, done: the reduced tensor (a new one with copy)."""
     try:
         if slot.said_wrong():
             raise joinwire.disagree(slot.layout)
@@ -163,9 +176,25 @@ def _landed(slot, tensor, postscale_factor, copy):
         slot.give_back()
 
 
-def _lone_handle(lone, tensor, postscale_factor, copy) -> Handle:
-    slot, work = lone
-    return Handle([work], lambda: _landed(slot, tensor, postscale_factor, copy))
+def _ahead(pg, wire, slot, tensor, op, prescale_factor, postscale_factor, divisor):
+    """Reduce the tensor where it lies, then issue the slot's one-element state behind it:
+    scaled as the general path scales a tensor it reduces in place (the same bits)."""
+    slot.busy = True
+    wire.record(slot.layout)
+    flat = fusion.plain(tensor)
+    fusion.scale(flat, prescale_factor)
+    slot.array[0] = slot.right
+    works = [pg.allreduce([flat], joinwire.OPTIONS[op]), pg.allreduce([slot.buffer], joinwire.OPTIONS[Sum])]
+
+    def finish():
+        try:
+            if slot.said_wrong():
+                raise joinwire.disagree(slot.layout)
+        finally:
+            slot.give_back()
+        fusion.average(flat, postscale_factor, divisor)
+        return tensor
+    return works, finish
 
 
 def prepacked(numel, dtype, process_set):
@@ -250,8 +279,9 @@ def _as_sum(op, pg):
 
 
 def _short(tensor, average, op, prescale_factor, postscale_factor, process_set, copy):
-    """_lone's (slot, work) when nothing records spans and nothing calls for the general path,
-    since at 4 bytes the ~2 us of the traced call chain cost several of latency; else None."""
+    """_lone's (works, finish) when nothing records spans and nothing calls for the general
+    path, since at 4 bytes the ~2 us of the traced call chain cost several of latency; else
+    None."""
     if process_set is not global_process_set or trace.recorder() is not None:
         return None
     resolved = resolve(op, average)
@@ -264,9 +294,9 @@ def _short(tensor, average, op, prescale_factor, postscale_factor, process_set, 
 
 
 def _one_async(tensor, average, op, prescale_factor, postscale_factor, process_set, copy, name):
-    lone = _short(tensor, average, op, prescale_factor, postscale_factor, process_set, copy)
-    if lone is not None:
-        return _lone_handle(lone, tensor, postscale_factor, copy)
+    short = _short(tensor, average, op, prescale_factor, postscale_factor, process_set, copy)
+    if short is not None:
+        return Handle(*short)
     return _allreduce_async([tensor], average, op, prescale_factor, postscale_factor,
                             process_set, copy, True, name=name)
 
@@ -284,13 +314,15 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """Waits at the call, with no Handle: ~1 us less than allreduce_async_(...).wait() where
-    the short path applies. A failed wait keeps the slot held (its work may still write)."""
-    lone = _short(tensor, average, op, prescale_factor, postscale_factor, process_set, False)
-    if lone is None:
-        return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
-                                process_set).wait()
-    handles.wait_work(lone[1])
-    return _landed(lone[0], tensor, postscale_factor, False)
+    the short path applies. A failed wait keeps the slot held (its works may still write)."""
+    short = _short(tensor, average, op, prescale_factor, postscale_factor, process_set, False)
+    if short is None:
+        return _allreduce_async([tensor], average, op, prescale_factor, postscale_factor,
+                                process_set, False, True, name=name).wait()
+    works, finish = short
+    for work in works:
+        handles.wait_work(work)
+    return finish()
 
 
 def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
@@ -310,8 +342,12 @@ def join(device=-1) -> int:
     wire, first = joinwire.wire(), True
     while True:
         guess = wire.guess()
+        # (a guess that goes ahead: the active ranks' data comes first)
+        works = [joinwire.issue_ahead(pg, guess)] if guess.ahead else []
         envelope = joinwire.envelope(guess, joinwire.JOINED, pg.size())
-        handles.wait_work(envelope.issue(pg))
+        works.append(envelope.issue(pg))
+        for work in works:
+            handles.wait_work(work)
         said = envelope.said(pg.size())
         if said == joinwire.JOINED:  # everyone is in join(): who came last?
             control, work = joinwire.Control.issue(pg, joined_now=first)
@@ -324,8 +360,8 @@ def join(device=-1) -> int:
             handles.wait_work(work)
             actual = control.layout()
         wire.record(actual)
-        if said == joinwire.RIGHT and actual.carried:
-            continue  # the data rode in the envelope
+        if said == joinwire.RIGHT and (actual.carried or actual.ahead):
+            continue  # the data rode in the envelope, or went ahead of it
         dtype = actual.torch_dtype
         if actual.op == Adasum:
             handles.gather_equal(pg, torch.zeros(1, actual.numel, dtype=dtype))

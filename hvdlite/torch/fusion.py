@@ -157,17 +157,17 @@ def by_dtype(tensors):
     and where each tensor went: (group, index in it)."""
     if len(tensors) == 1:  # the common case, quickly
         check_cpu(tensors[0])
-        return [[_plain(tensors[0])]], [(0, 0)]
+        return [[plain(tensors[0])]], [(0, 0)]
     groups, where = {}, []
     for tensor in tensors:
         check_cpu(tensor)
         group = groups.setdefault(tensor.dtype, [])
         where.append((list(groups).index(tensor.dtype), len(group)))
-        group.append(_plain(tensor))
+        group.append(plain(tensor))
     return list(groups.values()), where
 
 
-def _plain(tensor):
+def plain(tensor):
     """The tensor outside autograd (detach() costs ~2 us; a gradient needs none)."""
     return tensor.detach() if tensor.requires_grad else tensor
 
