@@ -135,6 +135,84 @@ def test_an_in_place_allreduce_of_1mb_reduces_the_tensor_itself():
     gloo_harness.run(check_an_in_place_allreduce_of_1mb_reduces_the_tensor_itself, 2)
 
 
+def _lean_cases():
+    """(tensor of this rank, op, prescale, postscale) for a lone in-place allreduce whose data
+    is not carried: big, or of a dtype or op the state element cannot ride with."""
+    rank = runtime.info().rank
+    g = torch.Generator().manual_seed(rank)
+    yield torch.randn(BIG, generator=g), hvd.Average, 0.3, 1.7
+    yield torch.randn(BIG, generator=g).double(), hvd.Sum, 1.0, 0.25
+    yield torch.randint(-1000, 1000, (BIG,), generator=g, dtype=torch.int32), hvd.Average, 3.0, 0.5
+    yield torch.randint(-1000, 1000, (BIG,), generator=g), hvd.Max, 1.0, 1.0
+    yield torch.randn(7, generator=g).half(), hvd.Average, 2.0, 1.0  # small, not a carrier
+    yield torch.rand(5, generator=g) + 0.5, hvd.Product, 1.0, 3.0
+
+
+def check_the_lean_path_gives_the_general_paths_bits():
+    """A lone in-place tensor that is not carried and guessed right takes the lean path (the
+    data where it lies, then the kept one-element state): same bits as the general path."""
+    info = runtime.info()
+    counting = _Counting(runtime.deactivate())
+    runtime.activate(counting, info)
+    for mine, op, pre, post in _lean_cases():
+        kwargs = dict(op=op, prescale_factor=pre, postscale_factor=post)
+        for _ in range(3):  # guessed right from the third on
+            lean = hvd.allreduce_(mine.clone(), **kwargs)
+        # A group of one: the general path, with the same layout (so still guessed right).
+        general = hvd.grouped_allreduce_([mine.clone()], **kwargs)[0]
+        kept = counting.buffers[-1]  # the general path's state: made anew
+        lean = mine.clone()
+        assert hvd.allreduce_(lean, **kwargs) is lean
+        data, state = counting.buffers[-2:]
+        assert data.data_ptr() == lean.data_ptr() and state.numel() == 1 and state is not kept
+        assert hvd.allreduce_(lean.copy_(mine), **kwargs) is lean and counting.buffers[-1] is state  # kept
+        assert torch.equal(lean.view(torch.uint8), general.view(torch.uint8)), (op, lean, general)
+        assert not torch.equal(lean, mine)  # reduced
+    runtime.deactivate()
+    runtime.activate(counting.pg, info)
+
+
+def test_the_lean_path_gives_the_general_paths_bits():
+    gloo_harness.run(check_the_lean_path_gives_the_general_paths_bits, 2)
+
+
+def check_a_wrong_guess_of_a_big_allreduce_sends_its_size_first():
+    """A guess whose data goes ahead of the state (a big in-place allreduce) and is wrong:
+    every rank must still issue an allreduce of the guessed size first, or gloo gets mismatched
+    sizes (and aborts the process)."""
+    rank, size = runtime.info().rank, runtime.info().size
+    big = torch.full((BIG,), float(rank + 1))
+    for _ in range(3):  # every rank: the guess is now this big in-place Sum
+        hvd.allreduce_(big, op=hvd.Sum)
+    assert joinwire.wire().guess().ahead
+    if rank == size - 1:
+        assert hvd.join() == size - 2
+        return
+    active = size - 1
+    floats = torch.arange(5, dtype=torch.float64) + rank
+    zero_if_joined = [torch.arange(5, dtype=torch.float64) + r for r in range(active)]
+    zero_if_joined.append(torch.zeros(5, dtype=torch.float64))
+    for _ in range(2):
+        # Guessed: the big Sum. Adasum gathers after the guessed size's allreduce.
+        assert torch.allclose(hvd.allreduce(floats, op=hvd.Adasum), adasum.reduce(zero_if_joined))
+        for _ in range(3):  # guessed right from the second: the lean path, a rank joined
+            big.fill_(float(rank + 1))
+            hvd.allreduce_(big, average=True, prescale_factor=2.0)
+            assert torch.equal(big, torch.full((BIG,), 2.0 * sum(range(1, active + 1)) / size))
+        # Guessed: the big Sum again; a small carried one and a big Min come instead.
+        assert torch.equal(hvd.allreduce(torch.ones(3), op=hvd.Sum), torch.full((3,), float(active)))
+        low = torch.full((BIG,), float(rank))
+        assert torch.equal(hvd.allreduce_(low, op=hvd.Min), torch.zeros(BIG))
+        big.fill_(1.0)
+    assert torch.equal(hvd.allreduce_(big, op=hvd.Sum), torch.full((BIG,), float(active)))
+    assert hvd.join() == size - 2  # the active ranks join together
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_a_wrong_guess_of_a_big_allreduce_sends_its_size_first(size):
+    gloo_harness.run(check_a_wrong_guess_of_a_big_allreduce_sends_its_size_first, size, timeout=120)
+
+
 def test_the_state_element_shows_joined_right_and_wrong_under_every_op():
     # A wrong guess shows over right ones (ranks that disagree), a right one over joined ranks.
     for op in (ops.Sum, ops.Min, ops.Max):

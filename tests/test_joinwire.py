@@ -1,7 +1,9 @@
 """join()'s Wire: its steady-state shortcut gives exactly the guesses of the full history; the
-short path of a lone small allreduce: traced, its kept views, its errors."""
+short paths of a lone allreduce (a small one in its kept envelope, a big in-place one ahead of
+its kept state): traced, their kept views, their errors."""
 import json
 import os
+import time
 
 import pytest
 import torch
@@ -138,3 +140,43 @@ def check_short_path_peer_death():
 
 def test_short_path_peer_death_raises():
     gloo_harness.run(check_short_path_peer_death, 2)
+
+
+BIG = (1 << 18) + 5  # float32 elements, reduced in place ahead of the state (not carried)
+
+
+def check_lean_path_disagreement():
+    """Rank 0's big in-place allreduce_ of a steady layout takes the lean path while rank 1
+    reduces another big size: rank 0 raises ValueError and exits, rank 1 then
+    HorovodInternalError."""
+    rank = runtime.info().rank
+    x = torch.ones(BIG)
+    for _ in range(4):
+        hvd.allreduce_(x, op=hvd.Sum)
+    if rank == 0:
+        with pytest.raises(ValueError, match="disagree"):
+            hvd.allreduce_(x, op=hvd.Sum)
+        gloo_harness.leave()
+    with pytest.raises(HorovodInternalError):
+        hvd.allreduce_(torch.ones(BIG + 8), op=hvd.Sum)
+
+
+def test_lean_path_disagreement_raises():
+    gloo_harness.run(check_lean_path_disagreement, 2)
+
+
+def check_lean_path_peer_death():
+    """Rank 1 dies at once (its sockets closed by the kernel, as at a kill -9) while rank 0
+    waits in a big in-place allreduce_ on the lean path."""
+    x = torch.ones(BIG)
+    for _ in range(4):
+        hvd.allreduce_(x, op=hvd.Sum)
+    if runtime.info().rank == 1:
+        time.sleep(0.5)  # rank 0 is in the call by now
+        gloo_harness.leave()
+    with pytest.raises(HorovodInternalError):
+        hvd.allreduce_(x, op=hvd.Sum)
+
+
+def test_lean_path_peer_death_raises():
+    gloo_harness.run(check_lean_path_peer_death, 2)
