@@ -109,48 +109,15 @@ def test_kept_views_follow_the_tensor():
     gloo_harness.run(check_kept_views_follow_the_tensor, 2)
 
 
-def check_short_path_disagreement():
-    """Rank 0's allreduce_ of a steady layout takes the short path while rank 1 reduces
-    something else: rank 0 raises ValueError and exits, rank 1 then HorovodInternalError."""
-    rank = runtime.info().rank
-    x = torch.tensor([1.0])
-    for _ in range(4):
-        hvd.allreduce_(x, op=hvd.Sum)
-    if rank == 0:
-        with pytest.raises(ValueError, match="disagree"):
-            hvd.allreduce_(x, op=hvd.Sum)
-        gloo_harness.leave()
-    with pytest.raises(HorovodInternalError):
-        hvd.allreduce_(torch.ones(2), op=hvd.Sum)
-
-
-def test_short_path_disagreement_raises():
-    gloo_harness.run(check_short_path_disagreement, 2)
-
-
-def check_short_path_peer_death():
-    x = torch.tensor([1.0])
-    for _ in range(4):
-        hvd.allreduce_(x, op=hvd.Sum)
-    if runtime.info().rank == 1:
-        gloo_harness.leave()
-    with pytest.raises(HorovodInternalError):
-        hvd.allreduce_(x, op=hvd.Sum)
-
-
-def test_short_path_peer_death_raises():
-    gloo_harness.run(check_short_path_peer_death, 2)
-
-
 BIG = (1 << 18) + 5  # float32 elements, reduced in place ahead of the state (not carried)
 
 
-def check_lean_path_disagreement():
-    """Rank 0's big in-place allreduce_ of a steady layout takes the lean path while rank 1
-    reduces another big size: rank 0 raises ValueError and exits, rank 1 then
-    HorovodInternalError."""
+def _disagreement(numel, other):
+    """Rank 0's allreduce_ of a steady layout (`numel` float32s: the short path when small,
+    the lean path when big) while rank 1 reduces `other` elements: rank 0 raises ValueError
+    and exits, rank 1 then HorovodInternalError."""
     rank = runtime.info().rank
-    x = torch.ones(BIG)
+    x = torch.ones(numel)
     for _ in range(4):
         hvd.allreduce_(x, op=hvd.Sum)
     if rank == 0:
@@ -158,17 +125,26 @@ def check_lean_path_disagreement():
             hvd.allreduce_(x, op=hvd.Sum)
         gloo_harness.leave()
     with pytest.raises(HorovodInternalError):
-        hvd.allreduce_(torch.ones(BIG + 8), op=hvd.Sum)
+        hvd.allreduce_(torch.ones(other), op=hvd.Sum)
 
 
-def test_lean_path_disagreement_raises():
-    gloo_harness.run(check_lean_path_disagreement, 2)
+def check_short_path_disagreement():
+    _disagreement(1, 2)
 
 
-def check_lean_path_peer_death():
+def check_lean_path_disagreement():
+    _disagreement(BIG, BIG + 8)
+
+
+@pytest.mark.parametrize("check", [check_short_path_disagreement, check_lean_path_disagreement])
+def test_disagreement_raises(check):
+    gloo_harness.run(check, 2)
+
+
+def _peer_death(numel):
     """Rank 1 dies at once (its sockets closed by the kernel, as at a kill -9) while rank 0
-    waits in a big in-place allreduce_ on the lean path."""
-    x = torch.ones(BIG)
+    waits in an allreduce_ of a steady layout on the short or the lean path."""
+    x = torch.ones(numel)
     for _ in range(4):
         hvd.allreduce_(x, op=hvd.Sum)
     if runtime.info().rank == 1:
@@ -178,5 +154,14 @@ def check_lean_path_peer_death():
         hvd.allreduce_(x, op=hvd.Sum)
 
 
-def test_lean_path_peer_death_raises():
-    gloo_harness.run(check_lean_path_peer_death, 2)
+def check_short_path_peer_death():
+    _peer_death(1)
+
+
+def check_lean_path_peer_death():
+    _peer_death(BIG)
+
+
+@pytest.mark.parametrize("check", [check_short_path_peer_death, check_lean_path_peer_death])
+def test_peer_death_raises(check):
+    gloo_harness.run(check, 2)
