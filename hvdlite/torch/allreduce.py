@@ -104,10 +104,9 @@ def _allreduce_async(tensors, average, op, prescale_factor, postscale_factor, pr
     return Handle(works, done)
 
 
-# (numel, dtype, op, copy) -> (its Layout, the short path that takes it: _SLOT, _AHEAD or
-# None for the general path): making a Layout costs more than finding it.
+# (numel, dtype, op, copy) -> its Layout if a short path takes it (a small carried one, or one
+# not carried in place), else False: making a Layout costs more than finding it.
 _LAYOUTS = {}
-_SLOT, _AHEAD = 1, 2
 
 
 def _short_layout(key):
@@ -116,52 +115,52 @@ def _short_layout(key):
     if len(_LAYOUTS) > 4096:  # a script of ever-new sizes
         _LAYOUTS.clear()
     if layout.carried:
-        path = _SLOT if numel * dtype.itemsize <= joinwire.COPY_LIMIT else None
+        short = numel * dtype.itemsize <= joinwire.COPY_LIMIT
     else:  # (a new tensor out of place is the general path's copy, scaled as it copies)
-        path = None if copy else _AHEAD
-    _LAYOUTS[key] = layout, path
+        short = not copy
+    _LAYOUTS[key] = layout if short else False
     return _LAYOUTS[key]
 
 
-def _lone(pg, wire, tensor, op, prescale_factor, postscale_factor, divisor, copy):
+def _lone(pg, wire, tensor, op, prescale_factor, postscale_factor, divisor, copy, wait):
     """A contiguous lone tensor whose layout was guessed right takes its layout's kept
-    envelope (joinwire.Slot): a small carried one rides in it (_slotted), an in-place one
-    that is not carried goes ahead of it (_ahead). Returns (works, finish: the result once
-    the works are done); None when neither applies (the general path)."""
+    envelope (joinwire.Slot): a small carried one rides in it, an in-place one that is not
+    carried goes ahead of it (_ahead). A small one's call is a numpy copy in, one gloo call
+    and (_landed) a copy out: at 4 bytes every microsecond here costs several of latency, so
+    this path stays bare. Returns the result (wait=True) or a Handle for it; None when
+    neither path applies (the general path)."""
     if not tensor.is_cpu or not tensor.is_contiguous():
         return None
     key = (tensor.numel(), tensor.dtype, op, copy)
-    known = _LAYOUTS.get(key)
-    layout, path = known if known is not None else _short_layout(key)
-    if path is None or layout != wire.guess():
-        return None
-    slot = wire.slot(layout)
+    layout = _LAYOUTS.get(key)
+    if layout is None:
+        layout = _short_layout(key)
+    slot = wire.slot(layout) if layout == wire.guess() else None  # False is never a guess
     if slot is None:
         return None
-    if path == _AHEAD:
-        return _ahead(pg, wire, slot, tensor, op, prescale_factor, postscale_factor, divisor)
-    return _slotted(pg, wire, slot, tensor, op, prescale_factor, postscale_factor, divisor, copy)
-
-
-def _slotted(pg, wire, slot, tensor, op, prescale_factor, postscale_factor, divisor, copy):
-    """A numpy copy into the slot's envelope, one gloo call, and (_landed) a copy out. At 4
-    bytes every microsecond here costs several of latency, so this path stays bare."""
+    if slot.ahead:
+        return _ahead(pg, wire, slot, tensor, op, prescale_factor, postscale_factor, divisor, wait)
     floats = tensor.dtype in _FLOATS
     if not (floats or (divisor == 1 and prescale_factor == 1 and postscale_factor == 1)):
         return None  # an integer to scale: the general path's torch arithmetic
     slot.take(tensor)
-    wire.record(slot.layout)
+    wire.record(layout)
     scale = prescale_factor / divisor
     if floats and scale != 1:
         numpy.multiply(slot.mine, scale, out=slot.view)
     else:
         slot.view[...] = slot.mine  # for a few elements quicker than numpy.copyto
     slot.array[0] = slot.right
-    return [pg.allreduce([slot.buffer], joinwire.OPTIONS[op])], lambda: _landed(slot, tensor, postscale_factor, copy)
+    work = pg.allreduce([slot.buffer], joinwire.OPTIONS[op])
+    if not wait:
+        return Handle([work], lambda: _landed(slot, tensor, postscale_factor, copy))
+    handles.wait_work(work)  # (failing, it keeps the slot held: its work may still write)
+    return _landed(slot, tensor, postscale_factor, copy)
 
 
 def _landed(slot, tensor, postscale_factor, copy):
-    """The result of _slotted's allreduce, done: the reduced tensor (a new one with copy)."""
+    """The result of a small lone tensor's allreduce, done: the reduced tensor (a new one
+    with copy)."""
     try:
         if slot.said_wrong():
             raise joinwire.disagree(slot.layout)
@@ -176,7 +175,7 @@ def _landed(slot, tensor, postscale_factor, copy):
         slot.give_back()
 
 
-def _ahead(pg, wire, slot, tensor, op, prescale_factor, postscale_factor, divisor):
+def _ahead(pg, wire, slot, tensor, op, prescale_factor, postscale_factor, divisor, wait):
     """Reduce the tensor where it lies, then issue the slot's one-element state behind it:
     scaled as the general path scales a tensor it reduces in place (the same bits)."""
     slot.busy = True
@@ -194,7 +193,11 @@ def _ahead(pg, wire, slot, tensor, op, prescale_factor, postscale_factor, diviso
             slot.give_back()
         fusion.average(flat, postscale_factor, divisor)
         return tensor
-    return works, finish
+    if not wait:
+        return Handle(works, finish)
+    for work in works:
+        handles.wait_work(work)
+    return finish()
 
 
 def prepacked(numel, dtype, process_set):
@@ -278,10 +281,10 @@ def _as_sum(op, pg):
     return (Sum, pg.size()) if op == Average else (op, 1)
 
 
-def _short(tensor, average, op, prescale_factor, postscale_factor, process_set, copy):
-    """_lone's (works, finish) when nothing records spans and nothing calls for the general
-    path, since at 4 bytes the ~2 us of the traced call chain cost several of latency; else
-    None."""
+def _short(tensor, average, op, prescale_factor, postscale_factor, process_set, copy, wait):
+    """_lone's result (wait=True) or Handle when nothing records spans and nothing calls for
+    the general path, since at 4 bytes the ~2 us of the traced call chain cost several of
+    latency; else None."""
     if process_set is not global_process_set or trace.recorder() is not None:
         return None
     resolved = resolve(op, average)
@@ -290,13 +293,13 @@ def _short(tensor, average, op, prescale_factor, postscale_factor, process_set, 
         return None
     pg = runtime.process_group()
     summed, divisor = _as_sum(resolved, pg)
-    return _lone(pg, wire, tensor, summed, prescale_factor, postscale_factor, divisor, copy)
+    return _lone(pg, wire, tensor, summed, prescale_factor, postscale_factor, divisor, copy, wait)
 
 
 def _one_async(tensor, average, op, prescale_factor, postscale_factor, process_set, copy, name):
-    short = _short(tensor, average, op, prescale_factor, postscale_factor, process_set, copy)
-    if short is not None:
-        return Handle(*short)
+    handle = _short(tensor, average, op, prescale_factor, postscale_factor, process_set, copy, False)
+    if handle is not None:
+        return handle
     return _allreduce_async([tensor], average, op, prescale_factor, postscale_factor,
                             process_set, copy, True, name=name)
 
@@ -313,16 +316,14 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
-    """Waits at the call, with no Handle: ~1 us less than allreduce_async_(...).wait() where
-    the short path applies. A failed wait keeps the slot held (its works may still write)."""
-    short = _short(tensor, average, op, prescale_factor, postscale_factor, process_set, False)
-    if short is None:
-        return _allreduce_async([tensor], average, op, prescale_factor, postscale_factor,
-                                process_set, False, True, name=name).wait()
-    works, finish = short
-    for work in works:
-        handles.wait_work(work)
-    return finish()
+    """Waits at the call, with no Handle where a short path applies: ~1 us less than
+    allreduce_async_(...).wait(). A failed wait keeps the slot held (its works may still
+    write)."""
+    done = _short(tensor, average, op, prescale_factor, postscale_factor, process_set, False, True)
+    if done is not None:
+        return done
+    return _allreduce_async([tensor], average, op, prescale_factor, postscale_factor,
+                            process_set, False, True, name=name).wait()
 
 
 def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):

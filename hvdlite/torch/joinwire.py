@@ -164,6 +164,7 @@ class Slot:
         self.data = self.array[1:]
         _, self.right, self.wrong = states(kept.op, size)  # constant for the world
         self.sums = kept.op == Sum
+        self.ahead = guess.ahead  # the state alone, issued behind the data
         self.busy = False
         # The tensor last carried, its address and shape when it was, its numpy view (mine)
         # and the data part shaped like it (view): see take().
