@@ -15,8 +15,8 @@ always sees equal sizes on every rank:
   active one that guessed wrong and so wastes one collective of the guessed size), then the
   state alone. The data goes first because both share one gloo pair per peer: behind the data
   the one-element state ends as the data does, while in front it costs a round trip of its own
-  (raw twins at 1 MB, 2 ranks, nine runs at load 0.1-2.5: data then state 0.93-1.05x of the
-  data alone, state first 0.88-0.98x and lower in every run).
+  (raw twins at 1 MB, 2 ranks, ten runs at load 0.1-3: data then state 0.91-1.05x of the data
+  alone, state first 0.88-0.98x, in no run ahead of data first).
 Only then does more follow:
 - a wrong guess: a control exchange (the real layout) and the real allreduce;
 - every rank in join(): a control exchange of who joined just now, to name the last one.
