@@ -4,8 +4,10 @@
     python bench/allreduce.py --spawn [--np 2]     # its own launcher, no driver needed
     python bench/allreduce.py --spawn --sizes 4    # only these sizes (bytes), for a quick look
 
-Prints, on rank 0, medians over --iters timed runs:
-- hvd.allreduce / hvd.allreduce_ against pg.allreduce on the very same group (target >= 0.95x);
+Prints, on rank 0:
+- hvd.allreduce / hvd.allreduce_ against pg.allreduce on the very same group (target >= 0.95x):
+  the median over runs of the twin's time over hvdlite's in the run beside it, with a ~90%
+  confidence interval (a ratio of two medians swung 0.5-2x at 1 MB under load);
 - a DistributedOptimizer step on a model of many small tensors, fused, against the same step
   with one allreduce per gradient tensor (target >= 2x faster).
 """
@@ -24,6 +26,7 @@ import torch.distributed as dist
 import hvdlite.torch as hvd
 from hvdlite.torch import optimizer as hvd_optimizer, runtime
 from hvdlite.worker.world import WorldInfo
+from stats import median_interval  # bench/, the script's folder
 
 MB = 1024 * 1024
 SIZES = (4, 1 * MB, 16 * MB, 64 * MB)  # bytes; 4 B shows the fixed cost per call
@@ -32,6 +35,7 @@ HVD_IN_PLACE = "hvd.allreduce_(op=Sum)"
 RAW_NEW = "clone + pg.allreduce + div_"
 HVD_NEW = "hvd.allreduce (Average)"
 FUSED = "DistributedOptimizer, fused"
+TWINS = ((RAW_IN_PLACE, HVD_IN_PLACE), (RAW_NEW, HVD_NEW))
 
 
 def timed(fn, iters):
@@ -46,8 +50,9 @@ def timed(fn, iters):
 
 
 def bench_allreduce(iters, sizes=SIZES):
-    """Per size: {case: median seconds}. Each hvdlite case has a raw gloo twin doing the same
-    work by hand, so the ratio is hvdlite's own overhead."""
+    """Per size: ({case: median seconds}, {hvdlite case: its twin's seconds / its own, per
+    run}). Each hvdlite case has a raw gloo twin doing the same work by hand, so the ratio is
+    hvdlite's own overhead."""
     pg = runtime.process_group()
     options = dist.AllreduceOptions()
     options.reduceOp = dist.ReduceOp.SUM
@@ -66,13 +71,15 @@ def bench_allreduce(iters, sizes=SIZES):
                  HVD_NEW: lambda: hvd.allreduce(tensor)}
         for fn in cases.values():  # warm up: first touches, gloo buffers
             fn()
-        # Interleave the cases so a noisy neighbour hits them alike; small sizes are mostly
-        # scheduling noise, so they get more runs.
+        # Interleaved, in turns (AB BA ...), so a noisy neighbour hits each case and its twin
+        # alike; each run's ratio pairs a case with its twin run next to it. Small sizes are
+        # mostly scheduling noise, so they get more runs.
         samples = {name: [] for name in cases}
-        for _ in range(max(iters, min(500, 160 * MB // nbytes))):
-            for name, fn in cases.items():
+        for run in range(max(iters, min(500, 400 * MB // nbytes))):
+            for name, fn in (cases.items() if run % 2 == 0 else reversed(cases.items())):
                 samples[name].append(timed(fn, 1))
-        rows.append((nbytes, {name: statistics.median(s) for name, s in samples.items()}))
+        ratios = {ours: [a / b for a, b in zip(samples[raw], samples[ours])] for raw, ours in TWINS}
+        rows.append((nbytes, {name: statistics.median(s) for name, s in samples.items()}, ratios))
     return rows
 
 
@@ -132,16 +139,20 @@ def report(iters, sizes):
     tensors, steps = bench_optimizer(iters)
     if hvd.rank() != 0:
         return
-    print(f"{hvd.size()} ranks, {torch.get_num_threads()} torch threads each; medians of "
-          f"max({iters}, min(500, 160 / size in MB)) runs per allreduce case, {iters} per training step")
+    print(f"{hvd.size()} ranks, {torch.get_num_threads()} torch threads each; "
+          f"max({iters}, min(500, 400 / size in MB)) runs per allreduce case, {iters} per training step;"
+          f" ratio: median over runs of the twin's time / hvdlite's in the run beside it (~90% CI)")
     print(f"\n{'size':>5}  {'case':<28} {'ms':>8} {'GB/s':>6}  {'raw twin / hvdlite':>18}")
-    for nbytes, cases in rows:
-        for raw, ours in ((RAW_IN_PLACE, HVD_IN_PLACE), (RAW_NEW, HVD_NEW)):
+    for nbytes, cases, ratios in rows:
+        for raw, ours in TWINS:
             for name in (raw, ours):
                 seconds = cases[name]
-                ratio = f"{cases[raw] / seconds:17.2f}x" if name == ours else ""
                 size = f"{nbytes // MB}MB" if nbytes >= MB else f"{nbytes}B"
-                print(f"{size:>5}  {name:<28} {seconds * 1e3:8.3f} {nbytes / seconds / 1e9:6.2f}  {ratio}")
+                line = f"{size:>5}  {name:<28} {seconds * 1e3:8.3f} {nbytes / seconds / 1e9:6.2f}"
+                if name == ours:
+                    low, high = median_interval(ratios[ours])
+                    line += f"  {statistics.median(ratios[ours]):16.2f}x ({low:.2f}-{high:.2f})"
+                print(line)
     print(f"\ntraining step (zero_grad, forward, backward, step), model of {tensors} tensors")
     fused = steps[FUSED]
     for name, seconds in steps.items():

@@ -14,7 +14,6 @@ load average; checks that every rank ends with the same parameters in both.
 """
 import argparse
 import datetime
-import math
 import os
 import statistics
 import subprocess
@@ -29,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 import hvdlite.torch as hvd
 from hvdlite.torch import runtime
 from hvdlite.worker.world import WorldInfo
+from stats import median_interval  # bench/, the script's folder
 
 
 class MLP(torch.nn.Module):
@@ -127,18 +127,6 @@ def run_case(name, rounds, steps):
                             cpu["hvd"] / steps, cpu["ddp"] / steps))
     check_parameters(name, runs["hvd"][1], runs["ddp"][1].module)
     return results
-
-
-def median_interval(values, coverage=0.9):
-    """A distribution-free interval that holds the median of what `values` are drawn from
-    with probability >= coverage (or the widest there is): the k-th smallest and k-th largest
-    value, k as large as that coverage allows (fewer than k of n values fall below the median
-    with probability P(Binomial(n, 1/2) < k))."""
-    ordered, n = sorted(values), len(values)
-    k = 1
-    while k < n // 2 and 1 - 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n >= coverage:
-        k += 1
-    return ordered[k - 1], ordered[n - k]
 
 
 def check_parameters(name, ours, theirs):

@@ -255,6 +255,20 @@ class NamespacedNodes:
         self.close()
 
 
+def _lock(file, timeout):
+    """flock(file) exclusively, or RuntimeError after `timeout` seconds (a holder that hangs
+    must fail the test, not wedge every later one)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{file.name} stayed locked for {timeout} s") from None
+            time.sleep(0.05)
+
+
 class Bridge:
     """A bridge `<prefix>b` at SUBNET.1/24 in the root namespace (`address`; SUBNET is
     _pick_subnet(seed, second)), and per host a
@@ -267,7 +281,7 @@ class Bridge:
         # One session at a time picks a free subnet and takes it (parallel test workers,
         # other checkouts): the pick sees only subnets already on an interface.
         with open(SUBNET_LOCK, "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            _lock(lock, timeout=60)
             self.subnet = _pick_subnet(seed, second)
             self.address = f"{self.subnet}.1"
             _ip("link", "add", self.name, "type", "bridge")

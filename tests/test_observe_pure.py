@@ -96,6 +96,7 @@ def test_story_of_a_kill_and_a_scale_up():
          "reformed_in": 0.1, "cause": "failure"},
         {"time": 6, "event": "hosts_changed", "kind": "added", "added": ["h"], "removed": []},
         {"time": 6, "event": "worker_start", "slot": "h/2"},
+        {"time": 7.5, "event": "round_broken", "round": 2, "cause": "hosts updated"},
         {"time": 8, "event": "round_complete", "round": 3, "size": 2, "members": {"h/0": 0, "h/2": 1},
          "reformed_in": 0.5, "cause": "hosts updated"},
         {"time": 9, "event": "job_end", "result": "success"}]
@@ -106,6 +107,7 @@ def test_story_of_a_kill_and_a_scale_up():
     assert [(g.start, g.end, g.state) for g in s.segments["h/1"]] == \
         [(0, 2, "joining"), (2, 5, "member"), (5, None, "blacklisted")]
     assert [m.label for m in s.marks if m.slot == "h/1" and m.kind == "failure"] == ["SIGKILL"]
+    assert [m.label for m in s.marks if m.kind == "broken"] == ["world 2 re-forms for hosts"]
 
 
 def test_a_short_join_stays_visible_in_its_lane():

@@ -157,7 +157,9 @@ def build(records) -> Story:
         elif event == "worker_unresponsive" and slot:
             story.marks.append(Mark(t, "broken", "unresponsive", slot))
         elif event == "round_broken":
-            story.marks.append(Mark(t, "broken", f"world {r.get('round')} broke"))
+            # a host update ends a world with nobody rolling back: not a break
+            what = "re-forms for hosts" if r.get("cause") == "hosts updated" else "broke"
+            story.marks.append(Mark(t, "broken", f"world {r.get('round')} {what}"))
         elif event == "hosts_changed":
             resized = r.get("resized") or {}
             change = [f"{h} {old}->{new}" for h, (old, new) in resized.items()] + \
