@@ -47,17 +47,13 @@ pool = Pool()
 class Plan:
     """The fixed layout of a bucket packed step after step (DistributedOptimizer's): one free
     element in front (join's state), the tensors, then `extra` elements, in a buffer from the
-    pool. The results are copied back into the tensors (in place, as Horovod reduces gradients,
-    and as DDP copies its buckets back). Handing out views of the buffer as the gradients
-    instead freed the ones backward made mid-step, and malloc then handed fresh pages to the
-    next backward: on bench/ddp.py's conv net at np 2, 200-290 more page faults a step than
-    DDP and 0.2-0.35 ms more CPU in backward; copying back, 50-140 more and the same CPU."""
+    pool (so a kept one is packed again once no gradient view of it is alive)."""
 
     def __init__(self, tensors, extra):
         self.shapes = [t.shape for t in tensors]
         self.dtype = tensors[0].dtype
-        self.sizes = [t.numel() for t in tensors]
-        self.numel = sum(self.sizes) + extra
+        self.cuts = [1, *(t.numel() for t in tensors), extra]  # the buffer's pieces
+        self.numel = sum(self.cuts) - 1
 
     def fits(self, tensors) -> bool:
         """Whether the tensors are plain dense ones of the plan's dtype and shapes (numpy can
@@ -70,29 +66,22 @@ class Plan:
         """A buffer holding the tensors multiplied by `factor` (numpy's float32/64 product, as
         _multiply's) after its first element, then the extra elements set to `fill`."""
         buffer = pool.take(1 + self.numel, self.dtype)
-        *parts, extra = self._views(buffer)
-        for tensor, out in zip(tensors, parts):
+        array, start = buffer.numpy(), 1
+        for tensor, size, shape in zip(tensors, self.cuts[1:], self.shapes):
+            out = array[start:start + size].reshape(shape)
             if factor == 1:
                 numpy.copyto(out, tensor.numpy())
             else:
                 numpy.multiply(tensor.numpy(), factor, out=out)
-        extra.fill(fill)
+            start += size
+        array[start:].fill(fill)
         return buffer
 
-    def unpack(self, buffer, tensors) -> None:
-        """Copy the tensors' parts of `buffer` (from pack()) back into them."""
-        for tensor, part in zip(tensors, self._views(buffer)):
-            numpy.copyto(tensor.numpy(), part)
-
-    def _views(self, buffer):
-        """The tensors' parts of `buffer` as numpy views shaped as they are, then its extra
-        elements. Made at each call: a numpy view holds the buffer's storage, which would keep
-        the pool from taking the buffer again."""
-        array, start, parts = buffer.numpy(), 1, []
-        for size, shape in zip(self.sizes, self.shapes):
-            parts.append(array[start:start + size].reshape(shape))
-            start += size
-        return [*parts, array[start:]]
+    def pieces(self, buffer):
+        """The tensors' parts of `buffer`, shaped as they are (views, no copy)."""
+        pieces = buffer.split_with_sizes(self.cuts)[1:-1]
+        return [piece if len(shape) == 1 else piece.view(shape)
+                for piece, shape in zip(pieces, self.shapes)]
 
 
 class Pack:

@@ -172,8 +172,7 @@ class _GradientReducer:
     def _reset(self):
         self.pending = [self.passes] * len(self.bucket_of)  # backward passes to go, per parameter
         self.ready = [0] * len(self.buckets)  # parameters done, per bucket
-        # (bucket, compression contexts, handle, the gradients packed if prepacked), in order
-        self.started = []
+        self.started = []  # (bucket, compression contexts, handle), in bucket order
 
     def in_flight(self) -> bool:
         return bool(self.started)
@@ -202,9 +201,9 @@ class _GradientReducer:
             bucket = self.buckets[index]
             if not everything and self.ready[index] < len(bucket):
                 return
-            grads, handle = self._prepacked(index)
+            handle = self._prepacked(index)
             if handle is not None:
-                self.started.append((bucket, None, handle, grads))
+                self.started.append((bucket, None, handle))
                 continue
             compressed = [self.compression.compress(self._local_grad(p)) for p in bucket]
             flags = _flags([p.grad is not None for p in bucket], compressed[0][0].dtype)
@@ -213,29 +212,27 @@ class _GradientReducer:
                 [c for c, _ in compressed] + [flags], op=self.op,
                 prescale_factor=self.prescale, postscale_factor=self.postscale,
                 process_set=self.process_set)
-            self.started.append((bucket, [ctx for _, ctx in compressed], handle, None))
+            self.started.append((bucket, [ctx for _, ctx in compressed], handle))
 
     def _prepacked(self, index):
         """The common case in short: every gradient of the bucket present and as its plan
         has it (dense, float32/64), not compressed, on the global set, on a layout join's wire
         guessed right. The bucket's Plan packs them as the general path would, into the buffer
-        it keeps, prepacked_async sends it with no more Python, and synchronize() copies the
-        averages back into these same gradients. Returns (the gradients, the handle), or
-        (None, None) when the general path must take the bucket (a rank may take either: the
-        wire and the sums come out alike)."""
+        it keeps, and prepacked_async sends it with no more Python. None when the general path
+        must take the bucket (a rank may take either: the wire and the sums come out alike)."""
         if self.compression is not Compression.none or self.process_set is not global_process_set:
-            return None, None
+            return None
         plan = self.plans[index]
         factor = self.prescale / (self.process_set.size() if self.op == ops.Average else 1)
         if not factor > 0:  # (a positive factor keeps each flag of a present gradient nonzero)
-            return None, None
+            return None
         grads = [p.grad for p in self.buckets[index]]
         if not plan.fits(grads):
-            return None, None
+            return None
         layout = prepacked(plan.numel, plan.dtype, self.process_set)
         if layout is None:
-            return None, None
-        return grads, prepacked_async(plan.pack(grads, factor, fill=factor), layout, self.postscale)
+            return None
+        return prepacked_async(plan.pack(grads, factor, fill=factor), layout, self.postscale)
 
     def _local_grad(self, p):
         if p.grad is None:
@@ -251,9 +248,10 @@ class _GradientReducer:
         self._follow_world()
         try:
             self._start(everything=True)
-            for index, (bucket, contexts, handle, grads) in enumerate(self.started):
-                if grads is not None:  # prepacked: every rank had some of each gradient
-                    self.plans[index].unpack(handle.wait(), grads)  # (into them, as Horovod does)
+            for index, (bucket, contexts, handle) in enumerate(self.started):
+                if contexts is None:  # prepacked: every rank had some of each gradient
+                    for p, grad in zip(bucket, self.plans[index].pieces(handle.wait())):
+                        p.grad = grad
                     continue
                 *reduced, flags = ops.synchronize(handle)
                 for p, grad, ctx, anyone in zip(bucket, reduced, contexts, flags.tolist()):
