@@ -10,7 +10,8 @@ falls on both alike. A round's ratio is the median of its hvdlite steps over the
 DDP steps. Prints, on rank 0, the median of the round ratios (target: hvdlite / DDP <= 1.00x)
 with a distribution-free ~90% confidence interval of that median (from the rounds' order
 statistics), each side's median step and CPU time (rank 0's process, every thread), and the
-load average; checks that every rank ends with the same parameters in both.
+load average. Checks that hvdlite's parameters follow DDP's over the first steps (see DRIFT) and
+that every rank ends with the same ones.
 """
 import argparse
 import datetime
@@ -111,6 +112,8 @@ def run_case(name, rounds, steps):
     clocks; raises when parameters differ."""
     pg = runtime.process_group()
     runs = {wrap: trainer(CASES[name], wrap) for wrap in ("hvd", "ddp")}
+    initial = [p.detach().clone() for p in runs["hvd"][1].parameters()]  # DDP's start alike (seed 0)
+    models = runs["hvd"][1], runs["ddp"][1].module
     results = []
     for round_ in range(rounds + 1):  # round 0 warms up
         times = {wrap: [] for wrap in runs}
@@ -122,23 +125,38 @@ def run_case(name, rounds, steps):
                 runs[wrap][0]()
                 times[wrap].append(time.perf_counter() - start)
                 cpu[wrap] += time.process_time() - start_cpu
+            if not round_:  # both have taken i + 1 steps
+                check_against_ddp(name, *models, initial, i + 1)
         if round_:
             results.append((statistics.median(times["hvd"]), statistics.median(times["ddp"]),
                             cpu["hvd"] / steps, cpu["ddp"] / steps))
-    check_parameters(name, runs["hvd"][1], runs["ddp"][1].module)
+    check_ranks_equal(name, models[0])
     return results
 
 
-def check_parameters(name, ours, theirs):
-    for (pname, p), q in zip(ours.named_parameters(), theirs.parameters()):
-        root = hvd.broadcast(p.detach(), 0)
-        if not torch.equal(root, p.detach()):
+# How far hvdlite's parameters may be from DDP's after the same first steps, as a fraction of
+# how far DDP's moved from the start (per tensor, its largest element each). At 2 ranks they
+# were equal bitwise; at 4, gloo adds in an order that depends on the buffer's layout: at most
+# 3e-4 of the move in the first 12 steps (the MLP; conv and embeddings 1e-5). A bug such as a
+# bucket not averaged, or a gradient dropped or taken twice, is off by the whole move or more.
+# Later steps are not compared: the conv net amplifies those last bits (its max-pooling picks
+# other elements), to 0.06 of the move by step 61 and 0.6 by step 141 at 4 ranks.
+DRIFT = 0.01
+
+
+def check_against_ddp(name, ours, theirs, initial, steps):
+    for (pname, p), q, p0 in zip(ours.named_parameters(), theirs.parameters(), initial):
+        drift = (p - q).abs().max().item() / max((q - p0).abs().max().item(), 1e-30)
+        if drift > DRIFT:
+            raise AssertionError(f"{name}: after {steps} steps, {pname} differs between hvdlite "
+                                 f"and DDP on rank {hvd.rank()} by {drift:.2%} of its move "
+                                 f"(at most {DRIFT:.0%})")
+
+
+def check_ranks_equal(name, ours):
+    for pname, p in ours.named_parameters():
+        if not torch.equal(hvd.broadcast(p.detach(), 0), p.detach()):
             raise AssertionError(f"{name}: hvdlite's {pname} differs between rank 0 and {hvd.rank()}")
-        # Not bitwise: at 4 ranks gloo adds in an order that depends on the bucket layout,
-        # and ~100 steps of momentum carry the last bits along (1.6e-4 seen on the conv net).
-        if not torch.allclose(p, q, rtol=1e-3, atol=1e-3):
-            raise AssertionError(f"{name}: {pname} differs between hvdlite and DDP on rank "
-                                 f"{hvd.rank()} by {(p - q).abs().max().item():.3g}")
 
 
 def child(rank, size, store_path, cases, rounds, steps):

@@ -146,7 +146,10 @@ class _GradientReducer:
         # Backward produces gradients roughly from the last parameter to the first.
         self.buckets = buckets or _fusion_buckets(list(reversed(params)), fusion_threshold(),
                                                   first=FIRST_BUCKET)
-        self.bucket_of = {p: i for i, bucket in enumerate(self.buckets) for p in bucket}
+        # Per parameter, by its index in `params` (which its hook passes: a dict keyed by
+        # tensors would call Tensor.__hash__, Python code, at every look-up): its bucket.
+        where = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
+        self.bucket_of = [where[id(p)] for p in params]
         # Each bucket's layout with its flags, for the prepacked path (see _prepacked).
         self.plans = [fusion.Plan(bucket, len(bucket)) for bucket in self.buckets]
         self.skip_synchronize = False
@@ -158,15 +161,16 @@ class _GradientReducer:
         self._reset()
         # The hooks reach the reducer weakly: an optimizer the script dropped (say, replaced
         # by a new one over the same model) must stop reducing, not trip the next backward.
-        hook = functools.partial(_on_grad, weakref.ref(self))
-        self._hooks = [p.register_post_accumulate_grad_hook(hook) for p in params]
+        ref = weakref.ref(self)
+        self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(_on_grad, ref, index))
+                       for index, p in enumerate(params)]
 
     def __del__(self):
         for hook in self._hooks:
             hook.remove()
 
     def _reset(self):
-        self.pending = {p: self.passes for p in self.bucket_of}  # backward passes to go
+        self.pending = [self.passes] * len(self.bucket_of)  # backward passes to go, per parameter
         self.ready = [0] * len(self.buckets)  # parameters done, per bucket
         self.started = []  # (bucket, compression contexts, handle), in bucket order
 
@@ -179,15 +183,16 @@ class _GradientReducer:
             self._reset()  # the world was re-formed (elastic reset) in the middle of a step
             self.world = world
 
-    def on_grad(self, p):
+    def on_grad(self, index):
         self._follow_world()
-        if self.pending[p] == 0:
+        left = self.pending[index]
+        if left == 0:
             raise AssertionError(
                 "Gradients were computed more than backward_passes_per_step times before call "
                 "to step(). Increase backward_passes_per_step to accumulate gradients locally.")
-        self.pending[p] -= 1
-        if self.pending[p] == 0:
-            self.ready[self.bucket_of[p]] += 1
+        self.pending[index] = left - 1
+        if left == 1:
+            self.ready[self.bucket_of[index]] += 1
             self._start(everything=False)
 
     def _start(self, everything):
@@ -268,10 +273,10 @@ def _flags(values, dtype):
     return torch.tensor(values, dtype=dtype)
 
 
-def _on_grad(reducer_ref, p):
+def _on_grad(reducer_ref, index, _):
     reducer = reducer_ref()
     if reducer is not None:
-        reducer.on_grad(p)
+        reducer.on_grad(index)
 
 
 class _DistributedOptimizer:
