@@ -242,6 +242,7 @@ while True:
 def test_kill_9_during_writes_never_leaves_a_checkpoint_that_fails_or_mixes(tmp_path):
     rng = random.Random(14)
     directory, commit = str(tmp_path), 0
+    extra = 0  # files over `keep` that a kill between rename and prune may have left
     env = {**os.environ, "PYTHONPATH": ROOT}
     for trial in range(40):
         proc = subprocess.Popen([sys.executable, "-c", WRITER, directory, str(commit)], env=env,
@@ -261,7 +262,14 @@ def test_kill_9_during_writes_never_leaves_a_checkpoint_that_fails_or_mixes(tmp_
             loaded, _, state = checkpoints.load(os.path.join(directory, checkpointdir.file_name(c, LINEAGE)))
             assert loaded == c == state["commit"], f"trial {trial}"
             assert (state["a"] == c).all() and all((b == c).all() for b in state["b"]), f"trial {trial}"
-        assert len(found) <= 3 + 1  # a kill between rename and prune may leave one extra
+        # A kill between rename and prune leaves one file over `keep`, pruned by the next write
+        # that gets that far: a trial that renamed two files pruned after the first; one whose
+        # only write was cut there (a loaded machine) adds its own extra to those before it.
+        if found[0] > commit + 1:
+            extra = 1
+        elif found[0] == commit + 1:
+            extra += 1
+        assert len(found) <= 3 + extra, f"trial {trial}: {found}"
         commit = found[0]
     leftovers = [n for n in os.listdir(directory) if n.endswith(".tmp")]
     assert len(leftovers) <= 40  # junk of killed writes: removed once stale
