@@ -139,7 +139,7 @@ def _lone(pg, wire, tensor, op, prescale_factor, postscale_factor, divisor, copy
     if slot is None:
         return None
     if slot.ahead:
-        return _ahead(pg, wire, slot, tensor, op, prescale_factor, postscale_factor, divisor, wait)
+        return _ahead(pg, wire, slot, tensor, prescale_factor, postscale_factor, divisor, wait)
     floats = tensor.dtype in _FLOATS
     if not (floats or (divisor == 1 and prescale_factor == 1 and postscale_factor == 1)):
         return None  # an integer to scale: the general path's torch arithmetic
@@ -175,7 +175,7 @@ def _landed(slot, tensor, postscale_factor, copy):
         slot.give_back()
 
 
-def _ahead(pg, wire, slot, tensor, op, prescale_factor, postscale_factor, divisor, wait):
+def _ahead(pg, wire, slot, tensor, prescale_factor, postscale_factor, divisor, wait):
     """Reduce the tensor where it lies, then issue the slot's one-element state behind it:
     scaled as the general path scales a tensor it reduces in place (the same bits)."""
     slot.busy = True
@@ -183,7 +183,7 @@ def _ahead(pg, wire, slot, tensor, op, prescale_factor, postscale_factor, diviso
     flat = fusion.plain(tensor)
     fusion.scale(flat, prescale_factor)
     slot.array[0] = slot.right
-    works = [pg.allreduce([flat], joinwire.OPTIONS[op]), pg.allreduce([slot.buffer], joinwire.OPTIONS[Sum])]
+    works = [joinwire.issue_ahead(pg, slot.layout, flat), pg.allreduce([slot.buffer], joinwire.OPTIONS[Sum])]
 
     def finish():
         try:

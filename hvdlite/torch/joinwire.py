@@ -32,7 +32,7 @@ import numpy
 import torch
 import torch.distributed as dist
 
-from hvdlite.torch import runtime
+from hvdlite.torch import fusion, runtime
 from hvdlite.worker.reduceops import Adasum, Max, Min, Product, Sum
 
 JOIN_ENV = "HVDLITE_JOIN"
@@ -179,7 +179,7 @@ class Slot:
         The same object: another one at that address may be what numpy() refuses (a
         negative view)."""
         if tensor is not self.tensor or tensor.data_ptr() != self.ptr or tensor.shape != self.shape:
-            self.mine = (tensor.detach() if tensor.requires_grad else tensor).numpy()
+            self.mine = fusion.plain(tensor).numpy()
             self.view = self.data.reshape(self.mine.shape)
             # Keep it for next time unless that pins a larger storage (a row of a big tensor).
             kept = tensor.untyped_storage().nbytes() <= COPY_LIMIT
