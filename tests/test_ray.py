@@ -5,8 +5,10 @@ added, drained and cut off, a cluster too small (with an autoscaler and without)
 
 After each test the cluster is reset (RayCluster.reset): a node the test killed, drained or cut
 off runs a new raylet (a new Ray node, a new NodeID), and Ray lists no node of the past alive."""
+import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -121,6 +123,23 @@ def test_workers_fork_from_their_nodes_template_whose_death_costs_no_blacklistin
     assert [e["key"] for e in r.of("blacklisted")] == [n1]  # the worker's kill only
     check_training_continuous(tmp_path, 150)
     wait_no_leftovers(cluster)  # the templates too
+
+
+def test_a_nodes_template_that_hangs_costs_one_launch_its_wait_and_is_replaced(cluster):
+    # A stopped template answers nobody: one launch's spawn client waits half the start timeout
+    # and starts plainly. Before, the template was kept and every later launch on the node
+    # waited for it again; now it is ended and forgotten, and the next launch starts another.
+    # A Ray driver of its own (tests/scripts/ray_hung_template.py): this process is none.
+    r = subprocess.run([sys.executable, os.path.join(SCRIPTS, "ray_hung_template.py"), cluster.node_id("n1")],
+                       env=cluster.env, capture_output=True, text=True, timeout=150)
+    assert r.returncode == 0, r.stderr
+    seen = json.loads(r.stdout.splitlines()[-1])
+    hung = "the template did not answer within 2 s"  # half the launch's 4 s start timeout
+    assert seen["said"] == [f"hvdlite: starting workers on {cluster.node_id('n1')} "
+                            f"without a preloaded template ({hung})"], seen
+    assert seen["started"] == ["ray"] * 3, seen
+    assert seen["hung_gone"] and seen["after"] not in (None, seen["hung"]), seen
+    wait_no_leftovers(cluster)
 
 
 def test_a_node_added_joins_the_job(tmp_path, cluster):

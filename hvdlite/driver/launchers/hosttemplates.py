@@ -4,8 +4,8 @@ there (an SSH channel, ssh/template.py; a Ray actor, raytemplate.py).
 A host's template starts with a launch that wants one (or `warm()`, on every host that has had
 a worker); launches start plainly until it says it is ready, then fork from it through the
 spawn client (hvdlite.template.spawn). A template that died, or hangs, is forgotten as soon
-as a spawn client over SSH says so, and started again by the next launch that wants one; one that cannot
-preload is given up for that host (said once).
+as a spawn client says so (fell_back), and started again by the next launch that wants one; one
+that cannot preload is given up for that host (said once).
 
 `make(host, command, env, cwd, preload, failed)` starts one template in the background and
 gives a HostTemplate; it calls `failed(reason)` when the template cannot preload.
@@ -14,6 +14,7 @@ import threading
 
 from hvdlite.driver.launchers.template import template_env
 from hvdlite.template.command import python_name
+from hvdlite.template.spawn import REFUSED
 
 
 def template_argv(command, preload) -> list:
@@ -76,6 +77,13 @@ class HostTemplates:
             if current is not None and current.socket == socket_path:
                 current.socket, current.finished = None, True
                 current.close()  # a hung one forks no more once it wakes: its lifeline is gone
+
+    def fell_back(self, host, socket_path: str, reason: str) -> None:
+        """A launch's spawn client started its worker plainly after all, for `reason`: said
+        once; the template is forgotten unless it serves and only refused this command."""
+        self.say(fallback_line(self.name(host), reason))
+        if not reason.startswith(REFUSED):  # nobody answers at that socket, or it hangs
+            self.forget(host, socket_path)
 
     def warm(self) -> None:
         """Start a template on every remote host that has had a worker."""

@@ -17,7 +17,7 @@ import time
 
 from hvdlite.discovery.raynodes import SlotShape, connect
 from hvdlite.driver.launchers.base import LaunchError
-from hvdlite.driver.launchers.hosttemplates import HostTemplate, HostTemplates, fallback_line
+from hvdlite.driver.launchers.hosttemplates import HostTemplate, HostTemplates
 from hvdlite.driver.launchers.raytemplate import NodeTemplate
 from hvdlite.driver.launchers.rayslot import Slot
 from hvdlite.driver.launchers.start import StartRule, spawn_argv
@@ -40,7 +40,6 @@ class RayLauncher:
         self._actor = self.ray.remote(max_concurrency=4, max_restarts=0)(Slot)
         self._template_actor = self.ray.remote(max_concurrency=2, max_restarts=0)(NodeTemplate)
         self._rule = StartRule(settings)
-        self._say = say
         self._templates = HostTemplates(settings.preload, say, self._template) if settings.preload else None
         self._route = None
 
@@ -58,7 +57,8 @@ class RayLauncher:
         template = self._templates.serving(host, self.command, env, os.getcwd(),
                                            start=self._rule.template_remotely(joining)) \
             if self._templates else None
-        argv = spawn_argv(self.command, template.socket, self.start_timeout) if template else self.command
+        socket_path = template.socket if template else None
+        argv = spawn_argv(self.command, socket_path, self.start_timeout) if template else self.command
         bundle = self.shape.bundle()
         actor = self._actor.options(
             scheduling_strategy=self._pin(host, soft=False), num_cpus=bundle.pop("CPU", 0),
@@ -73,7 +73,7 @@ class RayLauncher:
                 else str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
             raise LaunchError(f"cannot start a worker on Ray node {host[:12]}: {why}") from None
         if fallback:
-            self._say(fallback_line(host, fallback))
+            self._templates.fell_back(host, socket_path, fallback)
         return RayWorker(self, actor, host, pid, output, how)
 
     def _template(self, host, command, env: dict, cwd: str, preload, failed):

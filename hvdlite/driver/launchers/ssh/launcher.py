@@ -6,11 +6,9 @@ from hvdlite.driver.launchers.locality import is_local
 from hvdlite.driver.launchers.ssh.config import SSHSettings, host_config
 from hvdlite.driver.launchers.ssh.connection import SSHHost
 from hvdlite.driver.launchers.ssh.remote import launch
-from hvdlite.driver.launchers.hosttemplates import fallback_line
 from hvdlite.driver.launchers.ssh.template import RemoteTemplates
 from hvdlite.driver.launchers.start import StartRule
 from hvdlite.driver.network import route_address
-from hvdlite.template.spawn import REFUSED
 
 
 class SSHLauncher:
@@ -21,7 +19,6 @@ class SSHLauncher:
             accept_unknown_hosts=settings.ssh_accept_unknown_hosts,
             **({"ssh_config": settings.ssh_config} if settings.ssh_config else {}))
         self._rule = StartRule(settings)
-        self._say = say
         # A host's template starts with its first joining worker (any worker, with --preload)
         # or once the first world formed; its workers start plainly until it is ready.
         self._templates = RemoteTemplates(settings.preload, say) if settings.preload else None
@@ -44,9 +41,7 @@ class SSHLauncher:
         worker = launch(connection, self.command, env, os.getcwd(), output, template=socket_path,
                         template_gone=forget)
         if worker.fallback:
-            self._say(fallback_line(host, worker.fallback))
-            if not worker.fallback.startswith(REFUSED):  # nobody answers at that socket, or it hangs
-                forget()
+            self._templates.fell_back(connection, socket_path, worker.fallback)
         return worker
 
     def warm(self):
