@@ -15,8 +15,7 @@ signed request (hvdlite.worker.kvproto):
 
 Scope and key are percent-encoded path segments, 1..512 bytes once decoded (UTF-8). Routes
 added with ``add_route`` share the authentication and the limits. Heartbeats are signed UDP
-datagrams on the same port (kvproto.encode_beat), read in batches every BEAT_POLL and
-answered with what the ``set_heartbeat`` handler says for the batch.
+datagrams on the same port, answered with what the ``set_heartbeat`` handler says (kvbeats).
 
 Unauthenticated connections are bounded (count, head size, time to authenticate; the oldest
 is dropped for a new one), and a body is read only after the head's signature checked out, so
@@ -25,23 +24,21 @@ descriptor limit (descriptors.py); should accept() still run out, the oldest str
 
 This module holds the data, the routes and the server's life; its parts read alone: kvparse
 (HTTP), kvauth (signatures), kvconnection (one client), kvpolls (answers that come later),
-kvfamilies (snapshots of key families), kvpump (big answers in turn).
+kvfamilies (snapshots of key families), kvpump (big answers in turn), kvbeats (heartbeats).
 """
 import asyncio
-import errno
-import socket
 import threading
 import time
 from concurrent.futures import Future
 
 from hvdlite.driver.descriptors import connection_caps
 from hvdlite.driver.kvauth import Gate
+from hvdlite.driver.kvbeats import BEAT_POLL, Beats, bind_pair
 from hvdlite.driver.kvconnection import Connection
 from hvdlite.driver.kvfamilies import MAX_FAMILY, Families
 from hvdlite.driver.kvparse import DIGITS, INTEGER, BadRequest, decode_segment, parse_query, seconds
 from hvdlite.driver.kvpolls import Waiters, resolve
 from hvdlite.driver.kvpump import Pump
-from hvdlite.worker import kvproto
 
 MAX_WAIT = 60.0  # one long-poll or deferred route answer; clients loop for longer waits
 IDLE_TIMEOUT = 10.0  # seconds an idle kept-alive connection, or one request in transit, may take
@@ -51,9 +48,6 @@ ACCEPT_BATCH = 16  # connections accepted and not yet admitted, at most: a flood
 # the loop, nor more descriptors than the caps allow and this
 ACCEPT_PAUSE = 0.1  # seconds accepting rests when out of descriptors with no stranger to drop
 EXHAUSTED_EVERY = 60.0  # seconds between two reports of running out of descriptors
-UDP_BUFFER = 4 * 1024 * 1024
-BEAT_POLL = 0.01  # seconds between reads of the heartbeat socket: a beat waits this at most
-MAX_BEATS_PER_POLL = 10000
 
 
 class KVServer:
@@ -75,7 +69,6 @@ class KVServer:
         self._waiters = Waiters()  # who waits for which key
         self._families = Families()  # of each scope, as ranks wait for them
         self._routes = []  # (prefix, handler), longest prefix first
-        self._heartbeat = None
         self.pump = Pump()  # big answers, in turn
         self._connections = {}  # Connection -> None, oldest first
         self._unauthenticated = {}  # the same, not authenticated yet
@@ -84,7 +77,8 @@ class KVServer:
         self._loop = asyncio.new_event_loop()
         self._loop_thread = None
         self._thread = None
-        self._tcp, self._udp = _bind_pair(bind, port)
+        self._tcp, self._udp = bind_pair(bind, port, BACKLOG)
+        self._beats = Beats(self._udp, self.gate)
         self._address = tuple(self._tcp.getsockname()[:2])
 
     @property
@@ -135,38 +129,10 @@ class KVServer:
         self._loop.call_soon(self._loop.stop)
 
     def _drain_beats(self):
-        """Answer the heartbeat datagrams that came in since the last call, then sleep a little:
-        thousands of workers' beats cost one loop turn per BEAT_POLL, not one each, and one
-        call of the handler."""
-        if self._stopped:
-            return
-        udp, gate, handler = self._udp, self.gate, self._heartbeat
-        heard, now = [], time.time()
-        for _ in range(MAX_BEATS_PER_POLL):
-            try:
-                data, addr = udp.recvfrom(kvproto.MAX_DATAGRAM + 1)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:  # an ICMP error for a worker that went away; the socket is fine
-                continue
-            beat = gate.beat(data, now) if handler is not None else None
-            if beat is not None:
-                heard.append((beat, addr))
-        if heard:
-            self._answer_beats(handler, heard)
-        self._loop.call_later(BEAT_POLL, self._drain_beats)
-
-    def _answer_beats(self, handler, heard):
-        try:
-            sign = self.gate.beat_answerer(handler([beat[4:] for beat, _ in heard]))
-        except Exception:  # noqa: BLE001 - no answers; the workers' liveness checks decide
-            return
-        udp = self._udp
-        for beat, addr in heard:
-            try:
-                udp.sendto(sign(beat[0]), addr)
-            except OSError:  # buffer full or unreachable: the worker beats again soon
-                pass
+        """Heartbeats, a batch every BEAT_POLL until the server stops (kvbeats)."""
+        if not self._stopped:
+            self._beats.drain()
+            self._loop.call_later(BEAT_POLL, self._drain_beats)
 
     def _sweep(self):
         """Drop connections past their deadline; forget silent heartbeat senders."""
@@ -275,7 +241,7 @@ class KVServer:
         """Answer heartbeat datagrams with handler(beats) -> bytes, on the server's thread (it
         must not block): beats are the (worker, commit, vouched) triples of the good datagrams that came
         in together, each answered with what the handler returned."""
-        self._heartbeat = handler
+        self._beats.handler = handler
 
     # -- dispatch (server thread) -----------------------------------------------------------
 
@@ -425,30 +391,3 @@ class KVServer:
     def forget(self, conn) -> None:
         self._connections.pop(conn, None)
         self._unauthenticated.pop(conn, None)
-
-
-def _bind_pair(bind, port):
-    """A listening TCP socket and a UDP socket on the same port."""
-    for _ in range(50 if port == 0 else 1):
-        family = socket.AF_INET6 if ":" in bind else socket.AF_INET
-        tcp = socket.socket(family, socket.SOCK_STREAM)
-        tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        tcp.bind((bind, port))
-        tcp.listen(BACKLOG)
-        tcp.setblocking(False)
-        udp = socket.socket(family, socket.SOCK_DGRAM)
-        try:
-            udp.bind((bind, tcp.getsockname()[1]))
-        except OSError as e:
-            tcp.close()
-            udp.close()
-            if e.errno != errno.EADDRINUSE or port != 0:
-                raise
-            continue
-        udp.setblocking(False)
-        try:  # thousands of workers' beats arrive in bursts; the kernel caps this at rmem_max
-            udp.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, UDP_BUFFER)
-        except OSError:
-            pass
-        return tcp, udp
-    raise OSError(errno.EADDRINUSE, "no free port for both TCP and UDP")
