@@ -113,6 +113,15 @@ def states(op, size):
     return (0, 1, 2) if op == Max else (3, 2, 1)
 
 
+def reading(value, op, size) -> int:
+    """The reduced state element `value` read back: JOINED when no rank is active, WRONG when
+    an active rank guessed wrong, else RIGHT."""
+    joined, right, wrong = states(op, size)
+    if op == Sum:
+        return JOINED if value == 0 else WRONG if value >= wrong else RIGHT
+    return {joined: JOINED, right: RIGHT, wrong: WRONG}[value]
+
+
 class Envelope(NamedTuple):
     buffer: torch.Tensor  # the state element, then the data it carries
     guess: Layout
@@ -122,12 +131,7 @@ class Envelope(NamedTuple):
         return pg.allreduce([self.buffer], OPTIONS[self.op])
 
     def said(self, size) -> int:
-        """JOINED when no rank is active, WRONG when an active rank guessed wrong, else RIGHT."""
-        value = self.buffer.numpy().item(0)  # (2x quicker than numpy()[0].item())
-        joined, right, wrong = states(self.op, size)
-        if self.op == Sum:
-            return JOINED if value == 0 else WRONG if value >= wrong else RIGHT
-        return {joined: JOINED, right: RIGHT, wrong: WRONG}[value]
+        return reading(self.buffer.numpy().item(0), self.op, size)  # (2x quicker than [0].item())
 
 
 def envelope(guess: Layout, state: int, size: int, room=None) -> Envelope:
@@ -162,8 +166,8 @@ class Slot:
         self.buffer = kept.buffer
         self.array = self.buffer.numpy()  # the state element, then any data
         self.data = self.array[1:]
-        _, self.right, self.wrong = states(kept.op, size)  # constant for the world
-        self.sums = kept.op == Sum
+        self.op, self.size = kept.op, size
+        self.right = states(kept.op, size)[RIGHT]  # constant for the world
         self.ahead = guess.ahead  # the state alone, issued behind the data
         self.busy = False
         # The tensor last carried, its address and shape when it was, its numpy view (mine)
@@ -189,8 +193,7 @@ class Slot:
 
     def said_wrong(self) -> bool:
         """After the allreduce: whether an active rank's guess was wrong (see states)."""
-        said = self.array[0]
-        return said >= self.wrong if self.sums else said == self.wrong
+        return reading(self.array.item(0), self.op, self.size) == WRONG
 
     def give_back(self) -> None:
         self.busy = False
