@@ -1,7 +1,5 @@
 """Fusion buffers: same-dtype tensors packed into one buffer, so that a collective on many
 small tensors costs one round trip, and the buffers kept for reuse."""
-import sys
-
 import numpy
 import torch
 
@@ -48,19 +46,14 @@ pool = Pool()
 
 class Plan:
     """The fixed layout of a bucket packed step after step (DistributedOptimizer's): one free
-    element in front (join's state), the tensors, then `extra` elements. The plan keeps the
-    buffer it last handed out in pieces (the gradients' views) and packs it again while
-    nothing but those pieces' own parameters held them, and they let them go (zero_grad to
-    None): the pieces are then handed out again as they are, not made anew (~40 us a bucket
-    in a training step). Otherwise it packs a buffer from the pool, which skips any buffer
-    still referred to."""
+    element in front (join's state), the tensors, then `extra` elements, in a buffer from the
+    pool (so a kept one is packed again once no gradient view of it is alive)."""
 
     def __init__(self, tensors, extra):
         self.shapes = [t.shape for t in tensors]
         self.dtype = tensors[0].dtype
         self.cuts = [1, *(t.numel() for t in tensors), extra]  # the buffer's pieces
         self.numel = sum(self.cuts) - 1
-        self.kept = None  # (buffer, its numpy array, its pieces, their references when made)
 
     def fits(self, tensors) -> bool:
         """Whether the tensors are plain dense ones of the plan's dtype and shapes (numpy can
@@ -72,13 +65,8 @@ class Plan:
     def pack(self, tensors, factor, fill):
         """A buffer holding the tensors multiplied by `factor` (numpy's float32/64 product, as
         _multiply's) after its first element, then the extra elements set to `fill`."""
-        if self.kept is not None and _references(self.kept[0], self.kept[2]) == self.kept[3]:
-            buffer, array = self.kept[:2]
-        else:
-            self.kept = None  # someone holds a piece (or more): it stays theirs
-            buffer = pool.take(1 + self.numel, self.dtype)
-            array = buffer.numpy()
-        start = 1
+        buffer = pool.take(1 + self.numel, self.dtype)
+        array, start = buffer.numpy(), 1
         for tensor, size, shape in zip(tensors, self.cuts[1:], self.shapes):
             out = array[start:start + size].reshape(shape)
             if factor == 1:
@@ -91,23 +79,9 @@ class Plan:
 
     def pieces(self, buffer):
         """The tensors' parts of `buffer`, shaped as they are (views, no copy)."""
-        if self.kept is not None and self.kept[0] is buffer:
-            return self.kept[2]
         pieces = buffer.split_with_sizes(self.cuts)[1:-1]
-        pieces = [piece if len(shape) == 1 else piece.view(shape)
-                  for piece, shape in zip(pieces, self.shapes)]
-        array = buffer.numpy()  # (holds the storage too: made before the count)
-        self.kept = (buffer, array, pieces, _references(buffer, pieces))
-        return pieces
-
-
-def _references(buffer, pieces):
-    """Who refers to the buffer's memory: views of it (the storage's count), and holders of
-    a piece in C++ (a gradient slot) or in Python (reference counts). Equal to its value
-    when the pieces were made, only the plan holds them. (A collective done with the buffer
-    may still hold it for a moment in gloo's threads, as the pool's buffers.)"""
-    return (torch._C._storage_Use_Count(buffer.untyped_storage()._cdata),
-            [(piece._use_count(), sys.getrefcount(piece)) for piece in pieces])
+        return [piece if len(shape) == 1 else piece.view(shape)
+                for piece, shape in zip(pieces, self.shapes)]
 
 
 class Pack:
