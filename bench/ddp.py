@@ -9,13 +9,15 @@ each step after a barrier, in the order AB BA AB ... so that a change of load wi
 falls on both alike. A round's ratio is the median of its hvdlite steps over the median of its
 DDP steps. Prints, on rank 0, the median of the round ratios (target: hvdlite / DDP <= 1.00x)
 with a distribution-free ~90% confidence interval of that median (from the rounds' order
-statistics), each side's median step and CPU time (rank 0's process, every thread), and the
-load average. Checks that hvdlite's parameters follow DDP's over the first steps (see DRIFT) and
+statistics), each side's median step and CPU time (rank 0's process, every thread), its page
+faults a step (memory fresh from the OS: the two models share one heap, so one side's frees
+shape the other's faults), and the load average. Checks that hvdlite's parameters follow DDP's over the first steps (see DRIFT) and
 that every rank ends with the same ones.
 """
 import argparse
 import datetime
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -108,8 +110,8 @@ def trainer(kind, wrap):
 
 
 def run_case(name, rounds, steps):
-    """Per round: (hvdlite median s, DDP median s, hvdlite CPU s, DDP CPU s), from rank 0's
-    clocks; raises when parameters differ."""
+    """Per round: (hvdlite median s, DDP median s, hvdlite CPU s, DDP CPU s, hvdlite page
+    faults, DDP page faults), per step from rank 0's clocks; raises when parameters differ."""
     pg = runtime.process_group()
     runs = {wrap: trainer(CASES[name], wrap) for wrap in ("hvd", "ddp")}
     initial = [p.detach().clone() for p in runs["hvd"][1].parameters()]  # DDP's start alike (seed 0)
@@ -117,19 +119,22 @@ def run_case(name, rounds, steps):
     results = []
     for round_ in range(rounds + 1):  # round 0 warms up
         times = {wrap: [] for wrap in runs}
-        cpu = dict.fromkeys(runs, 0.0)
+        cpu, faults = dict.fromkeys(runs, 0.0), dict.fromkeys(runs, 0)
         for i in range(steps):
             for wrap in (("hvd", "ddp") if i % 2 == 0 else ("ddp", "hvd")):
                 pg.barrier(dist.BarrierOptions()).wait()
+                start_faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                 start, start_cpu = time.perf_counter(), time.process_time()
                 runs[wrap][0]()
                 times[wrap].append(time.perf_counter() - start)
                 cpu[wrap] += time.process_time() - start_cpu
+                faults[wrap] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start_faults
             if not round_:  # both have taken i + 1 steps
                 check_against_ddp(name, *models, initial, i + 1)
         if round_:
             results.append((statistics.median(times["hvd"]), statistics.median(times["ddp"]),
-                            cpu["hvd"] / steps, cpu["ddp"] / steps))
+                            cpu["hvd"] / steps, cpu["ddp"] / steps,
+                            faults["hvd"] / steps, faults["ddp"] / steps))
     check_ranks_equal(name, models[0])
     return results
 
@@ -172,13 +177,14 @@ def child(rank, size, store_path, cases, rounds, steps):
         load = os.getloadavg()[0]
         results = run_case(name, rounds, steps)
         if rank == 0:
-            ours, theirs, our_cpu, their_cpu = (statistics.median(r[i] for r in results)
-                                                for i in range(4))
+            ours, theirs, our_cpu, their_cpu, our_faults, their_faults = (
+                statistics.median(r[i] for r in results) for i in range(6))
             ratios = [r[0] / r[1] for r in results]
             low, high = median_interval(ratios)
             print(f"{name:<11} np {size}  ratio {statistics.median(ratios):5.2f}x "
                   f"(>=90% CI {low:.2f}-{high:.2f}x)  step hvdlite {ours * 1e3:7.2f} ms, "
                   f"DDP {theirs * 1e3:7.2f} ms  CPU {our_cpu / their_cpu:4.2f}x  "
+                  f"faults {our_faults:.0f}, {their_faults:.0f}  "
                   f"load {load:.1f}-{os.getloadavg()[0]:.1f}", flush=True)
     hvd.barrier()
 
