@@ -1,7 +1,7 @@
 """A training step under hvdlite's DistributedOptimizer against the same step under torch's
 DistributedDataParallel (gloo), interleaved in one run.
 
-    python bench/ddp.py [--np 2 4] [--cases mlp embeddings conv] [--rounds 10] [--steps 8]
+    python bench/ddp.py [--np 2 4] [--cases mlp embeddings conv] [--rounds 10] [--steps 8] [--apart]
 
 Per case and world size: the same model, data and seed under both, one torch thread per rank,
 default settings on both sides (hvdlite's join support on). The two take turns step by step,
@@ -9,13 +9,22 @@ each step after a barrier, in the order AB BA AB ... so that a change of load wi
 falls on both alike. A round's ratio is the median of its hvdlite steps over the median of its
 DDP steps. Prints, on rank 0, the median of the round ratios (target: hvdlite / DDP <= 1.00x)
 with a distribution-free ~90% confidence interval of that median (from the rounds' order
-statistics), each side's median step and CPU time (rank 0's process, every thread), and the
-load average. Checks that hvdlite's parameters follow DDP's over the first steps (see DRIFT) and
-that every rank ends with the same ones.
+statistics), each side's median step and CPU time (rank 0's process, every thread), its page
+faults a step (memory fresh from the OS), and the load average. Checks that hvdlite's
+parameters follow DDP's over the first steps (see DRIFT) and that every rank ends with the
+same ones.
+
+Interleaved, the two models share each process's heap, so one side's frees shape the other's
+page faults (a fault costs ~3-5 us here, and the conv case faults hundreds a step). With
+--apart each side runs in its own processes, as a user's job would, and the sides take turns
+by round (hvdlite first in even rounds, DDP in odd ones): a round's ratio then compares
+adjacent rounds rather than interleaved steps.
 """
 import argparse
 import datetime
+import io
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -107,31 +116,84 @@ def trainer(kind, wrap):
     return step, model
 
 
+def timed(step):
+    """One step after a barrier: (seconds, CPU seconds, page faults) of this rank's process."""
+    runtime.process_group().barrier(dist.BarrierOptions()).wait()
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    start, start_cpu = time.perf_counter(), time.process_time()
+    step()
+    return (time.perf_counter() - start, time.process_time() - start_cpu,
+            resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
+
+
+def summary(samples):
+    """A side's round: (median step s, CPU s a step, page faults a step)."""
+    times, cpu, faults = zip(*samples)
+    return statistics.median(times), statistics.mean(cpu), statistics.mean(faults)
+
+
 def run_case(name, rounds, steps):
-    """Per round: (hvdlite median s, DDP median s, hvdlite CPU s, DDP CPU s), from rank 0's
-    clocks; raises when parameters differ."""
-    pg = runtime.process_group()
+    """Per round: (hvdlite's summary, DDP's), from rank 0's clocks; raises when parameters
+    differ."""
     runs = {wrap: trainer(CASES[name], wrap) for wrap in ("hvd", "ddp")}
     initial = [p.detach().clone() for p in runs["hvd"][1].parameters()]  # DDP's start alike (seed 0)
     models = runs["hvd"][1], runs["ddp"][1].module
     results = []
     for round_ in range(rounds + 1):  # round 0 warms up
-        times = {wrap: [] for wrap in runs}
-        cpu = dict.fromkeys(runs, 0.0)
+        samples = {wrap: [] for wrap in runs}
         for i in range(steps):
             for wrap in (("hvd", "ddp") if i % 2 == 0 else ("ddp", "hvd")):
-                pg.barrier(dist.BarrierOptions()).wait()
-                start, start_cpu = time.perf_counter(), time.process_time()
-                runs[wrap][0]()
-                times[wrap].append(time.perf_counter() - start)
-                cpu[wrap] += time.process_time() - start_cpu
+                samples[wrap].append(timed(runs[wrap][0]))
             if not round_:  # both have taken i + 1 steps
-                check_against_ddp(name, *models, initial, i + 1)
+                check_against_ddp(name, models[0], list(models[1].parameters()), initial, i + 1)
         if round_:
-            results.append((statistics.median(times["hvd"]), statistics.median(times["ddp"]),
-                            cpu["hvd"] / steps, cpu["ddp"] / steps))
+            results.append((summary(samples["hvd"]), summary(samples["ddp"])))
     check_ranks_equal(name, models[0])
     return results
+
+
+def run_side(name, rounds, steps, side, turns):
+    """--apart: one side alone in its own processes, taking turns with the other side's by
+    round (hvdlite first in even rounds, DDP in odd ones) through the store `turns`, which
+    also carries DDP's parameters after the warm-up round and its results to hvdlite's
+    rank 0. Returns run_case's rounds there, None elsewhere."""
+    pg, rank = runtime.process_group(), hvd.rank()
+    step, model = trainer(CASES[name], side)
+    model = model if side == "hvd" else model.module
+    initial = [p.detach().clone() for p in model.parameters()]
+    other = "ddp" if side == "hvd" else "hvd"
+    mine = []
+    for round_ in range(rounds + 1):  # round 0 warms up
+        first = ("hvd", "ddp")[round_ % 2]
+        if side != first:
+            turns.wait([f"{name}/{round_}/{other}"], TURN_WAIT)
+        samples = [timed(step) for _ in range(steps)]
+        if not round_ and side == "ddp":
+            turns.set(f"{name}/params/{rank}", _serialized([p.detach() for p in model.parameters()]))
+        pg.barrier(dist.BarrierOptions()).wait()  # every rank of this side is done
+        if rank == 0:
+            turns.set(f"{name}/{round_}/{side}", "done")
+        if side == first:
+            turns.wait([f"{name}/{round_}/{other}"], TURN_WAIT)
+        if not round_ and side == "hvd":
+            theirs = torch.load(io.BytesIO(turns.get(f"{name}/params/{rank}")))
+            check_against_ddp(name, model, theirs, initial, steps)
+        if round_:
+            mine.append(summary(samples))
+    if side == "ddp":
+        if rank == 0:
+            turns.set(f"{name}/results", _serialized(mine))
+        return None
+    check_ranks_equal(name, model)
+    if rank == 0:
+        return list(zip(mine, torch.load(io.BytesIO(turns.get(f"{name}/results")))))
+    return None
+
+
+def _serialized(value) -> bytes:
+    out = io.BytesIO()
+    torch.save(value, out)
+    return out.getvalue()
 
 
 # How far hvdlite's parameters may be from DDP's after the same first steps, as a fraction of
@@ -142,10 +204,11 @@ def run_case(name, rounds, steps):
 # Later steps are not compared: the conv net amplifies those last bits (its max-pooling picks
 # other elements), to 0.06 of the move by step 61 and 0.6 by step 141 at 4 ranks.
 DRIFT = 0.01
+TURN_WAIT = datetime.timedelta(seconds=600)  # the other side's round, however loaded the box
 
 
 def check_against_ddp(name, ours, theirs, initial, steps):
-    for (pname, p), q, p0 in zip(ours.named_parameters(), theirs.parameters(), initial):
+    for (pname, p), q, p0 in zip(ours.named_parameters(), theirs, initial):
         drift = (p - q).abs().max().item() / max((q - p0).abs().max().item(), 1e-30)
         if drift > DRIFT:
             raise AssertionError(f"{name}: after {steps} steps, {pname} differs between hvdlite "
@@ -159,7 +222,19 @@ def check_ranks_equal(name, ours):
             raise AssertionError(f"{name}: hvdlite's {pname} differs between rank 0 and {hvd.rank()}")
 
 
-def child(rank, size, store_path, cases, rounds, steps):
+def report(name, size, results, load):
+    (ours, our_cpu, our_faults), (theirs, their_cpu, their_faults) = (
+        tuple(statistics.median(r[side][i] for r in results) for i in range(3)) for side in (0, 1))
+    ratios = [r[0][0] / r[1][0] for r in results]
+    low, high = median_interval(ratios)
+    print(f"{name:<11} np {size}  ratio {statistics.median(ratios):5.2f}x "
+          f"(>=90% CI {low:.2f}-{high:.2f}x)  step hvdlite {ours * 1e3:7.2f} ms, "
+          f"DDP {theirs * 1e3:7.2f} ms  CPU {our_cpu / their_cpu:4.2f}x  "
+          f"faults {our_faults:.0f}, {their_faults:.0f}  "
+          f"load {load:.1f}-{os.getloadavg()[0]:.1f}", flush=True)
+
+
+def child(rank, size, store_path, args):
     torch.set_num_threads(1)
     store = dist.FileStore(store_path, size)
     timeout = datetime.timedelta(seconds=120)
@@ -168,18 +243,15 @@ def child(rank, size, store_path, cases, rounds, steps):
     pg = dist.ProcessGroupGloo(dist.PrefixStore("hvd", store), rank, size, timeout)
     runtime.activate(pg, WorldInfo(rank=rank, size=size, local_rank=rank, local_size=size,
                                    cross_rank=0, cross_size=1, hostname="localhost"))
-    for name in cases:
+    turns = dist.FileStore(args.turns, 2 * size) if args.side else None
+    for name in args.cases:
         load = os.getloadavg()[0]
-        results = run_case(name, rounds, steps)
-        if rank == 0:
-            ours, theirs, our_cpu, their_cpu = (statistics.median(r[i] for r in results)
-                                                for i in range(4))
-            ratios = [r[0] / r[1] for r in results]
-            low, high = median_interval(ratios)
-            print(f"{name:<11} np {size}  ratio {statistics.median(ratios):5.2f}x "
-                  f"(>=90% CI {low:.2f}-{high:.2f}x)  step hvdlite {ours * 1e3:7.2f} ms, "
-                  f"DDP {theirs * 1e3:7.2f} ms  CPU {our_cpu / their_cpu:4.2f}x  "
-                  f"load {load:.1f}-{os.getloadavg()[0]:.1f}", flush=True)
+        if args.side:
+            results = run_side(name, args.rounds, args.steps, args.side, turns)
+        else:
+            results = run_case(name, args.rounds, args.steps)
+        if rank == 0 and results:
+            report(name, size, results, load)
     hvd.barrier()
 
 
@@ -187,16 +259,32 @@ def spawn(size, args):
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         cmd = [sys.executable, __file__, "--rounds", str(args.rounds), "--steps", str(args.steps),
-               "--cases", *args.cases, "--child"]
-        procs = [subprocess.Popen(cmd + [str(rank), str(size), os.path.join(tmp, "store")], env=env)
-                 for rank in range(size)]
+               "--cases", *args.cases]
+        groups = [("hvd", "ddp")] if not args.apart else [("hvd",), ("ddp",)]
+        procs = []
+        for group in groups:
+            side = ["--side", group[0], "--turns", os.path.join(tmp, "turns")] if args.apart else []
+            store = os.path.join(tmp, "store-" + "-".join(group))
+            procs += [subprocess.Popen(cmd + side + ["--child", str(rank), str(size), store], env=env)
+                      for rank in range(size)]
         try:
-            return [proc.wait(timeout=1800) for proc in procs]
+            return _wait_all(procs, time.monotonic() + 1800)
         finally:
             for proc in procs:
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait()
+
+
+def _wait_all(procs, deadline):
+    """The exit codes (1 for one still running at the deadline); stops at the first failure,
+    whose peers would wait for it (the other side's turn, a collective) until their own
+    timeouts."""
+    while True:
+        codes = [proc.poll() for proc in procs]
+        if None not in codes or any(codes) or time.monotonic() > deadline:
+            return [1 if code is None else code for code in codes]
+        time.sleep(0.2)
 
 
 def main():
@@ -205,13 +293,18 @@ def main():
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     parser.add_argument("--rounds", type=int, default=10, help="rounds, each giving one ratio")
     parser.add_argument("--steps", type=int, default=8, help="timed steps of each per round")
+    parser.add_argument("--apart", action="store_true",
+                        help="each side in its own processes, taking turns by round")
+    parser.add_argument("--side", choices=("hvd", "ddp"), help=argparse.SUPPRESS)
+    parser.add_argument("--turns", help=argparse.SUPPRESS)
     parser.add_argument("--child", nargs=3, metavar=("RANK", "SIZE", "STORE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(int(args.child[0]), int(args.child[1]), args.child[2], args.cases, args.rounds, args.steps)
+        child(int(args.child[0]), int(args.child[1]), args.child[2], args)
         return
+    how = "each side in its own processes, turns by round" if args.apart else "interleaved"
     print(f"hvdlite DistributedOptimizer vs torch DDP (gloo): {args.rounds} rounds of {args.steps} "
-          f"interleaved steps each; ratio = median over rounds of hvdlite / DDP", flush=True)
+          f"steps a side, {how}; ratio = median over rounds of hvdlite / DDP", flush=True)
     failed = any(any(spawn(size, args)) for size in args.np)
     sys.exit(1 if failed else 0)
 
