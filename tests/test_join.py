@@ -1,7 +1,10 @@
 """join() on real gloo groups: ranks that finished answer the others' allreduces of every kind
-(guessed right or wrong, data riding in the envelope or not, every op, Adasum, fused and async),
-and a guessed allreduce costs one collective, join's state riding in front of its data (a big
-in-place one: its data where it lies, then the state alone)."""
+(guessed right or wrong, data riding in the envelope or not, flagged, every op, Adasum, fused and
+async), and a guessed allreduce costs one collective, join's state riding in front of its data (a
+big in-place one: its data where it lies, then the state alone; or, waited for at once, the data
+alone, a NaN in front calling for the state)."""
+import math
+
 import pytest
 import torch
 
@@ -22,10 +25,14 @@ def _pattern(step, active, size):
     rank = runtime.info().rank
     floats, ints = _mine(rank, step)
     everyone = [_mine(r, step) for r in active]
-    big = torch.full((BIG,), float(rank + 1))
+    big = _front(rank + 1.0, 100.0 * (rank + 1))
     yield (lambda: hvd.allreduce(floats, op=hvd.Sum), sum(f for f, _ in everyone))
     yield (lambda: hvd.allreduce(floats), sum(f for f, _ in everyone) / size)
-    yield (lambda: hvd.allreduce_(big, op=hvd.Sum), torch.full((BIG,), float(sum(r + 1 for r in active))))
+    summed = _front(sum(r + 1.0 for r in active), sum(100.0 * (r + 1) for r in active))
+    yield (lambda: hvd.allreduce_(big, op=hvd.Sum), summed)
+    # Flagged on the general path too (a group of one), scaled.
+    scaled = _front(rank + 1.0, 100.0 * (rank + 1))
+    yield (lambda: hvd.grouped_allreduce_([scaled], prescale_factor=2.0, postscale_factor=0.5)[0], summed / size)
     yield (lambda: hvd.allreduce(ints, op=hvd.Min), torch.stack([i for _, i in everyone]).min(0).values)
     yield (lambda: hvd.allreduce(ints.to(torch.uint8), op=hvd.Max),
            torch.stack([i.to(torch.uint8) for _, i in everyone]).max(0).values)
@@ -40,6 +47,14 @@ def _pattern(step, active, size):
         yield (lambda: hvd.allreduce(torch.ones(7 + step), op=hvd.Sum), torch.full((7 + step,), float(len(active))))
     handles = [hvd.allreduce_async(floats * k, op=hvd.Sum) for k in (1, 3)]  # two in flight at once
     yield (lambda: [hvd.synchronize(h) for h in handles], [sum(f * k for f, _ in everyone) for k in (1, 3)])
+
+
+def _front(value, first):
+    """BIG elements of `value` but the first, `first`: the element a flagged allreduce takes
+    back from join's state when a rank joined."""
+    tensor = torch.full((BIG,), value)
+    tensor[0] = first
+    return tensor
 
 
 def _same(got, expected):
@@ -123,10 +138,18 @@ def check_an_in_place_allreduce_of_1mb_reduces_the_tensor_itself():
         before = len(counting.buffers)
         hvd.allreduce_(x, op=hvd.Sum)
     issued = counting.buffers[before:]
-    # The data first, then the state: behind the data the tiny collective costs no round trip.
-    assert [b.numel() for b in issued] == [x.numel(), 1], [b.numel() for b in issued]
+    # Waited for at once, flagged: the data alone (no rank put a NaN in front).
+    assert [b.numel() for b in issued] == [x.numel()], [b.numel() for b in issued]
     assert issued[0].data_ptr() == x.data_ptr()  # gloo reduced x's own memory: no copy
     assert torch.equal(x, torch.full_like(x, 8.0))
+    for _ in range(3):
+        before = len(counting.buffers)
+        hvd.synchronize(hvd.allreduce_async_(x, op=hvd.Sum))
+    issued = counting.buffers[before:]
+    # Asynchronous: the data first, then the state (behind the data it costs no round trip).
+    assert [b.numel() for b in issued] == [x.numel(), 1], [b.numel() for b in issued]
+    assert issued[0].data_ptr() == x.data_ptr()
+    assert torch.equal(x, torch.full_like(x, 64.0))
     runtime.deactivate()
     runtime.activate(counting.pg, info)
 
@@ -150,22 +173,28 @@ def _lean_cases():
 
 def check_the_lean_path_gives_the_general_paths_bits():
     """A lone in-place tensor that is not carried and guessed right takes the lean path (the
-    data where it lies, then the kept one-element state): same bits as the general path."""
+    data where it lies, then the kept one-element state; a big float Sum or Average, flagged,
+    the data alone): same bits as the general path."""
     info = runtime.info()
     counting = _Counting(runtime.deactivate())
     runtime.activate(counting, info)
     for mine, op, pre, post in _lean_cases():
         kwargs = dict(op=op, prescale_factor=pre, postscale_factor=post)
+        flagged = mine.numel() == BIG and mine.is_floating_point()
         for _ in range(3):  # guessed right from the third on
             lean = hvd.allreduce_(mine.clone(), **kwargs)
         # A group of one: the general path, with the same layout (so still guessed right).
         general = hvd.grouped_allreduce_([mine.clone()], **kwargs)[0]
         kept = counting.buffers[-1]  # the general path's state: made anew
         lean = mine.clone()
+        before = len(counting.buffers)
         assert hvd.allreduce_(lean, **kwargs) is lean
-        data, state = counting.buffers[-2:]
-        assert data.data_ptr() == lean.data_ptr() and state.numel() == 1 and state is not kept
-        assert hvd.allreduce_(lean.copy_(mine), **kwargs) is lean and counting.buffers[-1] is state  # kept
+        issued = counting.buffers[before:]
+        assert issued[0].data_ptr() == lean.data_ptr() and len(issued) == (1 if flagged else 2)
+        if not flagged:
+            state = issued[1]
+            assert state.numel() == 1 and state is not kept
+            assert hvd.allreduce_(lean.copy_(mine), **kwargs) is lean and counting.buffers[-1] is state  # kept
         assert torch.equal(lean.view(torch.uint8), general.view(torch.uint8)), (op, lean, general)
         assert not torch.equal(lean, mine)  # reduced
     runtime.deactivate()
@@ -262,3 +291,34 @@ def check_a_small_guessed_allreduce_reuses_its_envelope():
 
 def test_a_small_guessed_allreduce_reuses_its_envelope():
     gloo_harness.run(check_a_small_guessed_allreduce_reuses_its_envelope, 2)
+
+
+def check_a_nan_in_front_of_the_data_costs_a_detour_not_the_data():
+    """A flagged allreduce whose sum has a NaN in front (the data's own NaN, or infinities of
+    both signs) looks to every rank like a joined rank's flag: one exchange of the state more,
+    the sum intact. An infinity alone is no flag."""
+    info = runtime.info()
+    rank, size = info.rank, info.size
+    counting = _Counting(runtime.deactivate())
+    runtime.activate(counting, info)
+    total = sum(r + 1.0 for r in range(size))
+    x = torch.full((BIG,), rank + 1.0)
+    for _ in range(3):  # guessed right from the third on
+        hvd.allreduce_(x.fill_(rank + 1.0), op=hvd.Sum)
+    for first, reduced, collectives in ((math.nan if rank == 0 else 1.0, math.nan, 2),
+                                        (math.inf if rank == 0 else -math.inf, math.nan, 2),
+                                        (math.inf if rank == 0 else 1.0, math.inf, 1),
+                                        (rank + 1.0, total, 1)):
+        x.fill_(rank + 1.0)[0] = first
+        before = len(counting.buffers)
+        assert hvd.allreduce_(x, op=hvd.Sum, postscale_factor=0.5) is x
+        assert len(counting.buffers) - before == collectives, (first, counting.buffers[before:])
+        assert math.isnan(x[0]) if math.isnan(reduced) else x[0].item() == reduced / 2, (first, x[0])
+        assert torch.equal(x[1:], torch.full((BIG - 1,), total / 2)), first
+    runtime.deactivate()
+    runtime.activate(counting.pg, info)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_a_nan_in_front_of_the_data_costs_a_detour_not_the_data(size):
+    gloo_harness.run(check_a_nan_in_front_of_the_data_costs_a_detour_not_the_data, size)

@@ -1,5 +1,8 @@
 """Allreduce, in every Horovod form, and join(): each allreduce carries join's state (see
 joinwire), so a rank that joined takes part in the others' allreduces until every rank has."""
+import ctypes
+from typing import NamedTuple
+
 import numpy
 import torch
 
@@ -9,18 +12,51 @@ from hvdlite.torch.processsets import global_process_set
 from hvdlite.worker import trace
 from hvdlite.worker.reduceops import Adasum, Average, Sum, resolve
 
-_FLOATS = {torch.float32, torch.float64}  # join's carriers that numpy scales
+
+
+# A flagged tensor's first element, read and written in place: after the 1 MB transfer has
+# evicted the caches, each new C entry point costs several us, and a numpy view 17 us.
+_CELLS = {torch.float32: ctypes.c_float, torch.float64: ctypes.c_double}
+
+
+class _Flag(NamedTuple):
+    """A flagged allreduce guessed right (see joinwire), in flight: its first element (a
+    cell in the data) and this rank's value there as sent."""
+    cell: ctypes._SimpleCData
+    first: float
+
+    @staticmethod
+    def of(flat):
+        cell = _CELLS[flat.dtype].from_address(flat.data_ptr())
+        return _Flag(cell, cell.value)
+
+    def settle(self, pg, layout) -> None:
+        """Once reduced: a NaN in front calls for join's state, every rank seeing it alike."""
+        reduced = self.cell.value
+        if reduced == reduced:  # (not a NaN: every rank active and right)
+            return
+        envelope = joinwire.envelope(layout, joinwire.RIGHT, pg.size())
+        envelope.buffer[1] = self.first
+        handles.wait_work(envelope.issue(pg))
+        if envelope.said(pg.size()) == joinwire.WRONG:
+            raise joinwire.disagree(layout)
+        self.cell.value = envelope.buffer.numpy().item(1)  # the active ranks' sum
 
 
 def _announce(pg, wire, layout, works, room=None, guess=None, data=None):
     """Issue join's envelope (see joinwire) for this rank's allreduce `layout`, carrying the
     data in `room` when given; after a wrong guess, the control exchange too. A guess that
     goes ahead (Layout.ahead) is preceded by its allreduce: of `data` when guessed right,
-    else of the identity. Returns what the handle checks once done: (envelope, control or
-    None, layout)."""
+    else of the identity; a flagged one guessed right has no envelope until its data is
+    reduced. Returns what the handle checks once done: (envelope or _Flag, control or None,
+    layout)."""
     guess = wire.guess() if guess is None else guess
     wire.record(layout)
     wrong = layout != guess
+    if guess.flagged and not wrong:
+        flag = _Flag.of(data)
+        works.append(joinwire.issue_ahead(pg, guess, data))
+        return flag, None, layout
     if guess.ahead:
         works.append(joinwire.issue_ahead(pg, guess, None if wrong else data))
     envelope = joinwire.envelope(guess, joinwire.WRONG if wrong else joinwire.RIGHT, pg.size(), room)
@@ -33,6 +69,9 @@ def _announce(pg, wire, layout, works, room=None, guess=None, data=None):
 
 
 def _check_announced(pg, envelope, control, layout) -> None:
+    if isinstance(envelope, _Flag):
+        envelope.settle(pg, layout)
+        return
     said = envelope.said(pg.size())
     if (control is None and said == joinwire.WRONG) or (control is not None and not control.agrees(layout)):
         raise joinwire.disagree(layout)
@@ -50,12 +89,12 @@ def _packed(group, room, copy, prescale_factor, divisor):
     return pack, divisor
 
 
-def _issue_announced(pg, wire, group, op, prescale_factor, divisor, copy, works):
+def _issue_announced(pg, wire, group, op, prescale_factor, divisor, copy, waits, works):
     """Pack `group` and issue its allreduce in join's envelope: one collective when the layout
-    was guessed right and its data rides along; the data, then the state, when it was guessed
-    right and goes ahead; else the envelope and then the data."""
+    was guessed right and its data rides along or is flagged; the data, then the state, when
+    it was guessed right and goes ahead; else the envelope and then the data."""
     owned = copy or len(group) > 1 or not group[0].is_contiguous()
-    layout = joinwire.layout(sum(t.numel() for t in group), group[0].dtype, op, owned)
+    layout = joinwire.layout(sum(t.numel() for t in group), group[0].dtype, op, owned, waits)
     guess = wire.guess()
     rides = layout == guess and layout.carried
     pack, left = _packed(group, 1 if rides else 0, copy, prescale_factor, divisor)
@@ -67,9 +106,10 @@ def _issue_announced(pg, wire, group, op, prescale_factor, divisor, copy, works)
 
 @handles.traced("allreduce")
 def _allreduce_async(tensors, average, op, prescale_factor, postscale_factor, process_set,
-                     copy, single=False) -> Handle:
+                     copy, single=False, waits=False) -> Handle:
     """Reduce `tensors`, fused into one buffer per dtype: in place, or (copy=True) into new
-    tensors. The handle's result is the list of them, or its only one (single=True)."""
+    tensors. The handle's result is the list of them, or its only one (single=True). With
+    waits=True the caller waits on the handle before it issues anything else."""
     op = resolve(op, average)
     pg = process_set.group()
     if op == Adasum:
@@ -81,7 +121,8 @@ def _allreduce_async(tensors, average, op, prescale_factor, postscale_factor, pr
     packs, announced_checks, works = [], [], []
     for group in groups:
         if announced:
-            pack, left, checks = _issue_announced(pg, wire, group, op, prescale_factor, divisor, copy, works)
+            pack, left, checks = _issue_announced(pg, wire, group, op, prescale_factor, divisor, copy, waits,
+                                                  works)
             announced_checks.append(checks)
         else:
             pack, left = _packed(group, 0, copy, prescale_factor, divisor)
@@ -104,14 +145,14 @@ def _allreduce_async(tensors, average, op, prescale_factor, postscale_factor, pr
     return Handle(works, done)
 
 
-# (numel, dtype, op, copy) -> its Layout if a short path takes it (a small carried one, or one
-# not carried in place), else False: making a Layout costs more than finding it.
+# (numel, dtype, op, copy, wait) -> its Layout if a short path takes it (a small carried one,
+# or one not carried in place), else False: making a Layout costs more than finding it.
 _LAYOUTS = {}
 
 
 def _short_layout(key):
-    numel, dtype, op, copy = key
-    layout = joinwire.layout(numel, dtype, op, copy)
+    numel, dtype, op, copy, wait = key
+    layout = joinwire.layout(numel, dtype, op, copy, wait)
     if len(_LAYOUTS) > 4096:  # a script of ever-new sizes
         _LAYOUTS.clear()
     if layout.carried:
@@ -125,22 +166,26 @@ def _short_layout(key):
 def _lone(pg, wire, tensor, op, prescale_factor, postscale_factor, divisor, copy, wait):
     """A contiguous lone tensor whose layout was guessed right takes its layout's kept
     envelope (joinwire.Slot): a small carried one rides in it, an in-place one that is not
-    carried goes ahead of it (_ahead). A small one's call is a numpy copy in, one gloo call
+    carried goes ahead of it (_ahead), a flagged one needs none (_flagged). A small one's call is a numpy copy in, one gloo call
     and (_landed) a copy out: at 4 bytes every microsecond here costs several of latency, so
     this path stays bare. Returns the result (wait=True) or a Handle for it; None when
     neither path applies (the general path)."""
     if not tensor.is_cpu or not tensor.is_contiguous():
         return None
-    key = (tensor.numel(), tensor.dtype, op, copy)
+    key = (tensor.numel(), tensor.dtype, op, copy, wait)
     layout = _LAYOUTS.get(key)
     if layout is None:
         layout = _short_layout(key)
-    slot = wire.slot(layout) if layout == wire.guess() else None  # False is never a guess
+    if layout != wire.guess():  # (False is never a guess)
+        return None
+    if layout.flagged:  # (made only for a caller that waits)
+        return _flagged(pg, wire, layout, tensor, prescale_factor, postscale_factor, divisor)
+    slot = wire.slot(layout)
     if slot is None:
         return None
     if slot.ahead:
         return _ahead(pg, wire, slot, tensor, prescale_factor, postscale_factor, divisor, wait)
-    floats = tensor.dtype in _FLOATS
+    floats = tensor.dtype in joinwire.FLOATS
     if not (floats or (divisor == 1 and prescale_factor == 1 and postscale_factor == 1)):
         return None  # an integer to scale: the general path's torch arithmetic
     slot.take(tensor)
@@ -175,6 +220,19 @@ def _landed(slot, tensor, postscale_factor, copy):
         slot.give_back()
 
 
+def _flagged(pg, wire, layout, tensor, prescale_factor, postscale_factor, divisor):
+    """Reduce the tensor where it lies, alone: join's state follows only when a NaN in front
+    calls for it (see joinwire). Scaled as the general path scales it (the same bits)."""
+    wire.record(layout)
+    flat = fusion.plain(tensor)
+    fusion.scale(flat, prescale_factor)
+    flag = _Flag.of(flat)
+    handles.wait_work(pg.allreduce([flat], joinwire.OPTIONS[Sum]))
+    flag.settle(pg, layout)
+    fusion.average(flat, postscale_factor, divisor)
+    return tensor
+
+
 def _ahead(pg, wire, slot, tensor, prescale_factor, postscale_factor, divisor, wait):
     """Reduce the tensor where it lies, then issue the slot's one-element state behind it:
     scaled as the general path scales a tensor it reduces in place (the same bits)."""
@@ -205,7 +263,7 @@ def prepacked(numel, dtype, process_set):
     layout of a summed allreduce of `numel` elements when it can ride alone in join's envelope
     (the global set, join on, float32/64, its layout guessed right, no trace recorded), else
     None: then the caller takes the general path, which keeps the wire's history alike."""
-    if process_set is not global_process_set or dtype not in _FLOATS or trace.recorder() is not None:
+    if process_set is not global_process_set or dtype not in joinwire.FLOATS or trace.recorder() is not None:
         return None
     wire = joinwire.wire()
     layout = joinwire.layout(numel, dtype, Sum, True)
@@ -272,8 +330,8 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=global_process_set):
-    return grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
-                                    postscale_factor, process_set).wait()
+    return _allreduce_async(list(tensors), average, op, prescale_factor, postscale_factor,
+                            process_set, False, waits=True, name=name).wait()
 
 
 def _as_sum(op, pg):
@@ -323,7 +381,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
     if done is not None:
         return done
     return _allreduce_async([tensor], average, op, prescale_factor, postscale_factor,
-                            process_set, False, True, name=name).wait()
+                            process_set, False, True, waits=True, name=name).wait()
 
 
 def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
