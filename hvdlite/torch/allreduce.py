@@ -26,8 +26,8 @@ class _Flag(NamedTuple):
     first: float
 
     @staticmethod
-    def of(flat):
-        cell = _CELLS[flat.dtype].from_address(flat.data_ptr())
+    def of(flat, layout):
+        cell = _CELLS[layout.torch_dtype].from_address(flat.data_ptr())
         return _Flag(cell, cell.value)
 
     def settle(self, pg, layout) -> None:
@@ -54,7 +54,7 @@ def _announce(pg, wire, layout, works, room=None, guess=None, data=None):
     wire.record(layout)
     wrong = layout != guess
     if guess.flagged and not wrong:
-        flag = _Flag.of(data)
+        flag = _Flag.of(data, guess)
         works.append(joinwire.issue_ahead(pg, guess, data))
         return flag, None, layout
     if guess.ahead:
@@ -226,7 +226,7 @@ def _flagged(pg, wire, layout, tensor, prescale_factor, postscale_factor, diviso
     wire.record(layout)
     flat = fusion.plain(tensor)
     fusion.scale(flat, prescale_factor)
-    flag = _Flag.of(flat)
+    flag = _Flag.of(flat, layout)
     handles.wait_work(pg.allreduce([flat], joinwire.OPTIONS[Sum]))
     flag.settle(pg, layout)
     fusion.average(flat, postscale_factor, divisor)
