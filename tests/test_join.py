@@ -252,7 +252,8 @@ def test_the_state_element_shows_joined_right_and_wrong_under_every_op():
                 values = [joinwire.states(op, size)[s] for s in states]
                 reduced = sum(values) if op == ops.Sum else min(values) if op == ops.Min else max(values)
                 guess = joinwire.Layout(0, 0, op, True)
-                envelope = joinwire.Envelope(torch.tensor([float(reduced)]), guess, op)
+                buffer = torch.tensor([float(reduced)])
+                envelope = joinwire.Envelope(buffer, guess, op, joinwire.front(buffer, buffer.dtype))
                 assert envelope.said(size) == max(states), (op, size, states)
 
 

@@ -14,11 +14,6 @@ from hvdlite.worker.reduceops import Adasum, Average, Sum, resolve
 
 
 
-# A flagged tensor's first element, read and written in place: after the 1 MB transfer has
-# evicted the caches, each new C entry point costs several us, and a numpy view 17 us.
-_CELLS = {torch.float32: ctypes.c_float, torch.float64: ctypes.c_double}
-
-
 class _Flag(NamedTuple):
     """A flagged allreduce guessed right (see joinwire), in flight: its first element (a
     cell in the data) and this rank's value there as sent."""
@@ -27,7 +22,7 @@ class _Flag(NamedTuple):
 
     @staticmethod
     def of(flat, layout):
-        cell = _CELLS[layout.torch_dtype].from_address(flat.data_ptr())
+        cell = joinwire.front(flat, layout.torch_dtype)
         return _Flag(cell, cell.value)
 
     def settle(self, pg, layout) -> None:
