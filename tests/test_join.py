@@ -30,9 +30,12 @@ def _pattern(step, active, size):
     yield (lambda: hvd.allreduce(floats), sum(f for f, _ in everyone) / size)
     summed = _front(sum(r + 1.0 for r in active), sum(100.0 * (r + 1) for r in active))
     yield (lambda: hvd.allreduce_(big, op=hvd.Sum), summed)
-    # Flagged on the general path too (a group of one), scaled.
+    # Flagged on the general path too (a group of one), scaled; beside another dtype it is not
+    # (its state would come after the other group's collective).
     scaled = _front(rank + 1.0, 100.0 * (rank + 1))
     yield (lambda: hvd.grouped_allreduce_([scaled], prescale_factor=2.0, postscale_factor=0.5)[0], summed / size)
+    beside = [_front(rank + 1.0, 100.0 * (rank + 1)), ints.clone()]
+    yield (lambda: hvd.grouped_allreduce_(beside, op=hvd.Sum), [summed, sum(i for _, i in everyone)])
     yield (lambda: hvd.allreduce(ints, op=hvd.Min), torch.stack([i for _, i in everyone]).min(0).values)
     yield (lambda: hvd.allreduce(ints.to(torch.uint8), op=hvd.Max),
            torch.stack([i.to(torch.uint8) for _, i in everyone]).max(0).values)

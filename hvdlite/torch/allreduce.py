@@ -13,7 +13,6 @@ from hvdlite.worker import trace
 from hvdlite.worker.reduceops import Adasum, Average, Sum, resolve
 
 
-
 class _Flag(NamedTuple):
     """A flagged allreduce guessed right (see joinwire), in flight: its first element (a
     cell in the data) and this rank's value there as sent."""
@@ -113,6 +112,7 @@ def _allreduce_async(tensors, average, op, prescale_factor, postscale_factor, pr
     wire = joinwire.wire()
     announced = process_set is global_process_set and wire.on
     groups, where = fusion.by_dtype(tensors)
+    waits = waits and len(groups) == 1  # (a flagged group's state may not come after another's)
     packs, announced_checks, works = [], [], []
     for group in groups:
         if announced:
@@ -161,9 +161,9 @@ def _short_layout(key):
 def _lone(pg, wire, tensor, op, prescale_factor, postscale_factor, divisor, copy, wait):
     """A contiguous lone tensor whose layout was guessed right takes its layout's kept
     envelope (joinwire.Slot): a small carried one rides in it, an in-place one that is not
-    carried goes ahead of it (_ahead), a flagged one needs none (_flagged). A small one's call is a numpy copy in, one gloo call
-    and (_landed) a copy out: at 4 bytes every microsecond here costs several of latency, so
-    this path stays bare. Returns the result (wait=True) or a Handle for it; None when
+    carried goes ahead of it (_ahead), a flagged one needs none (_flagged). A small one's call
+    is a numpy copy in, one gloo call and (_landed) a copy out: at 4 bytes every microsecond
+    here costs several of latency, so this path stays bare. Returns the result (wait=True) or a Handle for it; None when
     neither path applies (the general path)."""
     if not tensor.is_cpu or not tensor.is_contiguous():
         return None

@@ -184,7 +184,7 @@ def scale(tensor, factor) -> None:
 def average(flat, postscale_factor, divisor) -> None:
     """Postscale, and divide for Average: floats in one pass; integers exactly, rounding
     toward zero as Horovod's integer scaling does."""
-    if postscale_factor == 1 and divisor == 1:  # (no C call: see allreduce._CELLS)
+    if postscale_factor == 1 and divisor == 1:  # (no C call: see joinwire.front)
         return
     if flat.is_floating_point():
         scale(flat, postscale_factor / divisor)

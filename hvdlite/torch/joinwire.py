@@ -30,8 +30,9 @@ Only then does more follow:
 - every rank in join(): a control exchange of who joined just now, to name the last one.
 A training loop repeats its allreduces, so from its third step on every guess holds and an
 allreduce costs one collective, one element longer (an in-place one above COPY_LIMIT: the data
-where it lies, then a one-element state; a flagged one, the data alone). A lone tensor's envelope is kept per layout and
-reused (Slot), so a small one's call is a numpy copy in, one gloo call and a copy out.
+where it lies, then a one-element state; a flagged one, the data alone). A lone tensor's
+envelope is kept per layout and reused (Slot), so a small one's call is a numpy copy in, one
+gloo call and a copy out.
 """
 import ctypes
 import os
