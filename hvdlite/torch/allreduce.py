@@ -116,8 +116,8 @@ def _allreduce_async(tensors, average, op, prescale_factor, postscale_factor, pr
     packs, announced_checks, works = [], [], []
     for group in groups:
         if announced:
-            pack, left, checks = _issue_announced(pg, wire, group, op, prescale_factor, divisor, copy, waits,
-                                                  works)
+            pack, left, checks = _issue_announced(pg, wire, group, op, prescale_factor, divisor, copy,
+                                                  waits, works)
             announced_checks.append(checks)
         else:
             pack, left = _packed(group, 0, copy, prescale_factor, divisor)
@@ -163,8 +163,8 @@ def _lone(pg, wire, tensor, op, prescale_factor, postscale_factor, divisor, copy
     envelope (joinwire.Slot): a small carried one rides in it, an in-place one that is not
     carried goes ahead of it (_ahead), a flagged one needs none (_flagged). A small one's call
     is a numpy copy in, one gloo call and (_landed) a copy out: at 4 bytes every microsecond
-    here costs several of latency, so this path stays bare. Returns the result (wait=True) or a Handle for it; None when
-    neither path applies (the general path)."""
+    here costs several of latency, so this path stays bare. Returns the result (wait=True) or
+    a Handle for it; None when neither path applies (the general path)."""
     if not tensor.is_cpu or not tensor.is_contiguous():
         return None
     key = (tensor.numel(), tensor.dtype, op, copy, wait)
