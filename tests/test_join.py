@@ -153,6 +153,12 @@ def check_an_in_place_allreduce_of_1mb_reduces_the_tensor_itself():
     assert [b.numel() for b in issued] == [x.numel(), 1], [b.numel() for b in issued]
     assert issued[0].data_ptr() == x.data_ptr()
     assert torch.equal(x, torch.full_like(x, 64.0))
+    for op, expected in ((hvd.Sum, 2.0), (hvd.Average, 1.0)):  # a leaf that requires grad
+        leaf = torch.ones(1 << 18, requires_grad=True)
+        for _ in range(3):
+            leaf.detach().fill_(1.0)
+            assert hvd.allreduce_(leaf, op=op) is leaf
+        assert torch.equal(leaf.detach(), torch.full_like(x, expected)) and leaf.grad_fn is None
     runtime.deactivate()
     runtime.activate(counting.pg, info)
 

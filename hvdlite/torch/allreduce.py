@@ -219,7 +219,8 @@ def _flagged(pg, wire, layout, tensor, prescale_factor, postscale_factor, diviso
     """Reduce the tensor where it lies, alone: join's state follows only when a NaN in front
     calls for it (see joinwire). Scaled as the general path scales it (the same bits)."""
     wire.record(layout)
-    flat = fusion.plain(tensor)
+    # (gloo takes a leaf that requires grad as it is; torch's in-place arithmetic does not)
+    flat = tensor if prescale_factor == postscale_factor == divisor == 1 else fusion.plain(tensor)
     fusion.scale(flat, prescale_factor)
     flag = _Flag.of(flat, layout)
     handles.wait_work(pg.allreduce([flat], joinwire.OPTIONS[Sum]))
