@@ -150,10 +150,35 @@ def check_a_late_missing_gradient_agrees_with_prepacked_ranks():
     _assert_replicas_identical(torch.nn.ModuleList([used, sometimes]))
 
 
+def check_gradients_numpy_refuses_take_the_general_path():
+    """Once the wire's guesses hold, a bucket goes prepacked only when numpy() takes each of
+    its gradients: one that requires grad (backward with create_graph) or a sparse one
+    (sparse_as_dense) goes the general way, averaged all the same."""
+    rank, size = _world()
+    torch.manual_seed(0)
+    words, head = torch.nn.Embedding(5, 3, sparse=True), torch.nn.Linear(3, 2)
+    params = [*words.parameters(), *head.parameters()]
+    opt = DistributedOptimizer(torch.optim.SGD(params, lr=0.1), sparse_as_dense=True,
+                               groups=[[words.weight], [head.weight, head.bias]])
+    for step in range(6):
+        opt.zero_grad()
+        ids = torch.tensor([rank % 5, (step + rank) % 5])
+        head(words(ids)).square().sum().backward(create_graph=step >= 4)
+        prepacked = [contexts is None for _, contexts, _ in opt._hvd_reducer.started]
+        if step >= 2:  # (words', head's)
+            assert prepacked == [False, step < 4], (step, prepacked)
+        expected = [autograd.allreduce(p.grad.to_dense().detach()) for p in params]
+        opt.synchronize()
+        assert all(not p.grad.requires_grad and torch.allclose(p.grad, e)
+                   for p, e in zip(params, expected)), step
+        with opt.skip_synchronize():
+            opt.step()
+    _assert_replicas_identical(torch.nn.ModuleList([words, head]))
+
+
 def check_held_gradients_survive_the_next_step():
-    """A bucket's buffer is kept (above fusion.Pool.SMALLEST) and packed again once no
-    gradient view of it is alive: gradients a script still holds from an earlier step keep
-    their values."""
+    """A bucket's buffer is kept and packed again once no gradient view of it is alive:
+    gradients a script still holds from an earlier step keep their values."""
     rank, size = _world()
     torch.manual_seed(0)
     model = torch.nn.Linear(256, 257)  # 257 KB of gradients: a kept buffer
@@ -238,6 +263,7 @@ def check_all():
     check_sum_and_too_many_backward_passes()
     check_missing_gradients()
     check_a_late_missing_gradient_agrees_with_prepacked_ranks()
+    check_gradients_numpy_refuses_take_the_general_path()
     check_held_gradients_survive_the_next_step()
     check_synchronize_skip_and_zero_grad()
     check_broadcasts()

@@ -12,6 +12,7 @@ _NUMPY_DTYPES = {torch.float32, torch.float64, torch.float16, torch.uint8, torch
 # the number in a tensor), with the same bits (both round the factor to the dtype first;
 # float16 is left out, as torch multiplies it in float32 with the factor unrounded).
 _NUMPY_SCALED = {torch.float32, torch.float64}
+_NUMPY_OF = {torch.float32: numpy.dtype(numpy.float32), torch.float64: numpy.dtype(numpy.float64)}
 
 
 class Pool:
@@ -46,42 +47,82 @@ pool = Pool()
 
 class Plan:
     """The fixed layout of a bucket packed step after step (DistributedOptimizer's): one free
-    element in front (join's state), the tensors, then `extra` elements, in a buffer from the
-    pool (so a kept one is packed again once no gradient view of it is alive)."""
+    element in front (join's state), the tensors, then `extra` elements. Its buffers are kept
+    with their numpy views, whatever their size: at np 2 the transfer leaves the caches cold,
+    and then each C call made anew (a numpy view, torch.empty, a slice) costs several us."""
+
+    KEPT = Pool.PER_SIZE  # buffers kept; a step's gradients hold one while the next is packed
 
     def __init__(self, tensors, extra):
-        self.shapes = [t.shape for t in tensors]
+        self.shapes = [tuple(t.shape) for t in tensors]
         self.dtype = tensors[0].dtype
+        # Shaped as the buffer's pieces, the state element first: pieces() cuts them in one
+        # C call (split and a view per piece cost ~50 us cold, a view each).
+        self._templates = [torch.empty(shape, device="meta") for shape in [(1,), *self.shapes]]
         self.cuts = [1, *(t.numel() for t in tensors), extra]  # the buffer's pieces
         self.numel = sum(self.cuts) - 1
+        self.scaled = self.dtype in _NUMPY_SCALED
+        self.kept = []
 
-    def fits(self, tensors) -> bool:
-        """Whether the tensors are plain dense ones of the plan's dtype and shapes (numpy can
-        read them), so that pack() may take them."""
-        return self.dtype in _NUMPY_SCALED and all(
-            t is not None and t.dtype == self.dtype and t.shape == shape and t.layout == torch.strided
-            and not t.requires_grad and not t.is_neg() for t, shape in zip(tensors, self.shapes))
+    def arrays(self, tensors):
+        """The tensors' numpy views when they are plain dense CPU ones of the plan's dtype and
+        shapes, so that pack() may take them; else None. numpy() refuses the others (sparse,
+        requiring grad, a negative view, off the CPU): one C call a tensor checks all that."""
+        if not self.scaled or any(t is None for t in tensors):
+            return None
+        try:
+            arrays = [t.numpy() for t in tensors]
+        except (TypeError, RuntimeError):
+            return None
+        dtype = _NUMPY_OF[self.dtype]
+        if any(a.dtype != dtype or a.shape != shape for a, shape in zip(arrays, self.shapes)):
+            return None
+        return arrays
 
-    def pack(self, tensors, factor, fill):
-        """A buffer holding the tensors multiplied by `factor` (numpy's float32/64 product, as
-        _multiply's) after its first element, then the extra elements set to `fill`."""
-        buffer = pool.take(1 + self.numel, self.dtype)
-        array, start = buffer.numpy(), 1
-        for tensor, size, shape in zip(tensors, self.cuts[1:], self.shapes):
-            out = array[start:start + size].reshape(shape)
+    def pack(self, arrays, factor, fill):
+        """A free buffer (Packed) holding the arrays multiplied by `factor` (numpy's float32/64
+        product, as _multiply's) after its first element, then the extra elements set to
+        `fill`."""
+        packed = self._take()
+        for array, out in zip(arrays, packed.outs):
             if factor == 1:
-                numpy.copyto(out, tensor.numpy())
+                numpy.copyto(out, array)
             else:
-                numpy.multiply(tensor.numpy(), factor, out=out)
-            start += size
-        array[start:].fill(fill)
-        return buffer
+                numpy.multiply(array, factor, out=out)
+        packed.tail.fill(fill)
+        return packed
+
+    def _take(self):
+        for packed in self.kept:
+            if packed.unused():
+                return packed
+        packed = Packed(torch.empty(1 + self.numel, dtype=self.dtype), self.cuts, self.shapes)
+        if len(self.kept) < self.KEPT:
+            self.kept.append(packed)
+        return packed
 
     def pieces(self, buffer):
         """The tensors' parts of `buffer`, shaped as they are (views, no copy)."""
-        pieces = buffer.split_with_sizes(self.cuts)[1:-1]
-        return [piece if len(shape) == 1 else piece.view(shape)
-                for piece, shape in zip(pieces, self.shapes)]
+        return torch._C._nn.unflatten_dense_tensors(buffer, self._templates)[1:]
+
+
+class Packed:
+    """A Plan's buffer with its numpy views made once: `array` the whole, `outs` the tensors'
+    parts shaped as they are, `tail` the extra elements."""
+
+    def __init__(self, buffer, cuts, shapes):
+        self.buffer, self.array = buffer, buffer.numpy()
+        starts = numpy.cumsum(cuts).tolist()
+        self.outs = [self.array[start - size:start].reshape(shape)
+                     for start, size, shape in zip(starts[1:], cuts[1:], shapes)]
+        self.tail = self.array[starts[-2]:]
+        # Free while only the buffer, these views and the storage kept to ask refer to its
+        # memory: no piece of it (a gradient, a result, a handle's) is alive.
+        self._storage = buffer.untyped_storage()
+        self._free = torch._C._storage_Use_Count(self._storage._cdata)
+
+    def unused(self) -> bool:
+        return torch._C._storage_Use_Count(self._storage._cdata) <= self._free
 
 
 class Pack:

@@ -226,13 +226,13 @@ class _GradientReducer:
         factor = self.prescale / (self.process_set.size() if self.op == ops.Average else 1)
         if not factor > 0:  # (a positive factor keeps each flag of a present gradient nonzero)
             return None
-        grads = [p.grad for p in self.buckets[index]]
-        if not plan.fits(grads):
+        arrays = plan.arrays([p.grad for p in self.buckets[index]])
+        if arrays is None:
             return None
         layout = prepacked(plan.numel, plan.dtype, self.process_set)
         if layout is None:
             return None
-        return prepacked_async(plan.pack(grads, factor, fill=factor), layout, self.postscale)
+        return prepacked_async(plan.pack(arrays, factor, fill=factor), layout, self.postscale)
 
     def _local_grad(self, p):
         if p.grad is None:
