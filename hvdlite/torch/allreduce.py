@@ -1,40 +1,12 @@
 """Allreduce, in every Horovod form, and join(): each allreduce carries join's state (see
 joinwire), so a rank that joined takes part in the others' allreduces until every rank has."""
-import ctypes
-from typing import NamedTuple
-
-import numpy
 import torch
 
-from hvdlite.torch import adasum, fusion, handles, joinwire, runtime
+from hvdlite.torch import adasum, fusion, handles, joinwire, lone, runtime
 from hvdlite.torch.handles import Handle
 from hvdlite.torch.processsets import global_process_set
 from hvdlite.worker import trace
-from hvdlite.worker.reduceops import Adasum, Average, Sum, resolve
-
-
-class _Flag(NamedTuple):
-    """A flagged allreduce guessed right (see joinwire), in flight: its first element (a
-    cell in the data) and this rank's value there as sent."""
-    cell: ctypes._SimpleCData
-    first: float
-
-    @staticmethod
-    def of(flat, layout):
-        cell = joinwire.front(flat, layout.torch_dtype)
-        return _Flag(cell, cell.value)
-
-    def settle(self, pg, layout) -> None:
-        """Once reduced: a NaN in front calls for join's state, every rank seeing it alike."""
-        reduced = self.cell.value
-        if reduced == reduced:  # (not a NaN: every rank active and right)
-            return
-        envelope = joinwire.envelope(layout, joinwire.RIGHT, pg.size())
-        envelope.buffer[1] = self.first
-        handles.wait_work(envelope.issue(pg))
-        if envelope.said(pg.size()) == joinwire.WRONG:
-            raise joinwire.disagree(layout)
-        self.cell.value = envelope.buffer.numpy().item(1)  # the active ranks' sum
+from hvdlite.worker.reduceops import Adasum, Sum, resolve
 
 
 def _announce(pg, wire, layout, works, room=None, guess=None, data=None):
@@ -42,13 +14,13 @@ def _announce(pg, wire, layout, works, room=None, guess=None, data=None):
     data in `room` when given; after a wrong guess, the control exchange too. A guess that
     goes ahead (Layout.ahead) is preceded by its allreduce: of `data` when guessed right,
     else of the identity; a flagged one guessed right has no envelope until its data is
-    reduced. Returns what the handle checks once done: (envelope or _Flag, control or None,
-    layout)."""
+    reduced. Returns what the handle checks once done: (envelope or lone.Flag, control or
+    None, layout)."""
     guess = wire.guess() if guess is None else guess
     wire.record(layout)
     wrong = layout != guess
     if guess.flagged and not wrong:
-        flag = _Flag.of(data, guess)
+        flag = lone.Flag.of(data, guess)
         works.append(joinwire.issue_ahead(pg, guess, data))
         return flag, None, layout
     if guess.ahead:
@@ -63,7 +35,7 @@ def _announce(pg, wire, layout, works, room=None, guess=None, data=None):
 
 
 def _check_announced(pg, envelope, control, layout) -> None:
-    if isinstance(envelope, _Flag):
+    if isinstance(envelope, lone.Flag):
         envelope.settle(pg, layout)
         return
     said = envelope.said(pg.size())
@@ -108,7 +80,7 @@ def _allreduce_async(tensors, average, op, prescale_factor, postscale_factor, pr
     pg = process_set.group()
     if op == Adasum:
         return _adasum(pg, tensors, copy, prescale_factor, postscale_factor, single)
-    op, divisor = _as_sum(op, pg)
+    op, divisor = lone.as_sum(op, pg)
     wire = joinwire.wire()
     announced = process_set is global_process_set and wire.on
     groups, where = fusion.by_dtype(tensors)
@@ -138,120 +110,6 @@ def _allreduce_async(tensors, average, op, prescale_factor, postscale_factor, pr
             out = tensors
         return out[0] if single else out
     return Handle(works, done)
-
-
-# (numel, dtype, op, copy, wait) -> its Layout if a short path takes it (a small carried one,
-# or one not carried in place), else False: making a Layout costs more than finding it.
-_LAYOUTS = {}
-
-
-def _short_layout(key):
-    numel, dtype, op, copy, wait = key
-    layout = joinwire.layout(numel, dtype, op, copy, wait)
-    if len(_LAYOUTS) > 4096:  # a script of ever-new sizes
-        _LAYOUTS.clear()
-    if layout.carried:
-        short = numel * dtype.itemsize <= joinwire.COPY_LIMIT
-    else:  # (a new tensor out of place is the general path's copy, scaled as it copies)
-        short = not copy
-    _LAYOUTS[key] = layout if short else False
-    return _LAYOUTS[key]
-
-
-def _lone(pg, wire, tensor, op, prescale_factor, postscale_factor, divisor, copy, wait):
-    """A contiguous lone tensor whose layout was guessed right takes its layout's kept
-    envelope (joinwire.Slot): a small carried one rides in it, an in-place one that is not
-    carried goes ahead of it (_ahead), a flagged one needs none (_flagged). A small one's call
-    is a numpy copy in, one gloo call and (_landed) a copy out: at 4 bytes every microsecond
-    here costs several of latency, so this path stays bare. Returns the result (wait=True) or
-    a Handle for it; None when neither path applies (the general path)."""
-    if not tensor.is_cpu or not tensor.is_contiguous():
-        return None
-    key = (tensor.numel(), tensor.dtype, op, copy, wait)
-    layout = _LAYOUTS.get(key)
-    if layout is None:
-        layout = _short_layout(key)
-    if layout != wire.guess():  # (False is never a guess)
-        return None
-    if layout.flagged:  # (made only for a caller that waits)
-        return _flagged(pg, wire, layout, tensor, prescale_factor, postscale_factor, divisor)
-    slot = wire.slot(layout)
-    if slot is None:
-        return None
-    if slot.ahead:
-        return _ahead(pg, wire, slot, tensor, prescale_factor, postscale_factor, divisor, wait)
-    floats = tensor.dtype in joinwire.FLOATS
-    if not (floats or (divisor == 1 and prescale_factor == 1 and postscale_factor == 1)):
-        return None  # an integer to scale: the general path's torch arithmetic
-    slot.take(tensor)
-    wire.record(layout)
-    scale = prescale_factor / divisor
-    if floats and scale != 1:
-        numpy.multiply(slot.mine, scale, out=slot.view)
-    else:
-        slot.view[...] = slot.mine  # for a few elements quicker than numpy.copyto
-    slot.array[0] = slot.right
-    work = pg.allreduce([slot.buffer], joinwire.OPTIONS[op])
-    if not wait:
-        return Handle([work], lambda: _landed(slot, tensor, postscale_factor, copy))
-    handles.wait_work(work)  # (failing, it keeps the slot held: its work may still write)
-    return _landed(slot, tensor, postscale_factor, copy)
-
-
-def _landed(slot, tensor, postscale_factor, copy):
-    """The result of a small lone tensor's allreduce, done: the reduced tensor (a new one
-    with copy)."""
-    try:
-        if slot.said_wrong():
-            raise joinwire.disagree(slot.layout)
-        data = slot.view
-        if postscale_factor != 1:
-            numpy.multiply(data, postscale_factor, out=data)
-        if copy:
-            return torch.from_numpy(data.copy())
-        slot.mine[...] = data
-        return tensor
-    finally:
-        slot.give_back()
-
-
-def _flagged(pg, wire, layout, tensor, prescale_factor, postscale_factor, divisor):
-    """Reduce the tensor where it lies, alone: join's state follows only when a NaN in front
-    calls for it (see joinwire). Scaled as the general path scales it (the same bits)."""
-    wire.record(layout)
-    # (gloo takes a leaf that requires grad as it is; torch's in-place arithmetic does not)
-    flat = tensor if prescale_factor == postscale_factor == divisor == 1 else fusion.plain(tensor)
-    fusion.scale(flat, prescale_factor)
-    flag = _Flag.of(flat, layout)
-    handles.wait_work(pg.allreduce([flat], joinwire.OPTIONS[Sum]))
-    flag.settle(pg, layout)
-    fusion.average(flat, postscale_factor, divisor)
-    return tensor
-
-
-def _ahead(pg, wire, slot, tensor, prescale_factor, postscale_factor, divisor, wait):
-    """Reduce the tensor where it lies, then issue the slot's one-element state behind it:
-    scaled as the general path scales a tensor it reduces in place (the same bits)."""
-    slot.busy = True
-    wire.record(slot.layout)
-    flat = fusion.plain(tensor)
-    fusion.scale(flat, prescale_factor)
-    slot.array[0] = slot.right
-    works = [joinwire.issue_ahead(pg, slot.layout, flat), pg.allreduce([slot.buffer], joinwire.OPTIONS[Sum])]
-
-    def finish():
-        try:
-            if slot.said_wrong():
-                raise joinwire.disagree(slot.layout)
-        finally:
-            slot.give_back()
-        fusion.average(flat, postscale_factor, divisor)
-        return tensor
-    if not wait:
-        return Handle(works, finish)
-    for work in works:
-        handles.wait_work(work)
-    return finish()
 
 
 def prepacked(numel, dtype, process_set):
@@ -335,28 +193,8 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
                             process_set, False, waits=True, name=name).wait()
 
 
-def _as_sum(op, pg):
-    """(op, divisor): an Average is a Sum divided by the group's size."""
-    return (Sum, pg.size()) if op == Average else (op, 1)
-
-
-def _short(tensor, average, op, prescale_factor, postscale_factor, process_set, copy, wait):
-    """_lone's result (wait=True) or Handle when nothing records spans and nothing calls for
-    the general path, since at 4 bytes the ~2 us of the traced call chain cost several of
-    latency; else None."""
-    if process_set is not global_process_set or trace.recorder() is not None:
-        return None
-    resolved = resolve(op, average)
-    wire = joinwire.wire()
-    if not wire.on or resolved == Adasum:
-        return None
-    pg = runtime.process_group()
-    summed, divisor = _as_sum(resolved, pg)
-    return _lone(pg, wire, tensor, summed, prescale_factor, postscale_factor, divisor, copy, wait)
-
-
 def _one_async(tensor, average, op, prescale_factor, postscale_factor, process_set, copy, name):
-    handle = _short(tensor, average, op, prescale_factor, postscale_factor, process_set, copy, False)
+    handle = lone.short(tensor, average, op, prescale_factor, postscale_factor, process_set, copy, False)
     if handle is not None:
         return handle
     return _allreduce_async([tensor], average, op, prescale_factor, postscale_factor,
@@ -378,7 +216,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
     """Waits at the call, with no Handle where a short path applies: ~1 us less than
     allreduce_async_(...).wait(). A failed wait keeps the slot held (its works may still
     write)."""
-    done = _short(tensor, average, op, prescale_factor, postscale_factor, process_set, False, True)
+    done = lone.short(tensor, average, op, prescale_factor, postscale_factor, process_set, False, True)
     if done is not None:
         return done
     return _allreduce_async([tensor], average, op, prescale_factor, postscale_factor,
