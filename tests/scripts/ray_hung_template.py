@@ -19,7 +19,9 @@ from hvdlite.driver.output import RankOutput
 from hvdlite.driver.settings import Settings
 
 WORKER = [sys.executable, os.path.abspath(__file__), "--sleep"]
-START_TIMEOUT = 4.0  # a spawn client waits half of it for the template's answer
+# A spawn client waits half of it for the template's answer. The launch's actor may need a new
+# Ray worker process first: at 4 s that did not fit once under CI's load ("no room for its actor").
+START_TIMEOUT = 10.0
 
 
 def wait(what, timeout=30.0):
