@@ -20,8 +20,8 @@ def _announce(pg, wire, layout, works, room=None, guess=None, data=None):
     wire.record(layout)
     wrong = layout != guess
     if guess.flagged and not wrong:
-        flag = lone.Flag.of(data, guess)
-        works.append(joinwire.issue_ahead(pg, guess, data))
+        flag, work = lone.Flag.issue(pg, guess, data)
+        works.append(work)
         return flag, None, layout
     if guess.ahead:
         works.append(joinwire.issue_ahead(pg, guess, None if wrong else data))

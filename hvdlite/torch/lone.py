@@ -21,9 +21,12 @@ class Flag(NamedTuple):
     first: float
 
     @staticmethod
-    def of(flat, layout):
+    def issue(pg, layout, flat):
+        """Issue the allreduce of `flat`, of the flagged `layout`, where it goes ahead
+        (joinwire.issue_ahead): (its Flag, its work). The first element is read before gloo
+        may write over it."""
         cell = joinwire.front(flat, layout.torch_dtype)
-        return Flag(cell, cell.value)
+        return Flag(cell, cell.value), joinwire.issue_ahead(pg, layout, flat)
 
     def settle(self, pg, layout) -> None:
         """Once reduced: a NaN in front calls for join's state, every rank seeing it alike."""
@@ -140,8 +143,8 @@ def _flagged(pg, wire, layout, tensor, prescale_factor, postscale_factor, diviso
     # (gloo takes a leaf that requires grad as it is; torch's in-place arithmetic does not)
     flat = tensor if prescale_factor == postscale_factor == divisor == 1 else fusion.plain(tensor)
     fusion.scale(flat, prescale_factor)
-    flag = Flag.of(flat, layout)
-    handles.wait_work(pg.allreduce([flat], joinwire.OPTIONS[Sum]))
+    flag, work = Flag.issue(pg, layout, flat)
+    handles.wait_work(work)
     flag.settle(pg, layout)
     fusion.average(flat, postscale_factor, divisor)
     return tensor
