@@ -20,8 +20,8 @@ def _announce(pg, wire, layout, works, room=None, guess=None, data=None):
     wire.record(layout)
     wrong = layout != guess
     if guess.flagged and not wrong:
-        flag, work = lone.Flag.issue(pg, guess, data)
-        works.append(work)
+        flag = lone.Flag(pg, guess, data)
+        works.append(flag.work)
         return flag, None, layout
     if guess.ahead:
         works.append(joinwire.issue_ahead(pg, guess, None if wrong else data))

@@ -1,8 +1,6 @@
 """A lone tensor's allreduce on its short paths, taken when join's guess (see joinwire) was
 right and nothing calls for the general path in allreduce.py: a small one in its layout's kept
 envelope, a big in-place one ahead of its kept state, or, flagged, alone."""
-import ctypes
-from typing import NamedTuple
 
 import numpy
 import torch
@@ -14,19 +12,17 @@ from hvdlite.worker import trace
 from hvdlite.worker.reduceops import Adasum, Average, Sum, resolve
 
 
-class Flag(NamedTuple):
+class Flag:
     """A flagged allreduce guessed right (see joinwire), in flight: its first element (a
-    cell in the data) and this rank's value there as sent."""
-    cell: ctypes._SimpleCData
-    first: float
+    cell in the data), this rank's value there as sent, and its work."""
+    __slots__ = ("cell", "first", "work")
 
-    @staticmethod
-    def issue(pg, layout, flat):
+    def __init__(self, pg, layout, flat):
         """Issue the allreduce of `flat`, of the flagged `layout`, where it goes ahead
-        (joinwire.issue_ahead): (its Flag, its work). The first element is read before gloo
-        may write over it."""
-        cell = joinwire.front(flat, layout.torch_dtype)
-        return Flag(cell, cell.value), joinwire.issue_ahead(pg, layout, flat)
+        (joinwire.issue_ahead). The first element is read before gloo may write over it."""
+        self.cell = joinwire.front(flat, flat.dtype)
+        self.first = self.cell.value
+        self.work = joinwire.issue_ahead(pg, layout, flat)
 
     def settle(self, pg, layout) -> None:
         """Once reduced: a NaN in front calls for join's state, every rank seeing it alike."""
@@ -44,21 +40,6 @@ class Flag(NamedTuple):
 def as_sum(op, pg):
     """(op, divisor): an Average is a Sum divided by the group's size."""
     return (Sum, pg.size()) if op == Average else (op, 1)
-
-
-def short(tensor, average, op, prescale_factor, postscale_factor, process_set, copy, wait):
-    """_lone's result (wait=True) or Handle when nothing records spans and nothing calls for
-    the general path, since at 4 bytes the ~2 us of the traced call chain cost several of
-    latency; else None."""
-    if process_set is not global_process_set or trace.recorder() is not None:
-        return None
-    resolved = resolve(op, average)
-    wire = joinwire.wire()
-    if not wire.on or resolved == Adasum:
-        return None
-    pg = runtime.process_group()
-    summed, divisor = as_sum(resolved, pg)
-    return _lone(pg, wire, tensor, summed, prescale_factor, postscale_factor, divisor, copy, wait)
 
 
 # (numel, dtype, op, copy, wait) -> its Layout if a short path takes it (a small carried one,
@@ -79,15 +60,22 @@ def _short_layout(key):
     return _LAYOUTS[key]
 
 
-def _lone(pg, wire, tensor, op, prescale_factor, postscale_factor, divisor, copy, wait):
-    """A contiguous lone tensor whose layout was guessed right takes its layout's kept
-    envelope (joinwire.Slot): a small carried one rides in it, an in-place one that is not
-    carried goes ahead of it (_ahead), a flagged one needs none (_flagged). A small one's call
-    is a numpy copy in, one gloo call and (_landed) a copy out: at 4 bytes every microsecond
-    here costs several of latency, so this path stays bare. Returns the result (wait=True) or
-    a Handle for it; None when neither path applies (the general path)."""
-    if not tensor.is_cpu or not tensor.is_contiguous():
+def short(tensor, average, op, prescale_factor, postscale_factor, process_set, copy, wait):
+    """The allreduce of a contiguous lone tensor whose layout join's guess got right: a small
+    carried one rides in its layout's kept envelope (joinwire.Slot), an in-place one that is
+    not carried goes ahead of it (_ahead), a flagged one needs none (_flagged). Returns the
+    result (wait=True) or a Handle; None for the general path (a span to record, or anything
+    else). A small one's call is a numpy copy in, one gloo call and (_landed) a copy out. The
+    path stays bare: at 4 bytes each microsecond here costs several of latency, and at 1 MB
+    each call still costs ~1 us, the wait having left the caches cold."""
+    if process_set is not global_process_set or trace.recorder() is not None:
         return None
+    resolved = resolve(op, average)
+    wire = joinwire.wire()
+    if not wire.on or resolved == Adasum or not tensor.is_cpu or not tensor.is_contiguous():
+        return None
+    pg = runtime.process_group()
+    op, divisor = as_sum(resolved, pg)
     key = (tensor.numel(), tensor.dtype, op, copy, wait)
     layout = _LAYOUTS.get(key)
     if layout is None:
@@ -143,8 +131,8 @@ def _flagged(pg, wire, layout, tensor, prescale_factor, postscale_factor, diviso
     # (gloo takes a leaf that requires grad as it is; torch's in-place arithmetic does not)
     flat = tensor if prescale_factor == postscale_factor == divisor == 1 else fusion.plain(tensor)
     fusion.scale(flat, prescale_factor)
-    flag, work = Flag.issue(pg, layout, flat)
-    handles.wait_work(work)
+    flag = Flag(pg, layout, flat)
+    handles.wait_work(flag.work)
     flag.settle(pg, layout)
     fusion.average(flat, postscale_factor, divisor)
     return tensor
