@@ -8,6 +8,8 @@ Prints, on rank 0:
 - hvd.allreduce / hvd.allreduce_ against pg.allreduce on the very same group (target >= 0.95x):
   the median over runs of the twin's time over hvdlite's in the run beside it, with a ~90%
   confidence interval (a ratio of two medians swung 0.5-2x at 1 MB under load);
+- pg.allreduce against itself, measured the same way: what the harness alone reads (its noise
+  and any bias of the order), to set the rows above against;
 - a DistributedOptimizer step on a model of many small tensors, fused, against the same step
   with one allreduce per gradient tensor (target >= 2x faster).
 """
@@ -34,8 +36,9 @@ RAW_IN_PLACE = "pg.allreduce, sum in place"
 HVD_IN_PLACE = "hvd.allreduce_(op=Sum)"
 RAW_NEW = "clone + pg.allreduce + div_"
 HVD_NEW = "hvd.allreduce (Average)"
+AGAIN = "pg.allreduce, again (A/A)"
 FUSED = "DistributedOptimizer, fused"
-TWINS = ((RAW_IN_PLACE, HVD_IN_PLACE), (RAW_NEW, HVD_NEW))
+TWINS = ((RAW_IN_PLACE, HVD_IN_PLACE), (RAW_NEW, HVD_NEW), (RAW_IN_PLACE, AGAIN))
 
 
 def timed(fn, iters):
@@ -47,6 +50,10 @@ def timed(fn, iters):
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def runs(iters, nbytes):
+    return max(iters, min(2000, 2000 * MB // nbytes))
 
 
 def bench_allreduce(iters, sizes=SIZES):
@@ -68,18 +75,25 @@ def bench_allreduce(iters, sizes=SIZES):
         cases = {RAW_IN_PLACE: lambda: pg.allreduce([tensor], options).wait(),
                  HVD_IN_PLACE: lambda: hvd.allreduce_(tensor, op=hvd.Sum),
                  RAW_NEW: lambda: raw_average(tensor),
-                 HVD_NEW: lambda: hvd.allreduce(tensor)}
+                 HVD_NEW: lambda: hvd.allreduce(tensor),
+                 AGAIN: lambda: pg.allreduce([tensor], options).wait()}
         for fn in cases.values():  # warm up: first touches, gloo buffers
             fn()
-        # Interleaved, in turns (AB BA ...), so a noisy neighbour hits each case and its twin
-        # alike; each run's ratio pairs a case with its twin run next to it. Small sizes are
-        # mostly scheduling noise, so they get more runs.
-        samples = {name: [] for name in cases}
-        for run in range(max(iters, min(500, 400 * MB // nbytes))):
-            for name, fn in (cases.items() if run % 2 == 0 else reversed(cases.items())):
-                samples[name].append(timed(fn, 1))
-        ratios = {ours: [a / b for a, b in zip(samples[raw], samples[ours])] for raw, ours in TWINS}
-        rows.append((nbytes, {name: statistics.median(s) for name, s in samples.items()}, ratios))
+        # Each twin pair on its own, in turns (AB BA ...): a noisy neighbour hits a case and
+        # its twin alike, and each case follows itself as often as its twin (interleaving all
+        # the cases, hvdlite's in-place case came always after another, and its A/A read
+        # 0.98-1.00x). Each run's ratio pairs a case with its twin run next to it. Runs: about
+        # 2 GB a case, at most 2,000 (at 1 MB, 400 runs left a ~90% interval of 0.92-1.02x).
+        medians, ratios = {}, {}
+        for raw, ours in TWINS:
+            samples = {raw: [], ours: []}
+            for run in range(runs(iters, nbytes)):
+                for name in ((raw, ours) if run % 2 == 0 else (ours, raw)):
+                    samples[name].append(timed(cases[name], 1))
+            ratios[ours] = [a / b for a, b in zip(samples[raw], samples[ours])]
+            for name in (raw, ours):
+                medians.setdefault(name, statistics.median(samples[name]))
+        rows.append((nbytes, medians, ratios))
     return rows
 
 
@@ -140,12 +154,16 @@ def report(iters, sizes):
     if hvd.rank() != 0:
         return
     print(f"{hvd.size()} ranks, {torch.get_num_threads()} torch threads each; "
-          f"max({iters}, min(500, 400 / size in MB)) runs per allreduce case, {iters} per training step;"
+          f"max({iters}, min(2000, 2000 / size in MB)) runs per allreduce pair, {iters} per training step;"
           f" ratio: median over runs of the twin's time / hvdlite's in the run beside it (~90% CI)")
     print(f"\n{'size':>5}  {'case':<28} {'ms':>8} {'GB/s':>6}  {'raw twin / hvdlite':>18}")
     for nbytes, cases, ratios in rows:
+        printed = set()
         for raw, ours in TWINS:
             for name in (raw, ours):
+                if name in printed:
+                    continue
+                printed.add(name)
                 seconds = cases[name]
                 size = f"{nbytes // MB}MB" if nbytes >= MB else f"{nbytes}B"
                 line = f"{size:>5}  {name:<28} {seconds * 1e3:8.3f} {nbytes / seconds / 1e9:6.2f}"
