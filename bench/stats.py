@@ -8,7 +8,8 @@ def median_interval(values, coverage=0.9):
     value, k as large as that coverage allows (fewer than k of n values fall below the median
     with probability P(Binomial(n, 1/2) < k))."""
     ordered, n = sorted(values), len(values)
-    k = 1
-    while k < n // 2 and 1 - 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n >= coverage:
+    k, below = 1, 1 + n  # below: how many of the 2^n outcomes have at most k values below
+    while k < n // 2 and 1 - 2 * below / 2 ** n >= coverage:
         k += 1
+        below += math.comb(n, k)  # (summed as it goes: at 2,000 values, anew it took minutes)
     return ordered[k - 1], ordered[n - k]
