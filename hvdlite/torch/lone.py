@@ -75,8 +75,8 @@ def short(tensor, average, op, prescale_factor, postscale_factor, process_set, c
     if not wire.on or resolved == Adasum or not tensor.is_cpu or not tensor.is_contiguous():
         return None
     pg = runtime.process_group()
-    op, divisor = as_sum(resolved, pg)
-    key = (tensor.numel(), tensor.dtype, op, copy, wait)
+    summed, divisor = as_sum(resolved, pg)
+    key = (tensor.numel(), tensor.dtype, summed, copy, wait)
     layout = _LAYOUTS.get(key)
     if layout is None:
         layout = _short_layout(key)
@@ -100,7 +100,7 @@ def short(tensor, average, op, prescale_factor, postscale_factor, process_set, c
     else:
         slot.view[...] = slot.mine  # for a few elements quicker than numpy.copyto
     slot.array[0] = slot.right
-    work = pg.allreduce([slot.buffer], joinwire.OPTIONS[op])
+    work = pg.allreduce([slot.buffer], joinwire.OPTIONS[summed])
     if not wait:
         return Handle([work], lambda: _landed(slot, tensor, postscale_factor, copy))
     handles.wait_work(work)  # (failing, it keeps the slot held: its work may still write)
