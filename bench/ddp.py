@@ -1,28 +1,27 @@
 """A training step under hvdlite's DistributedOptimizer against the same step under torch's
-DistributedDataParallel (gloo), interleaved in one run.
+DistributedDataParallel (gloo), alternating in one run.
 
-    python bench/ddp.py [--np 2 4] [--cases mlp embeddings conv] [--rounds 10] [--steps 8] [--apart]
+    python bench/ddp.py [--np 2 4] [--cases mlp embeddings conv] [--rounds 10] [--steps 8] [--shared]
 
 Per case and world size: the same model, data and seed under both, one torch thread per rank,
-default settings on both sides (hvdlite's join support on). The two take turns step by step,
-each step after a barrier, in the order AB BA AB ... so that a change of load within a round
-falls on both alike. A round's ratio is the median of its hvdlite steps over the median of its
-DDP steps. Prints, on rank 0, the median of the round ratios (target: hvdlite / DDP <= 1.00x)
-with a distribution-free ~90% confidence interval of that median (from the rounds' order
-statistics), each side's median step and CPU time (rank 0's process, every thread), its page
-faults a step (memory fresh from the OS), and the load average. Checks that hvdlite's
-parameters follow DDP's over the first steps (see DRIFT) and that every rank ends with the
-same ones.
+default settings on both sides (hvdlite's join support on). Each side runs in its own
+processes, as a user's job would. The two take turns step by step, each step after a barrier,
+in the order AB BA AB ... so that a change of load within a round falls on both alike; the
+side waiting sleeps in a barrier of all the processes. A round's ratio is the median of its
+hvdlite steps over the median of its DDP steps. Prints, on rank 0, the median of the round
+ratios (target: hvdlite / DDP <= 1.00x) with a distribution-free ~90% confidence interval of
+that median (from the rounds' order statistics), each side's median step and CPU time (rank
+0's process, every thread), its page faults a step (memory fresh from the OS), and the load
+average. Checks that hvdlite's parameters follow DDP's over the first steps (see DRIFT) and
+that every rank ends with the same ones.
 
-Interleaved, the two models share each process's heap, so one side's frees shape the other's
-page faults (a fault costs ~3-5 us here, and the conv case faults hundreds a step). With
---apart each side runs in its own processes, as a user's job would, and the sides take turns
-by round (hvdlite first in even rounds, DDP in odd ones): a round's ratio then compares
-adjacent rounds rather than interleaved steps.
+With --shared both sides run in the same processes instead, as before. There the two models
+share each process's heap, so one side's frees set the other's page faults (~3-5 us each): in
+the conv case DDP faults ~1,200 pages a step in its own process and hvdlite ~400, while shared
+hvdlite faults 200-450 a step more than DDP. No user runs both in one process.
 """
 import argparse
 import datetime
-import io
 import os
 import resource
 import statistics
@@ -153,47 +152,50 @@ def run_case(name, rounds, steps):
 
 
 def run_side(name, rounds, steps, side, turns):
-    """--apart: one side alone in its own processes, taking turns with the other side's by
-    round (hvdlite first in even rounds, DDP in odd ones) through the store `turns`, which
-    also carries DDP's parameters after the warm-up round and its results to hvdlite's
-    rank 0. Returns run_case's rounds there, None elsewhere."""
-    pg, rank = runtime.process_group(), hvd.rank()
+    """One side alone in its own processes. The sides take turns step by step as
+    run_case's do, through a barrier of all 2 x size processes (`turns`, where hvdlite's
+    ranks come first) after every step, outside the timed part. After the warm-up round DDP's
+    ranks send their parameters to hvdlite's, and at the end DDP's rank 0 sends its rounds to
+    hvdlite's. Returns run_case's rounds on hvdlite's rank 0, None elsewhere."""
+    rank, size = hvd.rank(), hvd.size()
     step, model = trainer(CASES[name], side)
     model = model if side == "hvd" else model.module
     initial = [p.detach().clone() for p in model.parameters()]
-    other = "ddp" if side == "hvd" else "hvd"
     mine = []
     for round_ in range(rounds + 1):  # round 0 warms up
-        first = ("hvd", "ddp")[round_ % 2]
-        if side != first:
-            turns.wait([f"{name}/{round_}/{other}"], TURN_WAIT)
-        samples = [timed(step) for _ in range(steps)]
-        if not round_ and side == "ddp":
-            turns.set(f"{name}/params/{rank}", _serialized([p.detach() for p in model.parameters()]))
-        pg.barrier(dist.BarrierOptions()).wait()  # every rank of this side is done
-        if rank == 0:
-            turns.set(f"{name}/{round_}/{side}", "done")
-        if side == first:
-            turns.wait([f"{name}/{round_}/{other}"], TURN_WAIT)
-        if not round_ and side == "hvd":
-            theirs = torch.load(io.BytesIO(turns.get(f"{name}/params/{rank}")))
-            check_against_ddp(name, model, theirs, initial, steps)
+        samples = []
+        for i in range(steps):
+            for wrap in (("hvd", "ddp") if i % 2 == 0 else ("ddp", "hvd")):
+                if wrap == side:
+                    samples.append(timed(step))
+                turns.barrier(dist.BarrierOptions()).wait()
         if round_:
             mine.append(summary(samples))
+        elif side == "ddp":
+            _send(turns, [p.detach() for p in model.parameters()], rank)
+        else:
+            theirs = _received(turns, [p.detach() for p in model.parameters()], size + rank)
+            check_against_ddp(name, model, theirs, initial, steps)
     if side == "ddp":
         if rank == 0:
-            turns.set(f"{name}/results", _serialized(mine))
+            _send(turns, [torch.tensor(mine, dtype=torch.float64)], 0)
         return None
     check_ranks_equal(name, model)
     if rank == 0:
-        return list(zip(mine, torch.load(io.BytesIO(turns.get(f"{name}/results")))))
+        theirs = _received(turns, [torch.tensor(mine, dtype=torch.float64)], size)[0]
+        return list(zip(mine, (tuple(r) for r in theirs.tolist())))
     return None
 
 
-def _serialized(value) -> bytes:
-    out = io.BytesIO()
-    torch.save(value, out)
-    return out.getvalue()
+def _send(pg, tensors, to):
+    pg.send([torch.cat([t.reshape(-1) for t in tensors])], to, 0).wait()
+
+
+def _received(pg, like, source):
+    """Tensors shaped as `like`, sent by _send() from `source`."""
+    flat = torch.empty(sum(t.numel() for t in like), dtype=like[0].dtype)
+    pg.recv([flat], source, 0).wait()
+    return [part.view_as(t) for part, t in zip(flat.split([t.numel() for t in like]), like)]
 
 
 # How far hvdlite's parameters may be from DDP's after the same first steps, as a fraction of
@@ -204,7 +206,7 @@ def _serialized(value) -> bytes:
 # Later steps are not compared: the conv net amplifies those last bits (its max-pooling picks
 # other elements), to 0.06 of the move by step 61 and 0.6 by step 141 at 4 ranks.
 DRIFT = 0.01
-TURN_WAIT = datetime.timedelta(seconds=600)  # the other side's round, however loaded the box
+TURN_WAIT = datetime.timedelta(seconds=600)  # the other side's step, however loaded the box
 
 
 def check_against_ddp(name, ours, theirs, initial, steps):
@@ -243,7 +245,10 @@ def child(rank, size, store_path, args):
     pg = dist.ProcessGroupGloo(dist.PrefixStore("hvd", store), rank, size, timeout)
     runtime.activate(pg, WorldInfo(rank=rank, size=size, local_rank=rank, local_size=size,
                                    cross_rank=0, cross_size=1, hostname="localhost"))
-    turns = dist.FileStore(args.turns, 2 * size) if args.side else None
+    turns = None
+    if args.side:  # every process of both sides, hvdlite's first
+        turns = dist.ProcessGroupGloo(dist.FileStore(args.turns, 2 * size),
+                                      rank + (size if args.side == "ddp" else 0), 2 * size, TURN_WAIT)
     for name in args.cases:
         load = os.getloadavg()[0]
         if args.side:
@@ -255,15 +260,17 @@ def child(rank, size, store_path, args):
     hvd.barrier()
 
 
-def spawn(size, args):
+def spawn(size, case, args):
+    """One case at one size, in processes of its own: a job trains one model, and the heap
+    one case leaves behind would shape the next case's page faults."""
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         cmd = [sys.executable, __file__, "--rounds", str(args.rounds), "--steps", str(args.steps),
-               "--cases", *args.cases]
-        groups = [("hvd", "ddp")] if not args.apart else [("hvd",), ("ddp",)]
+               "--cases", case]
+        groups = [("hvd", "ddp")] if args.shared else [("hvd",), ("ddp",)]
         procs = []
         for group in groups:
-            side = ["--side", group[0], "--turns", os.path.join(tmp, "turns")] if args.apart else []
+            side = ["--side", group[0], "--turns", os.path.join(tmp, "turns")] if not args.shared else []
             store = os.path.join(tmp, "store-" + "-".join(group))
             procs += [subprocess.Popen(cmd + side + ["--child", str(rank), str(size), store], env=env)
                       for rank in range(size)]
@@ -293,8 +300,8 @@ def main():
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     parser.add_argument("--rounds", type=int, default=10, help="rounds, each giving one ratio")
     parser.add_argument("--steps", type=int, default=8, help="timed steps of each per round")
-    parser.add_argument("--apart", action="store_true",
-                        help="each side in its own processes, taking turns by round")
+    parser.add_argument("--shared", action="store_true",
+                        help="both sides in the same processes (their heaps shared)")
     parser.add_argument("--side", choices=("hvd", "ddp"), help=argparse.SUPPRESS)
     parser.add_argument("--turns", help=argparse.SUPPRESS)
     parser.add_argument("--child", nargs=3, metavar=("RANK", "SIZE", "STORE"), help=argparse.SUPPRESS)
@@ -302,10 +309,10 @@ def main():
     if args.child:
         child(int(args.child[0]), int(args.child[1]), args.child[2], args)
         return
-    how = "each side in its own processes, turns by round" if args.apart else "interleaved"
+    how = "both in the same processes" if args.shared else "each side in its own processes"
     print(f"hvdlite DistributedOptimizer vs torch DDP (gloo): {args.rounds} rounds of {args.steps} "
           f"steps a side, {how}; ratio = median over rounds of hvdlite / DDP", flush=True)
-    failed = any(any(spawn(size, args)) for size in args.np)
+    failed = any(any(spawn(size, case, args)) for size in args.np for case in args.cases)
     sys.exit(1 if failed else 0)
 
 

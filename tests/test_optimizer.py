@@ -1,6 +1,8 @@
 """DistributedOptimizer and the state broadcasts, on real gloo groups of 2 and 4 processes."""
 import copy
 import os
+import platform
+import resource
 import warnings
 
 import pytest
@@ -272,6 +274,33 @@ def check_all():
 @pytest.mark.parametrize("size", [2, 4])
 def test_distributed_optimizer(size):
     gloo_harness.run(check_all, size)
+
+
+def check_steps_keep_their_memory():
+    """A step frees its gradients together (the reduced ones replace them). malloc must keep
+    that memory for the next backward, not hand it back to the OS to fault it in again page by
+    page: without fusion.expect_freed, 1,100-1,240 faults a step here, with it 30-80."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(8)])
+    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
+    x = torch.randn(128, 512)
+
+    def step():
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+    for _ in range(5):
+        step()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(10):
+        step()
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10
+    assert faults < 200, f"{faults:.0f} page faults a step (8 MB of gradients is 2,048 pages)"
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the heap trimming measured is glibc's")
+def test_steps_keep_their_memory():
+    gloo_harness.run(check_steps_keep_their_memory, 2)
 
 
 def test_wrapper_shares_the_optimizer():

@@ -44,6 +44,20 @@ def _unused(buffer) -> bool:
 
 pool = Pool()
 
+# glibc's malloc hands a freed heap top back to the OS once it exceeds twice the largest block
+# freed so far from mmap (at most 32 MiB counts); blocks over that size come from mmap anew.
+MALLOC_LEARNS_UP_TO = 31 * 1024 * 1024
+
+
+def expect_freed(nbytes) -> None:
+    """Tell malloc that `nbytes` at a time will be freed and taken again, by freeing a block
+    that size, never touched. DistributedOptimizer frees a step's gradients together (the
+    reduced ones replace them); unless malloc has seen such a block freed, it hands their
+    memory back to the OS, and the next backward faults it in again: ~3,000 pages a step in
+    bench/ddp.py's MLP. (DDP frees its first buckets after step 1, which tells malloc the same.)
+    Elsewhere than glibc, this is one allocation."""
+    torch.empty(min(nbytes, MALLOC_LEARNS_UP_TO), dtype=torch.uint8)
+
 
 class Plan:
     """The fixed layout of a bucket packed step after step (DistributedOptimizer's): one free

@@ -152,6 +152,7 @@ class _GradientReducer:
         self.bucket_of = [where[id(p)] for p in params]
         # Each bucket's layout with its flags, for the prepacked path (see _prepacked).
         self.plans = [fusion.Plan(bucket, len(bucket)) for bucket in self.buckets]
+        fusion.expect_freed(sum(_nbytes(p) for p in params))
         self.skip_synchronize = False
         self.synchronized = False
         # The world this step's buckets run on. Its WorldInfo, not its process group: a group
