@@ -211,3 +211,18 @@ def test_a_fused_copy_is_scaled_as_torch_scales():
             pack = fusion.Pack([tensor, tensor], room=1, scale=factor)
             for part in pack.parts():
                 assert torch.equal(part, torch.mul(tensor, factor)), (tensor.dtype, factor)
+
+
+def test_the_pool_keeps_sizes_used_again_and_lately():
+    pool = fusion.Pool()
+    n = fusion.Pool.SMALLEST // 4  # float32 elements
+    once = pool.take(n, torch.float32)
+    again = pool.take(n, torch.float32)
+    assert again is not once and pool.take(n, torch.float32) is again  # kept from its second use
+    pool.take(n + 1, torch.float32)  # a one-off (say, broadcast_parameters' bucket)
+    assert pool.kept[(n + 1, torch.float32)] == []
+    pool.take(n // 2, torch.float32)
+    assert (n // 2, torch.float32) not in pool.kept  # below SMALLEST: malloc reuses it anyway
+    for extra in range(fusion.Pool.SIZES):
+        pool.take(n + 2 + extra, torch.float32)
+    assert len(pool.kept) == fusion.Pool.SIZES and (n, torch.float32) not in pool.kept

@@ -18,21 +18,33 @@ _NUMPY_OF = {torch.float32: numpy.dtype(numpy.float32), torch.float64: numpy.dty
 class Pool:
     """Fusion buffers kept for reuse. A buffer fresh from the OS costs a page fault per 4 KB
     at its first write (2.6 ms for 25 MB here); a kept one does not. A kept buffer is taken
-    again once nothing refers to its memory: no view of it (a result, a gradient) is alive."""
+    again once nothing refers to its memory: no view of it (a result, a gradient) is alive.
+
+    A size is kept from its second use on: a one-off, such as broadcast_parameters' buckets
+    (the whole model), would otherwise hold its memory for the rest of the job. Only the
+    sizes used last are kept: a job whose sizes keep changing would otherwise grow."""
 
     SMALLEST = 256 * 1024  # bytes; smaller buffers come from malloc's reused memory anyway
     PER_SIZE = 4
+    SIZES = 16
 
     def __init__(self):
-        self.kept = {}  # (numel, dtype) -> buffers
+        self.kept = {}  # (numel, dtype) -> buffers, the size used last at the end
 
     def take(self, numel, dtype):
-        kept = self.kept.setdefault((numel, dtype), [])
+        if numel * dtype.itemsize < self.SMALLEST:
+            return torch.empty(numel, dtype=dtype)
+        key = (numel, dtype)
+        seen = key in self.kept
+        kept = self.kept.pop(key, [])
+        self.kept[key] = kept
+        if len(self.kept) > self.SIZES:
+            del self.kept[next(iter(self.kept))]
         for buffer in kept:
             if _unused(buffer):
                 return buffer
         buffer = torch.empty(numel, dtype=dtype)
-        if numel * dtype.itemsize >= self.SMALLEST and len(kept) < self.PER_SIZE:
+        if seen and len(kept) < self.PER_SIZE:
             kept.append(buffer)
         return buffer
 
