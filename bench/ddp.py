@@ -15,10 +15,10 @@ that median (from the rounds' order statistics), each side's median step and CPU
 average. Checks that hvdlite's parameters follow DDP's over the first steps (see DRIFT) and
 that every rank ends with the same ones.
 
-With --shared both sides run in the same processes instead, as before. There the two models
-share each process's heap, so one side's frees set the other's page faults (~3-5 us each): in
-the conv case DDP faults ~1,200 pages a step in its own process and hvdlite ~400, while shared
-hvdlite faults 200-450 a step more than DDP. No user runs both in one process.
+With --shared both sides run in the same processes, where each side's frees set the other's
+page faults (~3-5 us each): conv there faults ~1,100 pages a step under hvdlite and ~500 under
+DDP, while in their own processes DDP faults 1,000-1,500 and hvdlite 200-530. No user runs
+both in one process.
 """
 import argparse
 import datetime
