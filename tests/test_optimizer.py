@@ -279,7 +279,7 @@ def test_distributed_optimizer(size):
 def check_steps_keep_their_memory():
     """A step frees its gradients together (the reduced ones replace them). malloc must keep
     that memory for the next backward, not hand it back to the OS to fault it in again page by
-    page: without fusion.expect_freed, 1,100-1,520 faults a step here, with it 30-80."""
+    page: without fusion.expect_freed, 1,100-1,520 faults a step here, with it 13-19."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(8)])
     # In buckets of one layer (1 MB): a bucket freed tells malloc less than the step frees.

@@ -57,7 +57,8 @@ def _unused(buffer) -> bool:
 pool = Pool()
 
 # glibc's malloc hands a freed heap top back to the OS once it exceeds twice the largest block
-# freed so far from mmap (at most 32 MiB counts); blocks over that size come from mmap anew.
+# freed so far from mmap, and takes blocks over that size from mmap anew. A block counts up to
+# 32 MiB, its header and alignment included.
 MALLOC_LEARNS_UP_TO = 31 * 1024 * 1024
 
 
