@@ -28,6 +28,11 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 def cluster():
     os.environ["RAY_AUTH_MODE"] = "disabled"  # a stale token file would turn auth on
     temp = tempfile.mkdtemp(prefix="hvdlite-rayapi-")
+    # Cluster writes its address file under Ray's default folder, not under temp_dir: point that
+    # default at our own folder, or a machine that never ran Ray (no /tmp/ray) fails here.
+    saved = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = temp
+    os.makedirs(os.path.join(temp, "ray"))
     c = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 0, "include_dashboard": False, "object_store_memory": 80_000_000, "temp_dir": temp})
     try:
@@ -38,6 +43,10 @@ def cluster():
     finally:
         ray.shutdown()
         c.shutdown()
+        if saved is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = saved
 
 
 def live_slots():
