@@ -1,10 +1,21 @@
 """Who is blamed for what (decisions/hostrule.py): a worker's failure and a launch its host
 refused go by --blacklist; the driver's own trouble (a fork that failed here, workers that lost
 contact with it) and the launcher's (a start that timed out) blame nobody, and the slot is
-launched again after a growing pause. The elastic core driven by hand, no processes."""
+launched again after a growing pause. The elastic core driven by hand, and the executor's
+and launchers' side: which trouble a failed launch was."""
+import errno
+import os
+import stat
+
+import pytest
+
 from hvdlite import exitcodes
 from hvdlite.driver.decisions.messages import (
     DRIVER, HOST, LAUNCHER, Exited, HostsFound, Launch, Launched, LaunchFailed, Stop, Tick)
+from hvdlite.driver.executor import _whose
+from hvdlite.driver.launchers.base import LaunchError, StartTimedOut
+from hvdlite.driver.launchers.srun import SrunWorker
+from hvdlite.driver.output import RankOutput
 from tests.test_core import Sim, first_world, leave
 
 
@@ -81,3 +92,21 @@ def test_a_driver_stopped_past_the_liveness_timeout_blacklists_no_host():
     sim.send(Tick(), after=0.1)
     assert not sim.logged("blacklisted") and sim.end() is None
     assert sorted(launches(sim.send(Tick(), after=2.0))) == ["a/0#2", "b/0#2", "c/0#2"]
+
+
+def test_whose_trouble_a_failed_launch_was():
+    for code in (errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE):  # this process's fork
+        assert _whose(OSError(code, os.strerror(code))) == DRIVER
+    assert _whose(StartTimedOut("srun step on n1 did not start within 30 s")) == LAUNCHER
+    assert _whose(LaunchError("Slurm refused a step on n1: Invalid node name")) == HOST
+    assert _whose(OSError(errno.EHOSTUNREACH, "No route to host")) == HOST
+
+
+def test_an_srun_step_that_does_not_start_in_time_is_the_launchers_trouble(tmp_path):
+    # An srun that waits for its step (a busy slurmctld) and never runs the task.
+    srun = tmp_path / "srun"
+    srun.write_text("#!/bin/sh\nexec sleep 60\n")
+    srun.chmod(srun.stat().st_mode | stat.S_IXUSR)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    with pytest.raises(StartTimedOut, match="srun step on n1 did not start within 0.5 s"):
+        SrunWorker("n1", ["true"], env, RankOutput("0"), 0.5)
