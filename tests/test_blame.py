@@ -5,7 +5,9 @@ launched again after a growing pause. The elastic core driven by hand, and the e
 and launchers' side: which trouble a failed launch was."""
 import errno
 import os
+import signal
 import stat
+import time
 
 import pytest
 
@@ -110,3 +112,31 @@ def test_an_srun_step_that_does_not_start_in_time_is_the_launchers_trouble(tmp_p
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
     with pytest.raises(StartTimedOut, match="srun step on n1 did not start within 0.5 s"):
         SrunWorker("n1", ["true"], env, RankOutput("0"), 0.5)
+
+
+def test_a_driver_stopped_past_the_liveness_timeout_blames_nobody_and_resumes(tmp_path):
+    # Ctrl-Z, then fg: both workers lose the driver and exit 75 meanwhile. They held the
+    # training state; the relaunched workers read it from --checkpoint-dir.
+    from jobs import Job, job_env, wait_progress
+    from test_durable import JOB, newest_written
+    ckpt = tmp_path / "ckpt"
+    with Job(["-H", "localhost:2", "--min-np", "1", "--liveness-timeout", "2", "--checkpoint-dir", str(ckpt),
+              "--checkpoint-interval", "0", *JOB], tmp_path,
+             env=job_env(tmp_path, TOTAL_STEPS=40, STEP_SLEEP=0.05)) as job:
+        wait_progress(job, tmp_path, 10)
+        os.kill(job.proc.pid, signal.SIGSTOP)
+        try:
+            for pid in job.worker_pids():
+                deadline = time.monotonic() + 30
+                while not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] != "Z":
+                    assert time.monotonic() < deadline, f"worker {pid} did not lose the driver"
+                    time.sleep(0.1)
+        finally:
+            os.kill(job.proc.pid, signal.SIGCONT)
+        written = newest_written(ckpt)
+        r = job.finish(120)
+    assert r.code == 0, r.stderr[-3000:]
+    assert not r.of("blacklisted")
+    lost = [e for e in r.of("worker_exit") if e.get("lost_driver")]
+    assert len(lost) == 2 and all(e["code"] == exitcodes.LOST_DRIVER for e in lost)
+    assert r.of("round_complete")[1]["commit"] == written > 0
