@@ -22,17 +22,19 @@ def test_every_launch_of_a_job_larger_than_the_launch_pool_starts(tmp_path):
         assert len({e["pid"] for e in events if e["event"] == "worker_start"}) == n
 
 
-def rss_mb(pid) -> float:
-    """Resident memory of pid and every process under it, in MB."""
+def memory_mb(pid) -> tuple:
+    """(RSS, PSS) of pid and every process under it, in MB: PSS counts each shared page once
+    over the processes that share it."""
     from jobs import _tree
-    total = 0
+    rss = pss = 0
     for p in _tree(pid):
         try:
-            with open(f"/proc/{p}/statm") as f:
-                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                fields = dict(line.split()[:2] for line in f if line.split()[0] in ("Rss:", "Pss:"))
         except OSError:
-            pass
-    return total / 2 ** 20
+            continue  # it ended meanwhile
+        rss, pss = rss + int(fields["Rss:"]), pss + int(fields["Pss:"])
+    return rss / 1024, pss / 1024
 
 
 @needs_pygloo
@@ -45,7 +47,7 @@ def test_64_workers_form_lose_one_to_kill_9_re_form_and_finish(tmp_path):
         formed = next(e for e in first if e["event"] == "round_complete")
         assert formed["size"] == MANY
         wait_progress(job, tmp_path, 10, timeout=300)
-        rss = rss_mb(job.proc.pid)
+        rss, pss = memory_mb(job.proc.pid)
         reform, world = next_world(job, lambda: os.kill(slot_pid(job, "localhost/5"), signal.SIGKILL), 120)
         assert world["size"] == MANY - 1
         r = job.finish(300)
@@ -53,5 +55,5 @@ def test_64_workers_form_lose_one_to_kill_9_re_form_and_finish(tmp_path):
     assert sizes(check_training_continuous(tmp_path, 30)) == [MANY, MANY - 1]
     assert [e["key"] for e in r.of("blacklisted")] == ["localhost/5"]
     print(f"\n{MANY} workers: world formed {formed['time'] - started:.1f} s after the start; re-formed "
-          f"{reform:.2f} s after kill -9; RSS of the driver and its workers {rss:.0f} MB "
-          f"({rss / MANY:.1f} MB a worker)")
+          f"{reform:.2f} s after kill -9; the driver and its workers (with their stand-ins): "
+          f"RSS {rss:.0f} MB, PSS {pss:.0f} MB ({pss / MANY:.1f} MB a worker)")
