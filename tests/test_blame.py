@@ -75,6 +75,13 @@ def test_a_launch_that_never_starts_meets_the_start_deadline():
     out = sim.send(Exited("b/0#1", -15))
     assert not sim.logged("blacklisted") and not sim.core.failures
     assert launches(out + sim.send(Tick(), after=1.1)) == ["b/0#2"]
+    # A launch that ends late with the host's refusal (an SSH connect timeout longer than
+    # --start-timeout) still counts as the host's.
+    for _ in range(22):
+        sim.send(Tick(), after=0.5)
+    assert sim.logged("launch_overdue")[-1]["worker"] == "b/0#2"
+    sim.send(LaunchFailed("b/0#2", "SSH connection to b port 22 timed out after 10 s", HOST))
+    assert [e["key"] for e in sim.logged("blacklisted")] == ["b"]
 
 
 def test_a_worker_that_lost_the_driver_is_not_blamed_on_its_host():

@@ -88,7 +88,7 @@ class ElasticJob(RuleBasedStateMachine):
             # the launcher's (a start that timed out).
             failed = isinstance(event, LaunchFailed) and event.whose == HOST or killed is not None or \
                 isinstance(event, Exited) and event.code not in (0, exitcodes.LOST_DRIVER)
-            assert current and failed and phase is not Phase.LEAVING, \
+            assert current and failed and (phase is not Phase.LEAVING or inc.overdue), \
                 f"{keys} blacklisted on {event} (worker {phase}, killed: {killed})"
             assert set(keys) <= {inc.slot, inc.host}, f"{keys} blacklisted for {inc.slot}'s failure"
             # --blacklist auto on a single host: the slot, and the host only once none of its

@@ -142,7 +142,7 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
         inc = self._current(event.worker)
         if inc is None:
             return
-        leaving = inc.phase is Phase.LEAVING
+        leaving = inc.phase is Phase.LEAVING and not inc.overdue
         self._set_phase(inc, Phase.GONE)
         self._log("launch_failed", slot=inc.slot, worker=inc.id, error=event.error,
                   **({"removed": True} if leaving else {}))
@@ -265,6 +265,7 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
                 # Its launch never started it (a launcher that hangs, a queue): the launcher's
                 # trouble. It is stopped whenever it starts; its slot is launched again.
                 self._log("launch_overdue", slot=inc.slot, worker=inc.id, after=p.start_timeout)
+                inc.overdue = True
                 self._remove(inc)
                 self._blame(inc, LAUNCHER, None)
                 continue
