@@ -4,7 +4,9 @@ step against the rules the core must keep (hypothesis RuleBasedStateMachine, no 
 The workers are modelled just enough to behave like real ones: they wait in the rendezvous
 (as long as it takes), train in lockstep (commits), sync from rank 0 (or fail to), exit when
 told, crash at any time, die with their template, fail to load a checkpoint, sit in a pygloo
-collective of a broken world (their stand-in process beating for them).
+collective of a broken world (their stand-in process beating for them), lose the driver.
+Launches start, are refused by their host, fail in the driver's own fork, time out in the
+launcher, or never start at all.
 """
 import dataclasses
 import os
@@ -17,10 +19,12 @@ from hvdlite.driver.decisions.core import ElasticCore
 from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.workers import Phase
 from hvdlite.driver.decisions.messages import (
-    Answer, EndJob, Exited, Heartbeats, HostsFound, Launch, Launched, LaunchFailed, LoadFailed, Log,
-    Ready, Stop, TemplateDied, Tick)
+    DRIVER, HOST, LAUNCHER, Answer, EndJob, Exited, Heartbeats, HostsFound, Launch, Launched,
+    LaunchFailed, LoadFailed, Log, Ready, Stop, TemplateDied, Tick)
 
 UNIVERSE = [("a", 2), ("b", 1), ("c", 2), ("d", 1)]
+WHY = {HOST: "no route to host", DRIVER: "BlockingIOError: [Errno 11] Resource temporarily unavailable",
+       LAUNCHER: "srun step on a did not start within 10 s"}
 STEPS = 100
 EXAMPLES = int(os.environ.get("HVDLITE_STATEFUL_EXAMPLES", "100"))  # 100 x 100 = 10,000 steps
 
@@ -80,11 +84,18 @@ class ElasticJob(RuleBasedStateMachine):
             self.perform(action)
         keys = [a.fields["key"] for a in actions if isinstance(a, Log) and a.event == "blacklisted"]
         if keys:  # no host (or slot) is blacklisted but for its own worker's failure
-            failed = isinstance(event, LaunchFailed) or killed is not None or \
-                isinstance(event, Exited) and event.code != 0
-            assert current and failed and phase is not Phase.LEAVING, \
+            # Nobody is blamed for the driver's trouble (its fork failed, workers lost it) or
+            # the launcher's (a start that timed out).
+            failed = isinstance(event, LaunchFailed) and event.whose == HOST or killed is not None or \
+                isinstance(event, Exited) and event.code not in (0, exitcodes.LOST_DRIVER)
+            assert current and failed and (phase is not Phase.LEAVING or inc.overdue), \
                 f"{keys} blacklisted on {event} (worker {phase}, killed: {killed})"
             assert set(keys) <= {inc.slot, inc.host}, f"{keys} blacklisted for {inc.slot}'s failure"
+            # --blacklist auto on a single host: the slot, and the host only once none of its
+            # workers lives.
+            living = [w for w, i in self.core.workers.items() if i.alive and i.host == inc.host]
+            assert inc.host not in keys or len(self.core.hosts) > 1 or not living, \
+                f"host {inc.host} blacklisted on {event} while {living} live there"
         return actions
 
     def perform(self, action):
@@ -159,10 +170,11 @@ class ElasticJob(RuleBasedStateMachine):
         gone = tuple(h for h, _ in self.core.hosts if h not in dict(hosts))
         self.send(HostsFound(tuple(hosts), **({how: gone} if how else {})), dt=0.05)
 
-    @rule(data=st.data(), how=st.sampled_from(["ok", "failed", "template"]))
+    @rule(data=st.data(), how=st.sampled_from(["ok", HOST, DRIVER, LAUNCHER, "template"]))
     def launch_completes(self, data, how):
-        """A launch starts its worker, fails (the host is unreachable), or finds that the
-        template that was to fork the worker died first."""
+        """A launch starts its worker, fails (the host is unreachable or refuses, the driver's
+        own fork fails, the launcher's start times out), or finds that the template that was to
+        fork the worker died first."""
         pending = sorted(p.worker for p in self.procs.values() if not p.started and p.alive)
         if not pending:
             return
@@ -173,8 +185,26 @@ class ElasticJob(RuleBasedStateMachine):
             self.send(Launched(proc.worker, 1000 + len(self.procs)), dt=0.01)
         else:
             proc.alive = False
-            self.send(LaunchFailed(proc.worker, "no route to host") if how == "failed"
-                      else TemplateDied(proc.worker), dt=0.01)
+            self.send(TemplateDied(proc.worker) if how == "template" else
+                      LaunchFailed(proc.worker, WHY[how], how), dt=0.01)
+
+    @rule()
+    def launch_never_starts(self):
+        """A launch sits in a queue, or its launcher hangs: no pid past --start-timeout."""
+        if any(not p.started and p.alive for p in self.procs.values()):
+            self.send(self.beats(self.running()), dt=0.0)
+            self.send(Tick(), dt=self.core.policy.start_timeout + 0.5)
+
+    @rule()
+    def driver_stops_for_a_while(self):
+        """Ctrl-Z then fg, a swap storm: every running worker loses the driver (exit 75, its
+        own liveness timeout) before the driver runs again."""
+        gone = [p for p in self.running()]
+        self.now += self.core.policy.liveness_timeout + 1.0
+        for proc in gone:
+            proc.alive = False
+            self.send(Exited(proc.worker, exitcodes.LOST_DRIVER), dt=0.0)
+        self.send(Tick(), dt=0.01)
 
     @rule(data=st.data())
     def enters_rendezvous(self, data):

@@ -1,19 +1,23 @@
 """Performs the elastic core's actions: launches and stops workers, answers the rendezvous,
 writes the event log. Launches run on a thread pool and report back as events, so a slow
-host (SSH connect, name lookup) never holds up a decision."""
+host (SSH connect, name lookup) never holds up a decision; once a worker runs, a thread of its
+own waits for it, so that the pool's threads only ever start workers."""
+import errno
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from hvdlite.driver.decisions.messages import (
-    Answer, DropScope, EndJob, Exited, Launch, Launched, LaunchFailed, Log, Publish, Stop,
-    TemplateDied)
-from hvdlite.driver.launchers.base import TemplateGone
+    DRIVER, HOST, LAUNCHER, Answer, DropScope, EndJob, Exited, Launch, Launched, LaunchFailed, Log,
+    Publish, Stop, TemplateDied)
+from hvdlite.driver.launchers.base import StartTimedOut, TemplateGone
 from hvdlite.driver.network import ANY, advertised_address
 from hvdlite.driver.output import RankOutput
 from hvdlite.driver.workerenv import worker_env
 from hvdlite.errors import first_line
 
-LAUNCH_THREADS = 32  # hosts started at once
+LAUNCH_THREADS = 32  # workers being started at once
+# This process could not fork or open a pipe: the driver's trouble, whatever host it was for.
+DRIVER_ERRNOS = {errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE}
 OUTPUT_DRAIN = 5.0  # seconds at the job's end for the last lines of each worker to be printed
 EXCEPTION_DRAIN = 0.3  # seconds for a failed worker's last lines, which say what it raised
 
@@ -69,14 +73,18 @@ class Executor:
             self._forget(a.worker)
             self.post(TemplateDied(a.worker))
             return
-        except Exception as e:  # noqa: BLE001 - every launcher error is the host's failure
+        except Exception as e:  # noqa: BLE001 - every launcher error fails the launch
             self._forget(a.worker)
-            self.post(LaunchFailed(a.worker, _one_line(e)))
+            self.post(LaunchFailed(a.worker, _one_line(e), _whose(e)))
             return
         with self._lock:
             self.handles[a.worker] = handle
             grace = self._stop_when_started.pop(a.worker, None)
         self.post(Launched(a.worker, handle.pid, handle.started))
+        threading.Thread(target=self._wait, args=(a.worker, handle, grace), daemon=True,
+                         name=f"hvdlite-wait-{a.worker}").start()
+
+    def _wait(self, worker, handle, grace):
         if grace is not None:
             handle.stop(grace)
         while (code := handle.wait(1.0)) is None:
@@ -86,16 +94,16 @@ class Executor:
             # A worker that raised: its exception's line names why (its output is read first;
             # a death by signal is not delayed).
             handle.finish_output(EXCEPTION_DRAIN)
-            error = self.outputs[a.worker].exception
+            error = self.outputs[worker].exception
         # A local template's child (launchers/template.py), a remote one's spawn client
         # (launchers/ssh/remote.py) and a Ray slot's actor (rayslot.py) tell its death apart
         # from a kill.
         if getattr(handle, "template_died", False):
-            self.post(TemplateDied(a.worker))
+            self.post(TemplateDied(worker))
         else:
-            self.post(Exited(a.worker, code, error, getattr(handle, "drained", False)))
+            self.post(Exited(worker, code, error, getattr(handle, "drained", False)))
         handle.finish_output(OUTPUT_DRAIN)
-        self._forget(a.worker)
+        self._forget(worker)
 
     def _forget(self, worker):
         """A worker that ended or never started: close its output files, keep nothing of it."""
@@ -161,6 +169,13 @@ class Executor:
 
     def _drop_scope(self, a: DropScope):
         self.server.delete_scope(a.scope)
+
+
+def _whose(error: Exception) -> str:
+    """Whose trouble a failed launch was (decisions/hostrule.py blames the host's only)."""
+    if isinstance(error, OSError) and error.errno in DRIVER_ERRNOS:
+        return DRIVER
+    return LAUNCHER if isinstance(error, StartTimedOut) else HOST
 
 
 def _one_line(error: Exception) -> str:

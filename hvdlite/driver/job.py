@@ -45,7 +45,9 @@ class Job:
         self.settings, self.log = settings, log
         self.stats = stats or JobStats()
         self.metrics = None
-        self.events = queue.Queue()
+        # SimpleQueue: its put may run inside its own get, as the signal handler's does (a
+        # Queue's lock is not reentrant: a signal landing inside get() deadlocked the stop).
+        self.events = queue.SimpleQueue()
         self.secret = secrets.token_urlsafe(32)
         self.launchers = Launchers(settings)
         self.rendezvous = Rendezvous(self.events.put)

@@ -18,9 +18,9 @@ from hvdlite import exitcodes
 from hvdlite.driver.decisions.blacklist import Blacklist
 from hvdlite.driver.decisions.forming import Forming, JobFailed
 from hvdlite.driver.decisions.hostchanges import HostChanges
-from hvdlite.driver.decisions.hostrule import HostRule
+from hvdlite.driver.decisions.hostrule import RETRY_RANGE, HostRule
 from hvdlite.driver.decisions.messages import (
-    Answer, DiscoveryFailed, EndJob, Exited, Exiting, Heartbeats, HostsFound, Launched,
+    DRIVER, HOST, LAUNCHER, Answer, DiscoveryFailed, EndJob, Exited, Exiting, Heartbeats, HostsFound, Launched,
     LaunchFailed, LoadFailed, Log, Publish, Ready, Stop, StopRequested, TemplateDied, Tick, WriteFailed)
 from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.stopping import GracefulStop
@@ -48,6 +48,7 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
     def __init__(self, policy: Policy, rng=random.random):
         self.policy = policy
         self.blacklist = Blacklist(policy.cooldown_range, rng)
+        self.retries = Blacklist(RETRY_RANGE, rng)  # slots waiting out trouble not their host's
         self.hosts = []  # [(name, slots)]: survivors in their old order, new hosts last
         self.slots_of = {}  # name -> slots, of self.hosts
         self.hosts_known = False
@@ -141,16 +142,13 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
         inc = self._current(event.worker)
         if inc is None:
             return
-        leaving = inc.phase is Phase.LEAVING
+        leaving = inc.phase is Phase.LEAVING and not inc.overdue
         self._set_phase(inc, Phase.GONE)
         self._log("launch_failed", slot=inc.slot, worker=inc.id, error=event.error,
                   **({"removed": True} if leaving else {}))
         if leaving or inc.host in self.drained:
             return  # nobody needs that worker any more, or its host was going away: not judged
-        self.failures.append(f"{inc.name} on {inc.host} could not be launched: {event.error}")
-        if self.first_failure is None:
-            self.first_failure = self.failures[-1]
-        self._blacklist(inc.host)  # the host cannot be reached or refused us
+        self._blame(inc, event.whose, f"{inc.name} on {inc.host} could not be launched: {event.error}")
 
     def _on_ready(self, event: Ready):
         inc = self.workers[event.worker]
@@ -198,9 +196,12 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
             return  # an earlier process of the slot, or told twice
         drained = event.drained or inc.host in self.drained
         left = event.code == exitcodes.LEFT and inc.killed is None  # at a commit, on purpose
+        # No contact with the driver for the liveness timeout: the driver's trouble (stopped,
+        # starved, its network), not the host's.
+        lost = event.code == exitcodes.LOST_DRIVER and inc.killed is None
         fields = {"error": event.error} if event.error else {}
-        if inc.phase is not Phase.LEAVING and (left or drained):
-            fields["left" if left else "drained"] = True
+        if inc.phase is not Phase.LEAVING and (left or drained or lost):
+            fields["left" if left else "drained" if drained else "lost_driver"] = True
         was = self._gone(inc, event.code, **fields)
         if was is Phase.LEAVING:
             return
@@ -209,14 +210,13 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
             return
         if drained and event.code != 0:
             return  # taken out on purpose: not the host's fault
+        if lost:  # not a failure: what it held counts, so a world formed from less says so
+            self._count_held(inc)
         if event.code == 0 and inc.killed is None:
             self.succeeded = True
             return
-        self.failures.append(f"{inc.name} on {inc.host} {describe_exit(event.code)}" +
-                             (f" ({inc.killed})" if inc.killed else f" ({event.error})" if event.error else ""))
-        if self.first_failure is None:
-            self.first_failure = self.failures[-1]
-        self._blacklist_failed(inc)
+        self._blame(inc, DRIVER if lost else HOST, f"{inc.name} on {inc.host} {describe_exit(event.code)}" +
+                    (f" ({inc.killed})" if inc.killed else f" ({event.error})" if event.error else ""))
 
     def _on_template_died(self, event: TemplateDied):
         inc = self._current(event.worker)
@@ -261,6 +261,14 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
         # its heartbeat thread going on) holds every other worker in the rendezvous.
         broke_at = self.broken_at if self.round and self.broken >= self.round else None
         for inc in self._live():
+            if inc.phase is Phase.STARTING and inc.pid is None and now - inc.launched_at > p.start_timeout:
+                # Its launch never started it (a launcher that hangs, a queue): the launcher's
+                # trouble. It is stopped whenever it starts; its slot is launched again.
+                self._log("launch_overdue", slot=inc.slot, worker=inc.id, after=p.start_timeout)
+                inc.overdue = True
+                self._remove(inc)
+                self._blame(inc, LAUNCHER, None)
+                continue
             why = overdue(inc, now, p, broke_at if inc.id in self.staying else inc.left_behind)
             if why is not None:
                 self._kill(inc, *why)

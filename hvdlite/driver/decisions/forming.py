@@ -26,7 +26,8 @@ class Forming:
         limit = (self.policy.max_np or 1 << 30) - (len(live) - len(self.phases[Phase.LEAVING]))
         # A slot whose earlier process is still ending is not free yet.
         occupied = {inc.slot for inc in live}
-        free = free_slots(self.hosts, occupied, lambda key: key in self.left or self._blocked(key), limit)
+        free = free_slots(self.hosts, occupied,
+                          lambda key: key in self.left or self._blocked(key) or self._retrying(key), limit)
         places = prospective_places(self.hosts, self._blocked, self.policy.max_np) if free else {}
         for slot in free:
             self._launch(slot, places.get(slot))

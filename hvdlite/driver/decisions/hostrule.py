@@ -1,7 +1,15 @@
-"""Which slots are usable, and what a failure blacklists: the failed slot (a single-host job,
---blacklist slot), or its whole host (several hosts, --blacklist host), as Horovod does. A mixin
-of ElasticCore: it reads the core's hosts and workers and adds to its blacklist."""
+"""Which slots are usable, and the one place that blames: a failure that was the host's
+blacklists the failed slot (a single-host job, --blacklist slot) or its whole host (several
+hosts, --blacklist host), as Horovod does; the driver's own trouble or the launcher's blames
+nobody, and the slot waits a growing pause before it is launched again. A mixin of
+ElasticCore: it reads the core's hosts and workers and adds to its blacklist and retries."""
+from hvdlite.driver.decisions.messages import HOST
 from hvdlite.driver.decisions.plan import host_of
+
+# Seconds a slot waits before it is launched again after trouble that was not its host's: the
+# n-th time 1 * 2**n (as the blacklist's cooldown), at most 30, so that a driver short of
+# processes or a busy cluster is not asked again at once, nor forever at full speed.
+RETRY_RANGE = (1.0, 30.0)
 
 
 class HostRule:
@@ -21,6 +29,20 @@ class HostRule:
     def _host_rule(self) -> bool:
         rule = self.policy.blacklist
         return rule == "host" or (rule == "auto" and len(self.hosts) > 1)
+
+    def _blame(self, inc, whose, failure):
+        """Every failure goes through here: `whose` (messages.py) says whose trouble it was;
+        `failure` says what failed, for the job's summary when it was the host's."""
+        if whose == HOST:
+            self.failures.append(failure)
+            if self.first_failure is None:
+                self.first_failure = failure
+            return self._blacklist_failed(inc)
+        until = self.retries.add(inc.slot, self._now)
+        self._log("retry_later", slot=inc.slot, whose=whose, after=f"{until - self._now:.1f}s")
+
+    def _retrying(self, slot) -> bool:
+        return self.retries.blocked(slot, self._now)
 
     def _blacklist_failed(self, inc):
         if self._host_rule():

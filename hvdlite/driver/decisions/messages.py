@@ -8,6 +8,11 @@ from typing import Optional
 
 from hvdlite.worker.world import WorldInfo
 
+# Whose trouble a failure was (decisions/hostrule.py blames only the host's):
+HOST = "host"  # the host refused or could not be reached, or its worker failed
+DRIVER = "driver"  # the driver could not fork (EAGAIN, ENOMEM, EMFILE) or workers lost it
+LAUNCHER = "launcher"  # a start that timed out: Ray found no room in time, a slow srun step
+
 
 # ---- events -----------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -34,6 +39,7 @@ class Launched:
 class LaunchFailed:
     worker: str
     error: str
+    whose: str = HOST  # HOST, DRIVER or LAUNCHER
 
 
 @dataclass(frozen=True)

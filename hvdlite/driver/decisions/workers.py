@@ -34,6 +34,8 @@ class Incarnation:
     answer: Optional[tuple] = None  # (round, body) of its last rendezvous answer
     rank: Optional[int] = None
     left_behind: Optional[float] = None  # when the world it was left behind in broke
+    overdue: bool = False  # its launch gave no process within --start-timeout: removed, yet
+    # a refusal of its host that ends that launch later still counts as the host's
 
     @property
     def alive(self) -> bool:

@@ -16,6 +16,11 @@ class TemplateGone(LaunchError):
     its host's (the host answered); the worker is launched again."""
 
 
+class StartTimedOut(LaunchError):
+    """The launcher did not start the worker in time (Ray found no room for its actor, srun's
+    step waited): the launcher's trouble, not the host's; the slot is tried again later."""
+
+
 class Handle(Protocol):
     """A started worker. Every method is safe to call after the worker ended."""
     started: str            # how it started, for the event log: "process", "template", "ssh", ...

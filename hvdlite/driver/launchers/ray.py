@@ -16,7 +16,7 @@ import threading
 import time
 
 from hvdlite.discovery.raynodes import SlotShape, connect
-from hvdlite.driver.launchers.base import LaunchError
+from hvdlite.driver.launchers.base import LaunchError, StartTimedOut
 from hvdlite.driver.launchers.hosttemplates import HostTemplate, HostTemplates
 from hvdlite.driver.launchers.raytemplate import NodeTemplate
 from hvdlite.driver.launchers.rayslot import Slot
@@ -69,8 +69,10 @@ class RayLauncher:
                 timeout=self.start_timeout)
         except Exception as e:  # noqa: BLE001 - whatever Ray raises, the launch failed
             self.ray.kill(actor, no_restart=True)
-            why = "no room for its actor" if isinstance(e, self.ray.exceptions.GetTimeoutError) \
-                else str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+            if isinstance(e, self.ray.exceptions.GetTimeoutError):
+                raise StartTimedOut(f"cannot start a worker on Ray node {host[:12]}: no room for its "
+                                    f"actor within {self.start_timeout:g} s") from None
+            why = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
             raise LaunchError(f"cannot start a worker on Ray node {host[:12]}: {why}") from None
         if fallback:
             self._templates.fell_back(host, socket_path, fallback)

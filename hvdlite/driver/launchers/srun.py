@@ -25,7 +25,7 @@ import time
 
 from hvdlite.discovery.script import DiscoveryError
 from hvdlite.discovery.slurm import node_address
-from hvdlite.driver.launchers.base import LaunchError
+from hvdlite.driver.launchers.base import LaunchError, StartTimedOut
 from hvdlite.driver.network import route_address
 
 MARK = "__hvdlite_step"
@@ -126,7 +126,7 @@ class SrunWorker:
     def _await_start(self, timeout):
         if not self._marked.wait(timeout):
             self._kill_srun()
-            raise LaunchError(f"srun step on {self.host} did not start within {timeout:g} s")
+            raise StartTimedOut(f"srun step on {self.host} did not start within {timeout:g} s")
         if self.step is None:
             code = self.wait(5.0)
             for t in self._pumps:

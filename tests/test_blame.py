@@ -1,0 +1,155 @@
+"""Who is blamed for what (decisions/hostrule.py): a worker's failure and a launch its host
+refused go by --blacklist; the driver's own trouble (a fork that failed here, workers that lost
+contact with it) and the launcher's (a start that timed out) blame nobody, and the slot is
+launched again after a growing pause. The elastic core driven by hand, and the executor's
+and launchers' side: which trouble a failed launch was."""
+import errno
+import os
+import signal
+import stat
+import time
+
+import pytest
+
+from hvdlite import exitcodes
+from hvdlite.driver.decisions.messages import (
+    DRIVER, HOST, LAUNCHER, Exited, HostsFound, Launch, Launched, LaunchFailed, Stop, Tick)
+from hvdlite.driver.executor import _whose
+from hvdlite.driver.launchers.base import LaunchError, StartTimedOut
+from hvdlite.driver.launchers.srun import SrunWorker
+from hvdlite.driver.output import RankOutput
+from tests.test_core import Sim, first_world, leave
+
+
+def launches(actions):
+    return [a.worker for a in actions if isinstance(a, Launch)]
+
+
+def test_a_failed_launch_on_a_single_host_job_blames_its_slot_while_a_worker_trains_there():
+    # --blacklist auto on one host: the slot, as for a worker's failure; the host only once
+    # none of its workers lives.
+    sim, (a0, a1) = first_world([("a", 2)])
+    sim.send(HostsFound((("a", 3),)))
+    sim.send(LaunchFailed("a/2#1", "cannot start python3: exec format error", HOST))
+    assert [e["key"] for e in sim.logged("blacklisted")] == ["a/2"]
+    assert sim.end() is None
+    leave(sim, [a0, a1])
+    assert sim.world() == {"a/0": 0, "a/1": 1}
+
+
+def test_the_drivers_own_fork_failing_blames_nobody_and_is_retried_after_a_pause():
+    sim, (a0, b0) = first_world([("a", 1), ("b", 1)])
+    sim.send(HostsFound((("a", 1), ("b", 1), ("c", 1))))
+    out = sim.send(LaunchFailed("c/0#1", "BlockingIOError: [Errno 11] Resource temporarily unavailable",
+                                DRIVER))
+    assert not sim.logged("blacklisted") and sim.core.first_failure is None
+    assert not launches(out)  # not at once: the driver is short of processes or memory
+    assert sim.logged("retry_later") == [{"slot": "c/0", "whose": DRIVER, "after": "1.0s"}]
+    assert launches(sim.send(Tick(), after=1.1)) == ["c/0#2"]
+    sim.send(LaunchFailed("c/0#2", "OSError: [Errno 24] Too many open files", DRIVER))
+    assert sim.logged("retry_later")[-1]["after"] == "2.0s"  # each time twice as long
+
+
+def test_a_slow_start_is_the_launchers_trouble():
+    # Ray found no room for the actor in time; srun's step did not start in time.
+    sim, _ = first_world([("a", 1), ("b", 1)])
+    sim.send(HostsFound((("a", 1), ("b", 1), ("n", 1))))
+    sim.send(LaunchFailed("n/0#1", "cannot start a worker on Ray node n: no room for its actor", LAUNCHER))
+    assert not sim.logged("blacklisted") and not sim.core.failures
+    assert launches(sim.send(Tick(), after=1.1)) == ["n/0#2"]
+
+
+def test_a_launch_that_never_starts_meets_the_start_deadline():
+    # No pid ever came (the launch sat in a queue): the first world forms without it, and the
+    # launch is stopped whenever it starts; nobody is blamed.
+    sim = Sim([("a", 1), ("b", 1)], start_timeout=10.0)
+    sim.send(Launched("a/0#1", 101))
+    sim.ready("a/0#1")
+    assert sim.core.round == 0
+    sim.send(Tick(), after=10.5)
+    assert Stop("b/0#1", 3.0) in sim.actions
+    assert sim.logged("launch_overdue")[0]["worker"] == "b/0#1"
+    assert sim.world() == {"a/0": 0}
+    assert not sim.logged("blacklisted")
+    sim.send(Launched("b/0#1", 102))  # its launch ends at last, and it is stopped
+    out = sim.send(Exited("b/0#1", -15))
+    assert not sim.logged("blacklisted") and not sim.core.failures
+    assert launches(out + sim.send(Tick(), after=1.1)) == ["b/0#2"]
+    # A launch that ends late with the host's refusal (an SSH connect timeout longer than
+    # --start-timeout) still counts as the host's.
+    for _ in range(22):
+        sim.send(Tick(), after=0.5)
+    assert sim.logged("launch_overdue")[-1]["worker"] == "b/0#2"
+    sim.send(LaunchFailed("b/0#2", "SSH connection to b port 22 timed out after 10 s", HOST))
+    assert [e["key"] for e in sim.logged("blacklisted")] == ["b"]
+
+
+def test_a_worker_that_lost_the_driver_is_not_blamed_on_its_host():
+    sim, (a, b) = first_world([("a", 1), ("b", 1)])
+    sim.send(Exited(b, exitcodes.LOST_DRIVER))
+    assert not sim.logged("blacklisted") and not sim.core.failures
+    assert sim.logged("worker_exit")[-1].get("lost_driver") is True
+    assert launches(sim.send(Tick(), after=1.1)) == ["b/0#2"]
+
+
+def test_a_driver_stopped_past_the_liveness_timeout_blacklists_no_host():
+    # Ctrl-Z, then fg: every worker lost the driver and exited 75 meanwhile.
+    sim, ids = first_world([("a", 1), ("b", 1), ("c", 1)], liveness_timeout=5.0)
+    sim.send(Tick(), after=0.1)
+    for worker in ids:
+        sim.send(Exited(worker, exitcodes.LOST_DRIVER), after=30.0 if worker == ids[0] else 0.0)
+    sim.send(Tick(), after=0.1)
+    assert not sim.logged("blacklisted") and sim.end() is None
+    assert sorted(launches(sim.send(Tick(), after=2.0))) == ["a/0#2", "b/0#2", "c/0#2"]
+
+
+def test_whose_trouble_a_failed_launch_was():
+    for code in (errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE):  # this process's fork
+        assert _whose(OSError(code, os.strerror(code))) == DRIVER
+    assert _whose(StartTimedOut("srun step on n1 did not start within 30 s")) == LAUNCHER
+    assert _whose(LaunchError("Slurm refused a step on n1: Invalid node name")) == HOST
+    assert _whose(OSError(errno.EHOSTUNREACH, "No route to host")) == HOST
+
+
+def test_an_srun_step_that_does_not_start_in_time_is_the_launchers_trouble(tmp_path):
+    # An srun that waits for its step (a busy slurmctld) and never runs the task.
+    srun = tmp_path / "srun"
+    srun.write_text("#!/bin/sh\nexec sleep 60\n")
+    srun.chmod(srun.stat().st_mode | stat.S_IXUSR)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    with pytest.raises(StartTimedOut, match="srun step on n1 did not start within 0.5 s"):
+        SrunWorker("n1", ["true"], env, RankOutput("0"), 0.5)
+
+
+def test_a_driver_stopped_past_the_liveness_timeout_blames_nobody_and_resumes(tmp_path):
+    # Ctrl-Z, then fg: both workers lose the driver and exit 75 meanwhile. They held the
+    # training state; the relaunched workers read it from --checkpoint-dir.
+    from jobs import Job, job_env, wait_progress
+    from test_durable import JOB, newest_written
+    ckpt = tmp_path / "ckpt"
+    with Job(["-H", "localhost:2", "--min-np", "1", "--liveness-timeout", "2", "--checkpoint-dir", str(ckpt),
+              "--checkpoint-interval", "0", *JOB], tmp_path,
+             env=job_env(tmp_path, TOTAL_STEPS=40, STEP_SLEEP=0.05)) as job:
+        wait_progress(job, tmp_path, 10)
+        os.kill(job.proc.pid, signal.SIGSTOP)
+        try:
+            for pid in job.worker_pids():  # each exits 75; the stopped driver cannot reap it
+                deadline = time.monotonic() + 30
+                while process_state(pid) != "Z":
+                    assert time.monotonic() < deadline, f"worker {pid} did not lose the driver"
+                    time.sleep(0.1)
+        finally:
+            os.kill(job.proc.pid, signal.SIGCONT)
+        written = newest_written(ckpt)
+        r = job.finish(120)
+    assert r.code == 0, r.stderr[-3000:]
+    assert not r.of("blacklisted")
+    lost = [e for e in r.of("worker_exit") if e.get("lost_driver")]
+    assert len(lost) == 2 and all(e["code"] == exitcodes.LOST_DRIVER for e in lost)
+    assert r.of("round_complete")[1]["commit"] == written > 0
+
+
+def process_state(pid) -> str:
+    """R, S, Z ... as /proc says (the field after the command's name in parentheses)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
