@@ -30,6 +30,8 @@ STOP_ANSWER = 2.0  # seconds a stop waits (beyond its grace) for the actor befor
 
 
 class RayLauncher:
+    private = False  # Ray's task specs cross the network in clear
+
     def __init__(self, settings, say):
         self.ray = connect(settings.ray_address)
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy

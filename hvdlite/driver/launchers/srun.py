@@ -39,6 +39,8 @@ KILL_WAIT = 1.0  # seconds for srun to end after scancel -s KILL before srun its
 
 
 class SrunLauncher:
+    private = False  # srun's launch message is signed, not encrypted
+
     def __init__(self, settings, say):
         self.command = settings.command
         self.start_timeout = settings.start_timeout
