@@ -5,6 +5,7 @@ what the srun and Ray launchers are handed. The captures on real clusters are in
 and test_ray.py."""
 import hashlib
 import os
+import queue
 import subprocess
 import sys
 
@@ -179,7 +180,7 @@ class _Launched(Exception):
 @pytest.mark.parametrize("kind, private", [("local", True), ("ssh", True), ("srun", False), ("ray", False)])
 def test_only_launches_over_a_readable_network_are_sealed(kind, private, monkeypatch):
     """The executor hands srun and Ray a claim, local and SSH launches the secret as before."""
-    from hvdlite.driver.decisions.messages import Launch
+    from hvdlite.driver.decisions.messages import Launch, LaunchFailed
     from hvdlite.driver.launchers import _load
     assert _load(kind).private is private
     settings = Settings(command=[sys.executable, "-c", "pass"], launcher=kind)
@@ -195,11 +196,10 @@ def test_only_launches_over_a_readable_network_are_sealed(kind, private, monkeyp
     monkeypatch.setattr(launchers, "launch", launch)
     assert launchers.private("n1") is private
     server = type("Server", (), {"address": ("10.0.0.1", 4000)})()
-    posted = []
-    executor = Executor(settings, None, launchers, server, None, SECRET, posted.append,
+    posted = queue.Queue()
+    executor = Executor(settings, None, launchers, server, None, SECRET, posted.put,
                         claims=Claims(SECRET, 30.0))
-    executor.outputs["n1/0#1"] = None
-    executor._start(Launch(worker="n1/0#1", slot="n1/0", host="n1", world=None, joining=False,
-                           slots_on_host=1))
+    executor.apply([Launch(worker="n1/0#1", slot="n1/0", host="n1", world=None, slots_on_host=1)])
+    assert isinstance(posted.get(timeout=10), LaunchFailed)  # the stub's launch, once it was handed
     (got,) = handed
     assert (got.get(env.SECRET) == SECRET) is private and (env.CLAIM in got) is not private

@@ -20,8 +20,8 @@ EXCEPTION_DRAIN = 0.3  # seconds for a failed worker's last lines, which say wha
 
 
 class Executor:
-    def __init__(self, settings, log, launchers, server, rendezvous, secret, post, elastic=True,
-                 claims=None):
+    def __init__(self, settings, log, launchers, server, rendezvous, secret, post, elastic=True, *,
+                 claims):
         self.settings, self.log, self.launchers = settings, log, launchers
         self.server, self.rendezvous, self.secret = server, rendezvous, secret
         self.post, self.elastic = post, elastic
@@ -67,7 +67,7 @@ class Executor:
                     self._remote_routes[a.host] = addr
             env = worker_env(self.settings, (addr, self.server.address[1]), self.secret,
                              a.worker, a.slot, a.slots_on_host, a.world, self.elastic)
-            if self.claims is not None and not self.launchers.private(a.host):
+            if not self.launchers.private(a.host):
                 env = self.claims.sealed(env, a.worker, time.monotonic())
             handle = self.launchers.launch(a.host, env, self.outputs[a.worker], a.joining, a.slots_on_host)
         except TemplateGone:  # the host answered; its template died before it forked the worker

@@ -77,7 +77,7 @@ class Job:
             self.log.debug(f"metrics at http://{where}:{self.metrics.address[1]}/metrics")
         self.executor = Executor(self.settings, self.log, self.launchers, self.server,
                                  self.rendezvous, self.secret, self.events.put, self.settings.elastic,
-                                 claims)
+                                 claims=claims)
 
     def next_event(self, timeout):
         try:

@@ -46,7 +46,10 @@ class Beats:
             self._answer(handler, heard)
 
     def _claim(self, data, addr):
-        answer = self.claims.answer(data, addr, time.monotonic()) if self.claims is not None else None
+        try:
+            answer = self.claims.answer(data, addr, time.monotonic()) if self.claims is not None else None
+        except Exception:  # noqa: BLE001 - a bug here must cost one claim, not the heartbeats
+            return
         if answer is not None:
             try:
                 self.udp.sendto(answer, addr)
