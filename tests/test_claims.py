@@ -154,6 +154,8 @@ def test_no_answer_is_one_line_within_the_start_timeout(driver):
         job_secret(environ)
     with pytest.raises(ClaimRefused, match="HVDLITE_CLAIM is malformed"):
         job_secret(dict(environ, **{env.CLAIM: "zz:zz"}))
+    with pytest.raises(ClaimRefused, match="HVDLITE_CLAIM holds no usable key"):
+        job_secret(dict(environ, **{env.CLAIM: claim.ticket(bytes(32), os.urandom(claim.TOKEN))}))
     with pytest.raises(RuntimeError, match="HVDLITE_SECRET is not set"):
         job_secret({})
 
@@ -203,3 +205,28 @@ def test_only_launches_over_a_readable_network_are_sealed(kind, private, monkeyp
     assert isinstance(posted.get(timeout=10), LaunchFailed)  # the stub's launch, once it was handed
     (got,) = handed
     assert (got.get(env.SECRET) == SECRET) is private and (env.CLAIM in got) is not private
+
+
+def test_a_claim_that_fails_on_the_server_costs_no_heartbeat():
+    """The claims share the heartbeats' socket and thread: a bug in one answers nothing, and
+    the heartbeats go on."""
+    from hvdlite.worker.kvclient import Heartbeats, KVClient
+
+    class Broken:
+        def answer(self, *args):
+            raise RuntimeError("planted")
+    server = KVServer(SECRET)
+    server.set_claims(Broken())
+    server.set_heartbeat(lambda beats: b"heard")
+    server.start()
+    try:
+        environ = worker_environ(server, {env.CLAIM: claim.ticket(raw(X25519PrivateKey.generate()),
+                                                                  os.urandom(claim.TOKEN)),
+                                          env.START_TIMEOUT: "0.3"})
+        with pytest.raises(ClaimRefused, match="no answer"):
+            job_secret(environ)
+        beats = Heartbeats(KVClient(*server.address, SECRET), timeout=2.0)
+        assert beats.beat("n1/0#1") == b"heard"
+        beats.close()
+    finally:
+        server.stop()

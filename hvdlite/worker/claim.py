@@ -106,7 +106,11 @@ def claim(addr: str, port: int, ticket_text: str, timeout: float) -> str:
     driver_key, token = parse_ticket(ticket_text)
     mine = X25519PrivateKey.generate()
     my_key = mine.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-    key = session_key(mine.exchange(X25519PublicKey.from_public_bytes(driver_key)), driver_key, my_key, token)
+    try:
+        shared = mine.exchange(X25519PublicKey.from_public_bytes(driver_key))
+    except ValueError:  # a low-order point: no driver's key
+        raise ClaimRefused(f"hvdlite: {env.CLAIM} holds no usable key; start this script with `hvdlite run`") from None
+    key = session_key(shared, driver_key, my_key, token)
     request = REQUEST + token + my_key
     deadline = time.monotonic() + timeout
     with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_DGRAM) as sock:
