@@ -99,3 +99,14 @@ def watched_job(start, interface: str, tmp_path, netns: str, workers: int = 2):
     secrets = {p.read_text() for p in folder.glob("secret.*")}
     assert len(secrets) == 1, secrets
     return result, capture.packets(), secrets.pop(), replayed
+
+
+def check_the_wire(result, packets: bytes, secret: str, replayed) -> None:
+    """What watched_job saw of a job on a cluster whose launches cross the network: the job
+    succeeded, no form of its secret was on the wire though its launches and rendezvous were,
+    and the token read off the wire was refused, which the driver said once."""
+    assert result.code == 0, result.stderr
+    assert found(secret_forms(secret), packets) == []
+    assert packets.count(env.CLAIM.encode()) >= 2 and b"X-Hvdlite-Auth" in packets
+    assert replayed == "hvdlite: the driver refused this worker's launch token: it was used already"
+    assert result.stderr.count("refused a second use of worker") == 1, result.stderr

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from capture import HOLD, found, secret_forms, watched_job
+from capture import HOLD, check_the_wire, watched_job
 from jobs import (SCRIPTS, Job, check_training_continuous, effective_steps, job_env, next_world,
                   run_job, sizes, wait_progress, wait_until)
 from raycluster import parent
@@ -246,11 +246,5 @@ def test_the_secret_never_crosses_the_network_and_a_token_read_off_it_is_refused
     def start(folder):
         return Job(["--ray", "-np", "2", sys.executable, HOLD, str(folder)], tmp_path,
                    env=ray_env(cluster, tmp_path))
-    result, packets, secret, replayed = watched_job(start, cluster.bridge.name, tmp_path, cluster.netns["n3"])
-    assert result.code == 0, result.stderr
-    assert found(secret_forms(secret), packets) == []
-    # The capture saw the actors' task specs and the rendezvous.
-    assert packets.count(b"HVDLITE_CLAIM") >= 2 and b"X-Hvdlite-Auth" in packets
-    assert replayed == "hvdlite: the driver refused this worker's launch token: it was used already"
-    assert result.stderr.count("refused a second use of worker") == 1, result.stderr
+    check_the_wire(*watched_job(start, cluster.bridge.name, tmp_path, cluster.netns["n3"]))
     wait_no_leftovers(cluster)
