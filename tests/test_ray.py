@@ -7,6 +7,7 @@ After each test the cluster is reset (RayCluster.reset): a node the test killed,
 off runs a new raylet (a new Ray node, a new NodeID), and Ray lists no node of the past alive."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import time
 
 import pytest
 
+from capture import HOLD, check_the_wire, watched_job
 from jobs import (SCRIPTS, Job, check_training_continuous, effective_steps, job_env, next_world,
                   run_job, sizes, wait_progress, wait_until)
 from raycluster import parent
@@ -233,4 +235,16 @@ def test_a_terminated_driver_exits_quietly_and_leaves_no_worker(tmp_path, cluste
         r = job.finish(60)
     assert r.code == 143, r.stderr
     assert "SIGTERM received" not in r.stdout + r.stderr  # Ray's native stack dump
+    wait_no_leftovers(cluster)
+
+
+@pytest.mark.skipif(shutil.which("tcpdump") is None, reason="tcpdump is not installed (.ci/install-ssh.sh)")
+def test_the_secret_never_crosses_the_network_and_a_token_read_off_it_is_refused(tmp_path, cluster):
+    """A capture on the cluster's bridge through a real job's actor calls, rendezvous and
+    training: none of the secret's forms; the token the actor's task spec shows, replayed from
+    a node, is refused and the driver says so once."""
+    def start(folder):
+        return Job(["--ray", "-np", "2", sys.executable, HOLD, str(folder)], tmp_path,
+                   env=ray_env(cluster, tmp_path))
+    check_the_wire(*watched_job(start, cluster.bridge.name, tmp_path, cluster.netns["n3"]))
     wait_no_leftovers(cluster)

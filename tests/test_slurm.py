@@ -4,12 +4,14 @@ allocation as srun steps; a node killed outright under --no-kill costs one re-fo
 hvdlite's liveness timeout, long before Slurm notices."""
 import os
 import re
+import shutil
 import signal
 import sys
 import time
 
 import pytest
 
+from capture import HOLD, check_the_wire, watched_job
 from jobs import (SCRIPTS, Job, _tree, check_training_continuous, effective_steps, job_env,
                   next_world, progress, run_job, sizes, steps_log, wait_progress)
 from slurmcluster import missing, SlurmCluster
@@ -248,3 +250,15 @@ def _step_of(cluster, node):
              and line.split()[0].split(".")[1].isdigit()]
     assert steps, out
     return steps[-1]
+
+
+@pytest.mark.skipif(shutil.which("tcpdump") is None, reason="tcpdump is not installed (.ci/install-ssh.sh)")
+def test_the_secret_never_crosses_the_network_and_a_token_read_off_it_is_refused(tmp_path, cluster, env):
+    """A capture on the cluster's bridge through a real job's launches, rendezvous and training:
+    none of the secret's forms; the token the launch message shows, replayed from a node, is
+    refused and the driver says so once."""
+    def start(folder):
+        return Job([sys.executable, HOLD, str(folder)], tmp_path, env=env,
+                   prefix=["salloc", "-N2", "--ntasks-per-node=1"])
+    check_the_wire(*watched_job(start, cluster.bridge.name, tmp_path, cluster.netns["n3"]))
+    assert_nothing_left(cluster)

@@ -4,6 +4,7 @@ host (SSH connect, name lookup) never holds up a decision; once a worker runs, a
 own waits for it, so that the pool's threads only ever start workers."""
 import errno
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from hvdlite.driver.decisions.messages import (
@@ -23,10 +24,12 @@ EXCEPTION_DRAIN = 0.3  # seconds for a failed worker's last lines, which say wha
 
 
 class Executor:
-    def __init__(self, settings, log, launchers, server, rendezvous, secret, post, elastic=True):
+    def __init__(self, settings, log, launchers, server, rendezvous, secret, post, elastic=True, *,
+                 claims):
         self.settings, self.log, self.launchers = settings, log, launchers
         self.server, self.rendezvous, self.secret = server, rendezvous, secret
         self.post, self.elastic = post, elastic
+        self.claims = claims  # where a launch crosses a readable network: the secret's one-time claims
         self.handles = {}  # worker -> launched handle
         self.outputs = {}  # worker -> RankOutput
         self._host_of = {}  # worker -> host it was launched on
@@ -68,6 +71,8 @@ class Executor:
                     self._remote_routes[a.host] = addr
             env = worker_env(self.settings, (addr, self.server.address[1]), self.secret,
                              a.worker, a.slot, a.slots_on_host, a.world, self.elastic)
+            if not self.launchers.private(a.host):
+                env = self.claims.sealed(env, a.worker, time.monotonic())
             handle = self.launchers.launch(a.host, env, self.outputs[a.worker], a.joining, a.slots_on_host)
         except TemplateGone:  # the host answered; its template died before it forked the worker
             self._forget(a.worker)

@@ -13,6 +13,7 @@ import time
 
 from hvdlite.discovery.script import DiscoveryError
 from hvdlite.discovery.sources import host_source
+from hvdlite.driver.claims import Claims
 from hvdlite.driver.decisions.assignment import assign
 from hvdlite.driver.decisions.core import ElasticCore, JobView
 from hvdlite.driver.decisions.policy import Policy
@@ -62,6 +63,9 @@ class Job:
             "descriptors_exhausted", refused=n, limit=limit))
         self.server.add_route("/rdzv/", self.rendezvous.route)
         self.server.set_heartbeat(self.rendezvous.heartbeat)
+        claims = Claims(self.secret, self.settings.start_timeout, lambda worker, sender: self.log.announce(
+            "launch_token_reused", worker=worker, sender=sender[0]))
+        self.server.set_claims(claims)
         self.server.start()
         self.log.debug(f"rendezvous server at {self.server.address[0]}:{self.server.address[1]}")
         if self.settings.metrics_port:
@@ -74,7 +78,8 @@ class Job:
             self.metrics.start()
             self.log.debug(f"metrics at http://{where}:{self.metrics.address[1]}/metrics")
         self.executor = Executor(self.settings, self.log, self.launchers, self.server,
-                                 self.rendezvous, self.secret, self.events.put, self.settings.elastic)
+                                 self.rendezvous, self.secret, self.events.put, self.settings.elastic,
+                                 claims=claims)
 
     def next_event(self, timeout):
         try:

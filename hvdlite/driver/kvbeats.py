@@ -3,12 +3,14 @@
 The server's loop reads them in batches, one every BEAT_POLL seconds, and answers every good
 datagram of a batch with what the heartbeat handler returned for the batch: thousands of
 workers' beats cost one loop turn per BEAT_POLL, not one each, and one call of the handler.
+A launch's claim of the job's secret (driver/claims.py) comes on the same socket, shorter than
+any heartbeat, and is answered on its own.
 """
 import errno
 import socket
 import time
 
-from hvdlite.worker import kvproto
+from hvdlite.worker import claim, kvproto
 
 UDP_BUFFER = 4 * 1024 * 1024
 BEAT_POLL = 0.01  # seconds between reads of the heartbeat socket: a beat waits this at most
@@ -21,6 +23,7 @@ class Beats:
     def __init__(self, udp, gate):
         self.udp, self.gate = udp, gate
         self.handler = None  # handler(beats) -> bytes; None: datagrams are read and dropped
+        self.claims = None  # driver.claims.Claims; None: claims go unanswered
 
     def drain(self) -> None:
         """Answer the datagrams that came in since the last call."""
@@ -33,11 +36,25 @@ class Beats:
                 break
             except OSError:  # an ICMP error for a worker that went away; the socket is fine
                 continue
+            if len(data) == claim.REQUEST_SIZE:
+                self._claim(data, addr)
+                continue
             beat = gate.beat(data, now) if handler is not None else None
             if beat is not None:
                 heard.append((beat, addr))
         if heard:
             self._answer(handler, heard)
+
+    def _claim(self, data, addr):
+        try:
+            answer = self.claims.answer(data, addr, time.monotonic()) if self.claims is not None else None
+        except Exception:  # noqa: BLE001 - a bug here must cost one claim, not the heartbeats
+            return
+        if answer is not None:
+            try:
+                self.udp.sendto(answer, addr)
+            except OSError:  # the worker sends its claim again
+                pass
 
     def _answer(self, handler, heard):
         try:

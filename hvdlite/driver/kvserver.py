@@ -15,7 +15,8 @@ signed request (hvdlite.worker.kvproto):
 
 Scope and key are percent-encoded path segments, 1..512 bytes once decoded (UTF-8). Routes
 added with ``add_route`` share the authentication and the limits. Heartbeats are signed UDP
-datagrams on the same port, answered with what the ``set_heartbeat`` handler says (kvbeats).
+datagrams on the same port, answered with what the ``set_heartbeat`` handler says (kvbeats);
+so are the claims of the secret by workers launched without it (``set_claims``, claims.py).
 
 Unauthenticated connections are bounded (count, head size, time to authenticate; the oldest
 is dropped for a new one), and a body is read only after the head's signature checked out, so
@@ -242,6 +243,10 @@ class KVServer:
         must not block): beats are the (worker, commit, vouched) triples of the good datagrams that came
         in together, each answered with what the handler returned."""
         self._beats.handler = handler
+
+    def set_claims(self, claims) -> None:
+        """Answer launches' claims of the job's secret (driver.claims.Claims) on the heartbeats' port."""
+        self._beats.claims = claims
 
     # -- dispatch (server thread) -----------------------------------------------------------
 

@@ -11,6 +11,7 @@ import traceback
 import cloudpickle
 
 from hvdlite.worker import env
+from hvdlite.worker.claim import job_secret
 from hvdlite.worker.kvclient import KVClient
 
 SCOPE = "hvdlite.ray"  # the KV scope of the call, its results and rank 0's logged values
@@ -21,7 +22,7 @@ def _client() -> KVClient:
     global _kv
     if _kv is None:
         _kv = KVClient(os.environ[env.RENDEZVOUS_ADDR], int(os.environ[env.RENDEZVOUS_PORT]),
-                       os.environ[env.SECRET])
+                       job_secret(os.environ))
     return _kv
 
 

@@ -10,6 +10,7 @@ HOSTNAME = "HVDLITE_HOSTNAME"
 RENDEZVOUS_ADDR = "HVDLITE_RENDEZVOUS_ADDR"
 RENDEZVOUS_PORT = "HVDLITE_RENDEZVOUS_PORT"
 SECRET = "HVDLITE_SECRET"
+CLAIM = "HVDLITE_CLAIM"  # in place of SECRET where the launch crosses a readable network (claim.py)
 ROUND = "HVDLITE_ROUND"  # rendezvous round the initial assignment belongs to
 SLOT = "HVDLITE_SLOT"  # stable identity of the worker's slot, "host/index"
 WORKER = "HVDLITE_WORKER_ID"  # this launch of the slot, "host/index#generation"
@@ -33,6 +34,6 @@ TORCH = {RANK: "RANK", SIZE: "WORLD_SIZE", LOCAL_RANK: "LOCAL_RANK", LOCAL_SIZE:
 
 # Who a worker is and where its driver listens: never inherited from an enclosing job.
 IDENTITY = (RANK, SIZE, LOCAL_RANK, LOCAL_SIZE, CROSS_RANK, CROSS_SIZE, HOSTNAME, RENDEZVOUS_ADDR,
-            RENDEZVOUS_PORT, SECRET, ROUND, SLOT, WORKER, ELASTIC, HOROVOD_ELASTIC,
+            RENDEZVOUS_PORT, SECRET, CLAIM, ROUND, SLOT, WORKER, ELASTIC, HOROVOD_ELASTIC,
             CHECKPOINT_DIR, CHECKPOINT_INTERVAL, CHECKPOINT_KEEP, CHECKPOINT_LINEAGE, TIMELINE, *HOROVOD.values(),
             *TORCH.values())

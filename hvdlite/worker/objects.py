@@ -1,7 +1,7 @@
 """How every backend turns Python objects into bytes for its collectives (torch-free).
 
-Unpickling runs code, so every pickle is signed with the job's key (derived from the secret
-in the worker's environment) and checked before it is loaded: a peer or a store write without
+Unpickling runs code, so every pickle is signed with the job's key (derived from the job's
+secret, claim.job_secret) and checked before it is loaded: a peer or a store write without
 the key cannot make a worker run anything.
 """
 import hashlib
@@ -10,7 +10,7 @@ import os
 
 import cloudpickle
 
-from hvdlite.worker import env
+from hvdlite.worker.claim import job_secret
 
 MAC_SIZE = 32
 
@@ -25,10 +25,7 @@ def key_for(secret: str) -> bytes:
 
 
 def _job_key() -> bytes:
-    secret = os.environ.get(env.SECRET)
-    if not secret:
-        raise RuntimeError(f"hvdlite: {env.SECRET} is not set; start this script with `hvdlite run`")
-    return key_for(secret)
+    return key_for(job_secret(os.environ))
 
 
 def dumps(obj, key: bytes = None) -> bytes:

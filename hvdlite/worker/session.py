@@ -16,6 +16,7 @@ import time
 
 from hvdlite import defaults, exitcodes
 from hvdlite.worker import durable, env, stopping
+from hvdlite.worker.claim import job_secret
 from hvdlite.worker.errors import quiet_broken_world
 from hvdlite.worker.kvclient import Heartbeats, KVClient
 from hvdlite.worker.world import WorldInfo
@@ -41,10 +42,10 @@ class Session:
         try:
             self.addr = environ[env.RENDEZVOUS_ADDR]
             self.port = int(environ[env.RENDEZVOUS_PORT])
-            secret = environ[env.SECRET]
         except KeyError as e:
             raise RuntimeError(
                 f"hvdlite: {e.args[0]} is not set; start this script with `hvdlite run`") from None
+        secret = job_secret(environ)
         self.environ = environ
         self.worker = environ.get(env.WORKER, "")  # this launch's incarnation id
         self.elastic = environ.get(env.ELASTIC) == "1"

@@ -54,6 +54,9 @@ class Launchers:
     def route_to(self, host) -> str:
         return self.for_host(host).route_to(host)
 
+    def private(self, host) -> bool:
+        return self.for_host(host).private
+
     def launch(self, host, env: dict, output, joining: bool, local_workers: int = 1):
         """A started worker's Handle (base.py)."""
         return self.for_host(host).start(host, env, output, joining, local_workers)

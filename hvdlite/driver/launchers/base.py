@@ -46,6 +46,10 @@ class Handle(Protocol):
 
 
 class Launcher(Protocol):
+    # Whether a launch reaches its host where nobody else reads it (this machine, SSH); if not,
+    # it carries a one-time claim of the job's secret instead of the secret (driver/claims.py).
+    private: bool
+
     def is_local(self, host: str) -> bool:
         """Whether workers on `host` run on this machine (and reach the driver on loopback)."""
 

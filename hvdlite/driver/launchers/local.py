@@ -11,6 +11,8 @@ from hvdlite.driver.network import LOOPBACK
 
 
 class LocalLauncher:
+    private = True  # this machine
+
     def __init__(self, settings, say):
         self.command = settings.command
         self._rule = StartRule(settings)

@@ -6,7 +6,9 @@ hosts; the driver reads the worker's output from the actor and prints it with ra
 A node's template is kept by one more actor there, which takes no resources (raytemplate.py;
 when it starts and who forks from it is as on SSH hosts, hosttemplates.py). A worker that died
 with its template is relaunched, not held against its node.
-Workers reach the rendezvous at the address Ray knows the driver's node by. Whether a worker
+Ray inlines an actor's arguments in task specs that cross the network in clear, so a worker's
+environment holds a one-time claim of the job's secret, not the secret (private = False;
+driver/claims.py). Workers reach the rendezvous at the address Ray knows the driver's node by. Whether a worker
 lives is hvdlite's heartbeats' call first: Ray notices a dead node only after seconds, a
 partitioned one after a minute. A worker cut off from the driver is fenced by its incarnation,
 as on SSH hosts.
@@ -30,6 +32,8 @@ STOP_ANSWER = 2.0  # seconds a stop waits (beyond its grace) for the actor befor
 
 
 class RayLauncher:
+    private = False  # Ray's task specs cross the network in clear
+
     def __init__(self, settings, say):
         self.ray = connect(settings.ray_address)
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy

@@ -4,8 +4,10 @@
 - `--overlap`: without it a second step on the node waits for the first to end.
 - `-N1 -n1 -w HOST` always: after a node left the allocation, a plain srun fails on the job's
   node count.
-- The environment, the job's secret with it, travels in srun's own environment
-  (`--export=ALL`, whatever the batch script's SLURM_EXPORT_ENV says), never on a command line.
+- The environment travels in srun's own environment (`--export=ALL`, whatever the batch
+  script's SLURM_EXPORT_ENV says), never on a command line. munge signs the launch message but
+  does not encrypt it: the environment holds a one-time claim of the job's secret, not the
+  secret (private = False; driver/claims.py).
 - The task prints `JOB.STEP PID` first (as the SSH launcher's shell prints its process group):
   that is how a stop reaches it. Signals go through `scancel -s SIG JOB.STEP`: SIGTERM to srun
   itself SIGKILLs the task unseen. srun is killed only when Slurm cannot end the step (the
@@ -39,6 +41,8 @@ KILL_WAIT = 1.0  # seconds for srun to end after scancel -s KILL before srun its
 
 
 class SrunLauncher:
+    private = False  # srun's launch message is signed, not encrypted
+
     def __init__(self, settings, say):
         self.command = settings.command
         self.start_timeout = settings.start_timeout

@@ -12,6 +12,8 @@ from hvdlite.driver.network import route_address
 
 
 class SSHLauncher:
+    private = True  # over SSH, encrypted
+
     def __init__(self, settings, say):
         self.command = settings.command
         self.settings = SSHSettings(

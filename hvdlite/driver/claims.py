@@ -1,0 +1,97 @@
+"""The driver's end of the launch claims (hvdlite.worker.claim): a launch that crosses a network
+others can read carries a one-time token and this driver's public key, never the job's secret;
+the worker claims the secret with them, once.
+
+A token lives as long as its worker has to start (--start-timeout) and is used once. The same
+request sent again (a lost answer) gets the same answer, which only its sender can open; any
+other use of the token is refused, and the driver says so once per token: someone who read the
+launch has tried it, and if that worker then fails saying its token was used, that someone
+claimed it first and holds the secret. Unknown tokens get no answer, so a flood of them costs a
+look-up each and no key exchange.
+"""
+import os
+import threading
+
+from hvdlite.worker import claim, env
+
+KEEP = 60.0  # seconds a token is remembered past its expiry, to tell a late use from a stranger's
+MAX_REFUSALS = 8  # answers to a token's misuses; later ones go unanswered
+
+
+class _Token:
+    __slots__ = ("worker", "expires", "request", "answer", "refusals")
+
+    def __init__(self, worker: str, expires: float):
+        self.worker, self.expires = worker, expires
+        self.request = self.answer = None  # the request that used it, and the answer it got
+        self.refusals = 0
+
+
+class Claims:
+    """The job's secret behind one-time tokens. `say(worker, sender)` is told of a token's first
+    misuse; `lifetime` is how long a token may wait for its claim."""
+
+    def __init__(self, secret: str, lifetime: float, say=None):
+        from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+        from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+        self._secret, self.lifetime, self._say = secret.encode("utf-8"), lifetime, say
+        self._private = X25519PrivateKey.generate()
+        self.public = self._private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        self._tokens = {}  # token -> _Token
+        self._lock = threading.Lock()  # tokens are made on launch threads, used on the server's
+
+    def sealed(self, environ: dict, worker: str, now: float) -> dict:
+        """`environ` with a one-time claim for `worker` in place of the secret."""
+        token = os.urandom(claim.TOKEN)
+        with self._lock:
+            self._forget_old(now)
+            self._tokens[token] = _Token(worker, now + self.lifetime)
+        kept = {k: v for k, v in environ.items() if k != env.SECRET}
+        return {**kept, env.CLAIM: claim.ticket(self.public, token)}
+
+    def answer(self, request: bytes, sender, now: float):
+        """The datagram answering a claim `request` from `sender`, or None for no answer."""
+        if len(request) != claim.REQUEST_SIZE or not request.startswith(claim.REQUEST):
+            return None
+        token, their_key = request[len(claim.REQUEST):-claim.KEY], request[-claim.KEY:]
+        with self._lock:
+            self._forget_old(now)
+            held = self._tokens.get(token)
+            if held is None:
+                return None
+            if held.request == request:
+                return held.answer  # sent again: its answer was lost
+            key = self._key(token, their_key)
+            if key is None:
+                return None  # not a usable public key
+            aad = request[len(claim.REQUEST):]
+            if held.request is None and now <= held.expires:
+                held.request, held.answer = request, claim.seal(key, aad, claim.SECRET, self._secret)
+                return held.answer
+            if held.refusals >= MAX_REFUSALS:
+                return None
+            held.refusals += 1
+            why = "it was used already" if held.request is not None else "it expired"
+            first_misuse = held.refusals == 1 and held.request is not None
+        if first_misuse and self._say is not None:
+            self._say(held.worker, sender)
+        return claim.seal(key, aad, claim.REFUSED, why.encode())
+
+    def _key(self, token: bytes, their_key: bytes):
+        from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
+        try:
+            shared = self._private.exchange(X25519PublicKey.from_public_bytes(their_key))
+        except ValueError:  # a low-order point: no shared secret
+            return None
+        return claim.session_key(shared, self.public, their_key, token)
+
+    def _forget_old(self, now: float) -> None:
+        # Oldest first: tokens are made in time order, each with the same lifetime.
+        while self._tokens:
+            token, held = next(iter(self._tokens.items()))
+            if held.expires + KEEP >= now:
+                return
+            del self._tokens[token]
+
+    def __len__(self):
+        return len(self._tokens)

@@ -1,0 +1,232 @@
+"""The one-time claim of the job's secret by workers launched over a network others read (srun,
+Ray): the driver's end alone (tokens used once, expiring, answers only their sender opens), a
+real exchange over the KV server's port, a worker on the pygloo venv's Python claiming it, and
+what the srun and Ray launchers are handed. The captures on real clusters are in test_slurm.py
+and test_ray.py."""
+import hashlib
+import os
+import queue
+import subprocess
+import sys
+
+import pytest
+
+from hvdlite.driver.claims import KEEP, MAX_REFUSALS, Claims
+from hvdlite.driver.executor import Executor
+from hvdlite.driver.kvserver import KVServer
+from hvdlite.driver.launchers import Launchers
+from hvdlite.driver.settings import Settings
+from hvdlite.worker import claim, env
+from hvdlite.worker.claim import ClaimRefused, job_secret
+
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PYGLOO = os.path.join(ROOT, ".venv-pygloo", "bin", "python")
+SECRET = "claims-test-secret-0123456789abcdefghijklmnopq"
+
+
+class Said(list):
+    def __call__(self, worker, sender):
+        self.append((worker, sender))
+
+
+def raw(key) -> bytes:
+    return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def request_for(sealed_env):
+    """What a worker sends for its claim: (request, the key only it and the driver derive)."""
+    driver_key, token = claim.parse_ticket(sealed_env[env.CLAIM])
+    mine = X25519PrivateKey.generate()
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
+    key = claim.session_key(mine.exchange(X25519PublicKey.from_public_bytes(driver_key)),
+                            driver_key, raw(mine), token)
+    return claim.REQUEST + token + raw(mine), key
+
+
+def opened(key, request, answer):
+    return claim.opened(key, request[len(claim.REQUEST):], answer)
+
+
+def test_a_sealed_launch_carries_a_claim_and_no_secret():
+    claims = Claims(SECRET, 30.0)
+    sealed = claims.sealed({env.SECRET: SECRET, "OTHER": "x"}, "n1/0#1", 0.0)
+    assert env.SECRET not in sealed and sealed["OTHER"] == "x"
+    assert SECRET not in repr(sealed)
+    driver_key, token = claim.parse_ticket(sealed[env.CLAIM])
+    assert driver_key == claims.public and len(token) == claim.TOKEN
+    assert env.CLAIM in env.IDENTITY  # never inherited by a job started from a worker
+
+
+def test_a_token_opens_once_and_a_second_use_is_refused_and_said():
+    said = Said()
+    claims = Claims(SECRET, 30.0, said)
+    sealed = claims.sealed({}, "n1/0#1", 0.0)
+    request, key = request_for(sealed)
+    answer = claims.answer(request, ("10.0.0.11", 4000), 1.0)
+    assert opened(key, request, answer) == (claim.SECRET, SECRET.encode())
+    assert SECRET.encode() not in answer
+    # The same request again (its answer was lost) gets the same answer, said nowhere.
+    assert claims.answer(request, ("10.0.0.11", 4000), 2.0) == answer and not said
+    # Anyone else with the token (read off the wire) is refused, and the driver says it once.
+    thief, thief_key = request_for(sealed)
+    assert opened(thief_key, thief, claims.answer(thief, ("10.0.0.99", 5000), 3.0)) == \
+        (claim.REFUSED, b"it was used already")
+    again, again_key = request_for(sealed)
+    assert opened(again_key, again, claims.answer(again, ("10.0.0.99", 5001), 3.0))[0] == claim.REFUSED
+    assert said == [("n1/0#1", ("10.0.0.99", 5000))]
+    # Misuses past the cap go unanswered: a flood with a read token costs no key exchange.
+    for i in range(MAX_REFUSALS):
+        claims.answer(request_for(sealed)[0], ("10.0.0.99", 6000 + i), 4.0)
+    assert claims.answer(request_for(sealed)[0], ("10.0.0.99", 7000), 4.0) is None
+
+
+def test_an_answer_opens_only_with_the_drivers_key():
+    claims = Claims(SECRET, 30.0)
+    sealed = claims.sealed({}, "n1/0#1", 0.0)
+    # A worker told another public key (a forged launch, or a forged answer's key) opens nothing.
+    forged = dict(sealed, **{env.CLAIM: claim.ticket(raw(X25519PrivateKey.generate()),
+                                                      claim.parse_ticket(sealed[env.CLAIM])[1])})
+    request, wrong_key = request_for(forged)
+    answer = claims.answer(request, ("10.0.0.11", 4000), 1.0)
+    assert answer is not None and opened(wrong_key, request, answer) is None
+    # An answer for another request does not open either.
+    other, other_key = request_for(claims.sealed({}, "n2/0#1", 0.0))
+    assert opened(other_key, other, answer) is None
+
+
+def test_tokens_expire_and_unknown_ones_get_no_answer():
+    claims = Claims(SECRET, 30.0)
+    sealed = claims.sealed({}, "n1/0#1", 0.0)
+    request, key = request_for(sealed)
+    assert opened(key, request, claims.answer(request, ("h", 1), 30.5)) == (claim.REFUSED, b"it expired")
+    stranger = claim.REQUEST + os.urandom(claim.TOKEN) + raw(X25519PrivateKey.generate())
+    assert claims.answer(stranger, ("h", 1), 31.0) is None
+    assert claims.answer(request[:-1], ("h", 1), 31.0) is None  # not a claim's size
+    assert claims.answer(claim.REQUEST[:3] + b"x" + request[4:], ("h", 1), 31.0) is None
+    assert claims.answer(request[:-32] + bytes(32), ("h", 1), 31.0) is None  # a low-order key
+    claims.sealed({}, "n1/0#2", 31.0 + KEEP)  # long after: forgotten
+    assert len(claims) == 1 and claims.answer(request, ("h", 1), 31.0 + KEEP) is None
+
+
+@pytest.fixture
+def driver():
+    said = Said()
+    claims = Claims(SECRET, 30.0, said)
+    server = KVServer(SECRET)
+    server.set_claims(claims)
+    server.start()
+    yield server, claims, said
+    server.stop()
+
+
+def worker_environ(server, sealed):
+    return {**sealed, env.RENDEZVOUS_ADDR: server.address[0], env.RENDEZVOUS_PORT: str(server.address[1])}
+
+
+def test_a_worker_claims_the_secret_over_the_port_and_keeps_it(driver):
+    import time
+    server, claims, said = driver
+    environ = worker_environ(server, claims.sealed({}, "n1/0#1", time.monotonic()))
+    assert job_secret(environ) == SECRET
+    assert environ[env.SECRET] == SECRET and env.CLAIM not in environ  # its children inherit it
+    assert job_secret(environ) == SECRET and not said  # kept: not claimed twice
+
+
+def test_a_replayed_token_is_refused_in_one_line_at_the_worker(driver):
+    import time
+    server, claims, said = driver
+    sealed = claims.sealed({}, "n1/0#1", time.monotonic())
+    assert job_secret(worker_environ(server, sealed)) == SECRET
+    with pytest.raises(ClaimRefused) as refused:
+        job_secret(worker_environ(server, sealed))
+    assert str(refused.value) == "hvdlite: the driver refused this worker's launch token: it was used already"
+    assert [worker for worker, _ in said] == ["n1/0#1"]
+
+
+def test_no_answer_is_one_line_within_the_start_timeout(driver):
+    server, claims, _ = driver
+    unknown = claim.ticket(claims.public, os.urandom(claim.TOKEN))
+    environ = worker_environ(server, {env.CLAIM: unknown, env.START_TIMEOUT: "1"})
+    with pytest.raises(ClaimRefused, match=r"^hvdlite: no answer from the driver at .* within 1 s$"):
+        job_secret(environ)
+    with pytest.raises(ClaimRefused, match="HVDLITE_CLAIM is malformed"):
+        job_secret(dict(environ, **{env.CLAIM: "zz:zz"}))
+    with pytest.raises(ClaimRefused, match="HVDLITE_CLAIM holds no usable key"):
+        job_secret(dict(environ, **{env.CLAIM: claim.ticket(bytes(32), os.urandom(claim.TOKEN))}))
+    with pytest.raises(RuntimeError, match="HVDLITE_SECRET is not set"):
+        job_secret({})
+
+
+@pytest.mark.skipif(not os.path.exists(PYGLOO), reason=f"no pygloo venv at {PYGLOO} (.ci/setup.sh)")
+def test_a_numpy_backend_worker_claims_on_the_pygloo_venvs_python(driver):
+    """The numpy backend's workers run on the venv's Python 3.10: what the claim imports is there."""
+    import time
+    server, claims, _ = driver
+    environ = {**os.environ, **worker_environ(server, claims.sealed({}, "n1/0#1", time.monotonic())),
+               "PYTHONPATH": ROOT}
+    environ.pop(env.SECRET, None)
+    code = ("import hashlib, os, sys; from hvdlite.worker.objects import _job_key; _job_key(); "
+            "print(sys.version_info[:2], hashlib.sha256(os.environ['HVDLITE_SECRET'].encode()).hexdigest())")
+    out = subprocess.run([PYGLOO, "-c", code], env=environ, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split(None, 2)[-1].strip() == hashlib.sha256(SECRET.encode()).hexdigest()
+
+
+class _Launched(Exception):
+    pass
+
+
+@pytest.mark.parametrize("kind, private", [("local", True), ("ssh", True), ("srun", False), ("ray", False)])
+def test_only_launches_over_a_readable_network_are_sealed(kind, private, monkeypatch):
+    """The executor hands srun and Ray a claim, local and SSH launches the secret as before."""
+    from hvdlite.driver.decisions.messages import Launch, LaunchFailed
+    from hvdlite.driver.launchers import _load
+    assert _load(kind).private is private
+    settings = Settings(command=[sys.executable, "-c", "pass"], launcher=kind)
+    launchers = Launchers(settings)
+    launcher = type("Stub", (), {"private": private, "is_local": lambda self, h: False,
+                                 "route_to": lambda self, h: "10.0.0.1"})()
+    monkeypatch.setattr(launchers, "for_host", lambda host: launcher)
+    handed = []
+
+    def launch(host, env_, *rest):
+        handed.append(env_)
+        raise _Launched
+    monkeypatch.setattr(launchers, "launch", launch)
+    assert launchers.private("n1") is private
+    server = type("Server", (), {"address": ("10.0.0.1", 4000)})()
+    posted = queue.Queue()
+    executor = Executor(settings, None, launchers, server, None, SECRET, posted.put,
+                        claims=Claims(SECRET, 30.0))
+    executor.apply([Launch(worker="n1/0#1", slot="n1/0", host="n1", world=None, slots_on_host=1)])
+    assert isinstance(posted.get(timeout=10), LaunchFailed)  # the stub's launch, once it was handed
+    (got,) = handed
+    assert (got.get(env.SECRET) == SECRET) is private and (env.CLAIM in got) is not private
+
+
+def test_a_claim_that_fails_on_the_server_costs_no_heartbeat():
+    """The claims share the heartbeats' socket and thread: a bug in one answers nothing, and
+    the heartbeats go on."""
+    from hvdlite.worker.kvclient import Heartbeats, KVClient
+
+    class Broken:
+        def answer(self, *args):
+            raise RuntimeError("planted")
+    server = KVServer(SECRET)
+    server.set_claims(Broken())
+    server.set_heartbeat(lambda beats: b"heard")
+    server.start()
+    try:
+        environ = worker_environ(server, {env.CLAIM: claim.ticket(raw(X25519PrivateKey.generate()),
+                                                                  os.urandom(claim.TOKEN)),
+                                          env.START_TIMEOUT: "0.3"})
+        with pytest.raises(ClaimRefused, match="no answer"):
+            job_secret(environ)
+        beats = Heartbeats(KVClient(*server.address, SECRET), timeout=2.0)
+        assert beats.beat("n1/0#1") == b"heard"
+        beats.close()
+    finally:
+        server.stop()
