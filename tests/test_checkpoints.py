@@ -364,3 +364,45 @@ def test_the_checkpoint_a_worker_reported_is_the_one_it_resumes_even_if_the_file
     durable.catch_up(state)  # rank 1 here: no "resumed" line, the same load
     assert (state.step, state._commits, state._lineage) == (3, 3, LINEAGE)
     assert durable.reportable(state._commits) == 3 and durable.catch_up(state) is None
+
+
+@pytest.mark.parametrize("plant", ["dangling-symlink", "fifo", "folder"])
+def test_a_checkpoint_name_that_cannot_be_opened_is_unloadable_at_once(tmp_path, monkeypatch, plant):
+    # Before: a dangling symlink recursed in _verified until RecursionError (27,788 lines of
+    # traceback, exit 1); a FIFO blocked the worker in open() for good.
+    monkeypatch.setenv("HVDLITE_CHECKPOINT_DIR", str(tmp_path))
+    monkeypatch.setattr(durable, "_found", None)
+    path = tmp_path / checkpointdir.file_name(7, LINEAGE)
+    {"dangling-symlink": lambda: os.symlink(tmp_path / "gone", path), "fifo": lambda: os.mkfifo(path),
+     "folder": path.mkdir}[plant]()
+    said = []
+    monkeypatch.setattr(durable, "unloadable", lambda where, error: said.append((where, error)) or sys.exit(65))
+    start = time.monotonic()
+    with pytest.raises(SystemExit):
+        durable.reportable(0)
+    assert time.monotonic() - start < 5
+    ((where, error),) = said
+    assert where == str(path) and isinstance(error, CorruptCheckpoint), error
+    assert "cannot be opened" in str(error) or "not a regular file" in str(error), error
+
+
+def test_a_symlink_planted_at_a_temporary_name_is_never_followed(tmp_path, monkeypatch):
+    # Before: the temporary file was .NAME.HOST.PID.tmp, opened without O_EXCL or O_NOFOLLOW,
+    # so another user of a group-writable folder could plant a symlink there and rank 0
+    # truncated and overwrote its target. Now the name has random bits and O_EXCL|O_NOFOLLOW:
+    # a symlink planted even at the exact name (its random bits forced here) fails the write.
+    import socket
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    final = checkpointdir.file_name(1, LINEAGE)
+    os.symlink(victim, ckpt / f".{final}.{socket.gethostname()}.{os.getpid()}.tmp")  # the old name
+    checkpointdir.write(str(ckpt), LINEAGE, 1, {"step": 1}, keep=2)
+    assert victim.read_bytes() == b"precious" and checkpointdir.files(str(ckpt)) == [(1, LINEAGE)]
+    monkeypatch.setattr(checkpointdir.secrets, "token_hex", lambda n: "f" * 2 * n)
+    final = checkpointdir.file_name(2, LINEAGE)
+    os.symlink(victim, ckpt / f".{final}.{socket.gethostname()}.{os.getpid()}.{'f' * 16}.tmp")
+    with pytest.raises(FileExistsError):
+        checkpointdir.write(str(ckpt), LINEAGE, 2, {"step": 2}, keep=2)
+    assert victim.read_bytes() == b"precious" and checkpointdir.files(str(ckpt)) == [(1, LINEAGE)]

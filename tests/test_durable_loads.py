@@ -106,6 +106,16 @@ def test_a_flipped_byte_in_tensor_data_ends_the_job_naming_the_file(tmp_path, ba
     assert "2" not in runs_logged(tmp_path)  # no step of a fresh start
 
 
+def test_a_checkpoint_name_that_cannot_be_opened_ends_the_job_naming_the_file(tmp_path, first_runs):
+    # Before: RecursionError, 27,788 lines of traceback, exit 1 and the host blacklisted.
+    lineage, _ = first_runs(tmp_path, "torch")
+    path = tmp_path / "ckpt" / checkpointdir.file_name(9, lineage)
+    os.symlink(tmp_path / "nowhere", path)
+    result = run(tmp_path, "torch", "2", TOTAL_STEPS=8)
+    check_ended_by(result, path, "CorruptCheckpoint: it cannot be opened: it is a symbolic link to nothing")
+    assert os.path.islink(path) and "2" not in runs_logged(tmp_path)
+
+
 EDITS = [
     pytest.param("torch", {"CLASS": "Settings"}, r"Untrusted: it holds __main__\.Config", id="torch-renamed-class"),
     pytest.param("torch", {"WIDTH": 3}, r"RuntimeError: Error\(s\) in loading state_dict for Linear: size mismatch",

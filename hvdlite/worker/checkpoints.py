@@ -20,6 +20,7 @@ import io
 import mmap
 import os
 import pickle
+import stat
 import struct
 import sys
 import zlib
@@ -227,10 +228,29 @@ def _read_manifest(f, size: int):
     return (commit, pickled, count, lineage), parts, crc, layout
 
 
+def _open(path: str):
+    """The regular file at path, opened to read. FileNotFoundError only if nothing has that
+    name any more (a writer pruned it); a name that cannot be opened (a dangling symlink, no
+    permission) or is no regular file is CorruptCheckpoint. O_NONBLOCK: a FIFO's open would
+    wait for a writer for good."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        if not os.path.lexists(path):
+            raise
+        raise CorruptCheckpoint("it cannot be opened: it is a symbolic link to nothing") from None
+    except OSError as e:
+        raise CorruptCheckpoint(f"it cannot be opened: {e.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CorruptCheckpoint("it is not a regular file")
+    return open(fd, "rb", buffering=0)
+
+
 def load(path: str):
     """(commit, lineage, state) of the checkpoint at path, every byte checked against its
     checksum and nothing untrusted called; CorruptCheckpoint or trusted.Untrusted if not."""
-    with open(path, "rb", buffering=0) as f:
+    with _open(path) as f:
         counts, parts, crc, layout = _read_manifest(f, os.fstat(f.fileno()).st_size)
         data = _read_exactly(f, counts[1])
         if zlib.crc32(_COUNTS.pack(*counts) + b"".join(_PART.pack(*p) for p in parts) + data) != crc:
@@ -248,15 +268,15 @@ def load(path: str):
     return counts[0], lineage, trusted.loads(data, buffers)
 
 
-
 def create(path):
-    """(fd, O_DIRECT or not) of a new file: O_DIRECT where the filesystem takes it (not tmpfs)."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    """(fd, O_DIRECT or not) of a new file at path: never an existing file or a symlink planted
+    there (O_EXCL, O_NOFOLLOW); O_DIRECT where the filesystem takes it (not tmpfs)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     direct = getattr(os, "O_DIRECT", 0)
     if direct:
         try:
-            return os.open(path, flags | direct, 0o644), True
-        except OSError as e:
-            if e.errno != errno.EINVAL:
-                raise
-    return os.open(path, flags, 0o644), False
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | direct)
+            return fd, True
+        except OSError:
+            pass
+    return fd, False
