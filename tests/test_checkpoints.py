@@ -309,7 +309,7 @@ def test_a_state_holding_an_untrusted_class_is_refused_at_the_write_and_loads_on
         checkpointdir.write(str(tmp_path), LINEAGE, 1, {"cfg": Config(0.5)}, keep=2)
         state = checkpointdir.load(str(tmp_path / checkpointdir.file_name(1, LINEAGE)), 1, LINEAGE)
     finally:
-        trusted._trusted.discard((Config.__module__, Config.__qualname__))
+        trusted._trusted.pop((Config.__module__, Config.__qualname__), None)
     assert isinstance(state["cfg"], Config) and state["cfg"].lr == 0.5
 
 
@@ -318,7 +318,7 @@ def test_a_class_the_edited_script_no_longer_defines_is_named_as_gone(tmp_path, 
     try:
         checkpointdir.write(str(tmp_path), LINEAGE, 1, {"cfg": Config(0.5)}, keep=2)
     finally:
-        trusted._trusted.discard((Config.__module__, Config.__qualname__))
+        trusted._trusted.pop((Config.__module__, Config.__qualname__), None)
     monkeypatch.delattr(sys.modules[Config.__module__], "Config")  # the script renamed it
     with pytest.raises(trusted.Untrusted, match=r"\.Config, which the script no longer defines"):
         checkpointdir.load(str(tmp_path / checkpointdir.file_name(1, LINEAGE)), 1, LINEAGE)

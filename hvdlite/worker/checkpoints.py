@@ -25,7 +25,7 @@ import struct
 import sys
 import zlib
 
-from hvdlite.worker import trusted
+from hvdlite.worker import rebuild, trusted
 
 MAGIC = b"HVDLCKP3"
 _OLD_MAGICS = (b"HVDLCKP2",)
@@ -43,18 +43,6 @@ class CorruptCheckpoint(ValueError):
 
 
 # ---- format -----------------------------------------------------------------------------
-def _tensor(dtype: str, shape: tuple, requires_grad: bool, data):
-    import torch
-    kind = getattr(torch, dtype, None)
-    if not isinstance(kind, torch.dtype):
-        raise trusted.Untrusted(f"it holds a tensor of the unknown dtype {dtype!r}")
-    if memoryview(data).nbytes == 0:
-        tensor = torch.empty(shape, dtype=kind)
-    else:
-        tensor = torch.frombuffer(data, dtype=torch.uint8).view(kind).reshape(shape)
-    return tensor.requires_grad_(requires_grad)
-
-
 class _Pickler(pickle.Pickler):
     def reducer_override(self, obj):
         torch = sys.modules.get("torch")
@@ -63,8 +51,8 @@ class _Pickler(pickle.Pickler):
         if torch is not None and type(obj) is torch.Tensor and obj.layout == torch.strided \
                 and obj.device.type == "cpu" and not obj.is_quantized:
             raw = obj.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
-            return _tensor, (str(obj.dtype).split(".")[1], tuple(obj.shape), obj.requires_grad,
-                             pickle.PickleBuffer(raw))
+            return rebuild.tensor, (str(obj.dtype).split(".")[1], tuple(obj.shape), obj.requires_grad,
+                                    pickle.PickleBuffer(raw))
         return NotImplemented
 
 
@@ -185,13 +173,18 @@ def dump(fd: int, commit: int, lineage: str, state, direct=False, pace=lambda wr
     _Pickler(data, protocol=5, buffer_callback=buffers.append).dump(state)
     views = [b.raw() for b in buffers]
     trusted.loads(data.getbuffer(), views)  # what a reader will do, on the state's own memory
+    seal(fd, commit, lineage, data.getbuffer(), views, direct, pace)
+
+
+def seal(fd: int, commit: int, lineage: str, pickled, views, direct=False, pace=lambda written: None) -> None:
+    """Write a checkpoint of these pickle bytes and out-of-band buffers, checksummed."""
     parts = [(v.nbytes, _phase(v), zlib.crc32(v)) for v in views]
     table = b"".join(_PART.pack(*part) for part in parts)
-    counts = (commit, data.getbuffer().nbytes, len(views), lineage.encode())
-    crc = zlib.crc32(_COUNTS.pack(*counts) + table + data.getbuffer())
+    counts = (commit, pickled.nbytes, len(views), lineage.encode())
+    crc = zlib.crc32(_COUNTS.pack(*counts) + table + pickled)
     blocks = _Blocks(fd, direct, pace)
     blocks.put(_HEADER.pack(MAGIC, *counts, crc) + table)
-    blocks.put(data.getbuffer())
+    blocks.put(pickled)
     for view, offset in zip(views, _layout(counts[1], parts)[1:]):
         blocks.pad_to(offset)
         blocks.put_in_place(view)
