@@ -81,7 +81,7 @@ class ElasticJob(RuleBasedStateMachine):
         keys = [a.fields["key"] for a in actions if isinstance(a, Log) and a.event == "blacklisted"]
         if keys:  # no host (or slot) is blacklisted but for its own worker's failure
             failed = isinstance(event, LaunchFailed) or killed is not None or \
-                isinstance(event, Exited) and event.code != 0
+                isinstance(event, Exited) and event.code not in (0, exitcodes.UNLOADABLE)  # 65: the job's input
             assert current and failed and phase is not Phase.LEAVING, \
                 f"{keys} blacklisted on {event} (worker {phase}, killed: {killed})"
             assert set(keys) <= {inc.slot, inc.host}, f"{keys} blacklisted for {inc.slot}'s failure"
@@ -253,7 +253,7 @@ class ElasticJob(RuleBasedStateMachine):
                 if self.disk is not None and self.core.world[w].rank == 0:  # rank 0 writes
                     self.disk = max(self.disk, self.procs[w].commit)
 
-    @rule(data=st.data(), code=st.sampled_from([1, -9, 75]), dice=st.integers(0, 2))
+    @rule(data=st.data(), code=st.sampled_from([1, -9, 75, exitcodes.UNLOADABLE]), dice=st.integers(0, 2))
     def crashes(self, data, code, dice):
         live = sorted(p.worker for p in self.running())
         if live and dice == 0:  # rarer than the rest, or few jobs would live long
