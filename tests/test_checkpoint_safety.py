@@ -49,10 +49,10 @@ def whole(body: bytes) -> bytes:
     return pickle.PROTO + b"\x05" + body + pickle.STOP
 
 
-def seal(path, body: bytes, buffers=()):
+def seal(path, body: bytes, buffers=(), commit=1, lineage=LINEAGE):
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     try:
-        checkpoints.seal(fd, 1, LINEAGE, memoryview(whole(body)), [memoryview(b) for b in buffers])
+        checkpoints.seal(fd, commit, lineage, memoryview(whole(body)), [memoryview(b) for b in buffers])
     finally:
         os.close(fd)
 

@@ -3,6 +3,7 @@ unfitting checkpoint ends the job with one line naming the file and exit 65, nev
 start; another run's files are never pruned against; a malicious pickle runs nothing; the
 driver's kill -9 still gets rank 0's last commit to the disk."""
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -239,6 +240,20 @@ def test_a_malicious_checkpoint_runs_nothing(tmp_path, backend, monkeypatch):
     result = run(tmp_path, backend, "1", TOTAL_STEPS=5)
     check_ended_by(result, path, r"Untrusted: it holds posix\.system")
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_crafted_checkpoint_that_crashed_every_worker_ends_the_job_with_one_line(tmp_path, backend):
+    # Before: numpy.ndarray(shape, dtype('O'), file bytes) passed the CRC and the header, and
+    # every worker died of SIGSEGV loading it; the driver blamed and blacklisted the host.
+    from test_checkpoint_safety import ATTACKS, seal
+    (tmp_path / "ckpt").mkdir()
+    lineage = checkpointdir.new_lineage()
+    path = tmp_path / "ckpt" / checkpointdir.file_name(3, lineage)
+    seal(path, pickle.EMPTY_DICT + pickle.SHORT_BINUNICODE + b"\x06values" + ATTACKS["object-array-over-bytes"]
+         + pickle.SETITEM, commit=3, lineage=lineage)
+    result = run(tmp_path, backend, "1", TOTAL_STEPS=5)
+    check_ended_by(result, path, r"Untrusted: it calls numpy\.ndarray")
 
 
 def wait_exited(pid, timeout):

@@ -15,6 +15,7 @@ C one grows an array to any index the file names (LONG_BINPUT 2**32-1 asks for 3
 import collections
 import io
 import pickle
+import struct
 import sys
 
 from hvdlite.worker import rebuild
@@ -207,6 +208,14 @@ class Unpickler(pickle._Unpickler):
         items = self.pop_mark()
         self._into(self.stack[-1], (set,)).update(items)
     dispatch[pickle.ADDITEMS[0]] = load_additems
+
+    def load_bytearray8(self):
+        # pickle's own makes a bytearray of the size the file says, then reads into it
+        size, = struct.unpack("<Q", self.read(8))
+        data = self.read(size)
+        rebuild.need(len(data) == size, "it holds a bytearray longer than the file")
+        self.append(bytearray(data))
+    dispatch[pickle.BYTEARRAY8[0]] = load_bytearray8
 
     for _op in ("INST", "OBJ", "EXT1", "EXT2", "EXT4"):
         dispatch[getattr(pickle, _op)[0]] = _refuse_opcode(_op)
