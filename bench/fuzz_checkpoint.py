@@ -122,8 +122,8 @@ def _atom(rng) -> bytes:
 
 def random_stream(rng):
     body = b"".join(_atom(rng) for _ in range(rng.randrange(2, 60)))
-    return pickle.PROTO + b"\x05" + body + pickle.STOP, [bytes(rng.randrange(256) for _ in range(rng.choice([0, 8, 16])))
-                                                        for _ in range(rng.randrange(3))]
+    buffers = [bytes(rng.randrange(256) for _ in range(rng.choice([0, 8, 16]))) for _ in range(rng.randrange(3))]
+    return pickle.PROTO + b"\x05" + body + pickle.STOP, buffers
 
 
 def mutated(rng, reals):
@@ -279,7 +279,8 @@ def main():
     kinds = ", ".join(f"{k.split()[1]} {v}" for k, v in sorted(totals.items()) if k.startswith("refused "))
     print(f"refusals by kind: {kinds}; the worst load took {ratio:.1f} bytes of memory per byte of its file")
     print(f"cases={args.cases} refusals={totals['refusals']} accepted={totals['accepted']} crashes={len(crashes)} "
-          f"classes_changed={totals['classes_changed']} over_bound={totals['over_bound']} peak_rss_mib={rss / 1024:.0f}")
+          f"classes_changed={totals['classes_changed']} over_bound={totals['over_bound']} "
+          f"peak_rss_mib={rss / 1024:.0f}")
     return 1 if crashes or totals["classes_changed"] or totals["over_bound"] else 0
 
 

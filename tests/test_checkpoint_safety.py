@@ -102,7 +102,8 @@ ATTACKS = {
     "list-slice-of-a-range": pickle.EMPTY_LIST + call(name("builtins", "slice"), small(0), small(0))
                              + call(name("builtins", "range"), big(10 ** 12)) + pickle.SETITEM,
     "empty-tensor-of-a-huge-shape": call(name("hvdlite.worker.checkpoints", "_tensor"), text("float32"),
-                                         tup(big(10 ** 6), big(10 ** 6)), pickle.NEWFALSE, pickle.SHORT_BINBYTES + b"\x00"),
+                                         tup(big(10 ** 6), big(10 ** 6)), pickle.NEWFALSE,
+                                         pickle.SHORT_BINBYTES + b"\x00"),
     "memo-at-index-2**32-1": pickle.NONE + pickle.LONG_BINPUT + b"\xff\xff\xff\xff",
 }
 
@@ -138,7 +139,8 @@ def test_real_states_still_load_through_the_checked_constructors(tmp_path):
              "objects": np.array([1, "a", None], dtype=object), "strided": np.arange(6.0).reshape(2, 3)[:, ::2],
              "scalar": np.float32(1.5), "bools": torch.tensor([True, False]), "empty": np.zeros((0, 3)),
              "counter": collections.Counter("aab"), "deque": collections.deque([1], maxlen=3),
-             "dd": collections.defaultdict(list, a=[1]), "when": datetime.datetime(2026, 1, 2, tzinfo=datetime.timezone.utc),
+             "dd": collections.defaultdict(list, a=[1]),
+             "when": datetime.datetime(2026, 1, 2, tzinfo=datetime.timezone.utc),
              "fraction": fractions.Fraction(1, 3), "decimal": decimal.Decimal("1.5"), "range": range(3),
              "slice": slice(1, 2), "complex": 1 + 2j, "param": torch.nn.Parameter(torch.ones(2))}
     fd = os.open(tmp_path / "c", os.O_WRONLY | os.O_CREAT)

@@ -30,7 +30,7 @@ def need(condition, why: str) -> None:
 def count(shape) -> int:
     """The number of elements of a shape: a tuple of at most MAX_DIMS non-negative ints."""
     need(type(shape) is tuple and len(shape) <= MAX_DIMS and all(type(n) is int and n >= 0 for n in shape),
-         f"it holds an array shape that is no tuple of sizes: {shape!r:.80}")
+         "it holds an array shape that is no tuple of sizes")
     total = 1
     for n in shape:
         total *= n
@@ -200,7 +200,8 @@ def tensor(dtype: str, shape: tuple, requires_grad: bool, data):
     """A dense CPU tensor from its raw bytes (written out of band by checkpoints._Pickler)."""
     import torch
     kind = getattr(torch, dtype, None) if type(dtype) is str else None
-    need(isinstance(kind, torch.dtype), f"it holds a tensor of the unknown dtype {dtype!r:.40}")
+    need(isinstance(kind, torch.dtype),
+         f"it holds a tensor of the unknown dtype {dtype[:40] if type(dtype) is str else type(dtype).__name__!r}")
     view, n = _buffer(data), count(shape)
     need(type(requires_grad) is bool and view.nbytes == n * kind.itemsize,
          "it holds a tensor whose data does not match its shape")

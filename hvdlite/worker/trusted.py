@@ -108,6 +108,11 @@ def _gone(module: str, name: str) -> bool:
     return module in sys.modules and found is None
 
 
+def _what(obj) -> str:
+    """What an object on the stack is, without calling anything of it (its repr)."""
+    return obj.name if isinstance(obj, Constructor) else f"a {type(obj).__name__}"
+
+
 def _refuse_opcode(what):
     def refuse(self):
         raise Untrusted(f"it holds the opcode {what}, which hvdlite's writer never writes")
@@ -137,7 +142,7 @@ class Unpickler(pickle._Unpickler):
     def load_reduce(self):
         args = self.stack.pop()
         func = self.stack[-1]
-        rebuild.need(isinstance(func, Constructor) and type(args) is tuple, f"it calls {func!r:.60}, no constructor")
+        rebuild.need(isinstance(func, Constructor) and type(args) is tuple, f"it calls {_what(func)}, no constructor")
         made = func(*args)
         if func.state is not None:
             self._unbuilt[id(made)] = (made, func.state)
@@ -148,7 +153,7 @@ class Unpickler(pickle._Unpickler):
         args = self.stack.pop()
         cls = self.stack.pop()
         rebuild.need(isinstance(cls, Constructor) and cls.new is not None and type(args) is tuple
-                     and type(kwargs or {}) is dict, f"it makes an object of {cls!r:.60}, no trusted class")
+                     and type(kwargs or {}) is dict, f"it makes an object of {_what(cls)}, no trusted class")
         self.append(cls.new.__new__(cls.new, *args, **(kwargs or {})))
     dispatch[pickle.NEWOBJ[0]] = load_newobj
 
@@ -158,8 +163,8 @@ class Unpickler(pickle._Unpickler):
 
     def load_build(self):
         target = self.stack[-2]
-        unbuilt = self._unbuilt.pop(id(target), None)
-        if unbuilt is not None and unbuilt[0] is target:
+        unbuilt = self._unbuilt.pop(id(target), None)  # held there, so the id is still target's
+        if unbuilt is not None:
             unbuilt[1](target, self.stack.pop())
             return
         if type(target) in _DICTS:  # a state_dict's _metadata: attributes of this one dict
