@@ -7,6 +7,7 @@ import pickle
 import re
 import shutil
 import signal
+import struct
 import sys
 import time
 
@@ -244,14 +245,20 @@ def test_a_malicious_checkpoint_runs_nothing(tmp_path, backend, monkeypatch):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_crafted_checkpoint_that_crashed_every_worker_ends_the_job_with_one_line(tmp_path, backend):
-    # Before: numpy.ndarray(shape, dtype('O'), file bytes) passed the CRC and the header, and
-    # every worker died of SIGSEGV loading it; the driver blamed and blacklisted the host.
-    from test_checkpoint_safety import ATTACKS, seal
+    # Before (numpy backend): ObjectState values whose w is numpy.ndarray((2, 4), dtype('O'),
+    # file bytes) passed the CRC and the header, and every worker died of SIGSEGV at its first
+    # step (w + ...); the driver blamed and blacklisted the host.
+    from test_checkpoint_safety import call, dtype, name, seal, small, text, tup
+    config = (name("__main__", "Config") + pickle.EMPTY_TUPLE + pickle.NEWOBJ + pickle.EMPTY_DICT + text("lr")
+              + pickle.BINFLOAT + struct.pack(">d", 0.1) + pickle.SETITEM + pickle.BUILD)
+    w = call(name("numpy", "ndarray"), tup(small(2), small(4)), dtype("O8"), pickle.SHORT_BINBYTES + bytes([64])
+             + b"\x41" * 64)
+    values = (pickle.EMPTY_DICT + pickle.MARK + text("step") + small(3) + text("cfg") + config + text("w") + w
+              + pickle.SETITEMS)
     (tmp_path / "ckpt").mkdir()
     lineage = checkpointdir.new_lineage()
     path = tmp_path / "ckpt" / checkpointdir.file_name(3, lineage)
-    seal(path, pickle.EMPTY_DICT + pickle.SHORT_BINUNICODE + b"\x06values" + ATTACKS["object-array-over-bytes"]
-         + pickle.SETITEM, commit=3, lineage=lineage)
+    seal(path, pickle.EMPTY_DICT + text("values") + values + pickle.SETITEM, commit=3, lineage=lineage)
     result = run(tmp_path, backend, "1", TOTAL_STEPS=5)
     check_ended_by(result, path, r"Untrusted: it calls numpy\.ndarray")
 
