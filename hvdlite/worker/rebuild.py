@@ -132,8 +132,9 @@ def ndarray_marker(*args):
 
 def dtype(code, align=False, copy=True, *rest):
     import numpy
-    need(not rest and type(code) is str and len(code) <= 16 and type(align) is bool and type(copy) is bool,
-         "a numpy dtype takes a type code")
+    # copy: numpy's own dtypes are shared by the whole process; BUILD below goes to a copy only
+    need(not rest and type(code) is str and len(code) <= 16 and type(align) is bool and copy is True,
+         "a numpy dtype takes a type code, copied")
     found = numpy.dtype(code, align, copy)
     need(found.names is None and found.subdtype is None and found.kind in PLAIN_KINDS + "O" and found.itemsize > 0,
          f"it holds the numpy dtype {code!r}: checkpoints hold plain and object dtypes, not structured, "
