@@ -7,8 +7,9 @@ Every case is loaded by checkpoints.load in a child process (a crash there is co
 said, and a new child goes on after it). Per case: the load returns or refuses with an
 exception whose cause is one line; an accepted state is walked in full and freed (an array
 of bad pointers crashes there); no class of the allow list, numpy's, torch's or the trusted
-one changed, nor numpy's own dtypes; the peak of traced memory stays within BOUND x the file's bytes + 1 MiB (the
-child runs under a 4 GiB address-space limit, so a bomb is a MemoryError, counted).
+one changed, nor numpy's own dtypes; the peak of traced memory stays within BOUND x the
+file's bytes + 1 MiB (the child runs under a 4 GiB address-space limit, so a bomb is a
+MemoryError, counted).
 The last line: cases, refusals, accepted, crashes, classes_changed, over_bound, peak RSS.
 """
 import argparse
