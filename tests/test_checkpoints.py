@@ -309,7 +309,7 @@ def test_a_state_holding_an_untrusted_class_is_refused_at_the_write_and_loads_on
         checkpointdir.write(str(tmp_path), LINEAGE, 1, {"cfg": Config(0.5)}, keep=2)
         state = checkpointdir.load(str(tmp_path / checkpointdir.file_name(1, LINEAGE)), 1, LINEAGE)
     finally:
-        trusted._trusted.discard((Config.__module__, Config.__qualname__))
+        trusted._trusted.pop((Config.__module__, Config.__qualname__), None)
     assert isinstance(state["cfg"], Config) and state["cfg"].lr == 0.5
 
 
@@ -318,7 +318,7 @@ def test_a_class_the_edited_script_no_longer_defines_is_named_as_gone(tmp_path, 
     try:
         checkpointdir.write(str(tmp_path), LINEAGE, 1, {"cfg": Config(0.5)}, keep=2)
     finally:
-        trusted._trusted.discard((Config.__module__, Config.__qualname__))
+        trusted._trusted.pop((Config.__module__, Config.__qualname__), None)
     monkeypatch.delattr(sys.modules[Config.__module__], "Config")  # the script renamed it
     with pytest.raises(trusted.Untrusted, match=r"\.Config, which the script no longer defines"):
         checkpointdir.load(str(tmp_path / checkpointdir.file_name(1, LINEAGE)), 1, LINEAGE)
@@ -364,3 +364,45 @@ def test_the_checkpoint_a_worker_reported_is_the_one_it_resumes_even_if_the_file
     durable.catch_up(state)  # rank 1 here: no "resumed" line, the same load
     assert (state.step, state._commits, state._lineage) == (3, 3, LINEAGE)
     assert durable.reportable(state._commits) == 3 and durable.catch_up(state) is None
+
+
+@pytest.mark.parametrize("plant", ["dangling-symlink", "fifo", "folder"])
+def test_a_checkpoint_name_that_cannot_be_opened_is_unloadable_at_once(tmp_path, monkeypatch, plant):
+    # Before: a dangling symlink recursed in _verified until RecursionError (27,788 lines of
+    # traceback, exit 1); a FIFO blocked the worker in open() for good.
+    monkeypatch.setenv("HVDLITE_CHECKPOINT_DIR", str(tmp_path))
+    monkeypatch.setattr(durable, "_found", None)
+    path = tmp_path / checkpointdir.file_name(7, LINEAGE)
+    {"dangling-symlink": lambda: os.symlink(tmp_path / "gone", path), "fifo": lambda: os.mkfifo(path),
+     "folder": path.mkdir}[plant]()
+    said = []
+    monkeypatch.setattr(durable, "unloadable", lambda where, error: said.append((where, error)) or sys.exit(65))
+    start = time.monotonic()
+    with pytest.raises(SystemExit):
+        durable.reportable(0)
+    assert time.monotonic() - start < 5
+    ((where, error),) = said
+    assert where == str(path) and isinstance(error, CorruptCheckpoint), error
+    assert "cannot be opened" in str(error) or "not a regular file" in str(error), error
+
+
+def test_a_symlink_planted_at_a_temporary_name_is_never_followed(tmp_path, monkeypatch):
+    # Before: the temporary file was .NAME.HOST.PID.tmp, opened without O_EXCL or O_NOFOLLOW,
+    # so another user of a group-writable folder could plant a symlink there and rank 0
+    # truncated and overwrote its target. Now the name has random bits and O_EXCL|O_NOFOLLOW:
+    # a symlink planted even at the exact name (its random bits forced here) fails the write.
+    import socket
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    final = checkpointdir.file_name(1, LINEAGE)
+    os.symlink(victim, ckpt / f".{final}.{socket.gethostname()}.{os.getpid()}.tmp")  # the old name
+    checkpointdir.write(str(ckpt), LINEAGE, 1, {"step": 1}, keep=2)
+    assert victim.read_bytes() == b"precious" and checkpointdir.files(str(ckpt)) == [(1, LINEAGE)]
+    monkeypatch.setattr(checkpointdir.secrets, "token_hex", lambda n: "f" * 2 * n)
+    final = checkpointdir.file_name(2, LINEAGE)
+    os.symlink(victim, ckpt / f".{final}.{socket.gethostname()}.{os.getpid()}.{'f' * 16}.tmp")
+    with pytest.raises(FileExistsError):
+        checkpointdir.write(str(ckpt), LINEAGE, 2, {"step": 2}, keep=2)
+    assert victim.read_bytes() == b"precious" and checkpointdir.files(str(ckpt)) == [(1, LINEAGE)]

@@ -562,6 +562,16 @@ def test_a_commit_that_does_not_load_ends_the_job_naming_it():
     assert sim.end().code == exitcodes.UNLOADABLE and not sim.logged("blacklisted")
 
 
+def test_a_worker_that_could_not_say_why_its_checkpoint_does_not_load_is_not_its_hosts_fault():
+    # Exit 65 without the report (the driver did not answer within 5 s; the worker printed the
+    # line itself): before, the host was blacklisted for good and the job went on without it.
+    sim, (a, b) = first_world([("a", 1), ("b", 1)], durable=True)
+    sim.send(Exited(a, exitcodes.UNLOADABLE))
+    end = sim.end()
+    assert end.code == exitcodes.UNLOADABLE and end.error.startswith("rank 0 on a exited with code 65: a checkpoint")
+    assert not sim.logged("blacklisted")
+
+
 def test_a_checkpoint_rank_0_cannot_write_ends_the_job_naming_it():
     sim, (a, b) = first_world([("a", 1), ("b", 1)], durable=True)
     sim.send(WriteFailed(a, "could not write checkpoint 1 to /ckpt: Untrusted: it holds __main__.Config"))

@@ -84,10 +84,11 @@ class ElasticJob(RuleBasedStateMachine):
             self.perform(action)
         keys = [a.fields["key"] for a in actions if isinstance(a, Log) and a.event == "blacklisted"]
         if keys:  # no host (or slot) is blacklisted but for its own worker's failure
-            # Nobody is blamed for the driver's trouble (its fork failed, workers lost it) or
-            # the launcher's (a start that timed out).
+            # Nobody is blamed for the driver's trouble (its fork failed, workers lost it), the
+            # launcher's (a start that timed out) or the job's input (65: a checkpoint that does
+            # not load).
             failed = isinstance(event, LaunchFailed) and event.whose == HOST or killed is not None or \
-                isinstance(event, Exited) and event.code not in (0, exitcodes.LOST_DRIVER)
+                isinstance(event, Exited) and event.code not in (0, exitcodes.LOST_DRIVER, exitcodes.UNLOADABLE)
             assert current and failed and (phase is not Phase.LEAVING or inc.overdue), \
                 f"{keys} blacklisted on {event} (worker {phase}, killed: {killed})"
             assert set(keys) <= {inc.slot, inc.host}, f"{keys} blacklisted for {inc.slot}'s failure"
@@ -283,7 +284,7 @@ class ElasticJob(RuleBasedStateMachine):
                 if self.disk is not None and self.core.world[w].rank == 0:  # rank 0 writes
                     self.disk = max(self.disk, self.procs[w].commit)
 
-    @rule(data=st.data(), code=st.sampled_from([1, -9, 75]), dice=st.integers(0, 2))
+    @rule(data=st.data(), code=st.sampled_from([1, -9, 75, exitcodes.UNLOADABLE]), dice=st.integers(0, 2))
     def crashes(self, data, code, dice):
         live = sorted(p.worker for p in self.running())
         if live and dice == 0:  # rarer than the rest, or few jobs would live long

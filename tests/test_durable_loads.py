@@ -3,9 +3,11 @@ unfitting checkpoint ends the job with one line naming the file and exit 65, nev
 start; another run's files are never pruned against; a malicious pickle runs nothing; the
 driver's kill -9 still gets rank 0's last commit to the disk."""
 import os
+import pickle
 import re
 import shutil
 import signal
+import struct
 import sys
 import time
 
@@ -104,6 +106,16 @@ def test_a_flipped_byte_in_tensor_data_ends_the_job_naming_the_file(tmp_path, ba
     check_ended_by(result, path, "CorruptCheckpoint: the checksum of array 0")
     assert files_and_bytes(tmp_path / "ckpt") == before
     assert "2" not in runs_logged(tmp_path)  # no step of a fresh start
+
+
+def test_a_checkpoint_name_that_cannot_be_opened_ends_the_job_naming_the_file(tmp_path, first_runs):
+    # Before: RecursionError, 27,788 lines of traceback, exit 1 and the host blacklisted.
+    lineage, _ = first_runs(tmp_path, "torch")
+    path = tmp_path / "ckpt" / checkpointdir.file_name(9, lineage)
+    os.symlink(tmp_path / "nowhere", path)
+    result = run(tmp_path, "torch", "2", TOTAL_STEPS=8)
+    check_ended_by(result, path, "CorruptCheckpoint: it cannot be opened: it is a symbolic link to nothing")
+    assert os.path.islink(path) and "2" not in runs_logged(tmp_path)
 
 
 EDITS = [
@@ -229,6 +241,26 @@ def test_a_malicious_checkpoint_runs_nothing(tmp_path, backend, monkeypatch):
     result = run(tmp_path, backend, "1", TOTAL_STEPS=5)
     check_ended_by(result, path, r"Untrusted: it holds posix\.system")
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_crafted_checkpoint_that_crashed_every_worker_ends_the_job_with_one_line(tmp_path, backend):
+    # Before (numpy backend): ObjectState values whose w is numpy.ndarray((2, 4), dtype('O'),
+    # file bytes) passed the CRC and the header, and every worker died of SIGSEGV at its first
+    # step (w + ...); the driver blamed and blacklisted the host.
+    from test_checkpoint_safety import call, dtype, name, seal, small, text, tup
+    config = (name("__main__", "Config") + pickle.EMPTY_TUPLE + pickle.NEWOBJ + pickle.EMPTY_DICT + text("lr")
+              + pickle.BINFLOAT + struct.pack(">d", 0.1) + pickle.SETITEM + pickle.BUILD)
+    w = call(name("numpy", "ndarray"), tup(small(2), small(4)), dtype("O8"), pickle.SHORT_BINBYTES + bytes([64])
+             + b"\x41" * 64)
+    values = (pickle.EMPTY_DICT + pickle.MARK + text("step") + small(3) + text("cfg") + config + text("w") + w
+              + pickle.SETITEMS)
+    (tmp_path / "ckpt").mkdir()
+    lineage = checkpointdir.new_lineage()
+    path = tmp_path / "ckpt" / checkpointdir.file_name(3, lineage)
+    seal(path, pickle.EMPTY_DICT + text("values") + values + pickle.SETITEM, commit=3, lineage=lineage)
+    result = run(tmp_path, backend, "1", TOTAL_STEPS=5)
+    check_ended_by(result, path, r"Untrusted: it calls numpy\.ndarray")
 
 
 def wait_exited(pid, timeout):

@@ -22,6 +22,7 @@ import pytest
 from jobs import SCRIPTS, Job, discovery, job_env, run_job, slot_pid, wait_progress
 from pngs import png_pixels
 from hvdlite.timeline import render, story
+from hvdlite.worker import trace
 
 JOB = [sys.executable, os.path.join(SCRIPTS, "elastic_job.py")]
 CHROMIUM = shutil.which("chromium")
@@ -240,7 +241,6 @@ def test_status_line_on_a_pseudo_terminal(tmp_path):
 
 
 def test_timeline_merges_the_parts_a_killed_driver_left(tmp_path):
-    from hvdlite.worker import trace
     trace_file = tmp_path / "trace.json"
     os.makedirs(trace.parts_dir(str(trace_file)))
     for pid in (11, 12):  # as two workers wrote them: an allreduce, the second cut by the kill
@@ -258,3 +258,32 @@ def test_timeline_merges_the_parts_a_killed_driver_left(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "hvdlite.cli", "timeline", str(tmp_path)],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "is a directory" in bad.stderr and len(bad.stderr.splitlines()) == 1
+
+
+def test_a_symlink_planted_among_a_traces_parts_is_never_followed(tmp_path):
+    # Before: FILE.parts/<worker>.jsonl was opened with open(..., "a"), following a symlink
+    # that another user of a group-writable folder planted there, and FILE's temporary name
+    # (FILE.tmpPID) was as predictable: both wrote into the symlink's target.
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    path = str(tmp_path / "trace.json")
+    os.makedirs(trace.parts_dir(path))
+    os.symlink(victim, os.path.join(trace.parts_dir(path), "w_0.jsonl"))
+    with pytest.raises(OSError):
+        trace.Recorder(path, "w/0")
+    os.symlink(victim, f"{path}.tmp{os.getpid()}")
+    rec = trace.Recorder(path, "w/1")
+    rec.close()
+    trace.merge_parts(path, remove=False)
+    assert victim.read_text() == "precious"
+    assert [e["args"]["name"] for e in json.load(open(path))["traceEvents"]] == ["worker w/1"]
+    # a parts folder that is a symlink is refused too: discarding would delete *.jsonl there
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "mine.jsonl").write_text("{}\n")
+    other = str(tmp_path / "other.json")
+    os.symlink(elsewhere, trace.parts_dir(other))
+    with pytest.raises(OSError):
+        trace.Recorder(other, "w/0")
+    trace.discard_parts(other)
+    assert (elsewhere / "mine.jsonl").exists()

@@ -82,9 +82,11 @@ def write(directory: str, lineage: str, commit: int, state, keep: int, pace=lamb
     `keep` of that lineage."""
     os.makedirs(directory, exist_ok=True)
     final = os.path.join(directory, file_name(commit, lineage))
-    temp = os.path.join(directory, f".{file_name(commit, lineage)}.{socket.gethostname()}.{os.getpid()}.tmp")
+    # Random bits: in a folder others can write, nobody can plant a file at the name first.
+    temp = os.path.join(directory, f".{file_name(commit, lineage)}.{socket.gethostname()}.{os.getpid()}."
+                                   f"{secrets.token_hex(8)}.tmp")
+    fd, direct = checkpoints.create(temp)  # outside the try: what is at the name is not ours
     try:
-        fd, direct = checkpoints.create(temp)
         try:
             checkpoints.dump(fd, commit, lineage, state, direct, pace)
             os.fsync(fd)
@@ -107,7 +109,7 @@ def prune(directory: str, lineage: str, keep: int, now=None) -> None:
         if name.endswith(".tmp") and name.startswith(".commit-"):
             path = os.path.join(directory, name)
             try:
-                if now - os.stat(path).st_mtime > STALE_TEMP:  # its writer died mid-write
+                if now - os.lstat(path).st_mtime > STALE_TEMP:  # its writer died mid-write
                     _remove(path)
             except FileNotFoundError:
                 pass

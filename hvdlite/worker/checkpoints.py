@@ -20,11 +20,12 @@ import io
 import mmap
 import os
 import pickle
+import stat
 import struct
 import sys
 import zlib
 
-from hvdlite.worker import trusted
+from hvdlite.worker import rebuild, trusted
 
 MAGIC = b"HVDLCKP3"
 _OLD_MAGICS = (b"HVDLCKP2",)
@@ -42,18 +43,6 @@ class CorruptCheckpoint(ValueError):
 
 
 # ---- format -----------------------------------------------------------------------------
-def _tensor(dtype: str, shape: tuple, requires_grad: bool, data):
-    import torch
-    kind = getattr(torch, dtype, None)
-    if not isinstance(kind, torch.dtype):
-        raise trusted.Untrusted(f"it holds a tensor of the unknown dtype {dtype!r}")
-    if memoryview(data).nbytes == 0:
-        tensor = torch.empty(shape, dtype=kind)
-    else:
-        tensor = torch.frombuffer(data, dtype=torch.uint8).view(kind).reshape(shape)
-    return tensor.requires_grad_(requires_grad)
-
-
 class _Pickler(pickle.Pickler):
     def reducer_override(self, obj):
         torch = sys.modules.get("torch")
@@ -62,8 +51,8 @@ class _Pickler(pickle.Pickler):
         if torch is not None and type(obj) is torch.Tensor and obj.layout == torch.strided \
                 and obj.device.type == "cpu" and not obj.is_quantized:
             raw = obj.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
-            return _tensor, (str(obj.dtype).split(".")[1], tuple(obj.shape), obj.requires_grad,
-                             pickle.PickleBuffer(raw))
+            return rebuild.tensor, (str(obj.dtype).split(".")[1], tuple(obj.shape), obj.requires_grad,
+                                    pickle.PickleBuffer(raw))
         return NotImplemented
 
 
@@ -184,13 +173,18 @@ def dump(fd: int, commit: int, lineage: str, state, direct=False, pace=lambda wr
     _Pickler(data, protocol=5, buffer_callback=buffers.append).dump(state)
     views = [b.raw() for b in buffers]
     trusted.loads(data.getbuffer(), views)  # what a reader will do, on the state's own memory
+    seal(fd, commit, lineage, data.getbuffer(), views, direct, pace)
+
+
+def seal(fd: int, commit: int, lineage: str, pickled, views, direct=False, pace=lambda written: None) -> None:
+    """Write a checkpoint of these pickle bytes and out-of-band buffers, checksummed."""
     parts = [(v.nbytes, _phase(v), zlib.crc32(v)) for v in views]
     table = b"".join(_PART.pack(*part) for part in parts)
-    counts = (commit, data.getbuffer().nbytes, len(views), lineage.encode())
-    crc = zlib.crc32(_COUNTS.pack(*counts) + table + data.getbuffer())
+    counts = (commit, pickled.nbytes, len(views), lineage.encode())
+    crc = zlib.crc32(_COUNTS.pack(*counts) + table + pickled)
     blocks = _Blocks(fd, direct, pace)
     blocks.put(_HEADER.pack(MAGIC, *counts, crc) + table)
-    blocks.put(data.getbuffer())
+    blocks.put(pickled)
     for view, offset in zip(views, _layout(counts[1], parts)[1:]):
         blocks.pad_to(offset)
         blocks.put_in_place(view)
@@ -227,10 +221,29 @@ def _read_manifest(f, size: int):
     return (commit, pickled, count, lineage), parts, crc, layout
 
 
+def _open(path: str):
+    """The regular file at path, opened to read. FileNotFoundError only if nothing has that
+    name any more (a writer pruned it); a name that cannot be opened (a dangling symlink, no
+    permission) or is no regular file is CorruptCheckpoint. O_NONBLOCK: a FIFO's open would
+    wait for a writer for good."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        if not os.path.lexists(path):
+            raise
+        raise CorruptCheckpoint("it cannot be opened: it is a symbolic link to nothing") from None
+    except OSError as e:
+        raise CorruptCheckpoint(f"it cannot be opened: {e.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CorruptCheckpoint("it is not a regular file")
+    return open(fd, "rb", buffering=0)
+
+
 def load(path: str):
     """(commit, lineage, state) of the checkpoint at path, every byte checked against its
     checksum and nothing untrusted called; CorruptCheckpoint or trusted.Untrusted if not."""
-    with open(path, "rb", buffering=0) as f:
+    with _open(path) as f:
         counts, parts, crc, layout = _read_manifest(f, os.fstat(f.fileno()).st_size)
         data = _read_exactly(f, counts[1])
         if zlib.crc32(_COUNTS.pack(*counts) + b"".join(_PART.pack(*p) for p in parts) + data) != crc:
@@ -248,15 +261,15 @@ def load(path: str):
     return counts[0], lineage, trusted.loads(data, buffers)
 
 
-
 def create(path):
-    """(fd, O_DIRECT or not) of a new file: O_DIRECT where the filesystem takes it (not tmpfs)."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    """(fd, O_DIRECT or not) of a new file at path: never an existing file or a symlink planted
+    there (O_EXCL, O_NOFOLLOW); O_DIRECT where the filesystem takes it (not tmpfs)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     direct = getattr(os, "O_DIRECT", 0)
     if direct:
         try:
-            return os.open(path, flags | direct, 0o644), True
-        except OSError as e:
-            if e.errno != errno.EINVAL:
-                raise
-    return os.open(path, flags, 0o644), False
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | direct)
+            return fd, True
+        except OSError:
+            pass
+    return fd, False

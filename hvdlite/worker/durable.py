@@ -238,18 +238,22 @@ def _verified(commit: int):
     resumes, loaded, if it is newer than `commit`; None if there is none newer."""
     global _found
     cfg = config()
-    newest = checkpointdir.newest(cfg.directory, cfg.lineage) if cfg is not None else None
-    if newest is None or newest[0] <= commit:
-        return None
-    if _found is not None and _found[:3] == newest:
-        return _found
-    try:
-        _found = (*newest, checkpointdir.load(newest[2], newest[0], newest[1]))
-    except FileNotFoundError:
-        return _verified(commit)  # pruned meanwhile: its writer wrote a newer one
-    except Exception as e:  # noqa: BLE001 - any reason it does not load: said, then the end
-        unloadable(newest[2], e)
-    return _found
+    tried = None
+    while True:
+        newest = checkpointdir.newest(cfg.directory, cfg.lineage) if cfg is not None else None
+        if newest is None or newest[0] <= commit:
+            return None
+        if _found is not None and _found[:3] == newest:
+            return _found
+        try:
+            _found = (*newest, checkpointdir.load(newest[2], newest[0], newest[1]))
+            return _found
+        except FileNotFoundError as e:
+            if newest == tried:  # still listed, still not there: not a writer's pruning
+                unloadable(newest[2], e)
+            tried = newest  # pruned meanwhile: its writer wrote a newer one
+        except Exception as e:  # noqa: BLE001 - any reason it does not load: said, then the end
+            unloadable(newest[2], e)
 
 
 def unloadable(path: str, error: BaseException) -> None:

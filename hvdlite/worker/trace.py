@@ -7,9 +7,12 @@ event when waited for, on the first lane (tid) of its process free at that time,
 begin/end pairs of a lane always nest. Off (no recorder), a traced call costs one check.
 """
 import atexit
+import errno
 import glob
 import json
 import os
+import stat
+import tempfile
 import threading
 import time
 
@@ -26,14 +29,36 @@ def _now_us() -> float:
     return time.time() * 1e6  # wall clock: processes on one host line up
 
 
+def _own_folder(folder: str) -> None:
+    """Make folder, or check that it is a folder of this user's and no symlink: another user
+    who could plant one there would have parts written, and later deleted, where it points."""
+    os.makedirs(folder, exist_ok=True)
+    found = os.lstat(folder)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.geteuid():
+        raise OSError(errno.EPERM, "not a folder of this user's (a symlink, or another user's)", folder)
+
+
+def _opener(flags):
+    """open()'s opener: never through a symlink planted at the name (O_NOFOLLOW)."""
+    return lambda name, mode: os.open(name, mode | flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+
+
+def _is_own_folder(folder: str) -> bool:
+    try:
+        found = os.lstat(folder)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISDIR(found.st_mode) and found.st_uid == os.geteuid()
+
+
 class Recorder:
     def __init__(self, path: str, worker: str):
-        os.makedirs(parts_dir(path), exist_ok=True)
+        _own_folder(parts_dir(path))
         self.path = path
         self.part = os.path.join(parts_dir(path), worker.replace("/", "_").replace("#", "_") + ".jsonl")
         # A line each write (a few microseconds; a collective takes hundreds): a worker
         # killed by SIGKILL leaves all it did in the trace.
-        self._file = open(self.part, "a", encoding="utf-8", buffering=1)
+        self._file = open(self.part, "a", encoding="utf-8", buffering=1, opener=_opener(0))
         self._pid = os.getpid()
         self._busy = []  # lane -> in use
         self._lock = threading.Lock()
@@ -145,7 +170,9 @@ def read_parts(path: str) -> list:
     time its process recorded anything, marked unfinished."""
     events = []
     for part in sorted(glob.glob(os.path.join(parts_dir(path), "*.jsonl"))):
-        with open(part, encoding="utf-8") as f:
+        if os.path.islink(part):
+            continue  # no worker's part: planted (and never opened: O_NOFOLLOW)
+        with open(part, encoding="utf-8", opener=_opener(os.O_NONBLOCK)) as f:
             mine = []
             for line in f:
                 try:
@@ -172,15 +199,20 @@ def _close_open(events) -> list:
 
 def merge_parts(path: str, remove: bool = True, out: str = None) -> None:
     """Write FILE (or `out`) from FILE's parts, atomically; `remove` deletes the parts afterwards."""
-    folder = parts_dir(path)
-    if not os.path.isdir(folder):
+    if not _is_own_folder(parts_dir(path)):
         return
     events = read_parts(path)
     out = out or path
-    tmp = f"{out}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
-    os.replace(tmp, out)
+    # mkstemp: a name nobody can plant a symlink at first (O_EXCL, random bits)
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(out) + ".", suffix=".tmp", dir=os.path.dirname(out))
+    try:
+        os.fchmod(fd, 0o644)
+        with open(fd, "w", encoding="utf-8") as f:
+            json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+        os.replace(tmp, out)
+    except BaseException:
+        os.unlink(tmp)
+        raise
     if remove:
         discard_parts(path)
 
@@ -188,6 +220,8 @@ def merge_parts(path: str, remove: bool = True, out: str = None) -> None:
 def discard_parts(path: str) -> None:
     """Delete FILE's parts (those of an earlier job, or merged already)."""
     folder = parts_dir(path)
+    if not _is_own_folder(folder):
+        return
     for part in glob.glob(os.path.join(folder, "*.jsonl")):
         os.remove(part)
     try:

@@ -210,6 +210,12 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
             return
         if drained and event.code != 0:
             return  # taken out on purpose: not the host's fault
+        if event.code == exitcodes.UNLOADABLE and inc.killed is None:
+            # A checkpoint does not load and the driver did not hear why (the worker said it on
+            # its stderr): the job's input, as with LoadFailed, never its host's fault.
+            raise JobFailed(f"{inc.name} on {inc.host} exited with code {event.code}: a checkpoint in "
+                            f"--checkpoint-dir does not load (its line above says which and why)",
+                            exitcodes.UNLOADABLE)
         if lost:  # not a failure: what it held counts, so a world formed from less says so
             self._count_held(inc)
         if event.code == 0 and inc.killed is None:

@@ -1,0 +1,170 @@
+"""Crafted checkpoints that pass every checksum: loading one never crashes the process, never
+changes a class, never allocates from a number in the file; each is refused with one line.
+Each file is loaded in a child process, so that a crash fails the test instead of pytest.
+And a short run of bench/fuzz_checkpoint.py."""
+import os
+import pickle
+import subprocess
+import sys
+
+import pytest
+
+from hvdlite.worker import checkpoints
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LINEAGE = "0" * checkpoints.LINEAGE_CHARS
+
+
+def text(s: str) -> bytes:
+    raw = s.encode()
+    return pickle.SHORT_BINUNICODE + bytes([len(raw)]) + raw
+
+
+def name(module: str, qualified: str) -> bytes:
+    return text(module) + text(qualified) + pickle.STACK_GLOBAL
+
+
+def call(callable_: bytes, *args: bytes) -> bytes:
+    return callable_ + pickle.MARK + b"".join(args) + pickle.TUPLE + pickle.REDUCE
+
+
+def dtype(code: str) -> bytes:
+    return call(name("numpy", "dtype"), text(code), pickle.NEWFALSE, pickle.NEWTRUE)
+
+
+def small(n: int) -> bytes:
+    return pickle.BININT1 + bytes([n])
+
+
+def big(n: int) -> bytes:
+    raw = n.to_bytes((n.bit_length() + 8) // 8, "little", signed=True)
+    return pickle.LONG1 + bytes([len(raw)]) + raw
+
+
+def tup(*items: bytes) -> bytes:
+    return pickle.MARK + b"".join(items) + pickle.TUPLE
+
+
+def whole(body: bytes) -> bytes:
+    return pickle.PROTO + b"\x05" + body + pickle.STOP
+
+
+def seal(path, body: bytes, buffers=(), commit=1, lineage=LINEAGE):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        checkpoints.seal(fd, commit, lineage, memoryview(whole(body)), [memoryview(b) for b in buffers])
+    finally:
+        os.close(fd)
+
+
+CHILD = r"""
+import collections, fractions, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+from hvdlite.worker import checkpoints, durable
+before = {c: dict(vars(c)) for c in (collections.Counter, fractions.Fraction)}
+try:
+    state = checkpoints.load(sys.argv[1])[2]
+    print("loaded", repr(state)[:200])
+except Exception as e:
+    print("refused", durable._cause(e))
+print("classes", "changed" if before != {c: dict(vars(c)) for c in before} else "unchanged")
+"""
+
+
+def load_in_child(path):
+    done = subprocess.run([sys.executable, "-c", CHILD, str(path)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    return done.returncode, done.stdout, done.stderr
+
+
+ATTACKS = {
+    # numpy.ndarray(shape, dtype('O'), buffer): an object array whose pointers are file bytes
+    "object-array-over-bytes": call(name("numpy", "ndarray"), tup(small(2)), dtype("O8"), pickle.SHORT_BINBYTES
+                                    + bytes([16]) + b"\x41" * 16),
+    # a structured dtype with an object field, its flags 0 by __setstate__, over raw bytes
+    "structured-dtype-flags-0": call(name("numpy._core.numeric", "_frombuffer"), pickle.SHORT_BINBYTES + bytes([16])
+                                     + b"\x41" * 16, dtype("V16") + tup(small(3), text("|"), pickle.NONE,
+                                     tup(text("a")), pickle.EMPTY_DICT + text("a") + tup(dtype("O8"), small(0))
+                                     + pickle.SETITEM, small(16), small(1), small(0)) + pickle.BUILD,
+                                     tup(small(1)), text("C")),
+    # the same dtype trick on a plain dtype: 'O' flags taken away from an object dtype
+    "object-dtype-flags-0": call(name("numpy._core.numeric", "_frombuffer"), pickle.SHORT_BINBYTES + bytes([8])
+                                 + b"\x41" * 8, dtype("O8") + tup(small(3), text("|"), pickle.NONE, pickle.NONE,
+                                 pickle.NONE, big(-1), big(-1), small(0)) + pickle.BUILD, tup(small(1)), text("C")),
+    # BUILD on an allow-listed class: rewrites Counter for the whole process
+    "build-on-a-class": name("collections", "Counter") + tup(pickle.NONE, pickle.EMPTY_DICT + text("most_common")
+                                                             + pickle.NONE + pickle.SETITEM) + pickle.BUILD,
+    "build-on-fraction": name("fractions", "Fraction") + tup(pickle.NONE, pickle.EMPTY_DICT + text("__add__")
+                                                             + pickle.NONE + pickle.SETITEM) + pickle.BUILD,
+    # memory bombs: a size from a number
+    "bytes-10**12": call(name("builtins", "bytes"), big(10 ** 12)),
+    "list-of-a-range": call(name("builtins", "list"), call(name("builtins", "range"), big(10 ** 12))),
+    "list-slice-of-a-range": pickle.EMPTY_LIST + call(name("builtins", "slice"), small(0), small(0))
+                             + call(name("builtins", "range"), big(10 ** 12)) + pickle.SETITEM,
+    "empty-tensor-of-a-huge-shape": call(name("hvdlite.worker.checkpoints", "_tensor"), text("float32"),
+                                         tup(big(10 ** 6), big(10 ** 6)), pickle.NEWFALSE,
+                                         pickle.SHORT_BINBYTES + b"\x00"),
+    "memo-at-index-2**32-1": pickle.NONE + pickle.LONG_BINPUT + b"\xff\xff\xff\xff",
+}
+
+
+@pytest.mark.parametrize("attack", list(ATTACKS))
+def test_a_crafted_checkpoint_is_refused_in_one_line(tmp_path, attack):
+    path = tmp_path / "crafted.ckpt"
+    seal(path, ATTACKS[attack])
+    code, out, err = load_in_child(path)
+    assert code == 0, (code, out, err[-2000:])  # before: SIGSEGV (-11), or MemoryError's traceback
+    lines = out.splitlines()
+    if attack == "memo-at-index-2**32-1":  # harmless once the memo is a dict: it loads
+        assert lines == ["loaded None", "classes unchanged"], out
+        return
+    assert len(lines) == 2 and lines[0].startswith("refused Untrusted: "), out
+    assert lines[1] == "classes unchanged", out
+    assert not err, err
+
+
+def test_real_states_still_load_through_the_checked_constructors(tmp_path):
+    import collections
+    import datetime
+    import decimal
+    import fractions
+    import numpy as np
+    import torch
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+             "big_endian": np.arange(3, dtype=">i4"), "strings": np.array(["ab", "c"]),
+             "objects": np.array([1, "a", None], dtype=object), "strided": np.arange(6.0).reshape(2, 3)[:, ::2],
+             "scalar": np.float32(1.5), "bools": torch.tensor([True, False]), "empty": np.zeros((0, 3)),
+             "counter": collections.Counter("aab"), "deque": collections.deque([1], maxlen=3),
+             "dd": collections.defaultdict(list, a=[1]),
+             "when": datetime.datetime(2026, 1, 2, tzinfo=datetime.timezone.utc),
+             "fraction": fractions.Fraction(1, 3), "decimal": decimal.Decimal("1.5"), "range": range(3),
+             "slice": slice(1, 2), "complex": 1 + 2j, "param": torch.nn.Parameter(torch.ones(2))}
+    fd = os.open(tmp_path / "c", os.O_WRONLY | os.O_CREAT)
+    try:
+        checkpoints.dump(fd, 1, LINEAGE, state)
+    finally:
+        os.close(fd)
+    back = checkpoints.load(str(tmp_path / "c"))[2]
+    assert back["model"].keys() == state["model"].keys() and back["model"]._metadata == state["model"]._metadata
+    assert all(torch.equal(back["model"][k], v) for k, v in state["model"].items())
+    assert torch.equal(back["optimizer"]["state"][0]["exp_avg"], state["optimizer"]["state"][0]["exp_avg"])
+    for key in ("big_endian", "strings", "objects", "strided", "empty"):
+        assert back[key].dtype == state[key].dtype and (back[key] == state[key]).all(), key
+    assert type(back["scalar"]) is np.float32 and back["scalar"] == 1.5
+    assert torch.equal(back["bools"], state["bools"]) and isinstance(back["param"], torch.nn.Parameter)
+    assert back["dd"].default_factory is list and back["deque"].maxlen == 3
+    for key in ("counter", "deque", "dd", "when", "fraction", "decimal", "range", "slice", "complex"):
+        assert back[key] == state[key] and type(back[key]) is type(state[key]), key
+
+
+def test_the_short_fuzz_run_finds_no_crash_no_changed_class_and_no_allocation_past_the_bound():
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "fuzz_checkpoint.py"), "--cases", "3000",
+                           "--seed", "1"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    summary = done.stdout.splitlines()[-1]
+    assert "crashes=0" in summary and "classes_changed=0" in summary and "over_bound=0" in summary, done.stdout
