@@ -12,7 +12,7 @@ from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.workers import Phase
 from hvdlite.driver.decisions.messages import (
     Answer, EndJob, Exited, Exiting, Heartbeats, HostsFound, Launch, Launched, LaunchFailed,
-    LoadFailed, Log, Publish, Ready, Stop, StopRequested, TemplateDied, Tick, WriteFailed)
+    Leaving, LoadFailed, Log, Publish, Ready, Stop, StopRequested, TemplateDied, Tick, WriteFailed, Written)
 
 
 class Sim:
@@ -657,6 +657,8 @@ def stopping(durable, signum=signal.SIGUSR1):
 @pytest.mark.parametrize("durable, code", [(True, exitcodes.RESUMABLE), (False, 128 + signal.SIGUSR1)])
 def test_a_stop_ends_once_every_worker_left_at_its_commit(durable, code):
     sim, a, b = stopping(durable)
+    if durable:
+        sim.send(Written(12, a))  # rank 0's writer, before its exit
     for w in (a, b):
         sim.send(Exiting(w, commit=12))
         assert sim.end() is None
@@ -669,7 +671,8 @@ def test_a_stop_ends_once_every_worker_left_at_its_commit(durable, code):
 
 def test_a_stop_tells_a_worker_asking_for_a_world_to_go_and_kills_the_late_ones_in_time():
     sim, a, b = stopping(durable=True)
-    assert answers(sim.ready(a, after=1, commit=3), a) == [{"removed": True}]
+    assert answers(sim.ready(a, after=1, commit=3), a) == [{"removed": True}]  # rank 0: its exit writes
+    sim.send(Written(3, a))
     sim.send(Exited(a, 0))  # told to go: not the job's success
     sim.send(Tick(), after=20.0)
     assert sim.end() is None

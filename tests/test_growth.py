@@ -213,7 +213,7 @@ def test_sigusr1_after_sigusr1_leaves_no_objects_behind():
     def signalled():
         os.kill(os.getpid(), signal.SIGUSR1)  # its handler runs here, and starts the thread
         for thread in threading.enumerate():
-            if thread.name == "hvdlite-ask-stop":
+            if thread.name == "hvdlite-tell-stop":
                 thread.join(10)
                 assert not thread.is_alive()
 
@@ -222,7 +222,7 @@ def test_sigusr1_after_sigusr1_leaves_no_objects_behind():
         return collections.Counter(type(o) for o in gc.get_objects() if type(o) in (dict, list))
 
     try:
-        stopping.install(me._ask_stop)
+        stopping.install(me._tell_off_thread)
         for _ in range(3):  # the first ones fill what is made once
             signalled()
         before = counts()

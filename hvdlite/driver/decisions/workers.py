@@ -34,6 +34,7 @@ class Incarnation:
     answer: Optional[tuple] = None  # (round, body) of its last rendezvous answer
     rank: Optional[int] = None
     left_behind: Optional[float] = None  # when the world it was left behind in broke
+    leaving_since: Optional[float] = None  # when it said it got SIGTERM (it leaves once its commit is safe)
 
     @property
     def alive(self) -> bool:
