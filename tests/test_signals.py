@@ -122,7 +122,8 @@ def test_ctrl_c_to_a_static_job_says_so_in_one_line(tmp_path):
     assert r.stderr.strip().splitlines() == ["hvdlite: job interrupted by SIGINT"]
 
 
-def test_a_stop_while_the_world_re_forms_after_rank_0_died_writes_the_survivors_commit_first(tmp_path):
+@pytest.mark.parametrize("end", ["SIGTERM", "--elastic-timeout"])
+def test_a_job_ending_while_the_world_re_forms_after_rank_0_died_writes_the_survivors_commit_first(tmp_path, end):
     # Only rank 0 writes, and --checkpoint-interval holds back every write after the first:
     # once rank 0 is gone, the survivor alone holds the newest commit, waiting for --min-np.
     ckpt = tmp_path / "ckpt"
@@ -130,18 +131,26 @@ def test_a_stop_while_the_world_re_forms_after_rank_0_died_writes_the_survivors_
              "--checkpoint-interval", "1000", *JOB]
     (tmp_path / "run1").mkdir()
     (tmp_path / "run2").mkdir()
-    with Job(flags, tmp_path / "run1", env=job_env(tmp_path, TOTAL_STEPS=60, RUN=1, STEP_SLEEP=0.02)) as job:
+    first_flags = flags[:-2] + ["--elastic-timeout", "3"] + JOB if end != "SIGTERM" else flags
+    with Job(first_flags, tmp_path / "run1", env=job_env(tmp_path, TOTAL_STEPS=60, RUN=1, STEP_SLEEP=0.02)) as job:
         wait_progress(job, tmp_path, 40)
         os.kill(slot_pid(job, "localhost/0"), signal.SIGKILL)
         job.wait_for(lambda events: any(e["event"] == "waiting_for_workers" for e in events), 30)
-        job.proc.send_signal(signal.SIGTERM)
+        if end == "SIGTERM":
+            job.proc.send_signal(signal.SIGTERM)
         first = job.finish(60)
-    assert first.code == exitcodes.RESUMABLE, first.stderr
     written = checkpointdir.newest(str(ckpt))[0]
     survivor = max(r["step"] for r in steps_log(tmp_path) if r["slot"] == "localhost/1") + 1
-    assert written == survivor >= 40 and first.of("job_end")[-1]["commit"] == written
+    assert written == survivor >= 40, first.stderr
     assert [e["commit"] for e in first.of("round_complete") if e.get("last")] == [written]
-    assert f"job stopped by SIGTERM at commit {written}; its checkpoint is in --checkpoint-dir" in first.stderr
+    if end == "SIGTERM":
+        assert first.code == exitcodes.RESUMABLE, first.stderr
+        assert first.of("job_end")[-1]["commit"] == written
+        assert f"job stopped by SIGTERM at commit {written}; its checkpoint is in --checkpoint-dir" in first.stderr
+    else:
+        assert first.code == 1, first.stderr
+        assert f"fewer than --min-np 2 workers for --elastic-timeout 3 s; stopping the job; commit {written} " \
+               f"is in --checkpoint-dir" in first.stderr
     with Job(flags, tmp_path / "run2", env=job_env(tmp_path, TOTAL_STEPS=60, RUN=2, STEP_SLEEP=0.02)) as job:
         second = job.finish(120)
     assert second.code == 0, second.stderr

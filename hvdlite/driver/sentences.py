@@ -147,6 +147,8 @@ _SENTENCES = {
                                 f"{f.get('timeout'):g} s; a second signal stops them at once)",
     "worker_leaving": lambda f: f"{_who(f)} got SIGTERM: it leaves at a commit, once another worker "
                                 f"or the disk holds its commit",
+    "writing_before_the_end": lambda f: f"the job ends ({f.get('reason')}); first its newest commit is "
+                                        f"written to --checkpoint-dir (within {f.get('timeout'):g} s)",
     "worker_stop_timeout": lambda f: f"{_who(f)} reached no commit in time ({f.get('reason')}); killing it",
 }
 

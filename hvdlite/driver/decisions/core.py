@@ -82,6 +82,7 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
         self.disrupted = None  # (time, why) the current world was first told to re-form
         self.left = set()  # slots whose worker left at a commit (SIGTERM): not relaunched
         self.stopping = None  # (time, signal number) a graceful stop was asked for
+        self.failure = None  # the JobFailed that ends the job once its last world wrote (stopping.py)
         self._now, self._out = 0.0, []
         self._handlers = {HostsFound: self._on_hosts, DiscoveryFailed: self._on_discovery_failed,
                           Launched: self._on_launched, LaunchFailed: self._on_launch_failed,
@@ -110,8 +111,7 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
             # no search for free slots.
             self._decide(grow=isinstance(event, (HostsFound, Exited, TemplateDied, LaunchFailed, Tick)))
         except JobFailed as e:
-            self._emit(Log("job_end", {"result": "failure", "reason": str(e)}))
-            self._end(e.code, str(e))
+            self._fail(e)
         return self._out
 
     def view(self) -> JobView:

@@ -15,8 +15,27 @@ class GracefulStop:
     def _on_stop(self, event: StopRequested):
         if self.stopping is not None:
             return
-        self.stopping = (self._now, event.signum)
         self._log("stop_requested", signal=_signal_name(event.signum), timeout=self.policy.stop_timeout)
+        self._stop(event.signum)
+
+    def _fail(self, failure):
+        """The job ends on `failure` (a JobFailed): at once, or, when waiting workers hold a
+        commit the disk lacks (the --min-np wait timed out after rank 0 died, say), once the
+        last world wrote it, within --stop-timeout, as a stop's would."""
+        if self.stopping is None and any(self._unwritten(inc) for inc in self.phases[Phase.WAITING].values()
+                                         if inc.killed is None):
+            self.failure = failure
+            self._log("writing_before_the_end", reason=str(failure), timeout=self.policy.stop_timeout)
+            self._stop(None)
+            return self._decide_stopping()
+        reason = str(failure)
+        if self.failure is not None and self.ledger.disk:
+            reason += f"; commit {self.ledger.disk} is in --checkpoint-dir"
+        self._log("job_end", result="failure", reason=reason)
+        self._end(failure.code, reason)
+
+    def _stop(self, signum):
+        self.stopping = (self._now, signum)
         self._emit(Publish(self.updates, self.broken, stop=True))
         for inc in self._live():
             if inc.phase is Phase.STARTING:
@@ -28,6 +47,9 @@ class GracefulStop:
         late = sorted(inc.name for inc in self._live())
         for inc in self._live():
             self._kill(inc, "worker_stop_timeout", f"no commit within {p.stop_timeout:g} s of the stop")
+        if self.failure is not None:
+            self.stopping = None  # the failure ends the job, as it would have at once
+            return self._fail(self.failure)
         # Only what the writer said reached the disk is named with --checkpoint-dir.
         commit = self.ledger.disk if p.durable else self.ledger.newest
         resumable = p.durable and commit > 0
