@@ -43,6 +43,7 @@ class Proc:
         self.exit_code = None  # how it will exit: told to go, or stopped
         self.stop_when_started = None
         self.leaving = False  # a SIGTERM came: it leaves at its next commit
+        self.said_leaving = False  # it told the driver so
         self.pending = None  # rank 0: the commit its checkpoint writer has not written yet
 
 
@@ -134,6 +135,8 @@ class ElasticJob(RuleBasedStateMachine):
                 f"a commit that does not load ended the job with {action}"
             assert self.ended is None, "the job ended twice"
             self.ended = action
+            if "is in --checkpoint-dir" in (action.error or ""):  # a failure's end names the disk's commit
+                assert action.error.endswith(f"; commit {self.disk} is in --checkpoint-dir"), (action, self.disk)
             if "training state is gone" in (action.error or ""):
                 holders = [p.worker for p in self.running() if p.commit > 0
                            and self.core.workers[p.worker].killed is None]
@@ -204,14 +207,14 @@ class ElasticJob(RuleBasedStateMachine):
             return
         proc = self.procs[data.draw(st.sampled_from(idle))]
         proc.waiting = -1 if proc.round is None else proc.round
-        self.send(Ready(proc.worker, proc.waiting, self.said(proc)), dt=0.01)
+        self.ask(proc)
 
     @rule()
     def world_leaves_together(self):
         """A host update or a broken collective: every member enters the rendezvous."""
         for proc in self.members():
             proc.waiting = proc.round
-            self.send(Ready(proc.worker, proc.waiting, self.said(proc)), dt=0.01)
+            self.ask(proc)
 
     @rule()
     def idle_workers_enter_rendezvous(self):
@@ -219,7 +222,7 @@ class ElasticJob(RuleBasedStateMachine):
             if proc.waiting is None and proc.exit_code is None and proc.round != self.core.round \
                     and not proc.stuck:
                 proc.waiting = -1 if proc.round is None else proc.round
-                self.send(Ready(proc.worker, proc.waiting, self.said(proc)), dt=0.01)
+                self.ask(proc)
 
     @rule()
     def launches_complete(self):
@@ -234,7 +237,7 @@ class ElasticJob(RuleBasedStateMachine):
         waiting = sorted(p.worker for p in self.running() if p.waiting is not None)
         if waiting:
             proc = self.procs[data.draw(st.sampled_from(waiting))]
-            self.send(Ready(proc.worker, proc.waiting, self.said(proc)), dt=0.01)
+            self.ask(proc)
 
     @rule(data=st.data())
     def wait_outlasts_the_elastic_timeout(self, data):
@@ -249,7 +252,7 @@ class ElasticJob(RuleBasedStateMachine):
             self.send(Tick(), dt=0.0)
             if self.ended is not None or proc.waiting is None or not proc.alive:
                 return
-            self.send(Ready(proc.worker, proc.waiting, self.said(proc)), dt=0.0)
+            self.ask(proc, dt=0.0)
 
     @rule(fails=st.sets(st.integers(0, 3), max_size=2))
     def syncs_from_rank0(self, fails):
@@ -288,11 +291,17 @@ class ElasticJob(RuleBasedStateMachine):
             if self.stop_published:
                 self.leave(p)
             else:  # a leaver says so, then waits for the driver's word like the others
-                if p.leaving:
-                    self.flush(p)
-                    self.send(Leaving(p.worker), dt=0.01)
                 p.waiting = p.round
-                self.send(Ready(p.worker, p.waiting, self.said(p), rolled_back=False), dt=0.01)
+                self.ask(p, rolled_back=False)
+
+    def ask(self, proc, rolled_back=True, dt=0.01):
+        """It asks for a world after proc.waiting; a leaver first writes its commit if it is
+        the writer, and says it leaves."""
+        if proc.leaving and not proc.said_leaving:
+            self.flush(proc)
+            proc.said_leaving = True
+            self.send(Leaving(proc.worker), dt=0.01)
+        self.send(Ready(proc.worker, proc.waiting, self.said(proc), rolled_back), dt=dt)
 
     def leave(self, proc):
         """A worker of a stopping job (or one never in a world, on SIGTERM) exits at once;
@@ -329,6 +338,7 @@ class ElasticJob(RuleBasedStateMachine):
         if proc.round is None:
             self.leave(proc)
         elif proc not in self.members():
+            proc.said_leaving = True
             self.send(Leaving(proc.worker), dt=0.01)
 
     @rule(dice=st.integers(0, 9))
@@ -377,7 +387,7 @@ class ElasticJob(RuleBasedStateMachine):
             self.send(self.beats([p for p in self.running() if p is not proc]), dt=1.0)
             self.send(Tick(), dt=0.0)
         if proc.alive and proc.waiting is not None:
-            self.send(Ready(proc.worker, proc.waiting, self.said(proc)), dt=0.01)
+            self.ask(proc)
 
     @rule(data=st.data(), dice=st.integers(0, 4))
     def gets_stuck(self, data, dice):
@@ -413,7 +423,7 @@ class ElasticJob(RuleBasedStateMachine):
         if stuck:
             proc = self.procs[data.draw(st.sampled_from(stuck))]
             proc.stuck, proc.held, proc.waiting = False, False, proc.round
-            self.send(Ready(proc.worker, proc.waiting, self.said(proc)), dt=0.01)
+            self.ask(proc)
 
     @rule(data=st.data())
     def template_dies(self, data):
@@ -515,7 +525,7 @@ class ElasticJob(RuleBasedStateMachine):
         sidelined = [w for w in c.world if self.sidelined(w)]
         assert not sidelined or (sidelined == [rank0] and c.world[rank0].handover and all(
             commits[w] < commits[rank0] for w in c.world if w != rank0)), \
-            f"world {c.round} trains on sidelined {sidelined}: {commits}"
+            f"world {c.round} trains on sidelined {sidelined}: {commits}, {c.world}"
         assert all(p.handover == bool(sidelined) for p in c.world.values())
         assert len(c.world) > len(sidelined), f"world {c.round} is only on sidelined slots {sidelined}"
         killed = [w for w in c.world if c.workers[w].killed is not None]
@@ -549,7 +559,9 @@ class ElasticJob(RuleBasedStateMachine):
         assert not fields["resumable"] or fields["commit"] == self.disk, f"{fields}, disk at {self.disk}"
 
     def sidelined(self, worker):
-        """Its slot is blacklisted or gone from discovery."""
+        """Its slot is blacklisted or gone from discovery, or it is a leaver (SIGTERM)."""
+        if self.procs[worker].leaving:
+            return True
         host, index = self.core.workers[worker].slot.split("/")
         return self.core.blacklist.blocked(f"{host}/{index}", self.now) or \
             self.core.blacklist.blocked(host, self.now) or int(index) >= dict(self.core.hosts).get(host, 0)
@@ -597,7 +609,7 @@ class ElasticJob(RuleBasedStateMachine):
                     self.exits(proc)
                 elif proc.waiting is None and proc.round != self.core.round and not proc.stuck:
                     proc.waiting = -1 if proc.round is None else proc.round
-                    self.send(Ready(proc.worker, proc.waiting, self.said(proc)), dt=0.01)
+                    self.ask(proc)
             # Every world starts with a sync from rank 0, a collective all members finish
             # before any of them commits, which is where a host update is noticed.
             self.syncs_from_rank0(set())
