@@ -191,7 +191,7 @@ def test_connecting_world_after_world_leaves_no_objects_behind():
 
 
 def test_sigusr1_after_sigusr1_leaves_no_objects_behind():
-    # Each SIGUSR1 asks the driver to stop from a thread of its own (Session._ask_stop): its KV
+    # Each SIGUSR1 asks the driver to stop from a thread of its own (Session._tell_off_thread): its KV
     # connection, left for the thread's end to close, left a dict and a list behind, as a
     # connect thread's did (above).
     import collections
