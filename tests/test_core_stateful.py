@@ -146,7 +146,7 @@ class ElasticJob(RuleBasedStateMachine):
                 waiting = [p.worker for p in self.procs.values() if p.alive and p.waiting is not None]
                 assert not waiting, f"the job ended with workers left waiting: {waiting}"
         elif isinstance(action, Log) and action.event == "round_complete":
-            self.check_new_world()
+            self.check_new_world(action.fields.get("last", False))
         elif isinstance(action, Log) and action.event == "commit_lost":
             self.lost = max(self.lost, action.fields["newest"])
         elif isinstance(action, Log) and action.event == "job_end" and action.fields["result"] == "stopped":
@@ -513,7 +513,8 @@ class ElasticJob(RuleBasedStateMachine):
                      sorted(c.blacklist.until.items()),
                      sorted((w, vars(i)) for w, i in c.workers.items())))
 
-    def check_new_world(self):
+    def check_new_world(self, last=False):
+        """`last`: the stop's last world, formed only to write its member's commit, wherever it sits."""
         c = self.core
         slots = [c.workers[w].slot for w in c.world]
         assert len(slots) == len(set(slots)), f"a slot twice in one world: {slots}"
@@ -522,24 +523,24 @@ class ElasticJob(RuleBasedStateMachine):
         assert commits[rank0] == max(commits.values()), f"rank 0 does not hold the newest commit: {commits}"
         # A member on a blacklisted or removed slot is the world's state source: rank 0, with a
         # newer commit than every other member, in a world that only hands it over.
-        sidelined = [w for w in c.world if self.sidelined(w)]
+        sidelined = [w for w in c.world if self.sidelined(w) and not last]
         assert not sidelined or (sidelined == [rank0] and c.world[rank0].handover and all(
             commits[w] < commits[rank0] for w in c.world if w != rank0)), \
             f"world {c.round} trains on sidelined {sidelined}: {commits}, {c.world}"
-        assert all(p.handover == bool(sidelined) for p in c.world.values())
+        assert all(p.handover == (bool(sidelined) or last) for p in c.world.values())
         assert len(c.world) > len(sidelined), f"world {c.round} is only on sidelined slots {sidelined}"
         killed = [w for w in c.world if c.workers[w].killed is not None]
         assert not killed, f"world {c.round} holds {killed}, which the driver is killing"
         # No commit lost while a holder lives, blacklisted or not: nobody alive outside the
         # world holds more, unless the core said so (its holder was being killed).
+        start = max(commits[rank0], self.disk or 0)  # rank 0 loads the disk when it is newer
         outside = [p.commit for w, p in self.procs.items() if p.alive and w not in c.world
                    and self.procs[w].started]
         lost = [a for a in self.last_actions if isinstance(a, Log) and a.event == "commit_lost"]
-        assert lost or max(outside, default=0) <= max(commits[rank0], self.lost), \
-            f"a live holder of commit {max(outside)} was left out of a world at {commits[rank0]}"
+        assert lost or max(outside, default=0) <= max(start, self.lost), \
+            f"a live holder of commit {max(outside)} was left out of a world at {start}"
         # Nor from scratch, or older, because every holder the core heard of died or left:
         # that is said (commit_lost), or the job ends; and never while the disk holds it.
-        start = max(commits[rank0], self.disk or 0)  # rank 0 loads the disk when it is newer
         assert lost or self.newest <= max(start, self.lost), \
             f"world {c.round} starts at commit {start}; commit {self.newest} went unsaid"
         # Said or not, never older than a commit on disk or with a worker that may stay.

@@ -81,10 +81,11 @@ class GracefulStop:
             self._stopped()
 
     def _unwritten(self, inc) -> bool:
-        """Whether the waiting worker holds a commit the disk lacks that its own exit does not
-        write: it was not rank 0 (the writer, which writes its newest commit as it exits)."""
-        writer = inc.id in self.world and self.world[inc.id].rank == 0
-        return self.policy.durable and inc.commit > self.ledger.disk and not writer
+        """Whether the waiting worker holds a commit that is neither on disk nor written by the
+        current world's rank 0 (the writer) as it exits."""
+        writer = [w.commit for w in self.workers.values()
+                  if w.alive and w.killed is None and w.id in self.world and self.world[w.id].rank == 0]
+        return self.policy.durable and inc.commit > max([self.ledger.disk] + writer)
 
 
 def _signal_name(signum: int) -> str:
