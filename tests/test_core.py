@@ -932,3 +932,11 @@ def test_a_stop_while_workers_start_on_a_folder_holding_a_checkpoint_is_resumabl
         if isinstance(x, Stop):
             out = core.handle(Exited(x.worker, -15), 0.2)
     assert out[-1] == EndJob(exitcodes.RESUMABLE, None)
+
+
+def test_a_sole_holder_waiting_between_worlds_that_gets_sigterm_waits_to_hand_over():
+    sim, (a, b) = first_world([("h", 2)], min_np=2)
+    sim.send(Exited(b, -9))  # b's slot is blacklisted: a waits for --min-np with commit 6
+    assert answers(sim.ready(a, after=1, commit=6), a) == []
+    assert answers(sim.send(Leaving(a)), a) == []  # SIGTERM while it waits: nobody else holds 6
+    assert sim.logged("worker_leaving")[-1]["commit"] == 6

@@ -196,3 +196,19 @@ def test_a_stop_while_workers_start_on_a_folder_with_a_checkpoint_is_resumable(t
     assert r.code == exitcodes.RESUMABLE, r.stderr
     assert "job stopped by SIGTERM at commit 5; its checkpoint is in --checkpoint-dir" in r.stderr
     assert "without --checkpoint-dir" not in r.stderr
+
+
+def test_sigterm_between_worlds_tells_the_driver_instead_of_leaving_with_the_state(monkeypatch):
+    from hvdlite.worker import stopping
+    told = []
+    monkeypatch.setattr(stopping, "_tell", told.append)
+    monkeypatch.setattr(stopping, "requested", False)
+    monkeypatch.setattr(stopping, "at_work", False)
+    monkeypatch.setattr(stopping, "holding", True)  # inside run(), waiting for a world
+    stopping._on_term(signal.SIGTERM, None)  # no SystemExit: the driver answers its wait
+    wait_until(lambda: told == ["leaving"], 5, "the driver told")
+    monkeypatch.setattr(stopping, "requested", False)
+    monkeypatch.setattr(stopping, "holding", False)  # never in a world: nothing to hand over
+    with pytest.raises(SystemExit) as e:
+        stopping._on_term(signal.SIGTERM, None)
+    assert e.value.code == exitcodes.LEFT
