@@ -939,4 +939,4 @@ def test_a_sole_holder_waiting_between_worlds_that_gets_sigterm_waits_to_hand_ov
     sim.send(Exited(b, -9))  # b's slot is blacklisted: a waits for --min-np with commit 6
     assert answers(sim.ready(a, after=1, commit=6), a) == []
     assert answers(sim.send(Leaving(a)), a) == []  # SIGTERM while it waits: nobody else holds 6
-    assert sim.logged("worker_leaving")[-1]["commit"] == 6
+    assert sim.logged("worker_leaving")[-1]["slot"] == "h/0"

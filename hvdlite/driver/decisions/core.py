@@ -229,7 +229,7 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
         if inc is not None and inc.leaving_since is None and inc.phase is not Phase.LEAVING:
             inc.leaving_since = self._now
             self.left.add(inc.slot)  # not relaunched; in no world but one that takes its state
-            self._log("worker_leaving", slot=inc.slot, worker=inc.id, rank=inc.rank, commit=inc.commit)
+            self._log("worker_leaving", slot=inc.slot, worker=inc.id, rank=inc.rank)
 
     def _on_written(self, event: Written):
         self.ledger.written(event.commit)
