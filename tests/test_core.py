@@ -12,7 +12,7 @@ from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.workers import Phase
 from hvdlite.driver.decisions.messages import (
     Answer, EndJob, Exited, Exiting, Heartbeats, HostsFound, Launch, Launched, LaunchFailed,
-    LoadFailed, Log, Publish, Ready, Stop, StopRequested, TemplateDied, Tick, WriteFailed)
+    Leaving, LoadFailed, Log, Publish, Ready, Stop, StopRequested, TemplateDied, Tick, WriteFailed, Written)
 
 
 class Sim:
@@ -39,8 +39,8 @@ class Sim:
             self.send(Launched(worker, self.pids))
         return ids
 
-    def ready(self, worker, after=-1, commit=0):
-        return self.send(Ready(worker, after, commit))
+    def ready(self, worker, after=-1, commit=0, rolled_back=True):
+        return self.send(Ready(worker, after, commit, rolled_back))
 
     def world(self):
         return {self.core.workers[w].slot: p.rank for w, p in self.core.world.items()}
@@ -667,6 +667,8 @@ def stopping(durable, signum=signal.SIGUSR1):
 @pytest.mark.parametrize("durable, code", [(True, exitcodes.RESUMABLE), (False, 128 + signal.SIGUSR1)])
 def test_a_stop_ends_once_every_worker_left_at_its_commit(durable, code):
     sim, a, b = stopping(durable)
+    if durable:
+        sim.send(Written(12, a))  # rank 0's writer, before its exit
     for w in (a, b):
         sim.send(Exiting(w, commit=12))
         assert sim.end() is None
@@ -679,7 +681,8 @@ def test_a_stop_ends_once_every_worker_left_at_its_commit(durable, code):
 
 def test_a_stop_tells_a_worker_asking_for_a_world_to_go_and_kills_the_late_ones_in_time():
     sim, a, b = stopping(durable=True)
-    assert answers(sim.ready(a, after=1, commit=3), a) == [{"removed": True}]
+    assert answers(sim.ready(a, after=1, commit=3), a) == [{"removed": True}]  # rank 0: its exit writes
+    sim.send(Written(3, a))
     sim.send(Exited(a, 0))  # told to go: not the job's success
     sim.send(Tick(), after=20.0)
     assert sim.end() is None
@@ -850,3 +853,100 @@ def test_a_left_behind_member_holding_the_newest_commit_is_waited_for_once_the_o
     assert sim.end() is None and sim.core.round == 2
     sim.ready(b, after=1, commit=4)
     assert sim.world() == {"b/0": 0, "e/0": 1}
+
+
+def _rank0_dies_and_the_survivor_waits(sim, a, b, commit=41):
+    sim.send(Written(1, a))  # --checkpoint-interval held back every write after the first
+    sim.send(Heartbeats(((a, commit), (b, commit))))
+    sim.send(Exited(a, -9))
+    sim.ready(b, after=1, commit=commit)  # it waits for --min-np 2
+    assert sim.core.round == 1
+
+
+def test_a_stop_while_only_a_non_writer_holds_the_newest_commit_forms_one_last_world_to_write_it():
+    sim, (a, b) = first_world([("h", 2)], min_np=2, durable=True)
+    _rank0_dies_and_the_survivor_waits(sim, a, b)
+    sim.send(StopRequested(signal.SIGTERM))
+    assert sim.core.round == 2 and sim.world() == {"h/1": 0} and sim.logged("round_complete")[-1]["last"]
+    assert answers(sim.ready(b, after=2, commit=41), b) == [{"removed": True}]  # synced, offered
+    sim.send(Written(41, b))  # as it exits
+    sim.send(Exited(b, 0))
+    assert sim.end().code == exitcodes.RESUMABLE and sim.logged("job_end")[-1]["commit"] == 41
+
+
+def test_a_stop_names_only_the_commit_the_disk_holds():
+    sim, (a, b) = first_world([("h", 2)], min_np=2, durable=True)
+    _rank0_dies_and_the_survivor_waits(sim, a, b)
+    sim.send(StopRequested(signal.SIGTERM))
+    sim.send(Exited(b, -9))  # the last world's member dies before it wrote
+    end = sim.logged("job_end")[-1]
+    assert sim.end().code == exitcodes.RESUMABLE and end["commit"] == 1 and end["newest"] == 41
+
+
+def test_the_min_np_timeout_writes_the_newest_commit_before_the_job_ends():
+    sim, (a, b) = first_world([("h", 2)], min_np=2, durable=True, elastic_timeout=10.0)
+    _rank0_dies_and_the_survivor_waits(sim, a, b)
+    _beat_while(sim, ((b, 41),), 11.0)
+    assert sim.end() is None and sim.logged("round_complete")[-1]["last"]
+    assert answers(sim.ready(b, after=2, commit=41), b) == [{"removed": True}]
+    sim.send(Written(41, b))
+    sim.send(Exited(b, 0))
+    assert sim.end().code == 1 and sim.end().error.startswith("fewer than --min-np 2")
+    assert sim.end().error.endswith("; commit 41 is in --checkpoint-dir")
+
+
+def test_a_leaver_holding_the_only_copy_hands_it_over_to_the_next_joiner_before_it_goes():
+    sim, (a,) = first_world([("h", 1)], max_np=2)
+    sim.send(Heartbeats(((a, 7),)))
+    sim.send(HostsFound((("h", 2),)))
+    joiner = [x.worker for x in sim.actions if isinstance(x, Launch)][-1]
+    sim.send(Leaving(a))
+    assert answers(sim.ready(a, after=1, commit=8), a) == []  # nobody else holds commit 8
+    sim.send(Launched(joiner, 99))
+    sim.ready(joiner, after=-1, commit=0)
+    assert sim.core.round == 2 and sim.world() == {"h/0": 0, "h/1": 1}
+    assert sim.logged("round_complete")[-1]["handover"] and sim.logged("round_complete")[-1]["commit"] == 8
+    sim.ready(joiner, after=2, commit=8)
+    assert answers(sim.ready(a, after=2, commit=8), a) == [{"removed": True}]
+    assert sim.core.round == 3 and sim.world() == {"h/1": 0} and sim.logged("round_complete")[-1]["commit"] == 8
+    sim.send(Exited(a, exitcodes.LEFT))
+    assert sim.logged("worker_exit")[-1]["left"] and not sim.logged("blacklisted")
+
+
+def test_a_leaver_whose_commit_another_worker_holds_goes_at_once():
+    sim, (a, b) = first_world([("h", 2)])
+    sim.send(Leaving(a))
+    sim.ready(b, after=1, commit=5, rolled_back=False)
+    assert answers(sim.ready(a, after=1, commit=5, rolled_back=False), a) == [{"removed": True}]
+    assert sim.logged("round_broken")[-1]["cause"] == "a worker left"
+
+
+def test_a_leaver_nobody_takes_the_state_from_goes_after_the_stop_timeout_and_the_loss_is_said():
+    sim, (a,) = first_world([("h", 1)], max_np=2, stop_timeout=5.0)
+    sim.send(Leaving(a))
+    assert answers(sim.ready(a, after=1, commit=8), a) == []
+    assert answers(sim.send(Tick(), after=6.0), a) == [{"removed": True}]
+    sim.send(Exited(a, exitcodes.LEFT))
+    sim.send(HostsFound((("h", 2),)))
+    joiner = [x.worker for x in sim.actions if isinstance(x, Launch)][-1]
+    sim.send(Launched(joiner, 99))
+    sim.ready(joiner, after=-1, commit=0)
+    assert sim.end().code == 1 and "every worker holding the training state is gone (last commit 8)" in sim.end().error
+
+
+def test_a_stop_while_workers_start_on_a_folder_holding_a_checkpoint_is_resumable():
+    core = ElasticCore(Policy(durable=True), on_disk=5)
+    core.handle(HostsFound((("h", 2),)), 0.0)
+    out = core.handle(StopRequested(signal.SIGTERM), 0.1)
+    for x in out:
+        if isinstance(x, Stop):
+            out = core.handle(Exited(x.worker, -15), 0.2)
+    assert out[-1] == EndJob(exitcodes.RESUMABLE, None)
+
+
+def test_a_sole_holder_waiting_between_worlds_that_gets_sigterm_waits_to_hand_over():
+    sim, (a, b) = first_world([("h", 2)], min_np=2)
+    sim.send(Exited(b, -9))  # b's slot is blacklisted: a waits for --min-np with commit 6
+    assert answers(sim.ready(a, after=1, commit=6), a) == []
+    assert answers(sim.send(Leaving(a)), a) == []  # SIGTERM while it waits: nobody else holds 6
+    assert sim.logged("worker_leaving")[-1]["slot"] == "h/0"

@@ -10,17 +10,19 @@ launcher, or never start at all.
 """
 import dataclasses
 import os
+import signal
 
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from hvdlite import exitcodes
 from hvdlite.driver.decisions.core import ElasticCore
+from hvdlite.driver.decisions.ledger import Ledger
 from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.workers import Phase
 from hvdlite.driver.decisions.messages import (
-    DRIVER, HOST, LAUNCHER, Answer, EndJob, Exited, Heartbeats, HostsFound, Launch, Launched,
-    LaunchFailed, LoadFailed, Log, Ready, Stop, TemplateDied, Tick)
+    DRIVER, HOST, LAUNCHER, Answer, EndJob, Exited, Exiting, Heartbeats, HostsFound, Launch, Launched,
+    LaunchFailed, Leaving, LoadFailed, Log, Publish, Ready, Stop, StopRequested, TemplateDied, Tick, Written)
 
 UNIVERSE = [("a", 2), ("b", 1), ("c", 2), ("d", 1)]
 WHY = {HOST: "no route to host", DRIVER: "BlockingIOError: [Errno 11] Resource temporarily unavailable",
@@ -44,6 +46,9 @@ class Proc:
         self.commit = 0  # commits its training state holds
         self.exit_code = None  # how it will exit: told to go, or stopped
         self.stop_when_started = None
+        self.leaving = False  # a SIGTERM came: it leaves at its next commit
+        self.said_leaving = False  # it told the driver so
+        self.pending = None  # rank 0: the commit its checkpoint writer has not written yet
 
 
 class ElasticJob(RuleBasedStateMachine):
@@ -60,14 +65,19 @@ class ElasticJob(RuleBasedStateMachine):
         self.lost = 0  # the newest commit the core has said was lost
         self.disk = None  # with --checkpoint-dir: the newest commit on disk, read by new workers
         self.loads = []  # LoadFailed events sent
+        self.newest = 0  # the newest commit the driver was told of (reset by commit_lost)
+        self.stop_published = False  # the driver asked every worker to leave at its next commit
         self.send(HostsFound(tuple(UNIVERSE[:2])))
 
-    @initialize(durable=st.booleans())
-    def checkpoint_dir(self, durable):
-        """Half the jobs run with --checkpoint-dir: rank 0's every commit reaches the disk, and
-        every worker reports it in its rendezvous requests as one it can restore."""
+    @initialize(durable=st.booleans(), on_disk=st.sampled_from([0, 0, 2]))
+    def checkpoint_dir(self, durable, on_disk):
+        """Half the jobs run with --checkpoint-dir, some on a folder an earlier run left a
+        checkpoint in: rank 0's writer writes its commits in the background, and every worker
+        reports the newest on disk in its rendezvous requests as one it can restore."""
         self.core.policy = dataclasses.replace(self.core.policy, durable=durable)
-        self.disk = 0 if durable else None
+        self.disk = on_disk if durable else None
+        self.core.ledger = Ledger(self.disk or 0)  # what the driver reads in the folder as it starts
+        self.newest = self.disk or 0
 
     # ---- plumbing -----------------------------------------------------------------------
     def send(self, event, dt=0.0):
@@ -78,6 +88,7 @@ class ElasticJob(RuleBasedStateMachine):
         if isinstance(event, Exited) and event.code == 0:
             if current and phase is not Phase.LEAVING and killed is None:
                 self.success_allowed = True
+        self.heard(event)
         actions = self.core.handle(event, self.now)
         self.last_actions = actions
         for action in actions:
@@ -99,6 +110,12 @@ class ElasticJob(RuleBasedStateMachine):
                 f"host {inc.host} blacklisted on {event} while {living} live there"
         return actions
 
+    def heard(self, event):
+        """What the driver is told of the commits workers hold."""
+        told = [event.commit] if isinstance(event, (Ready, Exiting, Written)) else \
+            [c for _, c in event.beats] if isinstance(event, Heartbeats) else []
+        self.newest = max([self.newest] + told)
+
     def perform(self, action):
         if isinstance(action, Log) and action.event == "blacklisted":
             host = action.fields["key"].split("/")[0]
@@ -112,7 +129,7 @@ class ElasticJob(RuleBasedStateMachine):
                 return
             proc.waiting = None
             if action.body.get("removed"):
-                proc.exit_code = 0
+                proc.exit_code = exitcodes.LEFT if proc.leaving else 0
             elif "world" in action.body:
                 proc.round = action.body["world"]["round"]
                 proc.handover = action.body["world"]["handover"]
@@ -130,6 +147,8 @@ class ElasticJob(RuleBasedStateMachine):
                 f"a commit that does not load ended the job with {action}"
             assert self.ended is None, "the job ended twice"
             self.ended = action
+            if "is in --checkpoint-dir" in (action.error or ""):  # a failure's end names the disk's commit
+                assert action.error.endswith(f"; commit {self.disk} is in --checkpoint-dir"), (action, self.disk)
             if "training state is gone" in (action.error or ""):
                 holders = [p.worker for p in self.running() if p.commit > 0
                            and self.core.workers[p.worker].killed is None]
@@ -139,9 +158,13 @@ class ElasticJob(RuleBasedStateMachine):
                 waiting = [p.worker for p in self.procs.values() if p.alive and p.waiting is not None]
                 assert not waiting, f"the job ended with workers left waiting: {waiting}"
         elif isinstance(action, Log) and action.event == "round_complete":
-            self.check_new_world()
+            self.check_new_world(action.fields.get("last", False))
         elif isinstance(action, Log) and action.event == "commit_lost":
             self.lost = max(self.lost, action.fields["newest"])
+        elif isinstance(action, Log) and action.event == "job_end" and action.fields["result"] == "stopped":
+            self.check_stop_line(action.fields)
+        elif isinstance(action, Publish) and action.stop:
+            self.stop_published = True
 
     def said(self, proc):
         """The commit a worker reports when it asks for a world: the newest it holds in memory
@@ -215,14 +238,14 @@ class ElasticJob(RuleBasedStateMachine):
             return
         proc = self.procs[data.draw(st.sampled_from(idle))]
         proc.waiting = -1 if proc.round is None else proc.round
-        self.send(Ready(proc.worker, proc.waiting, self.said(proc)), dt=0.01)
+        self.ask(proc)
 
     @rule()
     def world_leaves_together(self):
         """A host update or a broken collective: every member enters the rendezvous."""
         for proc in self.members():
             proc.waiting = proc.round
-            self.send(Ready(proc.worker, proc.waiting, self.said(proc)), dt=0.01)
+            self.ask(proc)
 
     @rule()
     def idle_workers_enter_rendezvous(self):
@@ -230,7 +253,7 @@ class ElasticJob(RuleBasedStateMachine):
             if proc.waiting is None and proc.exit_code is None and proc.round != self.core.round \
                     and not proc.stuck:
                 proc.waiting = -1 if proc.round is None else proc.round
-                self.send(Ready(proc.worker, proc.waiting, self.said(proc)), dt=0.01)
+                self.ask(proc)
 
     @rule()
     def launches_complete(self):
@@ -245,7 +268,7 @@ class ElasticJob(RuleBasedStateMachine):
         waiting = sorted(p.worker for p in self.running() if p.waiting is not None)
         if waiting:
             proc = self.procs[data.draw(st.sampled_from(waiting))]
-            self.send(Ready(proc.worker, proc.waiting, self.said(proc)), dt=0.01)
+            self.ask(proc)
 
     @rule(data=st.data())
     def wait_outlasts_the_elastic_timeout(self, data):
@@ -260,7 +283,7 @@ class ElasticJob(RuleBasedStateMachine):
             self.send(Tick(), dt=0.0)
             if self.ended is not None or proc.waiting is None or not proc.alive:
                 return
-            self.send(Ready(proc.worker, proc.waiting, self.said(proc)), dt=0.0)
+            self.ask(proc, dt=0.0)
 
     @rule(fails=st.sets(st.integers(0, 3), max_size=2))
     def syncs_from_rank0(self, fails):
@@ -279,16 +302,89 @@ class ElasticJob(RuleBasedStateMachine):
         commit ahead of the others. A world that only hands the state over never commits."""
         members = sorted(p.worker for p in self.members() if not p.handover)
         if members:
-            for w in data.draw(st.lists(st.sampled_from(members), unique=True, min_size=1)):
-                self.procs[w].commit += 1
-                if self.disk is not None and self.core.world[w].rank == 0:  # rank 0 writes
-                    self.disk = max(self.disk, self.procs[w].commit)
+            chosen = data.draw(st.lists(st.sampled_from(members), unique=True, min_size=1))
+            for w in chosen:
+                self.commit_once(self.procs[w])
+            if len(chosen) == len(members):
+                self.at_commit([self.procs[w] for w in members])
+
+    def commit_once(self, proc):
+        proc.commit += 1
+        if self.disk is not None and self.core.world[proc.worker].rank == 0:  # rank 0 writes, later
+            proc.pending = proc.commit
+
+    def at_commit(self, members):
+        """Every member checks at its commit whether one is leaving or the job stops: the
+        leavers leave, the others re-form without them."""
+        if not self.stop_published and not any(p.leaving for p in members):
+            return
+        for p in members:
+            if self.stop_published:
+                self.leave(p)
+            else:  # a leaver says so, then waits for the driver's word like the others
+                p.waiting = p.round
+                self.ask(p, rolled_back=False)
+
+    def ask(self, proc, rolled_back=True, dt=0.01):
+        """It asks for a world after proc.waiting; a leaver first writes its commit if it is
+        the writer, and says it leaves."""
+        if proc.leaving and not proc.said_leaving:
+            self.flush(proc)
+            proc.said_leaving = True
+            self.send(Leaving(proc.worker), dt=0.01)
+        self.send(Ready(proc.worker, proc.waiting, self.said(proc), rolled_back), dt=dt)
+
+    def leave(self, proc):
+        """A worker of a stopping job (or one never in a world, on SIGTERM) exits at once;
+        rank 0's writer writes its newest commit first."""
+        self.flush(proc)
+        self.send(Exiting(proc.worker, proc.commit), dt=0.01)
+        proc.alive = False
+        self.send(Exited(proc.worker, exitcodes.LEFT), dt=0.01)
+
+    def flush(self, proc):
+        """The writer's pending commit reaches the disk (the worker exits, or its interval is
+        up), and the driver hears it."""
+        if proc.pending is not None:
+            self.disk, commit, proc.pending = max(self.disk, proc.pending), proc.pending, None
+            self.send(Written(commit, proc.worker), dt=0.01)
+
+    @rule(data=st.data())
+    def checkpoint_written(self, data):
+        """Rank 0's writer writes the commit it was handed, --checkpoint-interval after the last."""
+        writers = sorted(p.worker for p in self.running() if p.pending is not None)
+        if writers:
+            self.flush(self.procs[data.draw(st.sampled_from(writers))])
+
+    @rule(data=st.data(), dice=st.integers(0, 3))
+    def sigterm_to_a_worker(self, data, dice):
+        """SIGTERM to one worker (a spot reclaim): a member leaves at its next commit, every
+        rank agreeing; one between worlds says so at once (the driver answers its wait); one
+        never in a world leaves at once."""
+        live = sorted(p.worker for p in self.running() if p.exit_code is None and not p.leaving)
+        if not live or dice:
+            return
+        proc = self.procs[data.draw(st.sampled_from(live))]
+        proc.leaving = True
+        if proc.round is None:
+            self.leave(proc)
+        elif proc not in self.members():
+            proc.said_leaving = True
+            self.send(Leaving(proc.worker), dt=0.01)
+
+    @rule(dice=st.integers(0, 9))
+    def signal_to_the_driver(self, dice):
+        """SIGTERM to the driver: the job stops at every worker's next commit."""
+        if dice == 0:
+            self.send(StopRequested(signal.SIGTERM), dt=0.01)
 
     @rule(data=st.data(), code=st.sampled_from([1, -9, 75, exitcodes.UNLOADABLE]), dice=st.integers(0, 2))
     def crashes(self, data, code, dice):
         live = sorted(p.worker for p in self.running())
         if live and dice == 0:  # rarer than the rest, or few jobs would live long
             proc = self.procs[data.draw(st.sampled_from(live))]
+            if code == exitcodes.LOST_DRIVER:  # its exit writes rank 0's newest commit first
+                self.flush(proc)
             proc.alive = False
             self.send(Exited(proc.worker, code), dt=0.01)
 
@@ -322,7 +418,7 @@ class ElasticJob(RuleBasedStateMachine):
             self.send(self.beats([p for p in self.running() if p is not proc]), dt=1.0)
             self.send(Tick(), dt=0.0)
         if proc.alive and proc.waiting is not None:
-            self.send(Ready(proc.worker, proc.waiting, self.said(proc)), dt=0.01)
+            self.ask(proc)
 
     @rule(data=st.data(), dice=st.integers(0, 4))
     def gets_stuck(self, data, dice):
@@ -344,9 +440,7 @@ class ElasticJob(RuleBasedStateMachine):
         dead, held = (self.procs[w] for w in data.draw(st.lists(st.sampled_from(members), min_size=2,
                                                                  max_size=2, unique=True)))
         if ahead:
-            held.commit += 1
-            if self.disk is not None and self.core.world[held.worker].rank == 0:
-                self.disk = max(self.disk, held.commit)
+            self.commit_once(held)
         self.send(self.beats([held]), dt=0.01)  # its last own beat says what it holds
         held.stuck = held.held = True
         dead.alive = False
@@ -360,7 +454,7 @@ class ElasticJob(RuleBasedStateMachine):
         if stuck:
             proc = self.procs[data.draw(st.sampled_from(stuck))]
             proc.stuck, proc.held, proc.waiting = False, False, proc.round
-            self.send(Ready(proc.worker, proc.waiting, self.said(proc)), dt=0.01)
+            self.ask(proc)
 
     @rule(data=st.data())
     def template_dies(self, data):
@@ -396,9 +490,15 @@ class ElasticJob(RuleBasedStateMachine):
     def exits_as_told(self, data):
         leaving = sorted(p.worker for p in self.running() if p.exit_code is not None)
         if leaving:
-            proc = self.procs[data.draw(st.sampled_from(leaving))]
-            proc.alive = False
-            self.send(Exited(proc.worker, proc.exit_code), dt=0.01)
+            self.exits(self.procs[data.draw(st.sampled_from(leaving))])
+
+    def exits(self, proc):
+        """It exits as told: told to go (0) or stopped (-15) its exit hooks write rank 0's
+        newest commit first, killed (-9) it writes nothing."""
+        if proc.exit_code != -9:
+            self.flush(proc)
+        proc.alive = False
+        self.send(Exited(proc.worker, proc.exit_code), dt=0.01)
 
     @rule(data=st.data(), dice=st.integers(0, 9))
     def finishes(self, data, dice):
@@ -406,6 +506,7 @@ class ElasticJob(RuleBasedStateMachine):
         leaving = sorted(p.worker for p in self.members())
         if leaving and dice == 0:
             proc = self.procs[data.draw(st.sampled_from(leaving))]
+            self.flush(proc)
             proc.alive = False
             self.send(Exited(proc.worker, 0), dt=0.01)
 
@@ -438,12 +539,13 @@ class ElasticJob(RuleBasedStateMachine):
     # ---- invariants ------------------------------------------------------------------------
     def signature(self):
         c = self.core
-        return repr((c.hosts, c.round, sorted(c.world), c.updates, c.broken, c.resets, c.commit_high,
+        return repr((c.hosts, c.round, sorted(c.world), c.updates, c.broken, c.resets, vars(c.ledger),
                      c.succeeded, c.ended, c.first_failure, c.short_since, sorted(c.announced),
                      sorted(c.blacklist.until.items()),
                      sorted((w, vars(i)) for w, i in c.workers.items())))
 
-    def check_new_world(self):
+    def check_new_world(self, last=False):
+        """`last`: the stop's last world, formed only to write its member's commit, wherever it sits."""
         c = self.core
         slots = [c.workers[w].slot for w in c.world]
         assert len(slots) == len(set(slots)), f"a slot twice in one world: {slots}"
@@ -452,29 +554,46 @@ class ElasticJob(RuleBasedStateMachine):
         assert commits[rank0] == max(commits.values()), f"rank 0 does not hold the newest commit: {commits}"
         # A member on a blacklisted or removed slot is the world's state source: rank 0, with a
         # newer commit than every other member, in a world that only hands it over.
-        sidelined = [w for w in c.world if self.sidelined(w)]
+        sidelined = [w for w in c.world if self.sidelined(w) and not last]
         assert not sidelined or (sidelined == [rank0] and c.world[rank0].handover and all(
             commits[w] < commits[rank0] for w in c.world if w != rank0)), \
-            f"world {c.round} trains on sidelined {sidelined}: {commits}"
-        assert all(p.handover == bool(sidelined) for p in c.world.values())
+            f"world {c.round} trains on sidelined {sidelined}: {commits}, {c.world}"
+        assert all(p.handover == (bool(sidelined) or last) for p in c.world.values())
         assert len(c.world) > len(sidelined), f"world {c.round} is only on sidelined slots {sidelined}"
         killed = [w for w in c.world if c.workers[w].killed is not None]
         assert not killed, f"world {c.round} holds {killed}, which the driver is killing"
         # No commit lost while a holder lives, blacklisted or not: nobody alive outside the
         # world holds more, unless the core said so (its holder was being killed).
+        start = max(commits[rank0], self.disk or 0)  # rank 0 loads the disk when it is newer
         outside = [p.commit for w, p in self.procs.items() if p.alive and w not in c.world
                    and self.procs[w].started]
         lost = [a for a in self.last_actions if isinstance(a, Log) and a.event == "commit_lost"]
-        assert lost or max(outside, default=0) <= max(commits[rank0], self.lost), \
-            f"a live holder of commit {max(outside)} was left out of a world at {commits[rank0]}"
-        # Nor from scratch, or older, because every holder the core heard of died (with its
-        # template, say): that is said (commit_lost), or the job ends.
-        held = max([c.commit_seen] + [i.commit for i in c.workers.values()])
-        assert lost or held <= max(commits[rank0], self.lost, self.disk or 0), \
-            f"world {c.round} starts at commit {commits[rank0]}; commit {held} went unsaid"
+        assert lost or max(outside, default=0) <= max(start, self.lost), \
+            f"a live holder of commit {max(outside)} was left out of a world at {start}"
+        # Nor from scratch, or older, because every holder the core heard of died or left:
+        # that is said (commit_lost), or the job ends; and never while the disk holds it.
+        assert lost or self.newest <= max(start, self.lost), \
+            f"world {c.round} starts at commit {start}; commit {self.newest} went unsaid"
+        # Said or not, never older than a commit on disk or with a worker that may stay.
+        reachable = [self.disk or 0] + [p.commit for w, p in self.procs.items() if p.started and p.alive
+                                        and p.exit_code is None and c.workers[w].killed is None]
+        assert start >= min(self.newest, max(reachable)), \
+            f"world {c.round} starts at commit {start}; commit {self.newest} is still reachable"
+        self.newest = start
+
+    def check_stop_line(self, fields):
+        """A stop's last line never names a commit the disk lacks, and says it resumes
+        (exit 75) exactly when the disk holds a commit."""
+        if self.disk is None:
+            assert not fields["resumable"], fields
+            return
+        assert fields["resumable"] == (self.disk > 0), f"{fields}, disk at {self.disk}"
+        assert not fields["resumable"] or fields["commit"] == self.disk, f"{fields}, disk at {self.disk}"
 
     def sidelined(self, worker):
-        """Its slot is blacklisted or gone from discovery."""
+        """Its slot is blacklisted or gone from discovery, or it is a leaver (SIGTERM)."""
+        if self.procs[worker].leaving:
+            return True
         host, index = self.core.workers[worker].slot.split("/")
         return self.core.blacklist.blocked(f"{host}/{index}", self.now) or \
             self.core.blacklist.blocked(host, self.now) or int(index) >= dict(self.core.hosts).get(host, 0)
@@ -519,18 +638,23 @@ class ElasticJob(RuleBasedStateMachine):
                     proc.started, proc.exit_code = True, proc.stop_when_started
                     self.send(Launched(proc.worker, 1), dt=0.01)
                 elif proc.exit_code is not None:
-                    proc.alive = False
-                    self.send(Exited(proc.worker, proc.exit_code), dt=0.01)
+                    self.exits(proc)
                 elif proc.waiting is None and proc.round != self.core.round and not proc.stuck:
                     proc.waiting = -1 if proc.round is None else proc.round
-                    self.send(Ready(proc.worker, proc.waiting, self.said(proc)), dt=0.01)
+                    self.ask(proc)
             # Every world starts with a sync from rank 0, a collective all members finish
             # before any of them commits, which is where a host update is noticed.
             self.syncs_from_rank0(set())
             if self.must_leave():
                 self.world_leaves_together()
             members = self.members()
+            if members and (self.stop_published or any(p.leaving for p in members)):
+                for p in members:  # one more commit, where they leave
+                    self.commit_once(p)
+                self.at_commit(members)
+                members = []
             if members and not any(p.waiting is not None for p in self.procs.values() if p.alive):
+                self.flush(members[0])
                 members[0].alive = False  # training is done
                 self.send(Exited(members[0].worker, 0), dt=0.01)
             self.send(self.beats(self.running()), dt=0.0)

@@ -191,7 +191,7 @@ def test_connecting_world_after_world_leaves_no_objects_behind():
 
 
 def test_sigusr1_after_sigusr1_leaves_no_objects_behind():
-    # Each SIGUSR1 asks the driver to stop from a thread of its own (Session._ask_stop): its KV
+    # Each SIGUSR1 asks the driver to stop from a thread of its own (Session._tell_off_thread): its KV
     # connection, left for the thread's end to close, left a dict and a list behind, as a
     # connect thread's did (above).
     import collections
@@ -213,7 +213,7 @@ def test_sigusr1_after_sigusr1_leaves_no_objects_behind():
     def signalled():
         os.kill(os.getpid(), signal.SIGUSR1)  # its handler runs here, and starts the thread
         for thread in threading.enumerate():
-            if thread.name == "hvdlite-ask-stop":
+            if thread.name == "hvdlite-tell-stop":
                 thread.join(10)
                 assert not thread.is_alive()
 
@@ -222,7 +222,7 @@ def test_sigusr1_after_sigusr1_leaves_no_objects_behind():
         return collections.Counter(type(o) for o in gc.get_objects() if type(o) in (dict, list))
 
     try:
-        stopping.install(me._ask_stop)
+        stopping.install(me._tell_off_thread)
         for _ in range(3):  # the first ones fill what is made once
             signalled()
         before = counts()

@@ -31,6 +31,7 @@ from hvdlite.driver.metrics import MetricsServer
 from hvdlite.driver.network import bind_address
 from hvdlite.driver.rendezvous import Rendezvous
 from hvdlite.driver.terminal import StatusKeeper, is_tty
+from hvdlite.worker import checkpointdir
 from hvdlite.worker.trace import discard_parts, merge_parts
 from hvdlite.errors import HvdliteError, JobError, Unloadable
 
@@ -101,7 +102,8 @@ class Job:
             min_np=s.min_np, max_np=s.max_np, reset_limit=s.reset_limit,
             elastic_timeout=s.elastic_timeout, start_timeout=s.start_timeout,
             liveness_timeout=s.liveness_timeout, cooldown_range=s.cooldown_range,
-            blacklist=s.blacklist, durable=bool(s.checkpoint_dir), stop_timeout=s.stop_timeout))
+            blacklist=s.blacklist, durable=bool(s.checkpoint_dir), stop_timeout=s.stop_timeout),
+            on_disk=on_disk(s))
         event, last_tick = found(first), time.monotonic()
         while True:
             now = time.monotonic()
@@ -206,6 +208,14 @@ class Job:
         self.rendezvous.close()
         if self.server is not None:
             self.server.stop()
+
+
+def on_disk(settings) -> int:
+    """The newest commit --checkpoint-dir holds of the lineage the job resumes, by the files'
+    names: a stop before any worker reported it still says it is there."""
+    newest = checkpointdir.newest(settings.checkpoint_dir, settings.checkpoint_lineage) \
+        if settings.checkpoint_dir else None
+    return newest[0] if newest is not None else 0
 
 
 def found(hosts) -> HostsFound:

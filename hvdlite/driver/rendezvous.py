@@ -1,12 +1,17 @@
 """The driver's rendezvous endpoints on the KV server, at the edge of the elastic core.
 
-- GET /rdzv/assign?worker=ID&after=R&commit=C: the worker waits for its place in a world
-  formed after round R (the barrier); becomes a Ready event, answered by an Answer action.
+- GET /rdzv/assign?worker=ID&after=R&commit=C&kept=K: the worker waits for its place in a world
+  formed after round R (the barrier), K=1 when it left its last world at a commit (nothing
+  rolled back); becomes a Ready event, answered by an Answer action.
 - heartbeat datagrams (worker, commit, vouched) (signed UDP on the server's port): liveness,
   answered at once with what the core published (host updates announced, newest broken round).
   Heartbeats reach the core in batches, not one event each; a worker's own beats apart from
   those its stand-in process sends for it (vouched: the round it holds, see worker/vouch.py).
 - PUT /rdzv/exiting?worker=ID&commit=C: the worker is exiting; becomes an Exiting event.
+- PUT /rdzv/leaving?worker=ID: the worker got SIGTERM while holding training state; becomes a
+  Leaving event.
+- PUT /rdzv/written?worker=ID&commit=C: rank 0's writer renamed commit C into --checkpoint-dir;
+  becomes a Written event.
 - PUT /rdzv/stop?worker=ID: a worker got SIGUSR1 (the allocation ends); becomes the job's
   graceful stop, as a SIGUSR1 to the driver would.
 - PUT /rdzv/load_failed?worker=ID, the reason as the body (one line naming the file and the
@@ -19,7 +24,8 @@ import signal
 import threading
 from concurrent.futures import Future, InvalidStateError
 
-from hvdlite.driver.decisions.messages import Exiting, Heartbeats, LoadFailed, Ready, StopRequested, WriteFailed
+from hvdlite.driver.decisions.messages import (
+    Exiting, Heartbeats, Leaving, LoadFailed, Ready, StopRequested, WriteFailed, Written)
 
 MAX_REASON = 1000  # characters of a load or write failure's reason kept
 
@@ -41,12 +47,16 @@ class Rendezvous:
                 after, commit = int(query["after"]), int(query.get("commit", 0))
             except (KeyError, ValueError):
                 return 400, b"expected after and commit as integers"
-            return self._assign(worker, after, commit)
-        if subpath == "exiting" and method == "PUT":
+            return self._assign(worker, after, commit, query.get("kept") != "1")
+        if subpath in ("exiting", "written") and method == "PUT":
             try:
-                self._post(Exiting(worker, int(query.get("commit", 0))))
+                commit = int(query.get("commit", 0))
             except ValueError:
                 return 400, b"expected commit as an integer"
+            self._post(Exiting(worker, commit) if subpath == "exiting" else Written(commit, worker))
+            return 200, b""
+        if subpath == "leaving" and method == "PUT":
+            self._post(Leaving(worker))
             return 200, b""
         if subpath in ("load_failed", "write_failed") and method == "PUT":
             reason = " ".join(bytes(body).decode("utf-8", "replace").split())[:MAX_REASON]
@@ -68,7 +78,7 @@ class Rendezvous:
                     self._vouched[worker] = vouched
             return self._published
 
-    def _assign(self, worker, after, commit):
+    def _assign(self, worker, after, commit, rolled_back=True):
         answer = Future()
         with self._lock:
             earlier = self._waiting.get(worker)
@@ -77,7 +87,7 @@ class Rendezvous:
             _settle(earlier, (408, b"superseded by a newer request"))
         # Forgotten once settled or cancelled (its worker went away, or its wait timed out).
         answer.add_done_callback(lambda done: self._forget(worker, done))
-        self._post(Ready(worker, after, commit))
+        self._post(Ready(worker, after, commit, rolled_back))
         return answer
 
     def _forget(self, worker, answer):

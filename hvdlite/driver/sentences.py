@@ -40,6 +40,8 @@ def _worker_exit(f):
 def _round_complete(f):
     size = f.get("size", 0)
     start = f"world {f.get('round')} formed: " + _plural(size, "worker")
+    if f.get("last"):
+        return f"{start} to write commit {f.get('commit', 0)} to --checkpoint-dir before the job stops"
     if f.get("round") == 1:
         return f"{start} start{'s' if size == 1 else ''} training"  # 1 worker starts, 2 start
     if f.get("handover"):
@@ -47,7 +49,7 @@ def _round_complete(f):
                 f"then the holder on a sidelined slot leaves")
     text = f"{start} go{'es' if size == 1 else ''} on from commit {f.get('commit', 0)}"
     if f.get("reformed_in") is not None:
-        after = "the failure" if f.get("cause") == "failure" else "the host update"
+        after = {"failure": "the failure", "a worker left": "a worker left"}.get(f.get("cause"), "the host update")
         text += f" (re-formed in {f['reformed_in']:.2f} s after {after})"
     return text
 
@@ -56,6 +58,8 @@ def _round_broken(f):
     if f.get("cause") == "hosts updated":  # its members left it together, at the same commit
         return (f"world {f.get('round')} re-forms for the host update; its members left it at a commit, "
                 f"nobody rolls back")
+    if f.get("cause") == "a worker left":  # at a commit, which the others keep
+        return f"world {f.get('round')} re-forms without a worker that left it at a commit; nobody rolls back"
     return f"world {f.get('round')} broke; the survivors roll back to their last commit"
 
 
@@ -84,9 +88,14 @@ def _job_end(f):
         return f"job interrupted by {f.get('signal')}"
     if result == "stopped":
         late = f" ({_names(f['late'])} reached no commit in time: killed)" if f.get("late") else ""
+        if f.get("newest") is not None:
+            late += f" (commit {f['newest']} did not reach the disk)"
         if f.get("resumable"):
             return f"job stopped by {f.get('signal')} at commit {f.get('commit')}{late}; its checkpoint " \
                    f"is in --checkpoint-dir: run the same command again to resume (exit {exitcodes.RESUMABLE})"
+        if f.get("durable"):
+            return f"job stopped by {f.get('signal')}{late}; no commit reached --checkpoint-dir, " \
+                   f"nothing to resume from"
         return f"job stopped by {f.get('signal')} at commit {f.get('commit')}{late}; without " \
                f"--checkpoint-dir nothing was saved"
     return f"job failed: {f.get('reason')}"
@@ -140,6 +149,10 @@ _SENTENCES = {
     "job_end": _job_end,
     "stop_requested": lambda f: f"{f.get('signal')}: every worker stops at its next commit (within "
                                 f"{f.get('timeout'):g} s; a second signal stops them at once)",
+    "worker_leaving": lambda f: f"{_who(f)} got SIGTERM: it leaves at a commit, once another worker "
+                                f"or the disk holds its commit",
+    "writing_before_the_end": lambda f: f"the job ends ({f.get('reason')}); first its newest commit is "
+                                        f"written to --checkpoint-dir (within {f.get('timeout'):g} s)",
     "worker_stop_timeout": lambda f: f"{_who(f)} reached no commit in time ({f.get('reason')}); killing it",
 }
 

@@ -162,6 +162,8 @@ class Writer:
             try:
                 checkpointdir.write(self.cfg.directory, lineage, commit, snapshot, self.cfg.keep,
                                     Pacer(CPU_SHARE, DISK_RATE, lambda: self._hurry))
+                # Before a flush returns: the driver names only commits it heard reached the disk.
+                _told_driver("written", commit=str(commit))
             except Exception as e:  # noqa: BLE001 - whatever the reason: said, then the job ends
                 self._failed(commit, e)
             finally:
@@ -196,6 +198,13 @@ def committed(state) -> None:
         # A finished job's last commit is on disk, so running the same command again ends at once.
         atexit.register(finish)
     _writer.offer(state._lineage, *state._snapshot())
+
+
+def flush() -> None:
+    """A leaver's newest commit reaches the disk (rank 0's, within EXIT_FLUSH) before it
+    says it leaves: the driver then lets it go at once."""
+    if _writer is not None:
+        _writer.flush(EXIT_FLUSH)
 
 
 def finish() -> None:
@@ -269,16 +278,14 @@ def unloadable(path: str, error: BaseException) -> None:
     raise SystemExit(exitcodes.UNLOADABLE)
 
 
-def _told_driver(what: str, reason: str) -> bool:
-    """Whether the driver heard `reason` at /rdzv/`what` (load_failed, write_failed)."""
+def _told_driver(what: str, reason: str = "", **query) -> bool:
+    """Whether the driver heard `reason` at /rdzv/`what` (load_failed, write_failed, written)."""
     from hvdlite.worker.session import session  # session imports this module
     try:
         me = session()
-        status, _ = me.client.request("PUT", f"/rdzv/{what}", reason.encode(),
-                                      query={"worker": me.worker}, timeout=REPORT_TIMEOUT)
-        return status == 200
-    except Exception:  # noqa: BLE001 - the driver may be gone: then this worker says it
+    except RuntimeError:  # not started by `hvdlite run`: there is no driver to tell
         return False
+    return me.tell(what, reason.encode(), REPORT_TIMEOUT, **query)
 
 
 def _cause(error: BaseException) -> str:

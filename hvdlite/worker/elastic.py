@@ -5,8 +5,8 @@ The reset protocol, on every rank alike:
   peer fails fast too), restore the last commit, re-rendezvous;
 - a host update surfaces as HostsUpdatedInterrupt at the same commit on every rank (the ranks
   agree on the largest of their views): keep the live state, re-rendezvous; a worker that is
-  leaving (hvdlite.worker.stopping) exits there instead, and so does every rank when the job
-  stops;
+  leaving (hvdlite.worker.stopping) says so and re-rendezvous too, where the driver lets it go
+  once its commit is safe; every rank exits there when the job stops;
 - then always sync from rank 0, which the driver picks among the workers holding the newest
   commit. Always syncing means ranks can never disagree about it (Horovod bug #3494).
 
@@ -89,7 +89,7 @@ class State:
         mine = _STOP if s.stopping else int(heard or stopping.requested)
         agreed = self.backend.agree_flag(mine)
         self._acted_update = self._heard_update
-        if agreed == _STOP or agreed and stopping.requested:
+        if agreed == _STOP:  # rank 0's exit writes its newest commit
             stopping.leave()
         if agreed:
             raise HostsUpdatedInterrupt()
@@ -165,27 +165,31 @@ def run(func):
         backend = state.backend
         backend.init()
         _inside_run += 1
+        stopping.holding = True
         try:
             while True:
+                rolled_back = False
                 try:
                     durable.catch_up(state)
                     state.sync()
-                    if backend.info().handover:  # its source sits on a slot no world may keep
+                    if backend.info().handover:  # its source leaves, or the job stops: rank 0 writes it
+                        durable.committed(state)
                         raise HostsUpdatedInterrupt()
                     stopping.at_work = True
                     return func(state, *args, **kwargs)
                 except HorovodInternalError:
                     backend.abort()
                     state.restore()
+                    rolled_back = True
                 except HostsUpdatedInterrupt:
                     pass
-                _reset(state, backend)
+                _reset(state, backend, rolled_back)
         except SystemExit as e:  # its code is the process's: an exit hook may need it (exitcode.py)
             exitcode.note(e.code)
             raise
         finally:
             _inside_run -= 1
-            stopping.at_work = False
+            stopping.at_work = stopping.holding = False
     return wrapper
 
 
@@ -220,12 +224,16 @@ def _caller() -> str:
     return "this script"
 
 
-def _reset(state, backend):
-    """Leave this world and join the next one; a worker left out exits cleanly."""
+def _reset(state, backend, rolled_back):
+    """Leave this world and join the next one; a worker left out exits cleanly. A leaver
+    writes its commit if it is the writer, says it leaves, and waits for the driver's word."""
     stopping.at_work = False
-    if stopping.requested:  # it came while the world broke: no commit will come in this one
-        stopping.leave()
+    s = session()
+    if stopping.requested:
+        durable.flush()
+        s.tell("leaving")
     finished = backend.info().round
     backend.shutdown()
+    s.kept = not rolled_back
     backend.join(finished, state._commits)
     state.on_reset()

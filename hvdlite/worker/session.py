@@ -31,10 +31,11 @@ STALL = 1.0  # seconds of oversleeping that mean this process was not running
 
 
 class Removed(SystemExit):
-    """The driver left this worker out of the new world: the process ends with code 0."""
+    """The driver left this worker out of the new world: the process ends with code 0, or
+    exitcodes.LEFT when it leaves on a SIGTERM."""
 
     def __init__(self):
-        super().__init__(0)
+        super().__init__(exitcodes.LEFT if stopping.requested else 0)
 
 
 class Session:
@@ -62,19 +63,28 @@ class Session:
         self.interval = HEARTBEAT_INTERVAL  # seconds between heartbeats
         self.broken = 0  # newest round the driver saw fall apart, as last heard
         self.stopping = False  # the driver said the job stops: leave at the next commit
+        self.kept = False  # it left its last world at a commit, keeping its state (no rollback)
         self.on_round_broken = None  # callback(round), called on every heartbeat answer
         self._heartbeat = threading.Thread(target=self._beat, daemon=True, name="hvdlite-heartbeat")
         self._heartbeat.start()
         atexit.register(self._say_goodbye)
         if self.elastic:
-            stopping.install(self._ask_stop)
+            stopping.install(self._tell_off_thread)
 
-    def _ask_stop(self):
-        """Runs on a thread of its own per SIGUSR1 (stopping.install)."""
+    def tell(self, what: str, body: bytes = b"", timeout: float = 5.0, **query) -> bool:
+        """PUT /rdzv/`what` for this worker (rendezvous.py lists them); whether the driver
+        heard it."""
         try:
-            self.client.request("PUT", "/rdzv/stop", query={"worker": self.worker}, timeout=5)
-        except Exception:  # noqa: BLE001 - the driver may be gone: then there is nothing to stop
-            pass
+            status, _ = self.client.request("PUT", f"/rdzv/{what}", body, query={"worker": self.worker, **query},
+                                            timeout=timeout)
+            return status == 200
+        except Exception:  # noqa: BLE001 - the driver may be gone: the caller says what then
+            return False
+
+    def _tell_off_thread(self, what: str):
+        """Runs on a thread of its own per signal (stopping.install)."""
+        try:
+            self.tell(what)
         finally:
             # This thread's KV connection: left to the thread's end, it leaks as a connect
             # thread's did (links.py).
@@ -116,7 +126,7 @@ class Session:
             return WorldInfo.from_env(self.environ)
         commit = durable.reportable(commit)
         query = {"worker": self.worker, "after": str(-1 if after_round is None else after_round),
-                 "commit": str(commit)}
+                 "commit": str(commit), "kept": str(int(self.kept))}
         while True:  # each request is a long-poll the server answers 408 at its cap
             status, body = self.client.request("GET", "/rdzv/assign", query=query, timeout=70)
             if status == 200:

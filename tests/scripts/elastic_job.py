@@ -8,7 +8,8 @@ RUN (logged: which run of a job resumed from --checkpoint-dir wrote the record),
 DIE_CONNECTING=slot (that worker is killed once, right after publishing its gloo address for
 its second group, so that its peers are left waiting for it to connect), CONNECT_FAILS=slot
 (that worker's groups never connect), HOLD_AT=step (every worker, once, waits at that step
-until $LOG_DIR/go exists: a long step, during which a test arranges what happens around it).
+until $LOG_DIR/go exists: a long step, during which a test arranges what happens around it),
+START_SLEEP="slot:seconds,..." (that worker, "*" every one, sleeps before hvd.init: a slow start).
 """
 import json
 import os
@@ -68,6 +69,10 @@ if os.environ.get("CONNECT_FAILS") == SLOT:  # as if a firewall stood between th
         raise RuntimeError("Connection refused")
     basics._group = refuse
 
+for entry in filter(None, os.environ.get("START_SLEEP", "").split(",")):
+    who, seconds = entry.rsplit(":", 1)
+    if who in ("*", SLOT):
+        time.sleep(float(seconds))
 hvd.init()
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 1)

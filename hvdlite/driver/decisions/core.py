@@ -19,9 +19,11 @@ from hvdlite.driver.decisions.blacklist import Blacklist
 from hvdlite.driver.decisions.forming import Forming, JobFailed
 from hvdlite.driver.decisions.hostchanges import HostChanges
 from hvdlite.driver.decisions.hostrule import RETRY_RANGE, HostRule
+from hvdlite.driver.decisions.ledger import Ledger
 from hvdlite.driver.decisions.messages import (
-    DRIVER, HOST, LAUNCHER, Answer, DiscoveryFailed, EndJob, Exited, Exiting, Heartbeats, HostsFound, Launched,
-    LaunchFailed, LoadFailed, Log, Publish, Ready, Stop, StopRequested, TemplateDied, Tick, WriteFailed)
+    DRIVER, HOST, LAUNCHER, Answer, DiscoveryFailed, EndJob, Exited, Exiting, Heartbeats, HostsFound,
+    Launched, LaunchFailed, Leaving, LoadFailed, Log, Publish, Ready, Stop, StopRequested, TemplateDied,
+    Tick, WriteFailed, Written)
 from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.stopping import GracefulStop
 from hvdlite.driver.decisions.workers import Incarnation, Phase, cannot_load, describe_exit, overdue
@@ -45,8 +47,10 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
     """The job's state and its events; forming.py decides worlds, hostrule.py blacklisting,
     hostchanges.py what discovery says, stopping.py the graceful stop."""
 
-    def __init__(self, policy: Policy, rng=random.random):
+    def __init__(self, policy: Policy, rng=random.random, on_disk: int = 0):
+        """on_disk: the newest commit --checkpoint-dir held when the job started."""
         self.policy = policy
+        self.ledger = Ledger(on_disk)  # the newest commit and where it is (ledger.py)
         self.blacklist = Blacklist(policy.cooldown_range, rng)
         self.retries = Blacklist(RETRY_RANGE, rng)  # slots waiting out trouble not their host's
         self.hosts = []  # [(name, slots)]: survivors in their old order, new hosts last
@@ -60,7 +64,6 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
         self.joiners = {}  # live incarnations not in a world yet (not leaving): id -> Incarnation
         self.hosts_dirty = False  # hosts or blacklist changed: is every host blacklisted now?
         self.launches = {}  # slot -> how many times it was launched (fences its earlier ones)
-        self.commit_seen = 0  # newest commit any incarnation that is gone reported
         self.round = 0  # the current world's number; 0 before the first
         self.world = {}  # incarnation id -> WorldInfo in the current world
         self.updates = 0  # host updates announced to workers
@@ -68,7 +71,6 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
         self.broken_at = 0.0  # when it did
         self.kept = None  # the holder last said to keep the state for want of anyone to hand it to
         self.resets = 0
-        self.commit_high = 0  # newest commit any waiting worker held
         self.succeeded = False
         self.ended = False
         self.first_failure = None
@@ -81,14 +83,15 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
         self.disrupted = None  # (time, why) the current world was first told to re-form
         self.left = set()  # slots whose worker left at a commit (SIGTERM): not relaunched
         self.stopping = None  # (time, signal number) a graceful stop was asked for
+        self.failure = None  # the JobFailed that ends the job once its last world wrote (stopping.py)
         self._now, self._out = 0.0, []
         self._handlers = {HostsFound: self._on_hosts, DiscoveryFailed: self._on_discovery_failed,
                           Launched: self._on_launched, LaunchFailed: self._on_launch_failed,
                           Ready: self._on_ready, Heartbeats: self._on_heartbeats,
                           Exiting: self._on_exiting, Exited: self._on_exited,
                           TemplateDied: self._on_template_died, LoadFailed: self._on_load_failed,
-                          WriteFailed: self._on_write_failed,
-                          Tick: self._on_tick, StopRequested: self._on_stop}
+                          WriteFailed: self._on_write_failed, Leaving: self._on_leaving,
+                          Written: self._on_written, Tick: self._on_tick, StopRequested: self._on_stop}
 
     # ---- entry ------------------------------------------------------------------------
     def handle(self, event, now: float) -> list:
@@ -109,8 +112,7 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
             # no search for free slots.
             self._decide(grow=isinstance(event, (HostsFound, Exited, TemplateDied, LaunchFailed, Tick)))
         except JobFailed as e:
-            self._emit(Log("job_end", {"result": "failure", "reason": str(e)}))
-            self._end(e.code, str(e))
+            self._fail(e)
         return self._out
 
     def view(self) -> JobView:
@@ -154,23 +156,25 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
         inc = self.workers[event.worker]
         if inc.phase is Phase.LEAVING:
             return self._answer_removed(inc.id)
-        if self.stopping is not None:  # it left its world: out of the job, like a waiting one
-            inc.commit = max(inc.commit, event.commit)
+        if self.stopping is not None:  # it left its world: the stop decides (stopping.py)
+            self._holds(inc, max(inc.commit, event.commit))
             self._set_phase(inc, Phase.WAITING)
-            return self._remove(inc)
+            self.staying.discard(inc.id)
+            return
         if inc.answer is not None and inc.answer[0] > event.after:
             # Its last answer got lost (the request timed out): give it again.
             return self._emit(Answer(inc.id, 200, inc.answer[1], inc.rank))
         self._set_phase(inc, Phase.WAITING)
         if inc.left_behind is not None:  # back from a world re-formed without it
             inc.left_behind, self.joiners[inc.id] = None, inc
-        inc.after, inc.commit = max(event.after, 0), event.commit
-        self.commit_high = max(self.commit_high, event.commit)
+        inc.after = max(event.after, 0)
+        self._holds(inc, event.commit)
         if inc.id in self.world and event.after >= self.round:
             self.staying.discard(inc.id)
             # A member left its world: the others must not wait for it. It left at a commit
-            # for the host update announced, or on an error it rolls back from.
-            self._mark_broken(self.disrupted[1] if self.disrupted else "failure")
+            # (a host update announced, a member leaving) or on an error it rolls back from.
+            self._mark_broken(self.disrupted[1] if self.disrupted else
+                              "failure" if event.rolled_back else "a worker left")
 
     def _on_heartbeats(self, event: Heartbeats):
         for worker, commit in event.beats:
@@ -178,7 +182,7 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
             if inc is not None:
                 inc.heard_at = inc.own_at = self._now
                 if inc.phase is Phase.TRAINING:
-                    inc.commit = max(inc.commit, commit)
+                    self._holds(inc, max(inc.commit, commit))
         for worker, round_number in event.vouched:
             inc = self._current(worker)
             if inc is not None:
@@ -188,7 +192,7 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
         inc = self._current(event.worker)
         if inc is not None and inc.exiting_since is None:
             inc.exiting_since = self._now
-            inc.commit = max(inc.commit, event.commit)
+            self._holds(inc, max(inc.commit, event.commit))
 
     def _on_exited(self, event: Exited):
         inc = self._current(event.worker)
@@ -200,8 +204,10 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
         # starved, its network), not the host's.
         lost = event.code == exitcodes.LOST_DRIVER and inc.killed is None
         fields = {"error": event.error} if event.error else {}
-        if inc.phase is not Phase.LEAVING and (left or drained or lost):
-            fields["left" if left else "drained" if drained else "lost_driver"] = True
+        if left and (inc.phase is not Phase.LEAVING or inc.leaving_since is not None):
+            fields["left"] = True  # a leaver the driver let go (_release_leavers) is one too
+        elif inc.phase is not Phase.LEAVING and (drained or lost):
+            fields["drained" if drained else "lost_driver"] = True
         was = self._gone(inc, event.code, **fields)
         if was is Phase.LEAVING:
             return
@@ -216,13 +222,21 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
             raise JobFailed(f"{inc.name} on {inc.host} exited with code {event.code}: a checkpoint in "
                             f"--checkpoint-dir does not load (its line above says which and why)",
                             exitcodes.UNLOADABLE)
-        if lost:  # not a failure: what it held counts, so a world formed from less says so
-            self._count_held(inc)
         if event.code == 0 and inc.killed is None:
             self.succeeded = True
             return
         self._blame(inc, DRIVER if lost else HOST, f"{inc.name} on {inc.host} {describe_exit(event.code)}" +
                     (f" ({inc.killed})" if inc.killed else f" ({event.error})" if event.error else ""))
+
+    def _on_leaving(self, event: Leaving):
+        inc = self._current(event.worker)
+        if inc is not None and inc.leaving_since is None and inc.phase is not Phase.LEAVING:
+            inc.leaving_since = self._now
+            self.left.add(inc.slot)  # not relaunched; in no world but one that takes its state
+            self._log("worker_leaving", slot=inc.slot, worker=inc.id, rank=inc.rank)
+
+    def _on_written(self, event: Written):
+        self.ledger.written(event.commit)
 
     def _on_template_died(self, event: TemplateDied):
         inc = self._current(event.worker)
@@ -232,7 +246,6 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
             return self._on_exited(Exited(inc.id, -signal.SIGKILL))
         # Not the worker's failure: its slot is free again and a new worker is launched there.
         # Nor its host's: a launch whose template died before forking it reached the host.
-        self._count_held(inc)
         self._gone(inc, -signal.SIGKILL, cause="its template died" if inc.pid is not None
                    else "its template died before forking it")
 
@@ -300,8 +313,21 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
                 raise JobFailed("all hosts are blacklisted")
         if grow:
             self._grow()
+        self._release_leavers()
         self._announce_joiners()
         self._maybe_form()
+
+    def _release_leavers(self):
+        """A leaver waiting in the rendezvous goes once its commit is safe without it (on disk,
+        or held by a worker that stays), or once it waited --stop-timeout for a world to hand
+        it to (the next world then says the commit is lost): it exits with exitcodes.LEFT."""
+        stays = [inc.commit for inc in self._live() if inc.leaving_since is None and inc.killed is None
+                 and inc.phase is not Phase.LEAVING]
+        for inc in list(self.phases[Phase.WAITING].values()):
+            if inc.leaving_since is not None and (
+                    self.ledger.safe_without(inc.commit, stays)
+                    or self._now - inc.leaving_since > self.policy.stop_timeout):
+                self._remove(inc)
 
 
     # ---- helpers ----------------------------------------------------------------------
@@ -311,13 +337,12 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
     def _resumable_from_disk(self) -> bool:
         """With --checkpoint-dir, every worker failing after a commit need not end the job
         (Horovod's rule) while some slot is only cooling down: workers launched there read
-        the newest commit from disk. The newest commit any worker reported becomes the one to
-        match, so a world formed from an older one says `commit_lost`, or fails if none is left."""
+        the newest commit from disk. The ledger's newest is the one to match, so a world
+        formed from an older one says `commit_lost`, or fails if none is left."""
         if not self.policy.durable:
             return False
-        self.commit_high = max([self.commit_high, self.commit_seen] + [w.commit for w in self.workers.values()])
         permanent = self.blacklist.permanent
-        return self.commit_high > 0 and any(
+        return self.ledger.newest > 0 and any(
             not permanent(f"{h}/{i}") and not permanent(h) for h, n in self.hosts for i in range(n))
 
     def _any_live(self):
@@ -332,7 +357,6 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
             self.joiners.pop(inc.id, None)
         inc.phase = phase
         if phase is Phase.GONE:  # a job of a million relaunches keeps what fencing needs only
-            self.commit_seen = max(self.commit_seen, inc.commit)
             if inc.id not in self.world:
                 del self.workers[inc.id]
 
@@ -379,22 +403,22 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
         was = inc.phase
         self._set_phase(inc, Phase.GONE)
         self.staying.discard(inc.id)
-        if was is Phase.LEAVING:
+        if was is Phase.LEAVING and not fields.get("left"):
             fields["removed"] = True
         self._log("worker_exit", slot=inc.slot, worker=inc.id, rank=inc.rank, code=code, **fields)
         if inc.id in self.world and code != 0 and not fields.get("left"):  # these close their connections
             self._mark_broken()
         return was
 
-    def _count_held(self, inc: Incarnation):
-        """Its process goes without leaving for the rendezvous (its template died, the driver
-        kills it): the commit it held counts, so that a world formed from less says so (or
-        fails) rather than training on from an older commit, or from scratch, without a word."""
-        self.commit_high = max(self.commit_high, inc.commit)
+    def _holds(self, inc: Incarnation, commit: int):
+        """The worker holds `commit` now: in the ledger, it counts for good, so that a world
+        formed from less after the worker is gone says so (or fails) rather than training on
+        from an older commit, or from scratch, without a word."""
+        inc.commit = commit
+        self.ledger.held(commit)
 
     def _kill(self, inc: Incarnation, event, why):
         inc.killed = why
-        self._count_held(inc)
         self._log(event, slot=inc.slot, worker=inc.id, rank=inc.rank, reason=why, action="killing it")
         self._emit(Stop(inc.id, 0.0))
         if inc.id in self.world:

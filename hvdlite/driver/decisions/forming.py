@@ -62,19 +62,20 @@ class Forming:
         candidates = [Candidate(inc.id, inc.slot, inc.host, inc.commit,
                                 self.world[inc.id].rank if inc.id in self.world else None)
                       for inc in self.phases[Phase.WAITING].values() if inc.killed is None]
-        usable = [c for c in candidates if self._usable(c.slot)]
+        # A leaver (SIGTERM) is in no world but one that takes its state before it goes.
+        usable = [c for c in candidates if self._usable(c.slot) and self.workers[c.worker].leaving_since is None]
         source = state_source(self.hosts, candidates, usable)
         if len(usable) < self.policy.min_np:
             return self._check_short(len(usable), source)
         members = usable + [source] if source is not None else usable
-        top = max(c.commit for c in members)
+        top = self.ledger.start(max(c.commit for c in members))
         if any(inc.commit > top for inc in self._behind()):
             return  # it comes back and joins, or is killed after --elastic-timeout and counted
-        if top < self.commit_high:
+        if top < self.ledger.newest:
             if top == 0:
                 raise JobFailed(f"every worker holding the training state is gone (last commit "
-                                f"{self.commit_high}); stopping rather than training from scratch")
-            self._log("commit_lost", newest=self.commit_high, resumed=top)
+                                f"{self.ledger.newest}); stopping rather than training from scratch")
+            self._log("commit_lost", newest=self.ledger.newest, resumed=top)
         if self.round >= 1 and self.policy.reset_limit is not None \
                 and self.resets >= self.policy.reset_limit:
             raise JobFailed(f"reset limit {self.policy.reset_limit} reached (--reset-limit); "
@@ -124,7 +125,9 @@ class Forming:
         return inc.vouched is not None and inc.vouched[1] == self.round and inc.vouched[0] > self.broken_at \
             and self._now - max(inc.own_at or 0.0, self.broken_at) > grace
 
-    def _form(self, plan, candidates, commit, handover=False):
+    def _form(self, plan, candidates, commit, handover=False, last=False):
+        """`last`: the stop's last world, which only writes `commit` (a hand-over to nobody)."""
+        handover = handover or last
         if self.round >= 1:
             self.resets += 1
         old_round, self.round = self.round, self.round + 1
@@ -132,7 +135,8 @@ class Forming:
         if self.disrupted is not None:  # how long the job went without a world to train in
             reformed = {"reformed_in": round(self._now - self.disrupted[0], 3), "cause": self.disrupted[1]}
             self.disrupted = None
-        self.short_since, self.announced, self.commit_high, self.kept = None, frozenset(), commit, None
+        self.short_since, self.announced, self.kept = None, frozenset(), None
+        self.ledger.went_on_from(commit)
         world = {}
         hosts = sorted({place.hostname for _, place in plan})
         for worker, place in plan:
@@ -154,7 +158,7 @@ class Forming:
         self.world, self.staying = world, set(world)
         self._log("round_complete", round=self.round, size=len(world), resets=self.resets,
                   commit=commit, members={self.workers[w].slot: p.rank for w, p in world.items()},
-                  **({"handover": True} if handover else {}), **reformed)
+                  **({"last": True} if last else {"handover": True} if handover else {}), **reformed)
 
     def _check_short(self, ready, source):
         if self.short_since is None:

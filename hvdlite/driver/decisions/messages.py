@@ -49,6 +49,24 @@ class Ready:
     worker: str
     after: int
     commit: int
+    # Whether it went back to its last commit (a failure) rather than left its world at a
+    # commit with its live state (a host update, a leaver, a hand-over): nobody rolls back then.
+    rolled_back: bool = True
+
+
+@dataclass(frozen=True)
+class Leaving:
+    """The worker got SIGTERM while it holds training state: it leaves at its next commit, or
+    now if it waits for a world, but only once its commit is safe (docs/signals.md)."""
+    worker: str
+
+
+@dataclass(frozen=True)
+class Written:
+    """Rank 0's checkpoint writer renamed `commit` into --checkpoint-dir. Whoever wrote it,
+    the file is there: not fenced by incarnation (`writer` is not `worker`)."""
+    commit: int
+    writer: str = ""
 
 
 @dataclass(frozen=True)

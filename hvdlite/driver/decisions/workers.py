@@ -36,6 +36,7 @@ class Incarnation:
     left_behind: Optional[float] = None  # when the world it was left behind in broke
     overdue: bool = False  # its launch gave no process within --start-timeout: removed, yet
     # a refusal of its host that ends that launch later still counts as the host's
+    leaving_since: Optional[float] = None  # when it said it got SIGTERM (it leaves once its commit is safe)
 
     @property
     def alive(self) -> bool:
