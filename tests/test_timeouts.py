@@ -1,5 +1,6 @@
 """The timeouts from one knob: --timeout-scale scales their defaults, and an order the job relies
 on that they contradict is refused with one line naming both flags, before anything starts."""
+import os
 import subprocess
 import sys
 
@@ -10,6 +11,11 @@ from hvdlite.cli import parse_settings
 from hvdlite.errors import UsageError
 
 BASES = {field: base for field, (_, base) in timeouts.SCALED.items()}
+
+
+@pytest.fixture(autouse=True)
+def no_scale_in_the_environment(monkeypatch):
+    monkeypatch.delenv("HVDLITE_TIMEOUT_SCALE", raising=False)
 
 
 def refusal(argv):
@@ -27,8 +33,7 @@ def test_the_defaults_are_in_order():
 
 
 @pytest.mark.parametrize("scale", [0.2, 0.5, 3.0, 100.0])
-def test_the_scale_scales_every_default_and_keeps_their_order(scale, monkeypatch):
-    monkeypatch.delenv("HVDLITE_TIMEOUT_SCALE", raising=False)
+def test_the_scale_scales_every_default_and_keeps_their_order(scale):
     s = parse_settings(["--timeout-scale", str(scale), "-np", "1", "true"])
     assert {field: getattr(s, field) for field in BASES} == {f: b * scale for f, b in BASES.items()}
     # A graceful stop's bound is Slurm's KillWait, and the discovery interval a rate: not scaled.
@@ -68,9 +73,10 @@ def test_liveness_shorter_than_two_heartbeats_is_refused():
 
 def test_run_with_a_contradiction_exits_2_with_one_line_and_starts_nothing(tmp_path):
     marker = tmp_path / "started"
+    env = {k: v for k, v in os.environ.items() if k != "HVDLITE_TIMEOUT_SCALE"}
     r = subprocess.run([sys.executable, "-m", "hvdlite.cli", "run", "-np", "1", "--liveness-timeout",
                         "60", sys.executable, "-c", f"open({str(marker)!r}, 'w')"],
-                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, env=env)
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().splitlines() == [
         "hvdlite run: error: --liveness-timeout 60 must be shorter than --gloo-timeout-seconds 30: "
