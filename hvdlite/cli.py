@@ -5,7 +5,7 @@ import os
 import shutil
 import sys
 
-from hvdlite import __version__, defaults
+from hvdlite import __version__, defaults, timeouts
 from hvdlite.template import DEFAULT_PRELOAD
 from hvdlite.worker import checkpointdir
 from hvdlite.discovery.hostspec import parse_hostfile, parse_hosts
@@ -48,6 +48,13 @@ def _port(text):
 
 def _seconds(default, what):
     return dict(type=_positive(float), default=default, metavar="SECONDS", help=f"{what} (default {default:g})")
+
+
+def _scaled(field, what):
+    """A timeout whose default is timeouts.SCALED's times --timeout-scale (filled in by parse_settings)."""
+    base = timeouts.SCALED[field][1]
+    return dict(type=_positive(float), dest=field, metavar="SECONDS",
+                help=f"{what} (default {base:g} x --timeout-scale)")
 
 
 EXAMPLES = """examples:
@@ -100,8 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
                    metavar="N", help="slots of a discovered host listed without ':slots'")
     e.add_argument("--discovery-interval", **_seconds(defaults.DISCOVERY_INTERVAL,
                                                       "seconds between runs of the discovery script"))
-    e.add_argument("--discovery-timeout", **_seconds(
-        defaults.DISCOVERY_TIMEOUT, "seconds before a discovery run is killed and counted as failed"))
+    e.add_argument("--discovery-timeout", **_scaled(
+        "discovery_timeout", "seconds before a discovery run is killed and counted as failed"))
     e.add_argument("--reset-limit", type=_non_negative_int, metavar="N",
                    help="fail the job when the world would re-form more often than this")
     e.add_argument("--blacklist", choices=["auto", "host", "slot"], default=defaults.BLACKLIST,
@@ -110,8 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--blacklist-cooldown-range", nargs=2, type=_positive(float), metavar=("MIN", "MAX"),
                    dest="cooldown_range",
                    help="seconds a failed host or slot sits out (grows per failure); default: forever")
-    e.add_argument("--elastic-timeout", **_seconds(defaults.ELASTIC_TIMEOUT,
-                                                   "seconds to wait for --min-np workers before failing"))
+    e.add_argument("--elastic-timeout", **_scaled("elastic_timeout",
+                                                  "seconds to wait for --min-np workers before failing"))
 
     r = g["remote hosts"]
     r.add_argument("-p", "--ssh-port", type=_positive(int), metavar="PORT", help="SSH port of remote hosts")
@@ -173,8 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fork this machine's workers from a template kept running after the job "
                         "until SECONDS without a job, so later --keep-warm jobs skip the imports "
                         "(default $HVDLITE_KEEP_WARM or 0: none)")
-    s.add_argument("--start-timeout", **_seconds(defaults.START_TIMEOUT,
-                                                 "seconds for a worker to start and meet the others"))
+    s.add_argument("--start-timeout", **_scaled("start_timeout",
+                                                "seconds for a worker to start and meet the others"))
 
     r = g["ray"]
     r.add_argument("--ray", action="store_true", help="run the job's workers on a Ray cluster")
@@ -188,11 +195,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one slot per unit of this Ray resource, instead of CPUs and GPUs")
 
     a = g["advanced"]
-    a.add_argument("--gloo-timeout-seconds", dest="collective_timeout",
-                   **_seconds(defaults.COLLECTIVE_TIMEOUT, "seconds a collective waits for a peer"))
-    a.add_argument("--liveness-timeout", **_seconds(
-        defaults.LIVENESS_TIMEOUT, "seconds of heartbeat silence after which a worker is killed as "
-                                   "hung, and a worker that cannot reach the driver exits"))
+    a.add_argument("--timeout-scale", type=_positive(float), metavar="X",
+                   help="multiply the defaults of --start-timeout, --liveness-timeout, "
+                        "--gloo-timeout-seconds, --elastic-timeout and --discovery-timeout by X "
+                        f"(default $HVDLITE_TIMEOUT_SCALE or {defaults.TIMEOUT_SCALE:g}); the "
+                        "timeouts must keep their order (docs/troubleshooting.md#timeouts)")
+    a.add_argument("--gloo-timeout-seconds", **_scaled(
+        "collective_timeout", "seconds a collective waits for a peer; longer than --liveness-timeout"))
+    a.add_argument("--liveness-timeout", **_scaled(
+        "liveness_timeout", "seconds of heartbeat silence after which a worker is killed as "
+                            "hung, and a worker that cannot reach the driver exits"))
     a.add_argument("--stop-timeout", **_seconds(
         defaults.STOP_TIMEOUT, "seconds a graceful stop (SIGTERM, SIGUSR1 or Ctrl-C to the driver) "
                                "waits for every worker to reach a commit before killing them"))
@@ -217,6 +229,7 @@ def parse_settings(argv) -> Settings:
     if args.discovery_script and (args.hosts or args.hostfile):
         raise UsageError("use either --host-discovery-script or -H/--hostfile, not both")
     ray_flags(args)
+    seconds = timeout_seconds(args)
     if args.cooldown_range and args.cooldown_range[0] > args.cooldown_range[1]:
         raise UsageError("--blacklist-cooldown-range: MIN is larger than MAX")
     slurm, launcher = slurm_job(args)
@@ -245,12 +258,12 @@ def parse_settings(argv) -> Settings:
         args.checkpoint_dir = checkpoint_dir(args.checkpoint_dir)
     elif args.fresh:
         raise UsageError("--fresh starts anew instead of resuming from --checkpoint-dir: give one")
-    keep_warm = keep_warm_seconds(args.keep_warm, os.environ.get("HVDLITE_KEEP_WARM"))
+    keep_warm = flag_or_env(args.keep_warm, "HVDLITE_KEEP_WARM", 0.0, zero=True)
     if keep_warm and args.no_preload:
         raise UsageError("--keep-warm keeps a preloaded template: drop --no-preload")
     return Settings(
         command=command, num_proc=num_proc, hosts=None if args.discovery_script or args.ray else hosts,
-        start_timeout=args.start_timeout, collective_timeout=args.collective_timeout,
+        **seconds,
         output_dir=args.output_dir, verbose=args.verbose, log_level=args.log_level,
         network_interfaces=args.network_interfaces.split(",") if args.network_interfaces else None,
         bind_address=args.bind_address,
@@ -262,15 +275,23 @@ def parse_settings(argv) -> Settings:
         timeline_filename=os.path.abspath(args.timeline_filename) if args.timeline_filename else None,
         elastic=elastic, min_np=min_np, max_np=args.max_np, slots_per_host=args.slots_per_host,
         discovery_script=discovery_command(args.discovery_script) if args.discovery_script else None,
-        discovery_timeout=args.discovery_timeout, discovery_interval=args.discovery_interval,
+        discovery_interval=args.discovery_interval,
         reset_limit=args.reset_limit, blacklist=args.blacklist,
         cooldown_range=tuple(args.cooldown_range) if args.cooldown_range else None,
-        elastic_timeout=args.elastic_timeout, liveness_timeout=args.liveness_timeout,
         stop_timeout=args.stop_timeout,
         preload=() if args.no_preload else tuple(_modules(args.preload)) if args.preload else DEFAULT_PRELOAD,
         preload_first=bool(args.preload), keep_warm=keep_warm, checkpoint_dir=args.checkpoint_dir,
         checkpoint_interval=args.checkpoint_interval, checkpoint_keep=args.checkpoint_keep,
         checkpoint_lineage=checkpointdir.new_lineage() if args.fresh else None)
+
+
+def timeout_seconds(args) -> dict:
+    """The scaled timeouts (Settings fields -> seconds), refused as a UsageError when out of order."""
+    scale = flag_or_env(args.timeout_scale, "HVDLITE_TIMEOUT_SCALE", defaults.TIMEOUT_SCALE)
+    given = {field: getattr(args, field) for field in timeouts.SCALED if getattr(args, field) is not None}
+    seconds = timeouts.resolve(given, scale)
+    timeouts.check(seconds, given, scale)
+    return seconds
 
 
 def ray_flags(args):
@@ -320,16 +341,18 @@ def checkpoint_dir(path: str) -> str:
     return path
 
 
-def keep_warm_seconds(flag, env_value) -> float:
-    """--keep-warm, else $HVDLITE_KEEP_WARM, else 0."""
+def flag_or_env(flag, variable: str, default: float, zero=False) -> float:
+    """The flag's value, else the environment variable's (a positive number, or 0 with `zero`),
+    else `default`."""
     if flag is not None:
         return flag
-    if not env_value:
-        return 0.0
+    text = os.environ.get(variable)
+    if not text:
+        return default
     try:
-        return _positive(float, zero=True)(env_value)
+        return _positive(float, zero=zero)(text)
     except argparse.ArgumentTypeError as e:
-        raise UsageError(f"HVDLITE_KEEP_WARM: {e}") from None
+        raise UsageError(f"{variable}: {e}") from None
 
 
 def _modules(text):

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from hvdlite import procstat
-from hvdlite.cli import keep_warm_seconds
+from hvdlite.cli import flag_or_env
 from hvdlite.driver.launchers.kept import obtain
 from hvdlite.driver.launchers.template import Templates, TemplateWorker
 from hvdlite.driver.output import RankOutput
@@ -72,12 +72,16 @@ def test_module_stamps_see_a_changed_file(tmp_path):
     assert kept.first_changed({str(tmp_path / "gone.py"): (1, 1, 1)}) == str(tmp_path / "gone.py")
 
 
-def test_keep_warm_flag_and_environment():
-    assert keep_warm_seconds(None, None) == 0.0
-    assert keep_warm_seconds(None, "30") == 30.0
-    assert keep_warm_seconds(5.0, "30") == 5.0
+def test_keep_warm_flag_and_environment(monkeypatch):
+    def keep_warm(flag, value):
+        monkeypatch.setenv("HVDLITE_KEEP_WARM", value) if value else monkeypatch.delenv("HVDLITE_KEEP_WARM", raising=False)
+        return flag_or_env(flag, "HVDLITE_KEEP_WARM", 0.0, zero=True)
+    assert keep_warm(None, None) == 0.0
+    assert keep_warm(None, "30") == 30.0
+    assert keep_warm(5.0, "30") == 5.0
+    assert keep_warm(None, "0") == 0.0
     with pytest.raises(UsageError, match="HVDLITE_KEEP_WARM"):
-        keep_warm_seconds(None, "soon")
+        keep_warm(None, "soon")
 
 
 # ---- kept templates ----------------------------------------------------------------------

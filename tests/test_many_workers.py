@@ -43,7 +43,7 @@ def memory_mb(pid) -> tuple:
 def test_64_workers_form_lose_one_to_kill_9_re_form_and_finish(tmp_path):
     started = time.time()
     with Job(["-H", f"localhost:{MANY}", "--min-np", str(MANY - 1), "--start-timeout", "300",
-              "--liveness-timeout", "30", *JOB], tmp_path,
+              "--liveness-timeout", "30", "--gloo-timeout-seconds", "60", *JOB], tmp_path,
              env=job_env(tmp_path, TOTAL_STEPS=30, STEP_SLEEP=0.05)) as job:
         first = job.wait_for(lambda ev: any(e["event"] == "round_complete" for e in ev), 400)
         formed = next(e for e in first if e["event"] == "round_complete")

@@ -21,7 +21,7 @@ from hvdlite.worker.errors import quiet_broken_world
 from hvdlite.worker.kvclient import Heartbeats, KVClient
 from hvdlite.worker.world import WorldInfo
 
-HEARTBEAT_INTERVAL = 0.5
+HEARTBEAT_INTERVAL = defaults.HEARTBEAT_INTERVAL
 # Rank 0's view of host updates is the one every rank acts on (State.check_host_updates), so
 # it hears of them sooner: a joiner waits for the members to leave their world for about
 # half this, not half the normal interval. One worker per job: no load on the driver.
