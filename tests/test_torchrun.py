@@ -1,0 +1,40 @@
+"""torchrun scripts under `hvdlite run`, unchanged (docs/torchrun.md): the same variables as
+torchrun gives, env:// through hvdlite's signed rendezvous, the same final parameters."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from jobs import SCRIPTS, Job
+
+# Facts of a rank that must read as under torchrun; the rest name a store or a run.
+SAME = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+        "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "TORCHELASTIC_RESTART_COUNT",
+        "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE")
+TORCHRUN = shutil.which("torchrun")
+
+
+def ranks(folder, n):
+    return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(n)]
+
+
+@pytest.mark.skipif(TORCHRUN is None, reason="torchrun is not on PATH")
+def test_a_ddp_script_computes_under_hvdlite_what_it_computes_under_torchrun(tmp_path):
+    script = os.path.join(SCRIPTS, "train_ddp.py")
+    theirs, ours = tmp_path / "torchrun", tmp_path / "hvdlite"
+    theirs.mkdir(), ours.mkdir()
+    done = subprocess.run([TORCHRUN, "--nproc-per-node", "4", script], env={**os.environ, "OUT_DIR": str(theirs)},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with Job(["-np", "4", sys.executable, script], tmp_path, env={"OUT_DIR": str(ours)}) as job:
+        result = job.finish(300)
+    assert result.code == 0, result.stderr[-3000:]
+    for a, b in zip(ranks(theirs, 4), ranks(ours, 4)):
+        assert {k: a["env"][k] for k in SAME} == {k: b["env"][k] for k in SAME}
+        assert b["env"]["MASTER_ADDR"] and b["env"]["MASTER_PORT"] and b["env"]["TORCHELASTIC_RUN_ID"]
+        assert (a["store"], b["store"]) == ("TCPStore", "KVStore")  # hvdlite's: signed, no open port
+        assert a["params"] == b["params"] and a["loss"] == b["loss"]
+    assert len({r["params"] for r in ranks(ours, 4)}) == 1
