@@ -38,3 +38,10 @@ def test_a_ddp_script_computes_under_hvdlite_what_it_computes_under_torchrun(tmp
         assert (a["store"], b["store"]) == ("TCPStore", "KVStore")  # hvdlite's: signed, no open port
         assert a["params"] == b["params"] and a["loss"] == b["loss"]
     assert len({r["params"] for r in ranks(ours, 4)}) == 1
+
+
+def test_after_hvd_init_the_default_group_is_the_world(tmp_path):
+    with Job(["-np", "3", sys.executable, os.path.join(SCRIPTS, "hvd_dist.py")], tmp_path) as job:
+        result = job.finish(120)
+    assert result.code == 0, result.stderr[-3000:]
+    assert sorted(line.split()[-1] for line in result.stdout.splitlines() if "OK" in line) == ["0", "1", "2"]

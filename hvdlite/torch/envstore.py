@@ -19,6 +19,7 @@ def rendezvous(url: str, timeout: timedelta = timedelta(minutes=30), **kwargs):
     rank = int(query["rank"][0] if "rank" in query else os.environ["RANK"])
     size = int(query["world_size"][0] if "world_size" in query else os.environ["WORLD_SIZE"])
     scope = f"env.{os.environ.get(env.ROUND, '0')}.{next(_calls)}"
-    _stores.append(KVStore(session().client, scope, timeout, peers=size))
+    # No `peers`: the script's dist.new_group() calls share this store with groups of other sizes.
+    _stores.append(KVStore(session().client, scope, timeout))
     yield _stores[-1], rank, size
     raise RuntimeError("hvdlite: env:// has no second rendezvous; call init_process_group again")

@@ -34,6 +34,11 @@ for epoch in range(2):
         total += loss.detach()
     dist.all_reduce(total)
     dist.barrier()
+pair = dist.new_group([0, 1])  # a group of another size through the same store
+if rank < 2:
+    one = torch.ones(1)
+    dist.all_reduce(one, group=pair)
+    assert one.item() == 2
 digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
 store = dist.distributed_c10d._get_default_store()
 while hasattr(store, "underlying_store"):
