@@ -3,12 +3,13 @@ torchrun gives, env:// through hvdlite's signed rendezvous, the same final param
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
 import pytest
 
-from jobs import SCRIPTS, Job
+from jobs import SCRIPTS, Job, check_training_continuous, job_env, sizes, slot_pid, wait_progress
 
 # Facts of a rank that must read as under torchrun; the rest name a store or a run.
 SAME = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
@@ -45,3 +46,19 @@ def test_after_hvd_init_the_default_group_is_the_world(tmp_path):
         result = job.finish(120)
     assert result.code == 0, result.stderr[-3000:]
     assert sorted(line.split()[-1] for line in result.stdout.splitlines() if "OK" in line) == ["0", "1", "2"]
+
+
+def test_elastic_ddp_survives_a_kill_9_in_process(tmp_path):
+    """A DDP model in a TorchState: the survivors roll back, re-form, move DDP onto the new
+    world and go on in the same processes; every step is applied exactly once."""
+    with Job(["-H", "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1", "--min-np", "1",
+              sys.executable, os.path.join(SCRIPTS, "elastic_job.py")], tmp_path,
+             env=job_env(tmp_path, TOTAL_STEPS=40, STEP_SLEEP=0.05, DDP=1)) as job:
+        wait_progress(job, tmp_path, 10)
+        survivors = [slot_pid(job, "127.0.0.1/0"), slot_pid(job, "127.0.0.2/0")]
+        os.kill(slot_pid(job, "127.0.0.3/0"), signal.SIGKILL)
+        result = job.finish(120)
+    assert result.code == 0, result.stderr[-3000:]
+    records = check_training_continuous(tmp_path, 40)
+    assert sizes(records) == [3, 2]
+    assert {r["pid"] for r in records if r["size"] == 2} == set(survivors)  # nobody restarted
