@@ -5,6 +5,7 @@ hvd.init() and after every re-form, DDP, `dist.*` and the libraries that call th
 torch makes a default group from a registered backend's constructor; this one hands torch the
 world's group. dist.new_group() under it gets a gloo group of its own, bootstrapped through
 the default store: the driver's signed KV store, under a scope of its own per world."""
+import sys
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -35,11 +36,16 @@ def bind(group, info: WorldInfo) -> None:
         return
     _stores[:] = [KVStore(session().client, f"torch.{info.round}")]  # no peers: its groups vary
     _handing.append(group)
+    # torch wraps sys.excepthook to put "[rank<r>]: " before each line of a traceback: the
+    # driver labels lines already, and reads the error from the last one; and a wrapper per
+    # re-form would nest, with the first world's rank.
+    hook = sys.excepthook
     try:
         dist.init_process_group(NAME, store=_stores[0], rank=info.rank, world_size=info.size,
                                 timeout=gloo.collective_timeout())
     finally:
         _handing.clear()
+        sys.excepthook = hook
 
 
 def unbind() -> None:
