@@ -62,3 +62,17 @@ def test_elastic_ddp_survives_a_kill_9_in_process(tmp_path):
     records = check_training_continuous(tmp_path, 40)
     assert sizes(records) == [3, 2]
     assert {r["pid"] for r in records if r["size"] == 2} == set(survivors)  # nobody restarted
+
+
+def test_outside_hvdlite_workers_env_is_torchs_own(tmp_path):
+    """The boot hook on PYTHONPATH changes nothing for a process hvdlite did not start."""
+    from hvdlite.driver.torchrunenv import BOOT
+    code = ("import sys, torch.distributed as dist; dist.init_process_group('gloo'); "
+            "s = dist.distributed_c10d._get_default_store()\n"
+            "while hasattr(s, 'underlying_store'): s = s.underlying_store\n"
+            "print(type(s).__name__, sys.modules['torch.distributed.rendezvous']._rendezvous_handlers['env'].__module__)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HVDLITE_")}
+    env.update(PYTHONPATH=os.pathsep.join([BOOT, env.get("PYTHONPATH", "")]), RANK="0", WORLD_SIZE="1",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT="0", TORCHELASTIC_USE_AGENT_STORE="False")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["TCPStore", "sitecustomize"], done.stderr[-2000:]  # the hook, passing

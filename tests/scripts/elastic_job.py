@@ -73,7 +73,7 @@ hvd.init()
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 1)
 if os.environ.get("DDP") == "1":
-    model = torch.nn.parallel.DistributedDataParallel(model)
+    model = torch.nn.parallel.DistributedDataParallel(model, init_sync=False)  # run() syncs it
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 else:
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
