@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from jobs import SCRIPTS, Job, check_training_continuous, job_env, sizes, slot_pid, wait_progress
+from jobs import SCRIPTS, Job, check_training_continuous, job_env, sizes, slot_pid, ssh_flags, wait_progress
 
 # Facts of a rank that must read as under torchrun; the rest name a store or a run.
 SAME = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
@@ -39,6 +39,25 @@ def test_a_ddp_script_computes_under_hvdlite_what_it_computes_under_torchrun(tmp
         assert (a["store"], b["store"]) == ("TCPStore", "KVStore")  # hvdlite's: signed, no open port
         assert a["params"] == b["params"] and a["loss"] == b["loss"]
     assert len({r["params"] for r in ranks(ours, 4)}) == 1
+
+
+@pytest.mark.skipif(TORCHRUN is None, reason="torchrun is not on PATH")
+def test_a_ddp_script_on_two_ssh_hosts_computes_what_torchrun_computes_on_one(tmp_path, ssh_hosts):
+    script = os.path.join(SCRIPTS, "train_ddp.py")
+    theirs, ours = tmp_path / "torchrun", tmp_path / "hvdlite"
+    theirs.mkdir(), ours.mkdir()
+    done = subprocess.run([TORCHRUN, "--nproc-per-node", "4", script], env={**os.environ, "OUT_DIR": str(theirs)},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    hosts = ssh_hosts(2)
+    with Job([*ssh_flags(hosts), "-np", "4", "-H", "host-1:2,host-2:2", sys.executable, script], tmp_path,
+             env={"OUT_DIR": str(ours)}) as job:
+        result = job.finish(300)
+    assert result.code == 0, result.stderr[-3000:]
+    for rank, (a, b) in enumerate(zip(ranks(theirs, 4), ranks(ours, 4))):
+        assert (b["env"]["GROUP_RANK"], b["env"]["GROUP_WORLD_SIZE"], b["env"]["LOCAL_RANK"]) == \
+            (str(rank // 2), "2", str(rank % 2))
+        assert b["store"] == "KVStore" and a["params"] == b["params"]
 
 
 def test_after_hvd_init_the_default_group_is_the_world(tmp_path):
