@@ -22,43 +22,38 @@ def ranks(folder, n):
     return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(n)]
 
 
-@pytest.mark.skipif(TORCHRUN is None, reason="torchrun is not on PATH")
-def test_a_ddp_script_computes_under_hvdlite_what_it_computes_under_torchrun(tmp_path):
+def both_ways(tmp_path, hvdlite_flags):
+    """train_ddp.py's 4 ranks under torchrun --nproc-per-node 4, then under hvdlite run."""
     script = os.path.join(SCRIPTS, "train_ddp.py")
     theirs, ours = tmp_path / "torchrun", tmp_path / "hvdlite"
     theirs.mkdir(), ours.mkdir()
     done = subprocess.run([TORCHRUN, "--nproc-per-node", "4", script], env={**os.environ, "OUT_DIR": str(theirs)},
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    with Job(["-np", "4", sys.executable, script], tmp_path, env={"OUT_DIR": str(ours)}) as job:
+    with Job([*hvdlite_flags, "-np", "4", sys.executable, script], tmp_path, env={"OUT_DIR": str(ours)}) as job:
         result = job.finish(300)
     assert result.code == 0, result.stderr[-3000:]
-    for a, b in zip(ranks(theirs, 4), ranks(ours, 4)):
+    return list(zip(ranks(theirs, 4), ranks(ours, 4)))
+
+
+@pytest.mark.skipif(TORCHRUN is None, reason="torchrun is not on PATH")
+def test_a_ddp_script_computes_under_hvdlite_what_it_computes_under_torchrun(tmp_path):
+    pairs = both_ways(tmp_path, [])
+    for a, b in pairs:
         assert {k: a["env"][k] for k in SAME} == {k: b["env"][k] for k in SAME}
         assert b["env"]["MASTER_ADDR"] and b["env"]["MASTER_PORT"] and b["env"]["TORCHELASTIC_RUN_ID"]
         assert (a["store"], b["store"]) == ("TCPStore", "KVStore")  # hvdlite's: signed, no open port
         assert a["params"] == b["params"] and a["loss"] == b["loss"]
-    assert len({r["params"] for r in ranks(ours, 4)}) == 1
+    assert len({b["params"] for _, b in pairs}) == 1
 
 
 @pytest.mark.skipif(TORCHRUN is None, reason="torchrun is not on PATH")
 def test_a_ddp_script_on_two_ssh_hosts_computes_what_torchrun_computes_on_one(tmp_path, ssh_hosts):
-    script = os.path.join(SCRIPTS, "train_ddp.py")
-    theirs, ours = tmp_path / "torchrun", tmp_path / "hvdlite"
-    theirs.mkdir(), ours.mkdir()
-    done = subprocess.run([TORCHRUN, "--nproc-per-node", "4", script], env={**os.environ, "OUT_DIR": str(theirs)},
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
     hosts = ssh_hosts(2)
-    with Job([*ssh_flags(hosts), "-np", "4", "-H", "host-1:2,host-2:2", sys.executable, script], tmp_path,
-             env={"OUT_DIR": str(ours)}) as job:
-        result = job.finish(300)
-    assert result.code == 0, result.stderr[-3000:]
-    for rank, (a, b) in enumerate(zip(ranks(theirs, 4), ranks(ours, 4))):
+    for rank, (a, b) in enumerate(both_ways(tmp_path, [*ssh_flags(hosts), "-H", "host-1:2,host-2:2"])):
         assert (b["env"]["GROUP_RANK"], b["env"]["GROUP_WORLD_SIZE"], b["env"]["LOCAL_RANK"]) == \
             (str(rank // 2), "2", str(rank % 2))
         assert b["store"] == "KVStore" and a["params"] == b["params"]
-
 
 def test_after_hvd_init_the_default_group_is_the_world(tmp_path):
     with Job(["-np", "3", sys.executable, os.path.join(SCRIPTS, "hvd_dist.py")], tmp_path) as job:
