@@ -73,6 +73,7 @@ def _destroy_at_exit() -> None:
     # A gloo group still alive while the interpreter tears down often aborts the process
     # (SIGABRT, exit -6), which would make a finished worker look failed.
     deadline = time.monotonic() + EXIT_WAIT
+    defaultgroup.unbind()  # torch's reference to the group would outlive the interpreter's teardown
     runtime.deactivate()
     released = gloo.finish_releases(min(EXIT_RELEASE_WAIT, EXIT_WAIT))
     if not (_links.finish_given_up(max(0.0, deadline - time.monotonic())) and released):
