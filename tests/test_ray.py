@@ -234,3 +234,13 @@ def test_a_terminated_driver_exits_quietly_and_leaves_no_worker(tmp_path, cluste
     assert r.code == 143, r.stderr
     assert "SIGTERM received" not in r.stdout + r.stderr  # Ray's native stack dump
     wait_no_leftovers(cluster)
+
+
+def test_a_torchrun_script_runs_unchanged_on_the_nodes(tmp_path, cluster):
+    """docs/torchrun.md: env://, DDP and dist.* with one rank per node, through the signed store."""
+    r = run_job(["--ray", "-np", "3", sys.executable, os.path.join(SCRIPTS, "train_ddp.py")], tmp_path,
+                timeout=180, env={**ray_env(cluster, tmp_path), "OUT_DIR": str(tmp_path)})
+    assert r.code == 0, r.stderr
+    ranks = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in range(3)]
+    assert {k["store"] for k in ranks} == {"KVStore"} and len({k["params"] for k in ranks}) == 1
+    wait_no_leftovers(cluster)
