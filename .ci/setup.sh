@@ -16,7 +16,7 @@ if ! command -v chromium >/dev/null 2>&1; then
   fi
 fi
 # Re-runs skip pip while this checkout is installed with every requirement met (.ci/installed.py).
-python3 -E .ci/installed.py --extras test,ray || python3 -m pip install -q -e '.[test,ray]'
+python3 -E .ci/installed.py --extras test,ray,lightning || python3 -m pip install -q -e '.[test,ray,lightning]'
 # The numpy backend's workers run on pygloo, whose wheels exist for CPython 3.8-3.10 only:
 # a torch-free venv in .venv-pygloo/ (gitignored), when such an interpreter exists.
 pygloo_python() {

@@ -2,7 +2,7 @@
 
     python bench/elastic.py [--sections kill join start] [--trials 20] [--sizes 2 4 8]
                             [--baseline-trials 3] [--join-trials 5] [--join-sizes 2 8]
-                            [--modes plain default template] [--breakdown]
+                            [--modes plain default template] [--breakdown] [--ddp-trials 10]
 
 Prints, from real jobs on localhost (section "kill"):
 - kill -9 of a worker -> the survivors' next completed allreduce (per trial the latest
@@ -11,6 +11,9 @@ Prints, from real jobs on localhost (section "kill"):
   (target <= 3 s), and the survivors' stall while it joins;
 - kill -9 recovery at several world sizes;
 - torchrun (c10d rendezvous, --max-restarts) on the same kill, and the ratio.
+Section "ddp": the same kill with a DistributedDataParallel step in place of the allreduce,
+hvdlite's survivors moving DDP onto the re-formed world in-process against torchrun restarting
+every worker (which then builds DDP again), and the ratio.
 Section "join", with a Horovod-style script (init, model, DistributedOptimizer, elastic.run),
 plain launches (--no-preload) against workers forked from a preloaded template (--preload):
 - a slot added to discovery -> the new worker's first step at the new size, and the ratio to
@@ -101,11 +104,11 @@ class Run:
         self.out.close()
 
 
-def start_hvdlite(n):
+def start_hvdlite(n, env_extra=None):
     folder = tempfile.mkdtemp(prefix="hvdlite-bench-")
     return Run([sys.executable, "-m", "hvdlite.cli", "run", "--event-log",
                 os.path.join(folder, "events.jsonl"), "-H", f"localhost:{n}", "--min-np", "1",
-                "--blacklist-cooldown-range", "1", "1", sys.executable, LOOP], folder=folder)
+                "--blacklist-cooldown-range", "1", "1", sys.executable, LOOP], env_extra, folder=folder)
 
 
 def members(run):
@@ -168,12 +171,12 @@ def repeat(run, trial, trials, label):
     return results
 
 
-def hvdlite_trials(n, trials, rng):
-    run = start_hvdlite(n)
+def hvdlite_trials(n, trials, rng, env_extra=None):
+    run = start_hvdlite(n, env_extra)
     return repeat(run, lambda: kill_trial(run, n, rng), trials, f"size {n}")
 
 
-def torchrun_trials(trials):
+def torchrun_trials(trials, env_extra=None):
     """Recovery of torchrun on the same kill: it restarts every worker."""
     times = []
     for _ in range(trials):
@@ -183,7 +186,7 @@ def torchrun_trials(trials):
         run = Run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
                    "--nproc-per-node", "3", "--max-restarts", "3", "--rdzv-backend", "c10d",
                    "--rdzv-endpoint", f"127.0.0.1:{port}", "--monitor-interval", "0.1", LOOP],
-                  {"BASELINE": "torchrun", "OMP_NUM_THREADS": "1"})
+                  {"BASELINE": "torchrun", "OMP_NUM_THREADS": "1", **(env_extra or {})})
         try:
             if not run.wait(lambda: len([p for p, c in run.completions().items() if c]) >= 3, 60):
                 times.append(None)
@@ -411,7 +414,19 @@ def kill_section(args):
               f"{statistics.median(theirs) / statistics.median(ours):.1f}x")
 
 
-SECTIONS = {"kill": kill_section, "join": join_section, "start": start_section}
+def ddp_section(args):
+    print(f"DDP step, 3 workers on localhost, {args.ddp_trials} kill -9 trials", flush=True)
+    ours = [r[0] for r in hvdlite_trials(3, args.ddp_trials, random.Random(0), {"DDP": "1"})]
+    print(f"  hvdlite (in-process): kill -9 -> survivors' next DDP step: {summary(ours)}", flush=True)
+    theirs = torchrun_trials(args.baseline_trials, {"DDP": "1"})
+    print(f"  torchrun (restarts every worker): kill -9 -> first DDP step: {summary(theirs)}")
+    ours, theirs = [v for v in ours if v is not None], [v for v in theirs if v is not None]
+    if ours and theirs:
+        print(f"  recovery, torchrun median / hvdlite median: "
+              f"{statistics.median(theirs) / statistics.median(ours):.1f}x")
+
+
+SECTIONS = {"kill": kill_section, "join": join_section, "start": start_section, "ddp": ddp_section}
 
 
 def main():
@@ -428,6 +443,7 @@ def main():
     p.add_argument("--breakdown", action="store_true",
                    help="trace the join jobs and print each join's phases")
     p.add_argument("--start-trials", type=int, default=3)
+    p.add_argument("--ddp-trials", type=int, default=10)
     args = p.parse_args()
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
     for name in args.sections:

@@ -2,15 +2,20 @@
 
 hvdlite run -np 2 --min-np 1 --max-np 4 --host-discovery-script examples/discover_hosts.sh \
     python examples/elastic_train.py
+
+To show what that means in the first minute, the second worker kills itself (kill -9) once,
+in epoch 1: the survivor rolls back to its last commit and goes on alone; then the discovery
+script offers a third slot, and a new worker joins. DEMO_FAULTS=0 turns the kill off.
 """
 import os
+import signal
 import time
 
 import torch
 
 import hvdlite.torch as hvd
 
-EPOCHS = int(os.environ.get("EPOCHS", "3"))
+EPOCHS = int(os.environ.get("EPOCHS", "12"))
 BATCH = 16
 
 hvd.init()
@@ -35,13 +40,17 @@ def train(state):
     for state.epoch in range(state.epoch, EPOCHS):
         state.sampler.set_epoch(state.epoch)
         for batch_idx, (x, y) in enumerate(loader):
+            if state.epoch == 1 and batch_idx == 5 and os.environ.get("DEMO_FAULTS") != "0" \
+                    and os.environ.get("HVDLITE_WORKER_ID") == "localhost/1#1":  # its first launch
+                print(f"rank {hvd.rank()}: the demo kills this worker (kill -9)", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
             loss = torch.nn.functional.mse_loss(model(x), y)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             state.sampler.record_batch(batch_idx, BATCH)
             state.commit()
-            time.sleep(float(os.environ.get("STEP_SLEEP", "0.02")))
+            time.sleep(float(os.environ.get("STEP_SLEEP", "0.05")))
         if hvd.rank() == 0:
             print(f"epoch {state.epoch} done, loss {loss.item():.4f}, world size {hvd.size()}", flush=True)
 

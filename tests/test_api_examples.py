@@ -54,3 +54,21 @@ def test_train_numpy_learns_and_survives_a_kill_9(tmp_path):
     assert "step 200 " in steps[-1]
     error = float(r.stdout.split("|w - true w| = ")[1].split()[0])
     assert error < 1e-3, r.stdout
+
+
+def test_the_readmes_first_command_shows_a_re_form_and_a_join(tmp_path):
+    """The README's first job, as written: a worker lost and one gained while it trains, in
+    the first minute, and the job ends well."""
+    with open(os.path.join(os.path.dirname(EXAMPLES), "README.md")) as f:
+        first = next(line for line in f if line.startswith("python3 -m pip install"))
+    command = first.split("&& ", 1)[1].split()
+    assert command[:2] == ["hvdlite", "run"] and command[-2] == "python3"
+    root = os.path.dirname(EXAMPLES)
+    command = [os.path.join(root, word) if word.startswith("examples/") else word for word in command]
+    with Job([*command[2:-2], sys.executable, command[-1]], tmp_path) as job:
+        r = job.finish(120)
+    assert r.code == 0, r.stderr
+    assert "world 1 broke; the survivors roll back to their last commit" in r.stderr
+    assert "hosts changed: localhost 2 -> 3 slots" in r.stderr
+    assert [e["slot"] for e in r.of("worker_start")][-1] == "localhost/2"
+    assert r.of("round_complete")[-1]["size"] == 2 and len(r.of("round_complete")) == 3

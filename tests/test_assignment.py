@@ -34,6 +34,7 @@ def test_env_carries_horovod_and_torch_names():
     assert e["HVDLITE_RANK"] == e["RANK"] == "1"
     assert e["HVDLITE_SIZE"] == e["WORLD_SIZE"] == "2"
     assert e["HVDLITE_CROSS_RANK"] == "1" and e["HVDLITE_HOSTNAME"] == "b"
+    assert (e["ROLE_RANK"], e["ROLE_WORLD_SIZE"], e["GROUP_RANK"], e["GROUP_WORLD_SIZE"]) == ("1", "2", "1", "2")
 
 
 def test_no_hosts_no_slots():

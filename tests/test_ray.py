@@ -248,3 +248,13 @@ def test_the_secret_never_crosses_the_network_and_a_token_read_off_it_is_refused
                    env=ray_env(cluster, tmp_path))
     check_the_wire(*watched_job(start, cluster.bridge.name, tmp_path, cluster.netns["n3"]))
     wait_no_leftovers(cluster)
+
+
+def test_a_torchrun_script_runs_unchanged_on_the_nodes(tmp_path, cluster):
+    """docs/torchrun.md: env://, DDP and dist.* with one rank per node, through the signed store."""
+    r = run_job(["--ray", "-np", "3", sys.executable, os.path.join(SCRIPTS, "train_ddp.py")], tmp_path,
+                timeout=180, env={**ray_env(cluster, tmp_path), "OUT_DIR": str(tmp_path)})
+    assert r.code == 0, r.stderr
+    ranks = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in range(3)]
+    assert {k["store"] for k in ranks} == {"KVStore"} and len({k["params"] for k in ranks}) == 1
+    wait_no_leftovers(cluster)

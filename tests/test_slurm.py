@@ -2,6 +2,7 @@
 once for the module): jobs started inside `salloc` or `sbatch` with no host flags run on the
 allocation as srun steps; a node killed outright under --no-kill costs one re-form within
 hvdlite's liveness timeout, long before Slurm notices."""
+import json
 import os
 import re
 import shutil
@@ -261,4 +262,17 @@ def test_the_secret_never_crosses_the_network_and_a_token_read_off_it_is_refused
         return Job([sys.executable, HOLD, str(folder)], tmp_path, env=env,
                    prefix=["salloc", "-N2", "--ntasks-per-node=1"])
     check_the_wire(*watched_job(start, cluster.bridge.name, tmp_path, cluster.netns["n3"]))
+    assert_nothing_left(cluster)
+
+
+def test_a_torchrun_script_runs_unchanged_as_srun_steps(tmp_path, cluster, env):
+    """docs/torchrun.md: env://, DDP and dist.* on the allocation, through the signed store."""
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    code, out = run_in("salloc", cluster, tmp_path, ["-N2", "--ntasks-per-node=2"],
+                       [sys.executable, os.path.join(SCRIPTS, "train_ddp.py")], {**env, "OUT_DIR": str(out_dir)})
+    assert code == 0, out
+    ranks = [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(4)]
+    assert [r["env"]["GROUP_RANK"] for r in ranks] == ["0", "0", "1", "1"]
+    assert {r["store"] for r in ranks} == {"KVStore"} and len({r["params"] for r in ranks}) == 1
     assert_nothing_left(cluster)

@@ -1,4 +1,5 @@
 """The environment a worker starts with: the driver's, minus host-specific names, plus ours."""
+from hvdlite.driver.torchrunenv import torchrun_env
 from hvdlite.worker import env
 
 _DROPPED = {"OLDPWD", "PWD", "SHLVL", "_", *env.IDENTITY}
@@ -26,7 +27,7 @@ def worker_env(settings, rendezvous: tuple, secret: str, worker: str, slot: str,
                **({env.CHECKPOINT_LINEAGE: settings.checkpoint_lineage} if settings.checkpoint_lineage else {}),
                } if settings.checkpoint_dir else {}
     return {
-        **base, **threads, **(world.env() if world is not None else {}), **mode, **durable,
+        **base, **torchrun_env(rendezvous, base), **threads, **(world.env() if world is not None else {}), **mode, **durable,
         env.RENDEZVOUS_ADDR: addr, env.RENDEZVOUS_PORT: str(port), env.SECRET: secret,
         env.SLOT: slot, env.WORKER: worker,
         env.START_TIMEOUT: str(settings.start_timeout),

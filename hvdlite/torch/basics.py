@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from hvdlite.torch import gloo, runtime
+from hvdlite.torch import defaultgroup, gloo, runtime
 from hvdlite.torch.processsets import add_process_set
 from hvdlite.worker import durable, elastic, env, exitcode, trace
 from hvdlite.worker.links import EXIT_WAIT, Links
@@ -44,6 +44,7 @@ def join(after_round=None, commit=0) -> None:
         raise
     end(round=info.round, rank=info.rank, size=info.size)
     runtime.activate(pg, info, elastic.entry_check(_count, info.size) if session().elastic else None)
+    defaultgroup.bind(pg, info)
 
 
 def _count(flag: int) -> int:
@@ -64,6 +65,7 @@ def abort() -> None:
 def shutdown() -> None:
     """Leave the current world (after a failure, call abort() first)."""
     _links.forget()
+    defaultgroup.unbind()
     gloo.release([runtime.deactivate()])
 
 
@@ -71,6 +73,7 @@ def _destroy_at_exit() -> None:
     # A gloo group still alive while the interpreter tears down often aborts the process
     # (SIGABRT, exit -6), which would make a finished worker look failed.
     deadline = time.monotonic() + EXIT_WAIT
+    defaultgroup.unbind()  # torch's reference to the group would outlive the interpreter's teardown
     runtime.deactivate()
     released = gloo.finish_releases(min(EXIT_RELEASE_WAIT, EXIT_WAIT))
     if not (_links.finish_given_up(max(0.0, deadline - time.monotonic())) and released):

@@ -2,6 +2,7 @@
 ElasticSampler. The reset protocol lives in hvdlite.worker.elastic; this binds it to torch.
 """
 import torch
+import torch.distributed as dist
 
 from hvdlite.torch import basics, ops, runtime
 from hvdlite.torch.sampler import ElasticSampler  # noqa: F401
@@ -16,9 +17,16 @@ def _agree_flag(value: int) -> int:
     return int(ops.allreduce_(torch.tensor([value], dtype=torch.int32), op=ops.Max).item())
 
 
+def _gloo_failed(error: BaseException) -> bool:
+    """A collective torch ran on the world's group failed in gloo (a peer died, hung or was cut
+    off): torch raises gloo's text, "[.../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read
+    error ...", as a RuntimeError or a DistError."""
+    return isinstance(error, dist.DistError) or "/gloo/" in str(error).split("]", 1)[0]
+
+
 BACKEND = core.Backend(init=basics.init, join=basics.join, shutdown=basics.shutdown, abort=basics.abort,
                        info=runtime.info, agree_flag=_agree_flag,
-                       broadcast_object=ops.broadcast_object)
+                       broadcast_object=ops.broadcast_object, world_broke=_gloo_failed)
 
 
 class State(core.State):

@@ -28,12 +28,20 @@ def connect(scope: str, rank: int, size: int, abandoned=lambda: False, seen=None
     torch's new_group would not inherit it. `seen`: see ScopeStore."""
     if not any(name in os.environ for name in FLIGHT_RECORDER):
         os.environ[FLIGHT_RECORDER[0]] = "0"
-    s = session()
-    store = KVStore(s.client, scope, _timeout(env.START_TIMEOUT, defaults.START_TIMEOUT), abandoned,
-                    size, seen)
+    store = KVStore(session().client, scope, _timeout(env.START_TIMEOUT, defaults.START_TIMEOUT),
+                    abandoned, size, seen)
+    return on_store(store, rank, size)
+
+
+def collective_timeout() -> timedelta:
+    return _timeout(env.COLLECTIVE_TIMEOUT, defaults.COLLECTIVE_TIMEOUT)
+
+
+def on_store(store, rank: int, size: int, timeout: timedelta = None):
+    """A gloo group bootstrapped through `store`, bound where peers reach this worker."""
     options = dist.ProcessGroupGloo._Options()
-    options._devices = [dist.ProcessGroupGloo.create_device(hostname=s.local_address(rank))]
-    options._timeout = _timeout(env.COLLECTIVE_TIMEOUT, defaults.COLLECTIVE_TIMEOUT)
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=session().local_address(rank))]
+    options._timeout = timeout or collective_timeout()
     return dist.ProcessGroupGloo(store, rank, size, options)
 
 

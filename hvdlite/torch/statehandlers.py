@@ -9,6 +9,8 @@ import abc
 import copy
 
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 from torch.optim import lr_scheduler
 
 from hvdlite.torch import ops
@@ -67,6 +69,17 @@ class ModelStateHandler(StateDictHandler):
         broadcast_parameters(self.value.state_dict(), root_rank=0)  # tensors in fused broadcasts
 
 
+class DistributedModelHandler(ModelStateHandler):
+    """A DistributedDataParallel model: a new world's sync moves its reducer onto the world's
+    default group (defaultgroup.py) before syncing it; the model object stays the script's."""
+
+    def sync(self):
+        world = dist.group.WORLD
+        if self.value.process_group is not world:
+            self.value._update_process_group(world)  # torch's way to resize a DDP in place
+        super().sync()
+
+
 class OptimizerStateHandler(StateDictHandler):
     def sync(self):
         broadcast_optimizer_state(self.value, root_rank=0)
@@ -80,6 +93,7 @@ class SamplerStateHandler(StateDictHandler):
 # Every scheduler of torch 2.x derives from LRScheduler (Horovod 0.28 names only the old
 # _LRScheduler and so misses them).
 _handler_registry = [
+    (DistributedDataParallel, DistributedModelHandler),
     (torch.nn.Module, ModelStateHandler),
     (torch.optim.Optimizer, OptimizerStateHandler),
     (lr_scheduler.LRScheduler, StateDictHandler),

@@ -35,6 +35,9 @@ class Backend:
     info: Callable[[], WorldInfo]  # this worker's place in the current world
     agree_flag: Callable[[int], int]  # the largest of every rank's small int, on every rank
     broadcast_object: Callable  # broadcast_object(obj, root_rank): root's object everywhere
+    # whether an error other than HorovodInternalError says the world broke: one a library
+    # raised from a collective on the world's group (DDP's backward)
+    world_broke: Callable[[BaseException], bool] = lambda error: False
 
 
 _STOP = 2  # check_host_updates' flag for "the job stops" (1: a host update or a leaver)
@@ -177,12 +180,14 @@ def run(func):
                         raise HostsUpdatedInterrupt()
                     stopping.at_work = True
                     return func(state, *args, **kwargs)
-                except HorovodInternalError:
+                except HostsUpdatedInterrupt:
+                    pass
+                except RuntimeError as error:
+                    if not (isinstance(error, HorovodInternalError) or backend.world_broke(error)):
+                        raise
                     backend.abort()
                     state.restore()
                     rolled_back = True
-                except HostsUpdatedInterrupt:
-                    pass
                 _reset(state, backend, rolled_back)
         except SystemExit as e:  # its code is the process's: an exit hook may need it (exitcode.py)
             exitcode.note(e.code)

@@ -41,7 +41,7 @@ class WorldInfo:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def env(self) -> dict:
-        """The variables that hand this place to a worker: hvdlite's, Horovod's and torch's names."""
+        """The variables that hand this place to a worker: hvdlite's, Horovod's and torchrun's names."""
         ours = {
             env.HOSTNAME: self.hostname, env.RANK: str(self.rank), env.SIZE: str(self.size),
             env.LOCAL_RANK: str(self.local_rank), env.LOCAL_SIZE: str(self.local_size),
@@ -49,4 +49,4 @@ class WorldInfo:
         }
         return {**ours, env.ROUND: str(self.round),
                 **{env.HOROVOD[k]: v for k, v in ours.items()},
-                **{name: ours[k] for k, name in env.TORCH.items()}}
+                **{name: ours[k] for name, k in env.TORCH.items()}}

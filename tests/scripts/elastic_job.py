@@ -9,7 +9,8 @@ DIE_CONNECTING=slot (that worker is killed once, right after publishing its gloo
 its second group, so that its peers are left waiting for it to connect), CONNECT_FAILS=slot
 (that worker's groups never connect), HOLD_AT=step (every worker, once, waits at that step
 until $LOG_DIR/go exists: a long step, during which a test arranges what happens around it),
-START_SLEEP="slot:seconds,..." (that worker, "*" every one, sleeps before hvd.init: a slow start).
+START_SLEEP="slot:seconds,..." (that worker, "*" every one, sleeps before hvd.init: a slow start),
+DDP=1 (the model is a DistributedDataParallel with a plain optimizer: DDP averages the gradients).
 """
 import json
 import os
@@ -76,8 +77,12 @@ for entry in filter(None, os.environ.get("START_SLEEP", "").split(",")):
 hvd.init()
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 1)
-optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                     named_parameters=model.named_parameters())
+if os.environ.get("DDP") == "1":
+    model = torch.nn.parallel.DistributedDataParallel(model, init_sync=False)  # run() syncs it
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+else:
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
 sampler = hvd.elastic.ElasticSampler(list(range(DATASET)), shuffle=True, seed=1)
 
 

@@ -1,0 +1,41 @@
+"""A Lightning fit on 2 epochs: STRATEGY=hvdlite (HvdliteStrategy, under hvdlite run) or ddp
+(Lightning's own, under torchrun). Each rank writes OUT_DIR/rank<r>.json: the samples it
+trained on and a hash of the final parameters."""
+import hashlib
+import json
+import os
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Model(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        self.samples = 0
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        self.samples += len(x)
+        return torch.nn.functional.mse_loss(self.layers(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+if os.environ["STRATEGY"] == "hvdlite":
+    from hvdlite.lightning import HvdliteStrategy
+    strategy, devices = HvdliteStrategy(), "auto"
+else:
+    strategy, devices = "ddp", int(os.environ["LOCAL_WORLD_SIZE"])
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+model = Model()
+trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=devices, max_epochs=2, logger=False,
+                     enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
+trainer.fit(model, DataLoader(data, batch_size=8))
+digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
+with open(os.path.join(os.environ["OUT_DIR"], f"rank{trainer.global_rank}.json"), "w") as f:
+    json.dump({"size": trainer.world_size, "samples": model.samples, "params": digest}, f)
