@@ -16,7 +16,7 @@ def _agree_flag(value: int) -> int:
     return int(ops.allreduce_(torch.tensor([value], dtype=torch.int32), op=ops.Max).item())
 
 
-BACKEND = core.Backend(init=basics.init, join=basics.join, shutdown=basics.shutdown, abort=basics.abort,
+BACKEND = core.Backend(init=basics.init, join=basics.join, shutdown=basics.leave, abort=basics.abort,
                        info=runtime.info, agree_flag=_agree_flag,
                        broadcast_object=ops.broadcast_object)
 
