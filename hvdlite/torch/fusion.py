@@ -235,6 +235,13 @@ def by_dtype(tensors):
     return list(groups.values()), where
 
 
+def carried(tensor):
+    """`tensor` as gloo can carry it when the collective only moves its bits: gloo has no
+    int16 ("Invalid scalar type"), so int16 travels as float16, the same two bytes, copied
+    untouched."""
+    return tensor.view(torch.float16) if tensor.dtype == torch.int16 else tensor
+
+
 def plain(tensor):
     """The tensor outside autograd (detach() costs ~2 us; a gradient needs none)."""
     return tensor.detach() if tensor.requires_grad else tensor
@@ -250,12 +257,17 @@ def scale(tensor, factor) -> None:
 
 
 def average(flat, postscale_factor, divisor) -> None:
-    """Postscale, and divide for Average: floats in one pass; integers exactly, rounding
-    toward zero as Horovod's integer scaling does."""
+    """Postscale, and divide for Average: float32/64 in one pass; float16 and bfloat16 as
+    Horovod does, postscaled then divided (one product by 1/divisor rounds differently);
+    integers exactly, rounding toward zero as Horovod's integer scaling does."""
     if postscale_factor == 1 and divisor == 1:  # (no C call: see joinwire.front)
         return
-    if flat.is_floating_point():
+    if flat.dtype in _NUMPY_SCALED:
         scale(flat, postscale_factor / divisor)
+    elif flat.is_floating_point():
+        scale(flat, postscale_factor)
+        if divisor != 1:
+            flat.div_(divisor)
     else:
         scale(flat, postscale_factor)
         if divisor != 1:

@@ -130,7 +130,7 @@ def collective(tensors, result, start, finish=None) -> Handle:
     """Issue start(buffer) -> list of Works on one packed buffer per dtype; waiting runs
     finish(buffer), copies the buffers back into `tensors` and returns `result`."""
     packs = [fusion.Pack(group) for group in fusion.by_dtype(tensors)[0]]
-    works = [work for pack in packs for work in start(pack.flat)]
+    works = [work for pack in packs for work in start(fusion.carried(pack.flat))]
 
     def done():
         for pack in packs:
@@ -152,7 +152,8 @@ def gather_equal_async(pg, tensor):
     fusion.check_cpu(tensor)
     tensor = tensor.contiguous()
     out = tensor.new_empty((pg.size() * tensor.shape[0],) + tuple(tensor.shape[1:]))
-    return pg.allgather([list(out.chunk(pg.size()))], [tensor], AllgatherOptions()), out
+    parts = [fusion.carried(part) for part in out.chunk(pg.size())]
+    return pg.allgather([parts], [fusion.carried(tensor)], AllgatherOptions()), out
 
 
 def gather_equal(pg, tensor):

@@ -129,8 +129,8 @@ def _alltoall_async(tensor, splits, process_set) -> Handle:
     if row == 0 or (sum(recv) == 0 and sum(send) == 0):
         works = []
     else:
-        works = [pg.alltoall_base(out, tensor.detach().contiguous(), recv, send,
-                                  dist.AllToAllOptions())]
+        works = [pg.alltoall_base(fusion.carried(out), fusion.carried(tensor.detach().contiguous()),
+                                  recv, send, dist.AllToAllOptions())]
     kind = splits.dtype if torch.is_tensor(splits) else torch.int32
     return Handle(works, lambda: (out, received.to(kind)))
 
