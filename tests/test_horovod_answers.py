@@ -1,11 +1,14 @@
 """Answers Horovod 0.28.1 gives, where hvdlite once gave others: real gloo groups of 2 and 3
 processes (a difference once hid at 3 ranks), every result checked on every rank."""
+import time
+
 import pytest
 import torch
 
 import gloo_harness
 from hvdlite.torch import autograd, ops, runtime
 from hvdlite.torch.compression import Compression
+from hvdlite.worker.errors import HorovodInternalError
 
 INT16 = torch.tensor([-32768, -1, 0, 1, 32767, 12345], dtype=torch.int16)
 
@@ -42,9 +45,39 @@ def check_int16_moves_bit_exact():
     assert counts.tolist() == [1] * size
 
 
+def check_disagreement_raises_at_once_on_every_rank():
+    # Horovod raises a RuntimeError on every rank; gloo waited out its timeout (a root rank
+    # or a reducescatter's shape) or took the tensors as they came (an alltoall's dtype).
+    rank, size = _world()
+    started = time.monotonic()
+    calls = [lambda: autograd.broadcast(torch.ones(3), rank),  # every rank its own root
+             lambda: autograd.broadcast(torch.ones(3, rank + 1), 0),
+             lambda: autograd.broadcast(torch.ones(3, dtype=torch.int32 if rank else torch.float32), 0),
+             lambda: autograd.allgather(torch.ones(2, rank + 1)),
+             lambda: autograd.allgather(torch.ones(2, dtype=torch.int32 if rank else torch.float32)),
+             lambda: autograd.alltoall(torch.ones(size, dtype=torch.int32 if rank else torch.float32)),
+             lambda: autograd.alltoall(torch.ones(size, rank + 1)),
+             lambda: autograd.reducescatter(torch.ones(size, rank + 1)),
+             lambda: autograd.reducescatter(torch.ones(size, dtype=torch.float64 if rank else torch.float32)),
+             lambda: autograd.allreduce(torch.ones(rank + 1)),
+             lambda: autograd.allreduce(torch.ones(2, dtype=torch.int32 if rank else torch.float32))]
+    for call in calls:
+        with pytest.raises(RuntimeError, match="disagree") as raised:
+            call()
+        assert isinstance(raised.value, ValueError) and not isinstance(raised.value, HorovodInternalError)
+    assert time.monotonic() - started < 10
+    # and the world goes on
+    assert autograd.allreduce(torch.ones(2), op=ops.Sum).tolist() == [size, size]
+    with pytest.raises(RuntimeError, match="Average or op=Sum"):
+        autograd.reducescatter(torch.ones(size), op=ops.Adasum)
+    with pytest.raises(ValueError, match="integers"):
+        autograd.alltoall(torch.ones(size), torch.ones(size))
+
+
 def check_all():
     check_fp16_average_divides_after_the_sum()
     check_int16_moves_bit_exact()
+    check_disagreement_raises_at_once_on_every_rank()
 
 
 @pytest.mark.parametrize("size", [2, 3])

@@ -39,7 +39,9 @@ def _check_announced(pg, envelope, control, layout) -> None:
         envelope.settle(pg, layout)
         return
     said = envelope.said(pg.size())
-    if (control is None and said == joinwire.WRONG) or (control is not None and not control.agrees(layout)):
+    if control is None and said == joinwire.WRONG:
+        raise joinwire.wrong_elsewhere(pg, layout)
+    if control is not None and not control.agrees(layout):
         raise joinwire.disagree(layout)
 
 
@@ -68,6 +70,11 @@ def _issue_announced(pg, wire, group, op, prescale_factor, divisor, copy, waits,
     pack, left = _packed(group, 1 if rides else 0, copy, prescale_factor, divisor)
     checks = _announce(pg, wire, layout, works, pack.buffer if rides else None, guess, pack.flat)
     if layout != guess:  # (guessed right, it rode in the envelope or went ahead of it)
+        # Issued once the control exchange shows the ranks agree on it: tensors of another
+        # dtype or size would leave gloo waiting out its timeout. (A wrong guess is rare.)
+        for work in works:
+            handles.wait_work(work)
+        _check_announced(pg, *checks)
         works.append(pg.allreduce([pack.flat], joinwire.OPTIONS[op]))
     return pack, left, checks
 
@@ -141,7 +148,7 @@ def prepacked_async(packed, layout, postscale_factor) -> Handle:
 
     def done():
         if joinwire.reading(packed.array.item(0), Sum, size) == joinwire.WRONG:
-            raise joinwire.disagree(layout)
+            raise joinwire.wrong_elsewhere(runtime.process_group(), layout)
         if postscale_factor != 1:
             fusion.average(buffer[1:], postscale_factor, 1)
         return buffer

@@ -33,7 +33,7 @@ class Flag:
         envelope.buffer[1] = self.first
         handles.wait_work(envelope.issue(pg))
         if envelope.said(pg.size()) == joinwire.WRONG:
-            raise joinwire.disagree(layout)
+            raise joinwire.wrong_elsewhere(pg, layout)
         self.cell.value = envelope.buffer.numpy().item(1)  # the active ranks' sum
 
 
@@ -102,17 +102,17 @@ def short(tensor, average, op, prescale_factor, postscale_factor, process_set, c
     slot.array[0] = slot.right
     work = pg.allreduce([slot.buffer], joinwire.OPTIONS[summed])
     if not wait:
-        return Handle([work], lambda: _landed(slot, tensor, postscale_factor, copy))
+        return Handle([work], lambda: _landed(pg, slot, tensor, postscale_factor, copy))
     handles.wait_work(work)  # (failing, it keeps the slot held: its work may still write)
-    return _landed(slot, tensor, postscale_factor, copy)
+    return _landed(pg, slot, tensor, postscale_factor, copy)
 
 
-def _landed(slot, tensor, postscale_factor, copy):
+def _landed(pg, slot, tensor, postscale_factor, copy):
     """The result of a small lone tensor's allreduce, done: the reduced tensor (a new one
     with copy)."""
     try:
         if slot.said_wrong():
-            raise joinwire.disagree(slot.layout)
+            raise joinwire.wrong_elsewhere(pg, slot.layout)
         data = slot.view
         if postscale_factor != 1:
             numpy.multiply(data, postscale_factor, out=data)
@@ -151,7 +151,7 @@ def _ahead(pg, wire, slot, tensor, prescale_factor, postscale_factor, divisor, w
     def finish():
         try:
             if slot.said_wrong():
-                raise joinwire.disagree(slot.layout)
+                raise joinwire.wrong_elsewhere(pg, slot.layout)
         finally:
             slot.give_back()
         fusion.average(flat, postscale_factor, divisor)
