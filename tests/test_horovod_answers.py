@@ -8,6 +8,7 @@ import torch
 import gloo_harness
 from hvdlite.torch import autograd, ops, runtime
 from hvdlite.torch.compression import Compression
+from hvdlite.torch.optimizer import DistributedOptimizer, broadcast_optimizer_state
 from hvdlite.worker.errors import HorovodInternalError
 
 INT16 = torch.tensor([-32768, -1, 0, 1, 32767, 12345], dtype=torch.int16)
@@ -74,10 +75,28 @@ def check_disagreement_raises_at_once_on_every_rank():
         autograd.alltoall(torch.ones(size), torch.ones(size))
 
 
+def check_a_new_optimizers_state_is_made_as_horovod_makes_it():
+    # Horovod's broadcast_optimizer_state gives a stateless optimizer zero gradients and one
+    # local step: weight decay moves the parameters and momentum buffers appear. A swapped
+    # import must start training from the same place.
+    torch.manual_seed(0)
+    frozen = torch.nn.Parameter(torch.ones(2), requires_grad=False)
+    weight = torch.nn.Parameter(torch.full((3,), 2.0))
+    for wrap in (False, True):
+        opt = torch.optim.SGD([frozen, weight], lr=0.1, momentum=0.9, weight_decay=0.5)
+        opt = DistributedOptimizer(opt) if wrap else opt
+        before = weight.detach().clone()
+        broadcast_optimizer_state(opt, root_rank=0)
+        assert frozen.grad is None and torch.equal(weight.grad, torch.zeros(3))
+        assert torch.allclose(weight, before * (1 - 0.1 * 0.5))
+        assert torch.allclose(opt.state[weight]["momentum_buffer"], before * 0.5)
+
+
 def check_all():
     check_fp16_average_divides_after_the_sum()
     check_int16_moves_bit_exact()
     check_disagreement_raises_at_once_on_every_rank()
+    check_a_new_optimizers_state_is_made_as_horovod_makes_it()
 
 
 @pytest.mark.parametrize("size", [2, 3])

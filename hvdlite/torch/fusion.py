@@ -74,19 +74,19 @@ def expect_freed(nbytes) -> None:
 
 class Plan:
     """The fixed layout of a bucket packed step after step (DistributedOptimizer's): one free
-    element in front (join's state), the tensors, then `extra` elements. Its buffers are kept
+    element in front (join's state), then the tensors. Its buffers are kept
     with their numpy views, whatever their size: at np 2 the transfer leaves the caches cold,
     and then each C call made anew (a numpy view, torch.empty, a slice) costs several us."""
 
     KEPT = Pool.PER_SIZE  # buffers kept; a step's gradients hold one while the next is packed
 
-    def __init__(self, tensors, extra):
+    def __init__(self, tensors):
         self.shapes = [tuple(t.shape) for t in tensors]
         self.dtype = tensors[0].dtype
         # Shaped as the buffer's pieces, the state element first: pieces() cuts them in one
         # C call (split and a view per piece cost ~50 us cold, a view each).
         self._templates = [torch.empty(shape, device="meta") for shape in [(1,), *self.shapes]]
-        self.cuts = [1, *(t.numel() for t in tensors), extra]  # the buffer's pieces
+        self.cuts = [1, *(t.numel() for t in tensors)]  # the buffer's pieces
         self.numel = sum(self.cuts) - 1
         self.scaled = self.dtype in _NUMPY_SCALED
         self.kept = []
@@ -106,17 +106,15 @@ class Plan:
             return None
         return arrays
 
-    def pack(self, arrays, factor, fill):
+    def pack(self, arrays, factor):
         """A free buffer (Packed) holding the arrays multiplied by `factor` (numpy's float32/64
-        product, as _multiply's) after its first element, then the extra elements set to
-        `fill`."""
+        product, as _multiply's) after its first element."""
         packed = self._take()
         for array, out in zip(arrays, packed.outs):
             if factor == 1:
                 numpy.copyto(out, array)
             else:
                 numpy.multiply(array, factor, out=out)
-        packed.tail.fill(fill)
         return packed
 
     def _take(self):
@@ -135,14 +133,13 @@ class Plan:
 
 class Packed:
     """A Plan's buffer with its numpy views made once: `array` the whole, `outs` the tensors'
-    parts shaped as they are, `tail` the extra elements."""
+    parts shaped as they are."""
 
     def __init__(self, buffer, cuts, shapes):
         self.buffer, self.array = buffer, buffer.numpy()
         starts = numpy.cumsum(cuts).tolist()
         self.outs = [self.array[start - size:start].reshape(shape)
                      for start, size, shape in zip(starts[1:], cuts[1:], shapes)]
-        self.tail = self.array[starts[-2]:]
         # Free while only the buffer, these views and the storage kept to ask refer to its
         # memory: no piece of it (a gradient, a result, a handle's) is alive.
         self._storage = buffer.untyped_storage()

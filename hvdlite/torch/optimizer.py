@@ -5,7 +5,6 @@ import os
 import warnings
 import weakref
 
-import numpy
 import torch
 
 from hvdlite.torch import fusion, ops, runtime
@@ -103,10 +102,11 @@ def _replace(obj, kind, fn):
 
 def broadcast_optimizer_state(optimizer, root_rank, model=None) -> None:
     """Give every rank root_rank's optimizer state (tensors and scalars such as Adam's step
-    counts) and param_group options (lr, momentum, ...), even where a rank has no state yet.
-    `model` is accepted as in Horovod, which needs it to find sparse embeddings when it makes
-    up a missing state; hvdlite sends root's state as it is and needs no model."""
+    counts) and param_group options (lr, momentum, ...). An optimizer with no state yet first
+    makes one as Horovod's does (_first_state); `model` names its sparse embeddings."""
     is_root = runtime.process_group().rank() == root_rank
+    if not optimizer.state:
+        _first_state(optimizer, model)
     tensors = []
 
     def collect(tensor):
@@ -126,15 +126,34 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None) -> None:
         optimizer.load_state_dict(state)
 
 
+def _first_state(optimizer, model) -> None:
+    """Make a new optimizer's state as Horovod's broadcast_optimizer_state does, so that a
+    script trains the same: every parameter that requires grad gets a zero gradient (sparse
+    for SparseAdam, and for SGD on a sparse embedding of `model`), and one local step
+    without averaging runs (weight decay moves the parameters, momentum buffers appear)."""
+    sparse = {id(p) for m in (model.modules() if model is not None else ())
+              if isinstance(m, torch.nn.Embedding) and m.sparse for p in m.parameters()}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+                if isinstance(optimizer, torch.optim.SparseAdam) or \
+                        (isinstance(optimizer, torch.optim.SGD) and id(p) in sparse):
+                    p.grad = p.grad.to_sparse()
+    step = super(_DistributedOptimizer, optimizer).step if isinstance(optimizer, _DistributedOptimizer) \
+        else optimizer.step
+    step()
+
+
 class _GradientReducer:
     """Averages gradients across ranks in fused buckets, started from gradient hooks.
 
     Every rank must issue the same collectives in the same order, whatever its local
     gradients. So buckets are fixed up front from the parameter order, and started strictly
     in bucket order: a bucket starts when its gradients are all accumulated and every earlier
-    bucket has started, or at synchronize(). A gradient missing locally is sent as zeros, and a
-    flag per parameter, reduced with the bucket, tells every rank whether any rank had it: if
-    none did, the gradient stays None everywhere, so the step skips the parameter everywhere.
+    bucket has started, or at synchronize(). A gradient missing locally is sent as zeros; one
+    no rank computed becomes zeros everywhere, and the step takes it (momentum moves the
+    parameter, weight decay shrinks it), as Horovod's optimizer does.
     """
 
     def __init__(self, params, compression, backward_passes_per_step, op, prescale, postscale,
@@ -150,8 +169,8 @@ class _GradientReducer:
         # tensors would call Tensor.__hash__, Python code, at every look-up): its bucket.
         where = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
         self.bucket_of = [where[id(p)] for p in params]
-        # Each bucket's layout with its flags, for the prepacked path (see _prepacked).
-        self.plans = [fusion.Plan(bucket, len(bucket)) for bucket in self.buckets]
+        # Each bucket's layout, for the prepacked path (see _prepacked).
+        self.plans = [fusion.Plan(bucket) for bucket in self.buckets]
         fusion.expect_freed(sum(_nbytes(p) for p in params))
         self.skip_synchronize = False
         self.synchronized = False
@@ -207,10 +226,9 @@ class _GradientReducer:
                 self.started.append((bucket, None, handle))
                 continue
             compressed = [self.compression.compress(self._local_grad(p)) for p in bucket]
-            flags = _flags([p.grad is not None for p in bucket], compressed[0][0].dtype)
             # Reduced into a new fused buffer, whose pieces become the gradients: no copy back.
             handle = ops.grouped_allreduce_async(
-                [c for c, _ in compressed] + [flags], op=self.op,
+                [c for c, _ in compressed], op=self.op,
                 prescale_factor=self.prescale, postscale_factor=self.postscale,
                 process_set=self.process_set)
             self.started.append((bucket, [ctx for _, ctx in compressed], handle))
@@ -225,15 +243,13 @@ class _GradientReducer:
             return None
         plan = self.plans[index]
         factor = self.prescale / (self.process_set.size() if self.op == ops.Average else 1)
-        if not factor > 0:  # (a positive factor keeps each flag of a present gradient nonzero)
-            return None
         arrays = plan.arrays([p.grad for p in self.buckets[index]])
         if arrays is None:
             return None
         layout = prepacked(plan.numel, plan.dtype, self.process_set)
         if layout is None:
             return None
-        return prepacked_async(plan.pack(arrays, factor, fill=factor), layout, self.postscale)
+        return prepacked_async(plan.pack(arrays, factor), layout, self.postscale)
 
     def _local_grad(self, p):
         if p.grad is None:
@@ -250,28 +266,15 @@ class _GradientReducer:
         try:
             self._start(everything=True)
             for index, (bucket, contexts, handle) in enumerate(self.started):
-                if contexts is None:  # prepacked: every rank had some of each gradient
+                if contexts is None:  # prepacked
                     for p, grad in zip(bucket, self.plans[index].pieces(handle.wait())):
                         p.grad = grad
                     continue
-                *reduced, flags = ops.synchronize(handle)
-                for p, grad, ctx, anyone in zip(bucket, reduced, contexts, flags.tolist()):
-                    if anyone:
-                        p.grad = self.compression.decompress(grad, ctx)
+                for p, grad, ctx in zip(bucket, ops.synchronize(handle), contexts):
+                    p.grad = self.compression.decompress(grad, ctx)
         finally:
             self._reset()  # also after a failure, so the next step starts clean
         self.synchronized = True
-
-
-# torch.tensor() of a short list costs ~20 us; numpy's array and from_numpy ~4 us.
-_NUMPY_FLOATS = {torch.float32: numpy.float32, torch.float64: numpy.float64,
-                 torch.float16: numpy.float16}
-
-
-def _flags(values, dtype):
-    if dtype in _NUMPY_FLOATS:
-        return torch.from_numpy(numpy.array(values, dtype=_NUMPY_FLOATS[dtype]))
-    return torch.tensor(values, dtype=dtype)
 
 
 def _on_grad(reducer_ref, index, _):
