@@ -32,6 +32,33 @@ def check_fp16_average_divides_after_the_sum():
     assert torch.equal(autograd.allreduce(half, postscale_factor=2.0), (mean * 2).half())
 
 
+def check_every_average_divides_after_the_sum():
+    # Horovod divides the sum: every rank's whole x averages to x exactly (x + x + x is 3x, and 3x
+    # divided by 3 is x), which Horovod's tests check at 3 ranks with no tolerance. Each part
+    # multiplied by 1/3 first came out an ulp off.
+    _, size = _world()
+    torch.manual_seed(1234)
+    for dtype in (torch.float32, torch.float64):
+        for numel in (17, 17 ** 3, 70_000):  # a short path's, a carried one's, one not carried
+            x = torch.empty(numel, dtype=dtype).random_(-100, 100)
+            assert torch.equal(autograd.allreduce(x), x)
+            assert torch.equal(ops.allreduce_(x.clone()), x)
+            assert torch.equal(ops.allreduce_async(x).wait(), x)
+            assert all(torch.equal(got, x) for got in autograd.grouped_allreduce([x, x[:5]])[:1])
+            assert torch.equal(autograd.allreduce(x, prescale_factor=0.3), (x * 0.3 * size) / size)
+    model = torch.nn.Linear(50, 7)
+    torch.nn.init.constant_(model.weight, 1 / 7)
+    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    for _ in range(4):  # (the prepacked path from the third step on)
+        opt.zero_grad()
+        model(torch.ones(3, 50) / 3).sum().backward()
+        local = model.weight.grad.clone()
+        opt.synchronize()
+        assert torch.equal(model.weight.grad, local)
+        with opt.skip_synchronize():
+            opt.step()
+
+
 def check_int16_moves_bit_exact():
     # gloo has no int16; broadcast, allgather and alltoall carry it unchanged.
     rank, size = _world()
@@ -94,6 +121,7 @@ def check_a_new_optimizers_state_is_made_as_horovod_makes_it():
 
 def check_all():
     check_fp16_average_divides_after_the_sum()
+    check_every_average_divides_after_the_sum()
     check_int16_moves_bit_exact()
     check_disagreement_raises_at_once_on_every_rank()
     check_a_new_optimizers_state_is_made_as_horovod_makes_it()

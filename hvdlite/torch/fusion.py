@@ -254,14 +254,12 @@ def scale(tensor, factor) -> None:
 
 
 def average(flat, postscale_factor, divisor) -> None:
-    """Postscale, and divide for Average: float32/64 in one pass; float16 and bfloat16 as
-    Horovod does, postscaled then divided (one product by 1/divisor rounds differently);
-    integers exactly, rounding toward zero as Horovod's integer scaling does."""
+    """Postscale, and divide for Average, as Horovod does: floats postscaled then divided
+    (a product by 1/divisor rounds differently); integers exactly, rounding toward zero as
+    Horovod's integer scaling does."""
     if postscale_factor == 1 and divisor == 1:  # (no C call: see joinwire.front)
         return
-    if flat.dtype in _NUMPY_SCALED:
-        scale(flat, postscale_factor / divisor)
-    elif flat.is_floating_point():
+    if flat.is_floating_point():
         scale(flat, postscale_factor)
         if divisor != 1:
             flat.div_(divisor)

@@ -242,14 +242,14 @@ class _GradientReducer:
         if self.compression is not Compression.none or self.process_set is not global_process_set:
             return None
         plan = self.plans[index]
-        factor = self.prescale / (self.process_set.size() if self.op == ops.Average else 1)
         arrays = plan.arrays([p.grad for p in self.buckets[index]])
         if arrays is None:
             return None
         layout = prepacked(plan.numel, plan.dtype, self.process_set)
         if layout is None:
             return None
-        return prepacked_async(plan.pack(arrays, factor), layout, self.postscale)
+        divisor = self.process_set.size() if self.op == ops.Average else 1
+        return prepacked_async(plan.pack(arrays, self.prescale), layout, self.postscale, divisor)
 
     def _local_grad(self, p):
         if p.grad is None:
