@@ -203,7 +203,14 @@ class _GradientReducer:
             self._reset()  # the world was re-formed (elastic reset) in the middle of a step
             self.world = world
 
+    def _outside(self) -> bool:
+        """This rank is not in the optimizer's process set: as in Horovod, its gradients
+        stay its own."""
+        return self.process_set is not global_process_set and not self.process_set.included()
+
     def on_grad(self, index):
+        if self._outside():
+            return
         self._follow_world()
         left = self.pending[index]
         if left == 0:
@@ -262,6 +269,9 @@ class _GradientReducer:
         return p.grad
 
     def synchronize(self):
+        if self._outside():
+            self.synchronized = True
+            return
         self._follow_world()
         try:
             self._start(everything=True)
@@ -326,7 +336,12 @@ class _DistributedOptimizer:
         return super().zero_grad(*args, **kwargs)
 
 
-def _check_names(named_parameters, params):
+def _names(optimizer, named_parameters, params) -> dict:
+    """{parameter: name}, checked, as Horovod's optimizer keeps it (_parameter_names, which
+    some scripts read): unnamed parameters are allreduce.noname.<group>.<index>."""
+    if named_parameters is None:
+        return {p: f"allreduce.noname.{i}.{j}" for i, group in enumerate(optimizer.param_groups)
+                for j, p in enumerate(group["params"])}
     named = list(named_parameters)
     if any(not isinstance(item, tuple) for item in named):
         raise ValueError("named_parameters should be (name, parameter) pairs, "
@@ -338,6 +353,7 @@ def _check_names(named_parameters, params):
     named_ids = {id(p) for _, p in named}
     if any(id(p) not in named_ids for p in params):
         raise ValueError("named_parameters was given but does not name every optimizer parameter")
+    return {p: name for name, p in named}
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
@@ -359,8 +375,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if backward_passes_per_step < 1:
         raise ValueError("backward_passes_per_step must be at least 1")
     params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
-    if named_parameters is not None:
-        _check_names(named_parameters, params)
+    names = _names(optimizer, named_parameters, params)
 
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
     wrapped = cls.__new__(cls)
@@ -368,6 +383,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     # An LR scheduler made before wrapping put a `step` on the instance that calls the plain
     # class's step; drop it so ours runs (the scheduler then warns once, which is harmless).
     wrapped.__dict__.pop("step", None)
+    wrapped._parameter_names = names
     wrapped._hvd_reducer = _GradientReducer(
         params, compression, backward_passes_per_step, op,
         prescale=1.0 / gradient_predivide_factor, postscale=gradient_predivide_factor,
