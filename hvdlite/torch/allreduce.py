@@ -228,12 +228,6 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                             process_set, False, True, waits=True, name=name).wait()
 
 
-def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
-    raise NotImplementedError(
-        "hvdlite has no sparse allreduce: reduce tensor.to_dense() with allreduce, or pass "
-        "sparse_as_dense=True to DistributedOptimizer")
-
-
 @handles.traced("join")
 def join(device=-1) -> int:
     """This rank has no more data: answer the other ranks' allreduces on the global set with

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from hvdlite.torch import fusion, handles, runtime
 from hvdlite.torch.allreduce import (  # noqa: F401 - this module is the collectives' one face
     allreduce_, allreduce_async, allreduce_async_, grouped_allreduce_, grouped_allreduce_async,
-    grouped_allreduce_async_, join, sparse_allreduce_async)
+    grouped_allreduce_async_, join)
 from hvdlite.torch.handles import Handle, poll, synchronize  # noqa: F401
 from hvdlite.torch.processsets import global_process_set
 from hvdlite.worker import objects
@@ -95,6 +95,26 @@ def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle
     """Concatenate every rank's tensor along the first dimension, in rank order."""
     parts = _allgather_async(tensor, process_set, name=name)
     return Handle([parts], lambda: torch.cat(parts.wait()))
+
+
+class SparseHandle(Handle):
+    """Horovod's sparse handle is a function returning the result: so is this one."""
+    __call__ = Handle.wait
+
+
+def sparse_allreduce_async(tensor, name=None, op=Average, process_set=global_process_set) -> SparseHandle:
+    """Reduce a sparse COO tensor as Horovod does: gather every rank's indices and values
+    (Average divides the values by the set's size); the result is sparse, uncoalesced, with
+    every rank's entries."""
+    indices = allgather_async(tensor._indices().t().contiguous(), name, process_set)
+    values = allgather_async(tensor._values(), name, process_set)
+
+    def finish():
+        summed = values.wait()
+        if op == Average:
+            summed = summed / process_set.size()
+        return torch.sparse_coo_tensor(indices.wait().t(), summed, tensor.shape, check_invariants=False)
+    return SparseHandle([indices, values], finish)
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:

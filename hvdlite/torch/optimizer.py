@@ -10,6 +10,7 @@ import torch
 from hvdlite.torch import fusion, ops, runtime
 from hvdlite.torch.allreduce import prepacked, prepacked_async
 from hvdlite.torch.compression import Compression
+from hvdlite.torch.handles import Handle
 from hvdlite.torch.processsets import global_process_set
 
 FUSION_THRESHOLD_ENV = "HVDLITE_FUSION_THRESHOLD"
@@ -232,7 +233,11 @@ class _GradientReducer:
             if handle is not None:
                 self.started.append((bucket, None, handle))
                 continue
-            compressed = [self.compression.compress(self._local_grad(p)) for p in bucket]
+            grads = [self._local_grad(p) for p in bucket]
+            if any(grad.is_sparse for grad in grads):
+                self.started.append((bucket, [None] * len(bucket), self._with_sparse(grads)))
+                continue
+            compressed = [self.compression.compress(grad) for grad in grads]
             # Reduced into a new fused buffer, whose pieces become the gradients: no copy back.
             handle = ops.grouped_allreduce_async(
                 [c for c, _ in compressed], op=self.op,
@@ -261,12 +266,29 @@ class _GradientReducer:
     def _local_grad(self, p):
         if p.grad is None:
             return torch.zeros_like(p, memory_format=torch.contiguous_format)
-        if p.grad.is_sparse:
-            if not self.sparse_as_dense:
-                raise NotImplementedError(
-                    "hvdlite reduces dense gradients only; pass sparse_as_dense=True")
+        if p.grad.is_sparse and self.sparse_as_dense:
             return p.grad.to_dense()
         return p.grad
+
+    def _with_sparse(self, grads):
+        """A bucket holding sparse gradients (an embedding's, without sparse_as_dense): each
+        reduced as Horovod reduces it, gathering indices and values; the dense ones together.
+        The handle's result is every reduced gradient, in the bucket's order."""
+        dense = [i for i, grad in enumerate(grads) if not grad.is_sparse]
+        compressed = [self.compression.compress(grads[i]) for i in dense]
+        together = ops.grouped_allreduce_async(
+            [c for c, _ in compressed], op=self.op, prescale_factor=self.prescale,
+            postscale_factor=self.postscale, process_set=self.process_set) if dense else None
+        alone = {i: ops.sparse_allreduce_async(grad, op=self.op, process_set=self.process_set)
+                 for i, grad in enumerate(grads) if grad.is_sparse}
+
+        def finish():
+            reduced = {i: h.wait() for i, h in alone.items()}
+            if together is not None:
+                reduced.update((i, self.compression.decompress(grad, ctx))
+                               for i, grad, (_, ctx) in zip(dense, together.wait(), compressed))
+            return [reduced[i] for i in range(len(grads))]
+        return Handle([*alone.values(), *([together] if together else [])], finish)
 
     def synchronize(self):
         if self._outside():
