@@ -1,6 +1,7 @@
 """Answers Horovod 0.28.1 gives, where hvdlite once gave others: real gloo groups of 2 and 3
 processes (a difference once hid at 3 ranks), every result checked on every rank."""
 import os
+import random
 import sys
 import time
 
@@ -12,6 +13,7 @@ from jobs import SCRIPTS, run_job
 from hvdlite.torch import autograd, ops, runtime
 from hvdlite.torch.compression import Compression
 from hvdlite.torch.optimizer import DistributedOptimizer, broadcast_optimizer_state
+from hvdlite.torch.sampler import ElasticSampler
 from hvdlite.worker.errors import HorovodInternalError
 
 INT16 = torch.tensor([-32768, -1, 0, 1, 32767, 12345], dtype=torch.int16)
@@ -153,3 +155,13 @@ def test_an_optimizer_on_a_set_without_this_rank_leaves_its_gradients_alone(tmp_
     r = run_job(["-np", str(size), sys.executable, os.path.join(SCRIPTS, "optimizer_set_check.py")], tmp_path)
     assert r.code == 0, r.stderr
     assert all(f"[{k}]<stdout>:OK" in r.stdout for k in range(size))
+
+
+def test_the_elastic_sampler_shuffles_as_horovods():
+    # Horovod shuffles with random.Random(seed + epoch); torch.randperm gave other samples.
+    sampler = ElasticSampler(list(range(50)), seed=7)
+    for epoch in (0, 3):
+        sampler.set_epoch(epoch)
+        order = list(range(50))
+        random.Random(7 + epoch).shuffle(order)
+        assert list(sampler) == order
