@@ -303,7 +303,10 @@ class _GradientReducer:
                         p.grad = grad
                     continue
                 for p, grad, ctx in zip(bucket, ops.synchronize(handle), contexts):
-                    p.grad = self.compression.decompress(grad, ctx)
+                    grad = self.compression.decompress(grad, ctx)
+                    # sparse_as_dense: sparse again for the step, as Horovod's (SparseAdam
+                    # takes no dense gradient)
+                    p.grad = grad.to_sparse() if p.grad is not None and p.grad.is_sparse and not grad.is_sparse else grad
         finally:
             self._reset()  # also after a failure, so the next step starts clean
         self.synchronized = True
