@@ -232,7 +232,8 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 def join(device=-1) -> int:
     """This rank has no more data: answer the other ranks' allreduces on the global set with
     zeros (the op's identity for Min, Max and Product) until every rank joined. Returns the
-    rank that joined last. While a rank is joined the others may only allreduce."""
+    rank that joined last. While a rank is joined the others may only allreduce: their other
+    collectives raise RuntimeError (joinwire.refuse_if_joined)."""
     pg = runtime.process_group()
     if not joinwire.wire().on:
         raise RuntimeError(f"hvd.join() needs the allreduce envelopes that {joinwire.JOIN_ENV}=0 turned off")
@@ -257,8 +258,8 @@ def join(device=-1) -> int:
             handles.wait_work(work)
             actual = control.layout()
         wire.record(actual)
-        if said == joinwire.RIGHT and (actual.carried or actual.ahead):
-            continue  # the data rode in the envelope, or went ahead of it
+        if actual == joinwire.NOT_ALLREDUCE or (said == joinwire.RIGHT and (actual.carried or actual.ahead)):
+            continue  # another collective refused, or the data rode in the envelope or went ahead
         dtype = actual.torch_dtype
         if actual.op == Adasum:
             handles.gather_equal(pg, torch.zeros(1, actual.numel, dtype=dtype))

@@ -78,7 +78,7 @@ def enabled() -> bool:
     return os.environ.get(JOIN_ENV, "1") != "0"
 
 
-AHEAD, CARRIED, FLAGGED = range(3)  # a Layout's way (see above)
+AHEAD, CARRIED, FLAGGED, OTHER = range(4)  # a Layout's way (see above; OTHER: see refuse_if_joined)
 
 
 class Layout(NamedTuple):
@@ -107,10 +107,13 @@ class Layout(NamedTuple):
     def ahead(self) -> bool:
         """As a guess: its allreduce goes before the state element (see above). Adasum's data
         is gathered, not reduced, and keeps the state first."""
-        return self.way != CARRIED and self.op != Adasum
+        return self.way not in (CARRIED, OTHER) and self.op != Adasum
 
 
 NOTHING = Layout(0, DTYPES.index(torch.int64), Sum, CARRIED)  # the guess at a world's start
+# Another collective than allreduce, in the history: a joined rank answers it with its state
+# alone, so that the active ranks learn it joined (see refuse_if_joined).
+NOT_ALLREDUCE = Layout(0, DTYPES.index(torch.int64), Sum, OTHER)
 
 
 def layout(numel, dtype, op, owned, waits=False) -> Layout:
@@ -344,6 +347,36 @@ def wire() -> Wire:
     if _wire[0] is None or _wire[0].world is not world:
         _wire[0] = Wire(world)
     return _wire[0]
+
+
+def refuse_if_joined(pg, kind) -> None:
+    """Before a collective other than allreduce on the global set (`kind`): a joined rank
+    answers allreduces only, so the active ranks announce it in join's state, as an
+    allreduce of the layout NOT_ALLREDUCE, and raise RuntimeError on every one of them when
+    a rank joined, as Horovod's do; the joined rank goes on waiting. Costs one one-element
+    collective when guessed right (a loop's repeated gather), else two."""
+    wire_ = wire()
+    if not wire_.on:
+        return
+    guess = wire_.guess()
+    wire_.record(NOT_ALLREDUCE)
+    works = [issue_ahead(pg, guess)] if guess.ahead else []  # as a joined rank sends it
+    right = guess == NOT_ALLREDUCE
+    sent = envelope(guess, RIGHT if right else WRONG, pg.size())
+    works.append(sent.issue(pg))
+    for work in works:
+        handles.wait_work(work)
+    if right and sent.said(pg.size()) == RIGHT:
+        active = int(sent.state.value)  # (RIGHT counts 1, JOINED 0)
+    else:
+        control, work = Control.issue(pg, NOT_ALLREDUCE)
+        handles.wait_work(work)
+        if not control.agrees(NOT_ALLREDUCE):
+            raise disagree(NOT_ALLREDUCE)
+        active = int(control.buffer[0])
+    if active < pg.size():
+        raise RuntimeError(f"{kind}: {pg.size() - active} rank(s) joined: until every rank has, "
+                           f"only allreduce works (as in Horovod)")
 
 
 def wrong_elsewhere(pg, mine: Layout) -> MismatchError:

@@ -10,7 +10,7 @@ their order, not by name.
 import torch
 import torch.distributed as dist
 
-from hvdlite.torch import fusion, handles, runtime
+from hvdlite.torch import fusion, handles, joinwire, runtime
 from hvdlite.torch.allreduce import (  # noqa: F401 - this module is the collectives' one face
     allreduce_, allreduce_async, allreduce_async_, grouped_allreduce_, grouped_allreduce_async,
     grouped_allreduce_async_, join)
@@ -30,11 +30,17 @@ def _broadcast_async(tensors, result, root_rank, process_set, checked=True) -> H
     if not 0 <= root_rank < runtime.info().size:
         raise ValueError(f"root_rank {root_rank} is outside the world of size {runtime.info().size}")
     if checked:
+        _refuse_if_joined(pg, process_set, "broadcast")
         handles.agree(pg, "broadcast", f"root rank {root_rank}, {_described(tensors)}",
                       **{"root rank": root_rank, "tensors' dtypes and shapes": handles.layout_key(tensors)})
     options = dist.BroadcastOptions()
     options.rootRank = process_set.set_rank(root_rank, "root_rank")
     return handles.collective(tensors, result, lambda flat: [pg.broadcast([flat], options)])
+
+
+def _refuse_if_joined(pg, process_set, kind) -> None:
+    if process_set is global_process_set:  # (only the global set's allreduces carry join's state)
+        joinwire.refuse_if_joined(pg, kind)
 
 
 def _described(tensors) -> str:
@@ -72,6 +78,7 @@ def _allgather_async(tensor, process_set) -> Handle:
     if tensor.dim() == 0:
         raise ValueError("allgather needs a tensor with at least one dimension")
     pg = process_set.group()
+    _refuse_if_joined(pg, process_set, "allgather")
     size, rest = pg.size(), tuple(tensor.shape[1:])
     # One small gather of (first dim, rest of the shape) lets every rank size its buffer and
     # lets all ranks agree to fail when the shapes are incompatible.
@@ -137,6 +144,7 @@ def _alltoall_async(tensor, splits, process_set) -> Handle:
     size = pg.size()
     if tensor.dim() == 0:
         raise ValueError("alltoall needs a tensor with at least one dimension")
+    _refuse_if_joined(pg, process_set, "alltoall")
     if torch.is_tensor(splits) and (splits.is_floating_point() or splits.dtype == torch.bool):
         raise ValueError(f"alltoall: splits must be integers, got {splits.dtype}")
     if splits is None:
@@ -178,6 +186,7 @@ def _reducescatter_async(tensors, op, prescale_factor, postscale_factor, process
     size, me = pg.size(), pg.rank()
     if any(tensor.dim() == 0 for tensor in tensors):
         raise ValueError("reducescatter needs tensors with at least one dimension")
+    _refuse_if_joined(pg, process_set, "reducescatter")
     handles.agree(pg, "reducescatter", _described(tensors), **{"tensors' dtypes and shapes": handles.layout_key(tensors)})
     works, finishers = [], []
     for tensor in tensors:
