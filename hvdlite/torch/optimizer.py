@@ -105,9 +105,15 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None) -> None:
     """Give every rank root_rank's optimizer state (tensors and scalars such as Adam's step
     counts) and param_group options (lr, momentum, ...). An optimizer with no state yet first
     makes one as Horovod's does (_first_state); `model` names its sparse embeddings."""
-    is_root = runtime.process_group().rank() == root_rank
     if not optimizer.state:
         _first_state(optimizer, model)
+    send_optimizer_state(optimizer, root_rank)
+
+
+def send_optimizer_state(optimizer, root_rank) -> None:
+    """root_rank's optimizer state and options on every rank, as they are (an elastic
+    state sync's: no rank makes up a state)."""
+    is_root = runtime.process_group().rank() == root_rank
     tensors = []
 
     def collect(tensor):

@@ -12,7 +12,7 @@ import torch
 from torch.optim import lr_scheduler
 
 from hvdlite.torch import ops
-from hvdlite.torch.optimizer import broadcast_optimizer_state, broadcast_parameters
+from hvdlite.torch.optimizer import broadcast_parameters, send_optimizer_state
 from hvdlite.torch.sampler import ElasticSampler
 
 
@@ -69,7 +69,7 @@ class ModelStateHandler(StateDictHandler):
 
 class OptimizerStateHandler(StateDictHandler):
     def sync(self):
-        broadcast_optimizer_state(self.value, root_rank=0)
+        send_optimizer_state(self.value, root_rank=0)
 
 
 class SamplerStateHandler(StateDictHandler):
