@@ -109,7 +109,7 @@ class SparseHandle(Handle):
     __call__ = Handle.wait
 
 
-def sparse_allreduce_async(tensor, name=None, op=Average, process_set=global_process_set) -> SparseHandle:
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> SparseHandle:
     """Reduce a sparse COO tensor as Horovod does: gather every rank's indices and values
     (Average divides the values by the set's size); the result is sparse, uncoalesced, with
     every rank's entries."""

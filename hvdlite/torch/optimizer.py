@@ -285,7 +285,7 @@ class _GradientReducer:
         together = ops.grouped_allreduce_async(
             [c for c, _ in compressed], op=self.op, prescale_factor=self.prescale,
             postscale_factor=self.postscale, process_set=self.process_set) if dense else None
-        alone = {i: ops.sparse_allreduce_async(grad, op=self.op, process_set=self.process_set)
+        alone = {i: ops.sparse_allreduce_async(grad, None, self.op, self.process_set)
                  for i, grad in enumerate(grads) if grad.is_sparse}
 
         def finish():
