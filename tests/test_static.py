@@ -74,3 +74,14 @@ def test_ctrl_c_leaves_no_worker_behind(tmp_path):
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(alive(p) for p in pids)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_init_again_after_shutdown_forms_a_whole_world(tmp_path, n):
+    # The next init's group met under the old one's store keys: it read the addresses of
+    # sockets shutdown() had closed ("Connection reset by peer").
+    r = run_job(["-np", str(n), sys.executable, os.path.join(SCRIPTS, "reinit_check.py")], tmp_path)
+    assert r.code == 0, r.stderr
+    for k in range(n):
+        assert [line.split(":", 1)[1] for line in r.stdout.splitlines() if line.startswith(f"[{k}]<stdout>:OK")] \
+            == [f"OK {k} {n} {t}" for t in range(3)]

@@ -39,23 +39,25 @@ def _check_announced(pg, envelope, control, layout) -> None:
         envelope.settle(pg, layout)
         return
     said = envelope.said(pg.size())
-    if (control is None and said == joinwire.WRONG) or (control is not None and not control.agrees(layout)):
+    if control is None and said == joinwire.WRONG:
+        raise joinwire.wrong_elsewhere(pg, layout)
+    if control is not None and not control.agrees(layout):
         raise joinwire.disagree(layout)
 
 
-def _packed(group, room, copy, prescale_factor, divisor):
-    """`group` packed and prescaled. Floats copied into a buffer are divided for Average as
-    they are copied (no pass of its own); otherwise the division waits for the sum, when it
-    overlaps with the peers' work. Returns the pack and the divisor left for after the sum."""
-    floats = group[0].is_floating_point()
-    pack = fusion.Pack(group, room, copy, scale=prescale_factor / divisor if floats else None)
-    if pack.scaled:
-        return pack, 1
-    fusion.scale(pack.flat, prescale_factor)
-    return pack, divisor
+def _packed(group, room, copy, prescale_factor):
+    """`group` packed and prescaled: float32/64 copied into a buffer are scaled as they are
+    copied (no pass of its own). An Average's division waits for the sum, as Horovod's does:
+    parts divided before their sum lose the bits Horovod keeps (at 3 ranks x + x + x, then
+    divided by 3, is x again; x / 3 summed three times is not)."""
+    floats = group[0].dtype in joinwire.FLOATS
+    pack = fusion.Pack(group, room, copy, scale=prescale_factor if floats else None)
+    if not pack.scaled:
+        fusion.scale(pack.flat, prescale_factor)
+    return pack
 
 
-def _issue_announced(pg, wire, group, op, prescale_factor, divisor, copy, waits, works):
+def _issue_announced(pg, wire, group, op, prescale_factor, copy, waits, works):
     """Pack `group` and issue its allreduce in join's envelope: one collective when the layout
     was guessed right and its data rides along or is flagged; the data, then the state, when
     it was guessed right and goes ahead; else the envelope and then the data."""
@@ -63,11 +65,16 @@ def _issue_announced(pg, wire, group, op, prescale_factor, divisor, copy, waits,
     layout = joinwire.layout(sum(t.numel() for t in group), group[0].dtype, op, owned, waits)
     guess = wire.guess()
     rides = layout == guess and layout.carried
-    pack, left = _packed(group, 1 if rides else 0, copy, prescale_factor, divisor)
+    pack = _packed(group, 1 if rides else 0, copy, prescale_factor)
     checks = _announce(pg, wire, layout, works, pack.buffer if rides else None, guess, pack.flat)
     if layout != guess:  # (guessed right, it rode in the envelope or went ahead of it)
+        # Issued once the control exchange shows the ranks agree on it: tensors of another
+        # dtype or size would leave gloo waiting out its timeout. (A wrong guess is rare.)
+        for work in works:
+            handles.wait_work(work)
+        _check_announced(pg, *checks)
         works.append(pg.allreduce([pack.flat], joinwire.OPTIONS[op]))
-    return pack, left, checks
+    return pack, checks
 
 
 @handles.traced("allreduce")
@@ -88,24 +95,23 @@ def _allreduce_async(tensors, average, op, prescale_factor, postscale_factor, pr
     packs, announced_checks, works = [], [], []
     for group in groups:
         if announced:
-            pack, left, checks = _issue_announced(pg, wire, group, op, prescale_factor, divisor, copy,
-                                                  waits, works)
+            pack, checks = _issue_announced(pg, wire, group, op, prescale_factor, copy, waits, works)
             announced_checks.append(checks)
         else:
-            pack, left = _packed(group, 0, copy, prescale_factor, divisor)
+            pack = _packed(group, 0, copy, prescale_factor)
             works.append(pg.allreduce([pack.flat], joinwire.OPTIONS[op]))
-        packs.append((pack, left))
+        packs.append(pack)
 
     def done():
         for checks in announced_checks:
             _check_announced(pg, *checks)
-        for pack, left in packs:
-            fusion.average(pack.flat, postscale_factor, left)
+        for pack in packs:
+            fusion.average(pack.flat, postscale_factor, divisor)
         if copy:
-            parts = [pack.parts() for pack, _ in packs]
+            parts = [pack.parts() for pack in packs]
             out = [parts[g][i] for g, i in where]
         else:
-            for pack, _ in packs:
+            for pack in packs:
                 pack.unpack()
             out = tensors
         return out[0] if single else out
@@ -124,7 +130,7 @@ def prepacked(numel, dtype, process_set):
     return layout if wire.on and layout == wire.guess() else None
 
 
-def prepacked_async(packed, layout, postscale_factor) -> Handle:
+def prepacked_async(packed, layout, postscale_factor, divisor) -> Handle:
     """Sum a fusion.Packed buffer across the global set in join's envelope: its first element
     is left for the state, the data of `layout` (from prepacked()) follows, packed and
     prescaled by the caller. The handle's result is the buffer, the data postscaled. The
@@ -139,9 +145,8 @@ def prepacked_async(packed, layout, postscale_factor) -> Handle:
 
     def done():
         if joinwire.reading(packed.array.item(0), Sum, size) == joinwire.WRONG:
-            raise joinwire.disagree(layout)
-        if postscale_factor != 1:
-            fusion.average(buffer[1:], postscale_factor, 1)
+            raise joinwire.wrong_elsewhere(runtime.process_group(), layout)
+        fusion.average(buffer[1:], postscale_factor, divisor)
         return buffer
     return Handle([work], done)
 
@@ -223,17 +228,12 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                             process_set, False, True, waits=True, name=name).wait()
 
 
-def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
-    raise NotImplementedError(
-        "hvdlite has no sparse allreduce: reduce tensor.to_dense() with allreduce, or pass "
-        "sparse_as_dense=True to DistributedOptimizer")
-
-
 @handles.traced("join")
 def join(device=-1) -> int:
     """This rank has no more data: answer the other ranks' allreduces on the global set with
     zeros (the op's identity for Min, Max and Product) until every rank joined. Returns the
-    rank that joined last. While a rank is joined the others may only allreduce."""
+    rank that joined last. While a rank is joined the others may only allreduce: their other
+    collectives raise RuntimeError (joinwire.refuse_if_joined)."""
     pg = runtime.process_group()
     if not joinwire.wire().on:
         raise RuntimeError(f"hvd.join() needs the allreduce envelopes that {joinwire.JOIN_ENV}=0 turned off")
@@ -258,8 +258,8 @@ def join(device=-1) -> int:
             handles.wait_work(work)
             actual = control.layout()
         wire.record(actual)
-        if said == joinwire.RIGHT and (actual.carried or actual.ahead):
-            continue  # the data rode in the envelope, or went ahead of it
+        if actual == joinwire.NOT_ALLREDUCE or (said == joinwire.RIGHT and (actual.carried or actual.ahead)):
+            continue  # another collective refused, or the data rode in the envelope or went ahead
         dtype = actual.torch_dtype
         if actual.op == Adasum:
             handles.gather_equal(pg, torch.zeros(1, actual.numel, dtype=dtype))

@@ -7,7 +7,7 @@ import time
 import torch
 
 from hvdlite.torch import defaultgroup, gloo, runtime
-from hvdlite.torch.processsets import add_process_set
+from hvdlite.torch.processsets import add_process_set, remove_all
 from hvdlite.worker import durable, elastic, env, exitcode, trace
 from hvdlite.worker.links import EXIT_WAIT, Links
 from hvdlite.worker.session import session
@@ -63,7 +63,14 @@ def abort() -> None:
 
 
 def shutdown() -> None:
-    """Leave the current world (after a failure, call abort() first)."""
+    """Leave the current world (after a failure, call abort() first); its process sets go
+    with it. init() may join again."""
+    remove_all()
+    leave()
+
+
+def leave() -> None:
+    """Leave the current world, keeping the process sets (an elastic reset's)."""
     _links.forget()
     defaultgroup.unbind()
     gloo.release([runtime.deactivate()])

@@ -34,7 +34,8 @@ def bind(group, info: WorldInfo) -> None:
     script made a default group of its own."""
     if dist.is_initialized():
         return
-    _stores[:] = [KVStore(session().client, f"torch.{info.round}")]  # no peers: its groups vary
+    # A scope of this join's own (init after shutdown joins a round again); no peers: its groups vary.
+    _stores[:] = [KVStore(session().client, f"torch.{info.store_scope}")]
     _handing.append(group)
     # torch wraps sys.excepthook to put "[rank<r>]: " before each line of a traceback: the
     # driver labels lines already, and reads the error from the last one; and a wrapper per

@@ -24,7 +24,7 @@ def _gloo_failed(error: BaseException) -> bool:
     return isinstance(error, dist.DistError) or "/gloo/" in str(error).split("]", 1)[0]
 
 
-BACKEND = core.Backend(init=basics.init, join=basics.join, shutdown=basics.shutdown, abort=basics.abort,
+BACKEND = core.Backend(init=basics.init, join=basics.join, shutdown=basics.leave, abort=basics.abort,
                        info=runtime.info, agree_flag=_agree_flag,
                        broadcast_object=ops.broadcast_object, world_broke=_gloo_failed)
 

@@ -74,19 +74,19 @@ def expect_freed(nbytes) -> None:
 
 class Plan:
     """The fixed layout of a bucket packed step after step (DistributedOptimizer's): one free
-    element in front (join's state), the tensors, then `extra` elements. Its buffers are kept
+    element in front (join's state), then the tensors. Its buffers are kept
     with their numpy views, whatever their size: at np 2 the transfer leaves the caches cold,
     and then each C call made anew (a numpy view, torch.empty, a slice) costs several us."""
 
     KEPT = Pool.PER_SIZE  # buffers kept; a step's gradients hold one while the next is packed
 
-    def __init__(self, tensors, extra):
+    def __init__(self, tensors):
         self.shapes = [tuple(t.shape) for t in tensors]
         self.dtype = tensors[0].dtype
         # Shaped as the buffer's pieces, the state element first: pieces() cuts them in one
         # C call (split and a view per piece cost ~50 us cold, a view each).
         self._templates = [torch.empty(shape, device="meta") for shape in [(1,), *self.shapes]]
-        self.cuts = [1, *(t.numel() for t in tensors), extra]  # the buffer's pieces
+        self.cuts = [1, *(t.numel() for t in tensors)]  # the buffer's pieces
         self.numel = sum(self.cuts) - 1
         self.scaled = self.dtype in _NUMPY_SCALED
         self.kept = []
@@ -106,17 +106,15 @@ class Plan:
             return None
         return arrays
 
-    def pack(self, arrays, factor, fill):
+    def pack(self, arrays, factor):
         """A free buffer (Packed) holding the arrays multiplied by `factor` (numpy's float32/64
-        product, as _multiply's) after its first element, then the extra elements set to
-        `fill`."""
+        product, as _multiply's) after its first element."""
         packed = self._take()
         for array, out in zip(arrays, packed.outs):
             if factor == 1:
                 numpy.copyto(out, array)
             else:
                 numpy.multiply(array, factor, out=out)
-        packed.tail.fill(fill)
         return packed
 
     def _take(self):
@@ -135,14 +133,13 @@ class Plan:
 
 class Packed:
     """A Plan's buffer with its numpy views made once: `array` the whole, `outs` the tensors'
-    parts shaped as they are, `tail` the extra elements."""
+    parts shaped as they are."""
 
     def __init__(self, buffer, cuts, shapes):
         self.buffer, self.array = buffer, buffer.numpy()
         starts = numpy.cumsum(cuts).tolist()
         self.outs = [self.array[start - size:start].reshape(shape)
                      for start, size, shape in zip(starts[1:], cuts[1:], shapes)]
-        self.tail = self.array[starts[-2]:]
         # Free while only the buffer, these views and the storage kept to ask refer to its
         # memory: no piece of it (a gradient, a result, a handle's) is alive.
         self._storage = buffer.untyped_storage()
@@ -235,6 +232,13 @@ def by_dtype(tensors):
     return list(groups.values()), where
 
 
+def carried(tensor):
+    """`tensor` as gloo can carry it when the collective only moves its bits: gloo has no
+    int16 ("Invalid scalar type"), so int16 travels as float16, the same two bytes, copied
+    untouched."""
+    return tensor.view(torch.float16) if tensor.dtype == torch.int16 else tensor
+
+
 def plain(tensor):
     """The tensor outside autograd (detach() costs ~2 us; a gradient needs none)."""
     return tensor.detach() if tensor.requires_grad else tensor
@@ -250,12 +254,15 @@ def scale(tensor, factor) -> None:
 
 
 def average(flat, postscale_factor, divisor) -> None:
-    """Postscale, and divide for Average: floats in one pass; integers exactly, rounding
-    toward zero as Horovod's integer scaling does."""
+    """Postscale, and divide for Average, as Horovod does: floats postscaled then divided
+    (a product by 1/divisor rounds differently); integers exactly, rounding toward zero as
+    Horovod's integer scaling does."""
     if postscale_factor == 1 and divisor == 1:  # (no C call: see joinwire.front)
         return
     if flat.is_floating_point():
-        scale(flat, postscale_factor / divisor)
+        scale(flat, postscale_factor)
+        if divisor != 1:
+            flat.div_(divisor)
     else:
         scale(flat, postscale_factor)
         if divisor != 1:

@@ -2,6 +2,7 @@
 notices a broken world, the collective trace's spans, and the packing of tensors into one buffer
 per dtype around a gloo call."""
 import functools
+import zlib
 from datetime import timedelta
 
 import torch
@@ -9,7 +10,7 @@ from torch._C._distributed_c10d import AllgatherOptions  # not re-exported by to
 
 from hvdlite.torch import fusion, runtime
 from hvdlite.worker import trace
-from hvdlite.worker.errors import HorovodInternalError
+from hvdlite.worker.errors import HorovodInternalError, MismatchError
 from hvdlite.worker.links import broken
 from hvdlite.worker.session import session
 
@@ -130,7 +131,7 @@ def collective(tensors, result, start, finish=None) -> Handle:
     """Issue start(buffer) -> list of Works on one packed buffer per dtype; waiting runs
     finish(buffer), copies the buffers back into `tensors` and returns `result`."""
     packs = [fusion.Pack(group) for group in fusion.by_dtype(tensors)[0]]
-    works = [work for pack in packs for work in start(pack.flat)]
+    works = [work for pack in packs for work in start(fusion.carried(pack.flat))]
 
     def done():
         for pack in packs:
@@ -152,7 +153,26 @@ def gather_equal_async(pg, tensor):
     fusion.check_cpu(tensor)
     tensor = tensor.contiguous()
     out = tensor.new_empty((pg.size() * tensor.shape[0],) + tuple(tensor.shape[1:]))
-    return pg.allgather([list(out.chunk(pg.size()))], [tensor], AllgatherOptions()), out
+    parts = [fusion.carried(part) for part in out.chunk(pg.size())]
+    return pg.allgather([parts], [fusion.carried(tensor)], AllgatherOptions()), out
+
+
+def agree(pg, kind, mine: str, **fields) -> None:
+    """Check, in one small gather, that every rank of `pg` called collective `kind` with the
+    same `fields` (ints; tensors as layout_key's): else MismatchError on every rank alike,
+    naming the first field that differs and this rank's call (`mine`), where gloo would
+    fail with a timeout, or not at all."""
+    values = list(fields.values())
+    everyone = gather_equal(pg, torch.tensor(values, dtype=torch.int64)).view(pg.size(), len(values))
+    for name, column in zip(fields, everyone.t().tolist()):
+        if len(set(column)) > 1:
+            raise MismatchError(f"{kind}: the ranks disagree on the {name} (this rank: {mine})")
+
+
+def layout_key(tensors, skip=0) -> int:
+    """One int for the tensors' dtypes and shapes (less their first `skip` dimensions), alike
+    in every process (str's hash is not)."""
+    return zlib.crc32(repr([(str(t.dtype), tuple(t.shape[skip:])) for t in tensors]).encode())
 
 
 def gather_equal(pg, tensor):

@@ -36,13 +36,15 @@ gloo call and a copy out.
 """
 import ctypes
 import os
+import zlib
 from typing import NamedTuple
 
 import numpy
 import torch
 import torch.distributed as dist
 
-from hvdlite.torch import fusion, runtime
+from hvdlite.torch import fusion, handles, runtime
+from hvdlite.worker.errors import MismatchError
 from hvdlite.worker.reduceops import Adasum, Max, Min, Product, Sum
 
 JOIN_ENV = "HVDLITE_JOIN"
@@ -76,7 +78,7 @@ def enabled() -> bool:
     return os.environ.get(JOIN_ENV, "1") != "0"
 
 
-AHEAD, CARRIED, FLAGGED = range(3)  # a Layout's way (see above)
+AHEAD, CARRIED, FLAGGED, OTHER = range(4)  # a Layout's way (see above; OTHER: see refuse_if_joined)
 
 
 class Layout(NamedTuple):
@@ -105,10 +107,13 @@ class Layout(NamedTuple):
     def ahead(self) -> bool:
         """As a guess: its allreduce goes before the state element (see above). Adasum's data
         is gathered, not reduced, and keeps the state first."""
-        return self.way != CARRIED and self.op != Adasum
+        return self.way not in (CARRIED, OTHER) and self.op != Adasum
 
 
 NOTHING = Layout(0, DTYPES.index(torch.int64), Sum, CARRIED)  # the guess at a world's start
+# Another collective than allreduce, in the history: a joined rank answers it with its state
+# alone, so that the active ranks learn it joined (see refuse_if_joined).
+NOT_ALLREDUCE = Layout(0, DTYPES.index(torch.int64), Sum, OTHER)
 
 
 def layout(numel, dtype, op, owned, waits=False) -> Layout:
@@ -250,15 +255,18 @@ class Slot:
 
 class Control(NamedTuple):
     """The exchange after a wrong guess (the active ranks' real layout) or once every rank is
-    in join() (who joined just now): int64, summed, rank r's flag in slot r."""
+    in join() (who joined just now): int64, summed, rank r's flag in slot r, then rank r's
+    layout as one nonzero number in slot size + r (sums alone can agree by chance: layouts
+    of 1, 2 and 3 elements sum to three times 2)."""
     buffer: torch.Tensor
 
     @staticmethod
     def issue(pg, mine=None, joined_now=False):
         size, rank = pg.size(), pg.rank()
-        values = [0] * (5 + size)
+        values = [0] * (5 + 2 * size)
         if mine is not None:
             values[:5] = [1, *mine]
+            values[5 + size + rank] = _key(mine)
         values[5 + rank] = int(joined_now)
         control = Control(torch.tensor(values, dtype=torch.int64))
         return control, pg.allreduce([control.buffer], OPTIONS[Sum])
@@ -269,11 +277,17 @@ class Control(NamedTuple):
         return Layout(*(value // active for value in fields))
 
     def agrees(self, mine: Layout) -> bool:
-        active, *fields = self.buffer[:5].tolist()
-        return fields == [active * int(value) for value in mine]
+        size = (len(self.buffer) - 5) // 2
+        return set(self.buffer[5 + size:].tolist()) <= {0, _key(mine)}
 
     def joined_now(self) -> list:
-        return [r for r, flag in enumerate(self.buffer[5:].tolist()) if flag]
+        size = (len(self.buffer) - 5) // 2
+        return [r for r, flag in enumerate(self.buffer[5:5 + size].tolist()) if flag]
+
+
+def _key(layout: Layout) -> int:
+    """A layout as one positive number, alike in every process."""
+    return 1 + zlib.crc32(repr(tuple(layout)).encode())
 
 
 class Wire:
@@ -335,6 +349,49 @@ def wire() -> Wire:
     return _wire[0]
 
 
-def disagree(mine: Layout) -> ValueError:
-    return ValueError(f"allreduce: ranks disagree on the tensors' size, dtype or op (this rank: "
+def refuse_if_joined(pg, kind) -> None:
+    """Before a collective other than allreduce on the global set (`kind`): a joined rank
+    answers allreduces only, so the active ranks announce it in join's state, as an
+    allreduce of the layout NOT_ALLREDUCE, and raise RuntimeError on every one of them when
+    a rank joined, as Horovod's do; the joined rank goes on waiting. Costs one one-element
+    collective when guessed right (a loop's repeated gather), else two."""
+    wire_ = wire()
+    if not wire_.on:
+        return
+    guess = wire_.guess()
+    wire_.record(NOT_ALLREDUCE)
+    works = [issue_ahead(pg, guess)] if guess.ahead else []  # as a joined rank sends it
+    right = guess == NOT_ALLREDUCE
+    sent = envelope(guess, RIGHT if right else WRONG, pg.size())
+    works.append(sent.issue(pg))
+    for work in works:
+        handles.wait_work(work)
+    if right and sent.said(pg.size()) == RIGHT:
+        active = int(sent.state.value)  # (RIGHT counts 1, JOINED 0)
+    else:
+        control, work = Control.issue(pg, NOT_ALLREDUCE)
+        handles.wait_work(work)
+        if not control.agrees(NOT_ALLREDUCE):
+            raise disagree(NOT_ALLREDUCE)
+        active = int(control.buffer[0])
+    if active < pg.size():
+        raise RuntimeError(f"{kind}: {pg.size() - active} rank(s) joined: until every rank has, "
+                           f"only allreduce works (as in Horovod)")
+
+
+def wrong_elsewhere(pg, mine: Layout) -> MismatchError:
+    """This rank guessed right and an active rank wrong, so their layouts differ: take part
+    in the control exchange the wrong ones issue, so that every rank's collectives stay in
+    step, and return the error every active rank raises."""
+    control, work = Control.issue(pg, mine)
+    handles.wait_work(work)
+    return disagree(mine)
+
+
+def disagree(mine: Layout) -> MismatchError:
+    """The error every active rank raises when their layouts differ. Each rank recorded its
+    own layout, so the histories now differ and so would the next guesses, and gloo aborts
+    the process when envelopes of different sizes meet: every such rank starts afresh."""
+    _wire[0] = None
+    return MismatchError(f"allreduce: ranks disagree on the tensors' size, dtype or op (this rank: "
                       f"{mine.numel} elements of {mine.torch_dtype}, op {mine.op})")

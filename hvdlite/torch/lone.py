@@ -33,7 +33,7 @@ class Flag:
         envelope.buffer[1] = self.first
         handles.wait_work(envelope.issue(pg))
         if envelope.said(pg.size()) == joinwire.WRONG:
-            raise joinwire.disagree(layout)
+            raise joinwire.wrong_elsewhere(pg, layout)
         self.cell.value = envelope.buffer.numpy().item(1)  # the active ranks' sum
 
 
@@ -94,28 +94,30 @@ def short(tensor, average, op, prescale_factor, postscale_factor, process_set, c
         return None  # an integer to scale: the general path's torch arithmetic
     slot.take(tensor)
     wire.record(layout)
-    scale = prescale_factor / divisor
-    if floats and scale != 1:
-        numpy.multiply(slot.mine, scale, out=slot.view)
+    if floats and prescale_factor != 1:
+        numpy.multiply(slot.mine, prescale_factor, out=slot.view)
     else:
         slot.view[...] = slot.mine  # for a few elements quicker than numpy.copyto
     slot.array[0] = slot.right
     work = pg.allreduce([slot.buffer], joinwire.OPTIONS[summed])
     if not wait:
-        return Handle([work], lambda: _landed(slot, tensor, postscale_factor, copy))
+        return Handle([work], lambda: _landed(pg, slot, tensor, postscale_factor, divisor, copy))
     handles.wait_work(work)  # (failing, it keeps the slot held: its work may still write)
-    return _landed(slot, tensor, postscale_factor, copy)
+    return _landed(pg, slot, tensor, postscale_factor, divisor, copy)
 
 
-def _landed(slot, tensor, postscale_factor, copy):
+def _landed(pg, slot, tensor, postscale_factor, divisor, copy):
     """The result of a small lone tensor's allreduce, done: the reduced tensor (a new one
-    with copy)."""
+    with copy), postscaled and divided as fusion.average does (numpy's float32/64 arithmetic
+    gives torch's bits)."""
     try:
         if slot.said_wrong():
-            raise joinwire.disagree(slot.layout)
+            raise joinwire.wrong_elsewhere(pg, slot.layout)
         data = slot.view
         if postscale_factor != 1:
             numpy.multiply(data, postscale_factor, out=data)
+        if divisor != 1:
+            numpy.divide(data, divisor, out=data)
         if copy:
             return torch.from_numpy(data.copy())
         slot.mine[...] = data
@@ -151,7 +153,7 @@ def _ahead(pg, wire, slot, tensor, prescale_factor, postscale_factor, divisor, w
     def finish():
         try:
             if slot.said_wrong():
-                raise joinwire.disagree(slot.layout)
+                raise joinwire.wrong_elsewhere(pg, slot.layout)
         finally:
             slot.give_back()
         fusion.average(flat, postscale_factor, divisor)

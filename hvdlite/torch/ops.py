@@ -13,23 +13,38 @@ import torch.distributed as dist
 from hvdlite.torch import fusion, handles, joinwire, runtime
 from hvdlite.torch.allreduce import (  # noqa: F401 - this module is the collectives' one face
     allreduce_, allreduce_async, allreduce_async_, grouped_allreduce_, grouped_allreduce_async,
-    grouped_allreduce_async_, join, sparse_allreduce_async)
+    grouped_allreduce_async_, join)
 from hvdlite.torch.handles import Handle, poll, synchronize  # noqa: F401
 from hvdlite.torch.processsets import global_process_set
 from hvdlite.worker import objects
+from hvdlite.worker.errors import MismatchError
 from hvdlite.worker.reduceops import Adasum, Average, Max, Min, Product, Sum, shares  # noqa: F401
 
-_DTYPES = joinwire.DTYPES
 
 
 @handles.traced("broadcast")
-def _broadcast_async(tensors, result, root_rank, process_set) -> Handle:
+def _broadcast_async(tensors, result, root_rank, process_set, checked=True) -> Handle:
+    """`checked`: first check that the ranks agree on the root and the tensors (one small
+    gather); a disagreeing root would leave gloo waiting out its timeout."""
     pg = process_set.group()
     if not 0 <= root_rank < runtime.info().size:
         raise ValueError(f"root_rank {root_rank} is outside the world of size {runtime.info().size}")
+    if checked:
+        _refuse_if_joined(pg, process_set, "broadcast")
+        handles.agree(pg, "broadcast", f"root rank {root_rank}, {_described(tensors)}",
+                      **{"root rank": root_rank, "tensors' dtypes and shapes": handles.layout_key(tensors)})
     options = dist.BroadcastOptions()
     options.rootRank = process_set.set_rank(root_rank, "root_rank")
     return handles.collective(tensors, result, lambda flat: [pg.broadcast([flat], options)])
+
+
+def _refuse_if_joined(pg, process_set, kind) -> None:
+    if process_set is global_process_set:  # (only the global set's allreduces carry join's state)
+        joinwire.refuse_if_joined(pg, kind)
+
+
+def _described(tensors) -> str:
+    return ", ".join(f"{t.dtype} {list(t.shape)}" for t in tensors)
 
 
 def grouped_broadcast_async_(tensors, root_rank, process_set=global_process_set) -> Handle:
@@ -63,15 +78,15 @@ def _allgather_async(tensor, process_set) -> Handle:
     if tensor.dim() == 0:
         raise ValueError("allgather needs a tensor with at least one dimension")
     pg = process_set.group()
+    _refuse_if_joined(pg, process_set, "allgather")
     size, rest = pg.size(), tuple(tensor.shape[1:])
     # One small gather of (first dim, rest of the shape) lets every rank size its buffer and
     # lets all ranks agree to fail when the shapes are incompatible.
-    meta = torch.tensor([tensor.shape[0], tensor.dim(), torch.Size(rest).numel(),
-                         _DTYPES.index(tensor.dtype)])
+    meta = torch.tensor([tensor.shape[0], handles.layout_key([tensor], skip=1)])
     metas = handles.gather_equal(pg, meta).view(size, len(meta)).tolist()
-    if any(m[1:] != metas[0][1:] for m in metas):
-        raise ValueError(f"allgather: ranks disagree on the dtype or on all but the first "
-                         f"dimension: {metas}")
+    if any(m[1] != metas[0][1] for m in metas):
+        raise MismatchError(f"allgather: the ranks disagree on the dtype or on all but the first "
+                            f"dimension (this rank: {_described([tensor])})")
     firsts = [m[0] for m in metas]
     longest = max(firsts)
     if longest == 0:
@@ -87,6 +102,26 @@ def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle
     """Concatenate every rank's tensor along the first dimension, in rank order."""
     parts = _allgather_async(tensor, process_set, name=name)
     return Handle([parts], lambda: torch.cat(parts.wait()))
+
+
+class SparseHandle(Handle):
+    """Horovod's sparse handle is a function returning the result: so is this one."""
+    __call__ = Handle.wait
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> SparseHandle:
+    """Reduce a sparse COO tensor as Horovod does: gather every rank's indices and values
+    (Average divides the values by the set's size); the result is sparse, uncoalesced, with
+    every rank's entries."""
+    indices = allgather_async(tensor._indices().t().contiguous(), name, process_set)
+    values = allgather_async(tensor._values(), name, process_set)
+
+    def finish():
+        summed = values.wait()
+        if op == Average:
+            summed = summed / process_set.size()
+        return torch.sparse_coo_tensor(indices.wait().t(), summed, tensor.shape, check_invariants=False)
+    return SparseHandle([indices, values], finish)
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:
@@ -109,6 +144,9 @@ def _alltoall_async(tensor, splits, process_set) -> Handle:
     size = pg.size()
     if tensor.dim() == 0:
         raise ValueError("alltoall needs a tensor with at least one dimension")
+    _refuse_if_joined(pg, process_set, "alltoall")
+    if torch.is_tensor(splits) and (splits.is_floating_point() or splits.dtype == torch.bool):
+        raise ValueError(f"alltoall: splits must be integers, got {splits.dtype}")
     if splits is None:
         if tensor.shape[0] % size:
             raise ValueError(f"alltoall: the first dimension ({tensor.shape[0]}) is not divisible "
@@ -119,9 +157,13 @@ def _alltoall_async(tensor, splits, process_set) -> Handle:
         if len(send) != size or any(s < 0 for s in send) or sum(send) != tensor.shape[0]:
             raise ValueError(f"alltoall: splits {send} must be {size} non-negative counts "
                              f"summing to the first dimension ({tensor.shape[0]})")
-    received = torch.empty(size, dtype=torch.int64)
-    handles.wait_work(pg.alltoall_base(received, torch.tensor(send, dtype=torch.int64), [], [],
-                           dist.AllToAllOptions()))
+    # One gather tells every rank what it receives and whether the ranks agree on the rest.
+    meta = torch.tensor([handles.layout_key([tensor], skip=1), *send], dtype=torch.int64)
+    metas = handles.gather_equal(pg, meta).view(size, 1 + size)
+    if len(set(metas[:, 0].tolist())) > 1:
+        raise MismatchError(f"alltoall: the ranks disagree on the dtype or on all but the first "
+                            f"dimension (this rank: {_described([tensor])})")
+    received = metas[:, 1 + pg.rank()].contiguous()
     recv = received.tolist()
     rest = tuple(tensor.shape[1:])
     out = tensor.new_empty((sum(recv),) + rest)
@@ -129,8 +171,8 @@ def _alltoall_async(tensor, splits, process_set) -> Handle:
     if row == 0 or (sum(recv) == 0 and sum(send) == 0):
         works = []
     else:
-        works = [pg.alltoall_base(out, tensor.detach().contiguous(), recv, send,
-                                  dist.AllToAllOptions())]
+        works = [pg.alltoall_base(fusion.carried(out), fusion.carried(tensor.detach().contiguous()),
+                                  recv, send, dist.AllToAllOptions())]
     kind = splits.dtype if torch.is_tensor(splits) else torch.int32
     return Handle(works, lambda: (out, received.to(kind)))
 
@@ -138,15 +180,17 @@ def _alltoall_async(tensor, splits, process_set) -> Handle:
 @handles.traced("reducescatter")
 def _reducescatter_async(tensors, op, prescale_factor, postscale_factor, process_set) -> Handle:
     op = Average if op is None else op
-    if op not in (Average, Sum):
-        raise ValueError("reducescatter reduces with op=Average or op=Sum only")
+    if op not in (Average, Sum):  # (a RuntimeError, as Horovod's)
+        raise NotImplementedError("reducescatter reduces with op=Average or op=Sum only")
     pg = process_set.group()
     size, me = pg.size(), pg.rank()
+    if any(tensor.dim() == 0 for tensor in tensors):
+        raise ValueError("reducescatter needs tensors with at least one dimension")
+    _refuse_if_joined(pg, process_set, "reducescatter")
+    handles.agree(pg, "reducescatter", _described(tensors), **{"tensors' dtypes and shapes": handles.layout_key(tensors)})
     works, finishers = [], []
     for tensor in tensors:
         fusion.check_cpu(tensor)
-        if tensor.dim() == 0:
-            raise ValueError("reducescatter needs a tensor with at least one dimension")
         counts, rest = shares(tensor.shape[0], size), tuple(tensor.shape[1:])
         longest = counts[0]
         # Every rank's rows padded to the longest share, so that gloo scatters equal parts.
@@ -210,12 +254,12 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
         head[:_LENGTH] = torch.tensor(list(len(payload).to_bytes(_LENGTH, "little")), dtype=torch.uint8)
         first = payload[:_OBJECT_HEAD - _LENGTH]
         head[_LENGTH:_LENGTH + len(first)] = first
-    broadcast_(head, root_rank, process_set=process_set)
+    _broadcast_async([head], head, root_rank, process_set, False).wait()
     length = int.from_bytes(head[:_LENGTH].numpy().tobytes(), "little")
     if length > _OBJECT_HEAD - _LENGTH:
         rest = payload[_OBJECT_HEAD - _LENGTH:] if is_root \
             else torch.empty(length - (_OBJECT_HEAD - _LENGTH), dtype=torch.uint8)
-        broadcast_(rest, root_rank, process_set=process_set)
+        _broadcast_async([rest], rest, root_rank, process_set, False).wait()
         if not is_root:
             payload = torch.cat([head[_LENGTH:], rest])
     elif not is_root:

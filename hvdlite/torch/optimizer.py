@@ -5,12 +5,12 @@ import os
 import warnings
 import weakref
 
-import numpy
 import torch
 
 from hvdlite.torch import fusion, ops, runtime
 from hvdlite.torch.allreduce import prepacked, prepacked_async
 from hvdlite.torch.compression import Compression
+from hvdlite.torch.handles import Handle
 from hvdlite.torch.processsets import global_process_set
 
 FUSION_THRESHOLD_ENV = "HVDLITE_FUSION_THRESHOLD"
@@ -103,9 +103,16 @@ def _replace(obj, kind, fn):
 
 def broadcast_optimizer_state(optimizer, root_rank, model=None) -> None:
     """Give every rank root_rank's optimizer state (tensors and scalars such as Adam's step
-    counts) and param_group options (lr, momentum, ...), even where a rank has no state yet.
-    `model` is accepted as in Horovod, which needs it to find sparse embeddings when it makes
-    up a missing state; hvdlite sends root's state as it is and needs no model."""
+    counts) and param_group options (lr, momentum, ...). An optimizer with no state yet first
+    makes one as Horovod's does (_first_state); `model` names its sparse embeddings."""
+    if not optimizer.state:
+        _first_state(optimizer, model)
+    send_optimizer_state(optimizer, root_rank)
+
+
+def send_optimizer_state(optimizer, root_rank) -> None:
+    """root_rank's optimizer state and options on every rank, as they are (an elastic
+    state sync's: no rank makes up a state)."""
     is_root = runtime.process_group().rank() == root_rank
     tensors = []
 
@@ -126,15 +133,34 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None) -> None:
         optimizer.load_state_dict(state)
 
 
+def _first_state(optimizer, model) -> None:
+    """Make a new optimizer's state as Horovod's broadcast_optimizer_state does, so that a
+    script trains the same: every parameter that requires grad gets a zero gradient (sparse
+    for SparseAdam, and for SGD on a sparse embedding of `model`), and one local step
+    without averaging runs (weight decay moves the parameters, momentum buffers appear)."""
+    sparse = {id(p) for m in (model.modules() if model is not None else ())
+              if isinstance(m, torch.nn.Embedding) and m.sparse for p in m.parameters()}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+                if isinstance(optimizer, torch.optim.SparseAdam) or \
+                        (isinstance(optimizer, torch.optim.SGD) and id(p) in sparse):
+                    p.grad = p.grad.to_sparse()
+    step = super(_DistributedOptimizer, optimizer).step if isinstance(optimizer, _DistributedOptimizer) \
+        else optimizer.step
+    step()
+
+
 class _GradientReducer:
     """Averages gradients across ranks in fused buckets, started from gradient hooks.
 
     Every rank must issue the same collectives in the same order, whatever its local
     gradients. So buckets are fixed up front from the parameter order, and started strictly
     in bucket order: a bucket starts when its gradients are all accumulated and every earlier
-    bucket has started, or at synchronize(). A gradient missing locally is sent as zeros, and a
-    flag per parameter, reduced with the bucket, tells every rank whether any rank had it: if
-    none did, the gradient stays None everywhere, so the step skips the parameter everywhere.
+    bucket has started, or at synchronize(). A gradient missing locally is sent as zeros; one
+    no rank computed becomes zeros everywhere, and the step takes it (momentum moves the
+    parameter, weight decay shrinks it), as Horovod's optimizer does.
     """
 
     def __init__(self, params, compression, backward_passes_per_step, op, prescale, postscale,
@@ -150,8 +176,8 @@ class _GradientReducer:
         # tensors would call Tensor.__hash__, Python code, at every look-up): its bucket.
         where = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
         self.bucket_of = [where[id(p)] for p in params]
-        # Each bucket's layout with its flags, for the prepacked path (see _prepacked).
-        self.plans = [fusion.Plan(bucket, len(bucket)) for bucket in self.buckets]
+        # Each bucket's layout, for the prepacked path (see _prepacked).
+        self.plans = [fusion.Plan(bucket) for bucket in self.buckets]
         fusion.expect_freed(sum(_nbytes(p) for p in params))
         self.skip_synchronize = False
         self.synchronized = False
@@ -184,7 +210,14 @@ class _GradientReducer:
             self._reset()  # the world was re-formed (elastic reset) in the middle of a step
             self.world = world
 
+    def _outside(self) -> bool:
+        """This rank is not in the optimizer's process set: as in Horovod, its gradients
+        stay its own."""
+        return self.process_set is not global_process_set and not self.process_set.included()
+
     def on_grad(self, index):
+        if self._outside():
+            return
         self._follow_world()
         left = self.pending[index]
         if left == 0:
@@ -206,11 +239,14 @@ class _GradientReducer:
             if handle is not None:
                 self.started.append((bucket, None, handle))
                 continue
-            compressed = [self.compression.compress(self._local_grad(p)) for p in bucket]
-            flags = _flags([p.grad is not None for p in bucket], compressed[0][0].dtype)
+            grads = [self._local_grad(p) for p in bucket]
+            if any(grad.is_sparse for grad in grads):
+                self.started.append((bucket, [None] * len(bucket), self._with_sparse(grads)))
+                continue
+            compressed = [self.compression.compress(grad) for grad in grads]
             # Reduced into a new fused buffer, whose pieces become the gradients: no copy back.
             handle = ops.grouped_allreduce_async(
-                [c for c, _ in compressed] + [flags], op=self.op,
+                [c for c, _ in compressed], op=self.op,
                 prescale_factor=self.prescale, postscale_factor=self.postscale,
                 process_set=self.process_set)
             self.started.append((bucket, [ctx for _, ctx in compressed], handle))
@@ -224,54 +260,62 @@ class _GradientReducer:
         if self.compression is not Compression.none or self.process_set is not global_process_set:
             return None
         plan = self.plans[index]
-        factor = self.prescale / (self.process_set.size() if self.op == ops.Average else 1)
-        if not factor > 0:  # (a positive factor keeps each flag of a present gradient nonzero)
-            return None
         arrays = plan.arrays([p.grad for p in self.buckets[index]])
         if arrays is None:
             return None
         layout = prepacked(plan.numel, plan.dtype, self.process_set)
         if layout is None:
             return None
-        return prepacked_async(plan.pack(arrays, factor, fill=factor), layout, self.postscale)
+        divisor = self.process_set.size() if self.op == ops.Average else 1
+        return prepacked_async(plan.pack(arrays, self.prescale), layout, self.postscale, divisor)
 
     def _local_grad(self, p):
         if p.grad is None:
             return torch.zeros_like(p, memory_format=torch.contiguous_format)
-        if p.grad.is_sparse:
-            if not self.sparse_as_dense:
-                raise NotImplementedError(
-                    "hvdlite reduces dense gradients only; pass sparse_as_dense=True")
+        if p.grad.is_sparse and self.sparse_as_dense:
             return p.grad.to_dense()
         return p.grad
 
+    def _with_sparse(self, grads):
+        """A bucket holding sparse gradients (an embedding's, without sparse_as_dense): each
+        reduced as Horovod reduces it, gathering indices and values; the dense ones together.
+        The handle's result is every reduced gradient, in the bucket's order."""
+        dense = [i for i, grad in enumerate(grads) if not grad.is_sparse]
+        compressed = [self.compression.compress(grads[i]) for i in dense]
+        together = ops.grouped_allreduce_async(
+            [c for c, _ in compressed], op=self.op, prescale_factor=self.prescale,
+            postscale_factor=self.postscale, process_set=self.process_set) if dense else None
+        alone = {i: ops.sparse_allreduce_async(grad, None, self.op, self.process_set)
+                 for i, grad in enumerate(grads) if grad.is_sparse}
+
+        def finish():
+            reduced = {i: h.wait() for i, h in alone.items()}
+            if together is not None:
+                reduced.update((i, self.compression.decompress(grad, ctx))
+                               for i, grad, (_, ctx) in zip(dense, together.wait(), compressed))
+            return [reduced[i] for i in range(len(grads))]
+        return Handle([*alone.values(), *([together] if together else [])], finish)
+
     def synchronize(self):
+        if self._outside():
+            self.synchronized = True
+            return
         self._follow_world()
         try:
             self._start(everything=True)
             for index, (bucket, contexts, handle) in enumerate(self.started):
-                if contexts is None:  # prepacked: every rank had some of each gradient
+                if contexts is None:  # prepacked
                     for p, grad in zip(bucket, self.plans[index].pieces(handle.wait())):
                         p.grad = grad
                     continue
-                *reduced, flags = ops.synchronize(handle)
-                for p, grad, ctx, anyone in zip(bucket, reduced, contexts, flags.tolist()):
-                    if anyone:
-                        p.grad = self.compression.decompress(grad, ctx)
+                for p, grad, ctx in zip(bucket, ops.synchronize(handle), contexts):
+                    grad = self.compression.decompress(grad, ctx)
+                    # sparse_as_dense: sparse again for the step, as Horovod's (SparseAdam
+                    # takes no dense gradient)
+                    p.grad = grad.to_sparse() if p.grad is not None and p.grad.is_sparse and not grad.is_sparse else grad
         finally:
             self._reset()  # also after a failure, so the next step starts clean
         self.synchronized = True
-
-
-# torch.tensor() of a short list costs ~20 us; numpy's array and from_numpy ~4 us.
-_NUMPY_FLOATS = {torch.float32: numpy.float32, torch.float64: numpy.float64,
-                 torch.float16: numpy.float16}
-
-
-def _flags(values, dtype):
-    if dtype in _NUMPY_FLOATS:
-        return torch.from_numpy(numpy.array(values, dtype=_NUMPY_FLOATS[dtype]))
-    return torch.tensor(values, dtype=dtype)
 
 
 def _on_grad(reducer_ref, index, _):
@@ -323,7 +367,12 @@ class _DistributedOptimizer:
         return super().zero_grad(*args, **kwargs)
 
 
-def _check_names(named_parameters, params):
+def _names(optimizer, named_parameters, params) -> dict:
+    """{parameter: name}, checked, as Horovod's optimizer keeps it (_parameter_names, which
+    some scripts read): unnamed parameters are allreduce.noname.<group>.<index>."""
+    if named_parameters is None:
+        return {p: f"allreduce.noname.{i}.{j}" for i, group in enumerate(optimizer.param_groups)
+                for j, p in enumerate(group["params"])}
     named = list(named_parameters)
     if any(not isinstance(item, tuple) for item in named):
         raise ValueError("named_parameters should be (name, parameter) pairs, "
@@ -335,6 +384,7 @@ def _check_names(named_parameters, params):
     named_ids = {id(p) for _, p in named}
     if any(id(p) not in named_ids for p in params):
         raise ValueError("named_parameters was given but does not name every optimizer parameter")
+    return {p: name for name, p in named}
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
@@ -356,8 +406,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if backward_passes_per_step < 1:
         raise ValueError("backward_passes_per_step must be at least 1")
     params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
-    if named_parameters is not None:
-        _check_names(named_parameters, params)
+    names = _names(optimizer, named_parameters, params)
 
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
     wrapped = cls.__new__(cls)
@@ -365,6 +414,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     # An LR scheduler made before wrapping put a `step` on the instance that calls the plain
     # class's step; drop it so ours runs (the scheduler then warns once, which is harmless).
     wrapped.__dict__.pop("step", None)
+    wrapped._parameter_names = names
     wrapped._hvd_reducer = _GradientReducer(
         params, compression, backward_passes_per_step, op,
         prescale=1.0 / gradient_predivide_factor, postscale=gradient_predivide_factor,

@@ -122,3 +122,11 @@ def remove_process_set(process_set) -> bool:
     old, process_set._group, process_set._world = [process_set._group], None, None
     gloo.release(old)
     return True
+
+
+def remove_all() -> None:
+    """Unregister every set but the global one (shutdown(): as in Horovod, the next init()
+    starts with none, and numbers them from 1 again)."""
+    for process_set in list(_sets.values()):
+        remove_process_set(process_set)
+    _next_id[0] = 1

@@ -1,5 +1,6 @@
 """ElasticSampler: an epoch's samples split among a world that may change mid-epoch."""
 import math
+import random
 
 import torch
 
@@ -46,11 +47,12 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.local_done = 0
 
     def _order(self):
-        if not self.shuffle:
-            return list(range(len(self.dataset)))
-        generator = torch.Generator()
-        generator.manual_seed(self.seed + self.epoch)
-        return torch.randperm(len(self.dataset), generator=generator).tolist()
+        """The epoch's samples in order: shuffled as Horovod's sampler shuffles them, so that
+        a script trains on the same samples in the same order."""
+        order = list(range(len(self.dataset)))
+        if self.shuffle:
+            random.Random(self.seed + self.epoch).shuffle(order)
+        return order
 
     def state_dict(self):
         consumed = self.remaining[:self.local_done * self.size]

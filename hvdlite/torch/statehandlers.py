@@ -14,7 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim import lr_scheduler
 
 from hvdlite.torch import ops
-from hvdlite.torch.optimizer import broadcast_optimizer_state, broadcast_parameters
+from hvdlite.torch.optimizer import broadcast_parameters, send_optimizer_state
 from hvdlite.torch.sampler import ElasticSampler
 
 
@@ -82,7 +82,7 @@ class DistributedModelHandler(ModelStateHandler):
 
 class OptimizerStateHandler(StateDictHandler):
     def sync(self):
-        broadcast_optimizer_state(self.value, root_rank=0)
+        send_optimizer_state(self.value, root_rank=0)
 
 
 class SamplerStateHandler(StateDictHandler):

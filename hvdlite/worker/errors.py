@@ -7,6 +7,13 @@ class HorovodInternalError(RuntimeError):
     """A collective failed because the world broke (a peer died, hung or was cut off)."""
 
 
+class MismatchError(ValueError, RuntimeError):
+    """The ranks called a collective with tensors, dtypes, root ranks or splits that disagree:
+    raised on every rank alike, at once. A RuntimeError as Horovod's (its tests expect one),
+    a ValueError as the script's own mistake; never a HorovodInternalError, which elastic
+    training would answer with a reset that repeats the mistake."""
+
+
 class HostsUpdatedInterrupt(RuntimeError):
     """The driver changed the set of hosts; every rank raises this at the same commit."""
 

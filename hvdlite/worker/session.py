@@ -6,6 +6,7 @@ driver for the liveness timeout exits, so a dead driver or a partition never lea
 behind.
 """
 import atexit
+import dataclasses
 import ipaddress
 import json
 import os
@@ -65,6 +66,7 @@ class Session:
         self.stopping = False  # the driver said the job stops: leave at the next commit
         self.kept = False  # it left its last world at a commit, keeping its state (no rollback)
         self.on_round_broken = None  # callback(round), called on every heartbeat answer
+        self._joins = {}  # round -> times this process was given a place in it
         self._heartbeat = threading.Thread(target=self._beat, daemon=True, name="hvdlite-heartbeat")
         self._heartbeat.start()
         atexit.register(self._say_goodbye)
@@ -111,6 +113,14 @@ class Session:
             return loopback_by_rank(s.getsockname()[0], rank)
 
     def assignment(self, after_round=None, commit=0) -> WorldInfo:
+        """This worker's place in the next world (see _assignment), told apart from its
+        earlier places in the same round (a static job's init() after shutdown())."""
+        info = self._assignment(after_round, commit)
+        again = self._joins.get(info.round, 0)
+        self._joins[info.round] = again + 1
+        return dataclasses.replace(info, again=again) if again else info
+
+    def _assignment(self, after_round, commit) -> WorldInfo:
         """This worker's place in the next world.
 
         A static job's worker has it in its environment. An elastic worker blocks in the

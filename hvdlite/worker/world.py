@@ -17,6 +17,7 @@ class WorldInfo:
     round: int = 0  # rendezvous round; names the store scope of this world
     updates: int = 0  # host updates the driver had announced when this world formed
     handover: bool = False  # the world only hands the state over: leave it once synced
+    again: int = 0  # times this process joined this round before (init after shutdown)
 
     @classmethod
     def from_env(cls, environ=os.environ) -> "WorldInfo":
@@ -33,8 +34,9 @@ class WorldInfo:
     @property
     def store_scope(self) -> str:
         """KV scope of this world's gloo bootstrap. A new one per round: gloo never deletes
-        its keys, and a group built under an old scope would read stale addresses."""
-        return f"gloo.{self.round}"
+        its keys, and a group built under an old scope would read stale addresses: so is a
+        process's init() after shutdown() in the same round (every rank inits alike)."""
+        return f"gloo.{self.round}" + (f".{self.again}" if self.again else "")
 
     def to_dict(self) -> dict:
         # Not asdict(): its deep copies cost the driver a quarter of a second per 1000-rank world.
