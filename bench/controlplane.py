@@ -82,7 +82,7 @@ def serve(size: int) -> None:
     from hvdlite.driver.decisions.messages import (
         Answer, HostsFound, Launch, Launched, Publish, Stop, Tick)
     from hvdlite.driver.job import TICK
-    from hvdlite.driver.kvserver import KVServer
+    from hvdlite.driver.kv.server import KVServer
     from hvdlite.driver.rendezvous import Rendezvous
     raise_fd_limit()
     events = queue.Queue()

@@ -22,7 +22,7 @@ WAITERS = 1024
 
 SERVER = f"""
 import sys
-from hvdlite.driver.kvserver import KVServer
+from hvdlite.driver.kv.server import KVServer
 server = KVServer({SECRET!r})
 server.start()
 print(server.address[1], flush=True)

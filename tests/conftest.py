@@ -21,7 +21,7 @@ def pytest_collection_modifyitems(config, items):
 def server(request):
     """A KV server shared by a module (each test uses its own scopes; stopping one takes
     ~0.1 s), with the module's SECRET."""
-    from hvdlite.driver.kvserver import KVServer
+    from hvdlite.driver.kv.server import KVServer
     srv = KVServer(request.module.SECRET)
     srv.start()
     try:

@@ -13,7 +13,7 @@ import pytest
 
 from hvdlite.driver.claims import KEEP, MAX_REFUSALS, Claims
 from hvdlite.driver.executor import Executor
-from hvdlite.driver.kvserver import KVServer
+from hvdlite.driver.kv.server import KVServer
 from hvdlite.driver.launchers import Launchers
 from hvdlite.driver.settings import Settings
 from hvdlite.worker import claim, env

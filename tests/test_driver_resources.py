@@ -99,7 +99,7 @@ def test_400_idle_connections_under_ulimit_256_do_not_stop_a_reform(tmp_path):
 SERVER_AT_ITS_LIMIT = """
 import resource, sys, time
 resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-from hvdlite.driver.kvserver import KVServer
+from hvdlite.driver.kv.server import KVServer
 # Caps above the limit, as a driver whose launches took the descriptors: accept() hits EMFILE.
 server = KVServer("s3cret", max_unauthenticated=1000, max_connections=1000, auth_timeout=60,
                   on_exhausted=lambda n: print("exhausted", n, flush=True))

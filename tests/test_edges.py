@@ -105,7 +105,7 @@ FORBIDDEN = {  # package -> what it must never import: data flows cli -> driver 
     "template": ("hvdlite.driver", "hvdlite.cli", "hvdlite.discovery"),  # runs as the worker's python
     "driver": ("hvdlite.cli", "hvdlite.torch", "hvdlite.numpy"),
     "driver/decisions": ("hvdlite.driver.executor", "hvdlite.driver.job", "hvdlite.driver.launchers",
-                         "hvdlite.driver.rendezvous", "hvdlite.driver.kv"),  # kvserver and its parts
+                         "hvdlite.driver.rendezvous", "hvdlite.driver.kv"),  # the KV server's folder
     "driver/launchers": ("hvdlite.driver.decisions", "hvdlite.driver.executor", "hvdlite.driver.job"),
     "ray": ("hvdlite.cli", "hvdlite.torch", "hvdlite.numpy"),  # RayExecutor drives a job: driver -> ray
 }
@@ -130,3 +130,62 @@ def test_imports_flow_one_way(package):
                 path = os.path.join(folder, name)
                 bad += [f"{path}: {m}" for m in _imports(path) if m.startswith(FORBIDDEN[package])]
     assert not bad
+
+
+def _module_graph():
+    """Every hvdlite module -> the hvdlite modules it imports, anywhere in it (a late import
+    inside a function too)."""
+    modules = {}
+    for folder, _, files in os.walk(ROOT):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                dotted = os.path.relpath(path, os.path.dirname(ROOT))[:-3].replace(os.sep, ".")
+                modules[dotted[:-len(".__init__")] if dotted.endswith(".__init__") else dotted] = path
+
+    def module_of(name):  # `from package import module` names a module, `from module import f` not
+        while name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph = {}
+    for module, path in modules.items():
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        names = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names |= {f"{node.module}.{a.name}" for a in node.names}
+        graph[module] = {module_of(name) for name in names if name.startswith("hvdlite.")} - {module}
+    return graph
+
+
+def _reachable(graph, start):
+    seen, todo = set(), list(graph[start])
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo += graph[module]
+    return seen
+
+
+def test_no_module_imports_itself_through_others():
+    # worker/durable and worker/session, numpy/basics and numpy/ops imported each other, each
+    # pair with one import hidden in a function
+    graph = _module_graph()
+    assert not sorted(module for module in graph if module in _reachable(graph, module))
+
+
+def test_the_kv_server_knows_nothing_of_jobs():
+    """driver/kv/ serves signed keys, long-polls and heartbeats; the job's routes are added
+    from outside (rendezvous.py)."""
+    allowed = ("hvdlite.driver.kv.", "hvdlite.driver.descriptors", "hvdlite.worker.kvproto",
+               "hvdlite.worker.claim")
+    parts = {module: imported for module, imported in _module_graph().items()
+             if module.startswith("hvdlite.driver.kv.")}
+    assert "hvdlite.driver.kv.server" in parts
+    assert {module: sorted(imported) for module, imported in parts.items()
+            if not all(name.startswith(allowed) for name in imported)} == {}

@@ -82,7 +82,7 @@ def test_a_blacklisting_past_the_1024th_still_has_a_cooldown():
 
 
 def test_dropping_a_rounds_scope_drops_its_process_sets_scopes():
-    from hvdlite.driver.kvserver import KVServer
+    from hvdlite.driver.kv.server import KVServer
     server = KVServer("s3cret")
     try:
         for scope in ("gloo.1", "gloo.1.set.1.0-1", "gloo.1.set.2.1", "gloo.10", "gloo.2"):
@@ -147,7 +147,7 @@ def test_connecting_world_after_world_leaves_no_objects_behind():
     import re
     import socket
 
-    from hvdlite.driver.kvserver import KVServer
+    from hvdlite.driver.kv.server import KVServer
     from hvdlite.worker.kvclient import KVClient
     from hvdlite.worker.links import Links
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -199,7 +199,7 @@ def test_sigusr1_after_sigusr1_leaves_no_objects_behind():
     import signal
     import threading
 
-    from hvdlite.driver.kvserver import KVServer
+    from hvdlite.driver.kv.server import KVServer
     from hvdlite.worker import stopping
     from hvdlite.worker.kvclient import KVClient
     from hvdlite.worker.session import Session

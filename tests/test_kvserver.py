@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from hvdlite.driver.kvserver import KVServer
+from hvdlite.driver.kv.server import KVServer
 from hvdlite.worker import kvproto
 from hvdlite.worker.kvclient import KVClient, KVError
 

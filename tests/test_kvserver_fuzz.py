@@ -8,7 +8,7 @@ import time
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from hvdlite.driver.kvserver import KVServer
+from hvdlite.driver.kv.server import KVServer
 from hvdlite.worker import kvproto
 from hvdlite.worker.kvclient import KVClient
 
@@ -192,7 +192,7 @@ def test_slow_clients_do_not_stop_real_ones():
 def test_query_strings_read_as_parse_qsl_reads_them(raw):
     from urllib.parse import parse_qsl
 
-    from hvdlite.driver.kvparse import BadRequest, parse_query
+    from hvdlite.driver.kv.parse import BadRequest, parse_query
     try:
         expected = dict(parse_qsl(raw, keep_blank_values=True, strict_parsing=True, errors="strict"))
     except (ValueError, UnicodeDecodeError):

@@ -8,8 +8,8 @@ from concurrent.futures import Future
 
 import pytest
 
-from hvdlite.driver.kvauth import Replays, Senders
-from hvdlite.driver.kvserver import KVServer
+from hvdlite.driver.kv.auth import Replays, Senders
+from hvdlite.driver.kv.server import KVServer
 from hvdlite.worker import kvproto, objects
 from hvdlite.worker.kvclient import Heartbeats, KVClient, KVError
 from hvdlite.worker.scopestore import ScopeStore

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from hvdlite.driver.decisions.messages import LoadFailed, Ready, WriteFailed
-from hvdlite.driver.kvserver import KVServer
+from hvdlite.driver.kv.server import KVServer
 from hvdlite.driver.rendezvous import Rendezvous
 from hvdlite.worker import env
 from hvdlite.worker.session import Session

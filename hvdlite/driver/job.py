@@ -25,7 +25,7 @@ from hvdlite.driver.descriptors import raise_limit
 from hvdlite.driver.eventlog import EventLog
 from hvdlite.driver.executor import Executor
 from hvdlite.driver.jobstats import JobStats, status_line
-from hvdlite.driver.kvserver import KVServer
+from hvdlite.driver.kv.server import KVServer
 from hvdlite.driver.launchers import Launchers
 from hvdlite.driver.metrics import MetricsServer
 from hvdlite.driver.network import bind_address

@@ -5,16 +5,15 @@ import os
 import numpy as np
 import pygloo
 
-from hvdlite.numpy.store import GlooStore
 from hvdlite import defaults
+from hvdlite.numpy import ops, runtime
+from hvdlite.numpy.store import GlooStore
 from hvdlite.worker import elastic, env, sockets, trace, vouch
 from hvdlite.worker.links import EXIT_WAIT, Links
-from hvdlite.worker.runtime import Runtime
 from hvdlite.worker.scopestore import ScopeStore
 from hvdlite.worker.session import session
 from hvdlite.worker.world import WorldInfo
 
-runtime = Runtime()  # the current pygloo context and world
 _links = Links(broken_how=sockets.PYGLOO_BROKEN_CUT)  # the current context's gloo connections
 _voucher = None  # the helper that stands in for this worker while a collective holds the GIL
 
@@ -53,7 +52,6 @@ def join(after_round=None, commit=0) -> None:
 
 
 def _count(flag: int) -> int:
-    from hvdlite.numpy import ops  # ops imports this module
     return int(ops.allreduce(np.array([flag], dtype=np.int32), op=ops.Sum)[0])
 
 

@@ -2,7 +2,7 @@
 The reset protocol lives in hvdlite.worker.elastic."""
 import numpy as np
 
-from hvdlite.numpy import basics, ops
+from hvdlite.numpy import basics, ops, runtime
 from hvdlite.worker import elastic as core
 from hvdlite.worker.elastic import run  # noqa: F401
 from hvdlite.worker.trusted import trust  # noqa: F401
@@ -13,7 +13,7 @@ def _agree_flag(value: int) -> int:
 
 
 BACKEND = core.Backend(init=basics.init, join=basics.join, shutdown=basics.shutdown, abort=basics.abort,
-                       info=basics.runtime.info, agree_flag=_agree_flag,
+                       info=runtime.info, agree_flag=_agree_flag,
                        broadcast_object=ops.broadcast_object)
 
 

@@ -185,6 +185,7 @@ def _low_priority():
 
 _writer = None
 _found = None  # (commit, lineage, path, state) of the checkpoint verified last, until used
+_tell = None  # the session's tell (install)
 
 
 def committed(state) -> None:
@@ -278,14 +279,18 @@ def unloadable(path: str, error: BaseException) -> None:
     raise SystemExit(exitcodes.UNLOADABLE)
 
 
+def install(tell) -> None:
+    """Take `tell(what, body, timeout, **query)`, the session's word to the driver
+    (Session.tell): the session hands it over as it starts, as this module may not import it."""
+    global _tell
+    _tell = tell
+
+
 def _told_driver(what: str, reason: str = "", **query) -> bool:
     """Whether the driver heard `reason` at /rdzv/`what` (load_failed, write_failed, written)."""
-    from hvdlite.worker.session import session  # session imports this module
-    try:
-        me = session()
-    except RuntimeError:  # not started by `hvdlite run`: there is no driver to tell
+    if _tell is None:  # not started by `hvdlite run`: there is no driver to tell
         return False
-    return me.tell(what, reason.encode(), REPORT_TIMEOUT, **query)
+    return _tell(what, reason.encode(), REPORT_TIMEOUT, **query)
 
 
 def _cause(error: BaseException) -> str:

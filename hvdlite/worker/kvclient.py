@@ -1,4 +1,4 @@
-"""Client of the driver's KV server (hvdlite.driver.kvserver): one keep-alive connection per
+"""Client of the driver's KV server (hvdlite.driver.kv.server): one keep-alive connection per
 thread, every request signed (hvdlite.worker.kvproto); heartbeats as signed datagrams."""
 import os
 import socket

@@ -67,6 +67,7 @@ class Session:
         self.kept = False  # it left its last world at a commit, keeping its state (no rollback)
         self.on_round_broken = None  # callback(round), called on every heartbeat answer
         self._joins = {}  # round -> times this process was given a place in it
+        durable.install(self.tell)  # its checkpoints' word to the driver goes through here
         self._heartbeat = threading.Thread(target=self._beat, daemon=True, name="hvdlite-heartbeat")
         self._heartbeat.start()
         atexit.register(self._say_goodbye)

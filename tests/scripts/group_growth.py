@@ -5,7 +5,7 @@ import ctypes
 
 import torch
 
-from hvdlite.driver.kvserver import KVServer
+from hvdlite.driver.kv.server import KVServer
 from hvdlite.torch import gloo
 from hvdlite.worker.kvclient import KVClient
 

@@ -18,7 +18,7 @@ MAX_BEATS_PER_POLL = 10000
 
 
 class Beats:
-    """The datagrams on `udp`, checked by `gate` (kvauth.Gate); used on the server's thread."""
+    """The datagrams on `udp`, checked by `gate` (auth.Gate); used on the server's thread."""
 
     def __init__(self, udp, gate):
         self.udp, self.gate = udp, gate

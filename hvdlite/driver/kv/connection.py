@@ -9,9 +9,9 @@ import socket
 import time
 from concurrent.futures import Future
 
-from hvdlite.driver.kvparse import AUTH, MAX_HEAD, BadRequest, answer_head, body_framing, read_head
-from hvdlite.driver.kvpolls import LongPoll
-from hvdlite.driver.kvpump import BULK
+from hvdlite.driver.kv.parse import AUTH, MAX_HEAD, BadRequest, answer_head, body_framing, read_head
+from hvdlite.driver.kv.polls import LongPoll
+from hvdlite.driver.kv.pump import BULK
 from hvdlite.worker import kvproto
 
 

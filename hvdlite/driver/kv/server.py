@@ -15,7 +15,7 @@ signed request (hvdlite.worker.kvproto):
 
 Scope and key are percent-encoded path segments, 1..512 bytes once decoded (UTF-8). Routes
 added with ``add_route`` share the authentication and the limits. Heartbeats are signed UDP
-datagrams on the same port, answered with what the ``set_heartbeat`` handler says (kvbeats);
+datagrams on the same port, answered with what the ``set_heartbeat`` handler says (beats.py);
 so are the claims of the secret by workers launched without it (``set_claims``, claims.py).
 
 Unauthenticated connections are bounded (count, head size, time to authenticate; the oldest
@@ -23,9 +23,9 @@ is dropped for a new one), and a body is read only after the head's signature ch
 a flood of them costs bounded memory and does not lock real workers out. The caps follow the
 descriptor limit (descriptors.py); should accept() still run out, the oldest stranger goes.
 
-This module holds the data, the routes and the server's life; its parts read alone: kvparse
-(HTTP), kvauth (signatures), kvconnection (one client), kvpolls (answers that come later),
-kvfamilies (snapshots of key families), kvpump (big answers in turn), kvbeats (heartbeats).
+This module holds the data, the routes and the server's life; its parts in this folder read
+alone: parse (HTTP), auth (signatures), connection (one client), polls (answers that come
+later), families (snapshots of key families), pump (big answers in turn), beats (heartbeats).
 """
 import asyncio
 import threading
@@ -33,13 +33,13 @@ import time
 from concurrent.futures import Future
 
 from hvdlite.driver.descriptors import connection_caps
-from hvdlite.driver.kvauth import Gate
-from hvdlite.driver.kvbeats import BEAT_POLL, Beats, bind_pair
-from hvdlite.driver.kvconnection import Connection
-from hvdlite.driver.kvfamilies import MAX_FAMILY, Families
-from hvdlite.driver.kvparse import DIGITS, INTEGER, BadRequest, decode_segment, parse_query, seconds
-from hvdlite.driver.kvpolls import Waiters, resolve
-from hvdlite.driver.kvpump import Pump
+from hvdlite.driver.kv.auth import Gate
+from hvdlite.driver.kv.beats import BEAT_POLL, Beats, bind_pair
+from hvdlite.driver.kv.connection import Connection
+from hvdlite.driver.kv.families import MAX_FAMILY, Families
+from hvdlite.driver.kv.parse import DIGITS, INTEGER, BadRequest, decode_segment, parse_query, seconds
+from hvdlite.driver.kv.polls import Waiters, resolve
+from hvdlite.driver.kv.pump import Pump
 
 MAX_WAIT = 60.0  # one long-poll or deferred route answer; clients loop for longer waits
 IDLE_TIMEOUT = 10.0  # seconds an idle kept-alive connection, or one request in transit, may take
@@ -130,7 +130,7 @@ class KVServer:
         self._loop.call_soon(self._loop.stop)
 
     def _drain_beats(self):
-        """Heartbeats, a batch every BEAT_POLL until the server stops (kvbeats)."""
+        """Heartbeats, a batch every BEAT_POLL until the server stops (beats.py)."""
         if not self._stopped:
             self._beats.drain()
             self._loop.call_later(BEAT_POLL, self._drain_beats)
