@@ -62,6 +62,7 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
         self.phases = {p: {} for p in Phase if p is not Phase.GONE}  # phase -> {id: Incarnation}
         self.staying = set()  # members of the current world that have not left it
         self.joiners = {}  # live incarnations not in a world yet (not leaving): id -> Incarnation
+        self.leavers = {}  # live incarnations that said they leave (SIGTERM), not removed yet
         self.hosts_dirty = False  # hosts or blacklist changed: is every host blacklisted now?
         self.launches = {}  # slot -> how many times it was launched (fences its earlier ones)
         self.round = 0  # the current world's number; 0 before the first
@@ -232,6 +233,7 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
         inc = self._current(event.worker)
         if inc is not None and inc.leaving_since is None and inc.phase is not Phase.LEAVING:
             inc.leaving_since = self._now
+            self.leavers[inc.id] = inc
             self.left.add(inc.slot)  # not relaunched; in no world but one that takes its state
             self._log("worker_leaving", slot=inc.slot, worker=inc.id, rank=inc.rank)
 
@@ -321,12 +323,13 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
         """A leaver waiting in the rendezvous goes once its commit is safe without it (on disk,
         or held by a worker that stays), or once it waited --stop-timeout for a world to hand
         it to (the next world then says the commit is lost): it exits with exitcodes.LEFT."""
+        waiting = [inc for inc in self.leavers.values() if inc.phase is Phase.WAITING]
+        if not waiting:
+            return
         stays = [inc.commit for inc in self._live() if inc.leaving_since is None and inc.killed is None
                  and inc.phase is not Phase.LEAVING]
-        for inc in list(self.phases[Phase.WAITING].values()):
-            if inc.leaving_since is not None and (
-                    self.ledger.safe_without(inc.commit, stays)
-                    or self._now - inc.leaving_since > self.policy.stop_timeout):
+        for inc in waiting:
+            if self.ledger.safe_without(inc.commit, stays) or self._now - inc.leaving_since > self.policy.stop_timeout:
                 self._remove(inc)
 
 
@@ -355,6 +358,7 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
             self.phases[phase][inc.id] = inc
         if phase in (Phase.LEAVING, Phase.GONE):
             self.joiners.pop(inc.id, None)
+            self.leavers.pop(inc.id, None)
         inc.phase = phase
         if phase is Phase.GONE:  # a job of a million relaunches keeps what fencing needs only
             if inc.id not in self.world:

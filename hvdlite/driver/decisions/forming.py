@@ -95,17 +95,18 @@ class Forming:
         if self.broken < self.round:
             return False
         since = self._now - self.broken_at
-        stuck = sorted((self.workers[w] for w in self.staying), key=lambda inc: inc.slot)
-        held = all(self._held(inc) for inc in stuck)
+        # Asked again as each survivor comes back: the first member not held ends most asks.
+        held = all(self._held(self.workers[w]) for w in self.staying)
         if since <= self.policy.liveness_timeout and not held:
             return False
+        stuck = [self.workers[w] for w in self.staying]
         top = max((inc.commit for inc in self.phases[Phase.WAITING].values()
                    if inc.killed is None and overdue(inc, self._now, self.policy, None) is None), default=-1)
         # One being killed exits at once; one unheard since the break may hold a newer commit.
         if any(inc.killed is not None or inc.heard_at is None or inc.heard_at <= self.broken_at
                or inc.commit > top for inc in stuck):
             return False
-        for inc in stuck:
+        for inc in sorted(stuck, key=lambda inc: inc.slot):
             inc.left_behind = self.broken_at  # --elastic-timeout still ends it if it never returns
             self._log("member_left_behind", slot=inc.slot, worker=inc.id, rank=inc.rank, round=self.round,
                       after=round(since, 3), **({"held": "in a pygloo collective"} if held else {}))
