@@ -615,6 +615,13 @@ class ElasticJob(RuleBasedStateMachine):
                     f"{w} waits with commit {inc.commit} above the world's {top}"
 
     @invariant()
+    def every_live_leaver_is_in_the_leavers_index(self):
+        """The core releases only the leavers its index holds: one missing would wait forever."""
+        c = self.core
+        assert set(c.leavers) == {w for w, inc in c.workers.items() if inc.leaving_since is not None
+                                  and inc.phase not in (Phase.LEAVING, Phase.GONE)}
+
+    @invariant()
     def one_incarnation_per_slot(self):
         live = [i.slot for i in self.core.workers.values() if i.alive]
         assert len(live) == len(set(live)), f"two live processes on one slot: {live}"
