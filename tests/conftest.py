@@ -17,6 +17,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(GROUPS.get(module, module)))
 
 
+@pytest.fixture(autouse=True)
+def _worker_settings_stay_in_workers():
+    """hvdlite.torch.gloo.connect turns torch's flight recorder off in the process that calls
+    it, a worker's: called here, it would reach every process a later test starts, and
+    torchrun's own ranks then abort now and then at exit (torch 2.13, test_torchrun)."""
+    import os
+    import sys
+    before = dict(os.environ)
+    yield
+    gloo = sys.modules.get("hvdlite.torch.gloo")
+    changed = {name: os.environ.get(name) for name in (gloo.FLIGHT_RECORDER if gloo else ())
+               if os.environ.get(name) != before.get(name)}
+    assert not changed, f"this test set {changed} in the test process's environment"
+
+
 @pytest.fixture(scope="module")
 def server(request):
     """A KV server shared by a module (each test uses its own scopes; stopping one takes
