@@ -84,16 +84,19 @@ def test_no_python_3_9_only_calls():
     assert not found
 
 
-def _imports(path):
+def _import_statements(path):
+    """(module, names) of every import in the file: names None for `import module`."""
     with open(path) as f:
         tree = ast.parse(f.read())
-    found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
+            yield from ((a.name, None) for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
-            found.add(node.module)
-    return {name for name in found if name.startswith("hvdlite")}
+            yield node.module, [a.name for a in node.names]
+
+
+def _imports(path):
+    return {module for module, _ in _import_statements(path) if module.startswith("hvdlite")}
 
 
 FORBIDDEN = {  # package -> what it must never import: data flows cli -> driver -> launchers
@@ -150,14 +153,8 @@ def _module_graph():
 
     graph = {}
     for module, path in modules.items():
-        with open(path) as f:
-            tree = ast.parse(f.read())
-        names = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                names |= {a.name for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                names |= {f"{node.module}.{a.name}" for a in node.names}
+        names = {f"{imported}.{name}" if names else imported
+                 for imported, names in _import_statements(path) for name in names or [None]}
         graph[module] = {module_of(name) for name in names if name.startswith("hvdlite.")} - {module}
     return graph
 

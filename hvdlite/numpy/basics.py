@@ -6,7 +6,8 @@ import numpy as np
 import pygloo
 
 from hvdlite import defaults
-from hvdlite.numpy import ops, runtime
+from hvdlite.numpy import ops
+from hvdlite.numpy.context import runtime
 from hvdlite.numpy.store import GlooStore
 from hvdlite.worker import elastic, env, sockets, trace, vouch
 from hvdlite.worker.links import EXIT_WAIT, Links

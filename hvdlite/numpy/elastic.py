@@ -2,7 +2,8 @@
 The reset protocol lives in hvdlite.worker.elastic."""
 import numpy as np
 
-from hvdlite.numpy import basics, ops, runtime
+from hvdlite.numpy import basics, ops
+from hvdlite.numpy.context import runtime
 from hvdlite.worker import elastic as core
 from hvdlite.worker.elastic import run  # noqa: F401
 from hvdlite.worker.trusted import trust  # noqa: F401

@@ -10,7 +10,7 @@ import inspect
 import numpy as np
 import pygloo
 
-from hvdlite.numpy import runtime
+from hvdlite.numpy.context import runtime
 from hvdlite.worker import objects, trace
 from hvdlite.worker.errors import HorovodInternalError
 from hvdlite.worker.reduceops import Adasum, Average, Max, Min, Product, Sum, resolve, shares  # noqa: F401
@@ -59,7 +59,7 @@ def _traced(kind):
 
 def _call(collective, *args) -> None:
     try:
-        collective(runtime.context(), *args)
+        collective(runtime.group(), *args)
     except RuntimeError as e:
         # pygloo reports a dead or cut-off peer as a plain RuntimeError.
         raise HorovodInternalError(str(e)) from e
