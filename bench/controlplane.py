@@ -1,15 +1,24 @@
 """The driver's control plane at scale, against torch's TCPStore in the same run:
 
-    python bench/controlplane.py [--sizes 64 256 1024 4096] [--procs 2] [--reform 4 16 32]
+    python bench/controlplane.py [--sizes 64 256 1024 4096 16384] [--procs 2] [--reform 4 16 32]
                                  [--reform-trials 3]
 
-For each size N, one line `ranks=N rendezvous_s=X tcpstore_s=Y heartbeat_cpu=Z rss_mb=W`:
+For each size N, one line `ranks=N form_s=F rendezvous_s=X reform_s=R reform_rendezvous_s=Q
+tcpstore_s=Y heartbeat_cpu=Z rss_mb=W`:
 - rendezvous_s: N simulated ranks (asyncio, many per process, signing and framing through
   hvdlite.worker.kvproto like real workers) each ask the driver's rendezvous route for their
   place (the real Rendezvous and ElasticCore, which answer once all N are ready), set their gloo address
   (--value-bytes, default 154: what torch 2.13's gloo sets per rank without its N-dependent
   part) and read every rank's, as gloo's full mesh asks, in one scope snapshot that the same
   request asks for (ScopeStore); from the start signal to the last rank holding all N addresses.
+  Above --full-mesh-max ranks a full mesh would move N * N * 154 bytes (41 GB at 16,384) and
+  hold gigabytes of answers in the simulating processes at once: each rank then reads its two
+  ring neighbours' addresses instead (what a ring needs); the line says `ring`.
+- form_s: the same start to the last rank holding its place (the barrier alone).
+- reform_s, reform_rendezvous_s: once the world formed, one rank is lost (the driver hears its
+  exit, -9, as from its launcher; the survivors learn it at the same moment, as from their
+  broken gloo links) -> the last survivor holding its place in the re-formed world, and holding
+  its peers' addresses in the new world's scope.
 - tcpstore_s: the same exchange over torch's TCPStore (libuv), threads for ranks, with the
   best calls it offers: add+wait for the barrier, set, wait(all keys), multi_get(all keys).
 - heartbeat_cpu: the driver's CPU (fraction of one core) while N simulated workers heartbeat
@@ -42,7 +51,6 @@ from hvdlite.worker import kvproto  # noqa: E402
 SECRET = "controlplane-bench"
 KEY = kvproto.job_key(SECRET)
 BEAT_KEY = kvproto.beat_key(KEY)
-SCOPE = "gloo.1"
 # What torch 2.13's gloo sets for a rank (captured), less its trailing per-peer counters:
 # a sockaddr with the rank's port, padding, and a few per-process fields.
 ADDRESS = bytes.fromhex(
@@ -80,14 +88,18 @@ def serve(size: int) -> None:
     from hvdlite.driver.decisions.core import ElasticCore
     from hvdlite.driver.decisions.policy import Policy
     from hvdlite.driver.decisions.messages import (
-        Answer, HostsFound, Launch, Launched, Publish, Stop, Tick)
+        Answer, Exited, HostsFound, Launch, Launched, Publish, Stop, Tick)
     from hvdlite.driver.job import TICK
     from hvdlite.driver.kv.server import KVServer
     from hvdlite.driver.rendezvous import Rendezvous
+    from hvdlite.driver.descriptors import connection_caps
     raise_fd_limit()
     events = queue.Queue()
     rendezvous = Rendezvous(events.put)
-    server = KVServer(SECRET)
+    # A quarter of the descriptors stays free for launches by default: 15,000 connections
+    # under this machine's hard limit of 20,000, short of one a rank at 16,384 ranks, which a
+    # driver of that many would run with a higher limit.
+    server = KVServer(SECRET, max_connections=max(connection_caps()[1], size + 256))
     server.add_route("/rdzv/", rendezvous.route)
     server.set_heartbeat(rendezvous.heartbeat)
     # No launches to time out: the simulated ranks connect in waves before they ask.
@@ -127,16 +139,21 @@ def serve(size: int) -> None:
     def heard(since):
         """How many of the world's workers the core heard from since `since`, and the
         newest commit they reported (what the simulated beats carry)."""
-        incs = [core.workers[worker_id(r)] for r in range(size)]
+        incs = [core.workers[worker] for worker in core.world]
         fresh = [inc for inc in incs if inc.heard_at is not None and inc.heard_at >= since]
-        print(json.dumps({"heard": len(fresh), "commit": max((i.commit for i in fresh), default=0),
-                          "round": core.round, "stops": len(stops)}), flush=True)
+        print(json.dumps({"heard": len(fresh), "world": len(incs), "round": core.round, "stops": len(stops),
+                          "commit": max((i.commit for i in fresh), default=0)}), flush=True)
     threading.Thread(target=decide, daemon=True, name="decisions").start()
     server.start()
     print(server.address[1], flush=True)
-    for line in sys.stdin:  # "heard <monotonic time>": report; end of input: stop
-        since = float(line.split()[1])
-        events.put(lambda: heard(since))
+    # "heard <monotonic time>": report; "lost <rank>": its exit, as the launcher reports it;
+    # end of input: stop
+    for line in sys.stdin:
+        what, arg = line.split()
+        if what == "lost":
+            events.put(Exited(worker_id(int(arg)), -9))
+        else:
+            events.put(lambda since=float(arg): heard(since))
     rendezvous.close()
     server.stop()
 
@@ -144,25 +161,35 @@ def serve(size: int) -> None:
 # -- simulated ranks ------------------------------------------------------------------------
 
 class AsyncKV:
-    """One rank's connection, speaking the protocol through kvproto as KVClient does."""
+    """One rank's connection, speaking the protocol through kvproto as KVClient does, and as
+    it does, connecting again once when the server closed the kept-alive connection while it
+    was idle (over the server's IDLE_TIMEOUT: thousands of ranks take longer to connect)."""
 
-    def __init__(self, reader, writer):
-        self.reader, self.writer = reader, writer
-        self.parser = kvproto.ResponseParser()
+    def __init__(self, port):
+        self.port, self.reader, self.writer = port, None, None
 
-    @classmethod
-    async def connect(cls, port):
+    async def connect(self):
         # By address: open_connection("127.0.0.1") would resolve it in a small thread pool,
         # thousands of times over.
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setblocking(False)
-        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
-        return cls(*await asyncio.open_connection(sock=sock, limit=1 << 22))
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", self.port))
+        self.reader, self.writer = await asyncio.open_connection(sock=sock, limit=1 << 22)
+        self.parser = kvproto.ResponseParser()
 
     async def request(self, method, target, body=b""):
+        try:
+            return await self._request(method, target, body)
+        except ConnectionResetError:  # closed while idle: the request never ran
+            self.writer.close()
+            await self.connect()
+            return await self._request(method, target, body)
+
+    async def _request(self, method, target, body):
         request, signed = kvproto.encode_request(KEY, method, target, body)
         self.writer.write(request)
+        heard = False
         while True:
             answer = self.parser.next()
             if answer is not None:
@@ -170,26 +197,41 @@ class AsyncKV:
                 if not kvproto.answer_is_signed(KEY, signed, status, headers, body):
                     raise ConnectionError(f"{method} {target}: answer {status} not signed with the job's key")
                 return status, body
-            data = await self.reader.read(1 << 20)
-            if not data:
-                raise ConnectionError("server closed the connection")
+            try:
+                data = await self.reader.read(1 << 20)
+            except ConnectionError:
+                data = b""
+            if not data:  # before any answer: the request never ran
+                raise (ConnectionError if heard else ConnectionResetError)("server closed the connection")
+            heard = True
             self.parser.feed(data)
 
 
 async def connected(port):
     """A rank's connection, authenticated by a first request, as a worker's would be by the
     time a world forms (TCPStore's ranks connect before the start too)."""
-    kv = await AsyncKV.connect(port)
+    kv = AsyncKV(port)
+    await kv.connect()
     assert (await kv.request("GET", "/kv/hello/none"))[0] == 404
     return kv
 
 
-async def one_rank(kv, worker, size, value, snapshots):
-    status, body = await kv.request("GET", f"/rdzv/assign?{urlencode({'worker': worker, 'after': -1})}")
+async def one_rank(kv, worker, after, value, snapshots, full_mesh):
+    """Its place in the next world, then its peers' addresses: (placed, done) times."""
+    status, body = await kv.request("GET", f"/rdzv/assign?{urlencode({'worker': worker, 'after': after})}")
     assert status == 200, (status, body)
-    rank = json.loads(body)["world"]["rank"]
+    placed = time.time()
+    world = json.loads(body)["world"]
+    rank, size, scope = world["rank"], world["size"], f"gloo.{world['round']}"
+    if not full_mesh:  # its own address, then its ring neighbours'
+        status, _ = await kv.request("PUT", f"/kv/{scope}/0%2F{rank}", address(rank, value))
+        assert status == 200, status
+        for peer in {(rank - 1) % size, (rank + 1) % size}:
+            status, got = await kv.request("GET", f"/kv/{scope}/0%2F{peer}?wait=60")
+            assert status == 200 and got[18:20] == address(peer, value)[18:20], status
+        return placed, time.time()
     # As ScopeStore sends gloo's set of this rank's address with its read of every peer's.
-    status, snapshot = await kv.request("PUT", f"/kv/{SCOPE}/0%2F{rank}?prefix=0%2F&count={size}&wait=60",
+    status, snapshot = await kv.request("PUT", f"/kv/{scope}/0%2F{rank}?prefix=0%2F&count={size}&wait=60",
                                         address(rank, value))
     assert status == 200, status
     # Every rank gets the same bytes: decode the first, compare the rest (the ranks share
@@ -199,23 +241,45 @@ async def one_rank(kv, worker, size, value, snapshots):
         assert sorted(keys) == sorted(f"0/{r}" for r in range(size)), "snapshot incomplete"
         snapshots.append(snapshot)
     assert snapshot == snapshots[0], "ranks disagree on the addresses"
-    kv.writer.close()
-    return time.time()
+    return placed, time.time()
 
 
-async def ranks_main(port, first, count, size, value_bytes):
+async def world(conns, first, after, value_bytes, full_mesh):
+    """Every rank of `conns` (None: lost) into the next world: the latest (placed, done) times."""
+    snapshots, cpu = [], time.process_time()
+    ends = await asyncio.gather(*(one_rank(kv, worker_id(first + i), after, value_bytes, snapshots, full_mesh)
+                                  for i, kv in enumerate(conns) if kv is not None))
+    return {"placed": max(e[0] for e in ends), "end": max(e[1] for e in ends), "cpu": time.process_time() - cpu}
+
+
+async def ranks_main(port, first, count, size, value_bytes, full_mesh_max):
     conns = []
     for start in range(0, count, 256):  # in waves: a burst of thousands of SYNs on loopback
         conns += await asyncio.gather(*(connected(port) for _ in range(min(256, count - start))))
+    # Thousands take longer than the server keeps an idle connection: those connected first
+    # ask once more, as a worker's connection is fresh when it asks for its place.
+    for start in range(0, count, 256):
+        statuses = await asyncio.gather(*(kv.request("GET", "/kv/hello/none") for kv in conns[start:start + 256]))
+        assert all(status == 404 for status, _ in statuses), statuses[:3]
     print("ready", flush=True)
-    start = float(await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline))
+
+    async def order():
+        return (await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)).split()
+    start = float((await order())[0])
     await asyncio.sleep(max(0.0, start - time.time()))
-    snapshots, cpu = [], time.process_time()
-    ends = await asyncio.gather(*(one_rank(kv, worker_id(first + i), size, value_bytes, snapshots)
-                                  for i, kv in enumerate(conns)))
-    print(json.dumps({"end": max(ends), "cpu": time.process_time() - cpu}), flush=True)
-    seconds = float(await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline))
-    print(json.dumps(await heartbeats(port, first, count, seconds)), flush=True)
+    print(json.dumps(await world(conns, first, -1, value_bytes, size <= full_mesh_max)), flush=True)
+    lost, start = await order()  # "<rank> <time>": that rank is lost at that time
+    await asyncio.sleep(max(0.0, float(start) - time.time()))
+    lost = int(lost) - first
+    if 0 <= lost < count:
+        conns[lost].writer.close()
+        conns[lost] = None
+    print(json.dumps(await world(conns, first, 1, value_bytes, size - 1 <= full_mesh_max)), flush=True)
+    for kv in conns:
+        if kv is not None:
+            kv.writer.close()
+    seconds = float((await order())[0])
+    print(json.dumps(await heartbeats(port, first, count, seconds, lost)), flush=True)
 
 
 class _Beater(asyncio.DatagramProtocol):
@@ -230,13 +294,15 @@ class _Beater(asyncio.DatagramProtocol):
             self.answered += 1
 
 
-async def heartbeats(port, first, count, seconds):
-    """`count` workers beat every 0.5 s for `seconds`, each from its own socket and sender."""
+async def heartbeats(port, first, count, seconds, lost):
+    """The workers but `lost` (an index) beat every 0.5 s for `seconds`, each from its own
+    socket and sender."""
     loop = asyncio.get_running_loop()
+    workers = [worker_id(first + i) for i in range(count) if i != lost]
+    count = len(workers)
     beaters = [await loop.create_datagram_endpoint(_Beater, remote_addr=("127.0.0.1", port))
                for _ in range(count)]
     senders = [os.urandom(8) for _ in range(count)]
-    workers = [worker_id(first + i) for i in range(count)]
     sent, counter, deadline = 0, 0, time.monotonic() + seconds
     gap = BEAT_INTERVAL / count  # workers are not in step: spread their beats over the interval
     while time.monotonic() < deadline:
@@ -355,27 +421,46 @@ def peak_rss_mb(pid):
         return int(f.read().split("VmHWM:")[1].split()[0]) / 1024
 
 
-def start_all(ranks, timeout):
+def start_all(ranks, timeout, say=""):
+    """Every rank process is told `say` and the time to start at, 0.3 s from now."""
     for proc in ranks:
         assert read_line(proc, timeout) == "ready"
+    return tell(ranks, say)
+
+
+def tell(procs, say=""):
     start = time.time() + 0.3
-    for proc in ranks:
-        proc.stdin.write(f"{start}\n")
+    for proc in procs:
+        proc.stdin.write(f"{say}{start}\n")
         proc.stdin.flush()
     return start
 
 
-def measure_hvdlite(size, procs, value_bytes, beat_seconds):
+def measure_hvdlite(size, procs, value_bytes, beat_seconds, full_mesh_max):
+    """((form, rendezvous), (re-form, its rendezvous)) seconds, the driver's and the simulated
+    ranks' CPU seconds over both, heartbeat CPU, its kernel share, peak RSS, heartbeats answered,
+    and beats a second."""
     server = spawn("serve", size)
     ranks = []
     try:
         port = int(read_line(server, 30))
-        ranks = [spawn("ranks", port, first, count, size, value_bytes) for first, count in split(size, procs)]
+        ranks = [spawn("ranks", port, first, count, size, value_bytes, full_mesh_max)
+                 for first, count in split(size, procs)]
         driver_cpu = cpu_seconds(server.pid)
-        start = start_all(ranks, 120)
-        ends = [json.loads(read_line(proc, 300)) for proc in ranks]
-        rendezvous = max(end["end"] for end in ends) - start
-        cpus = (cpu_seconds(server.pid) - driver_cpu, sum(end["cpu"] for end in ends))
+        times, rank_cpu = [], 0.0
+        for lost in (None, size // 2):  # the world forms; a rank is lost and it re-forms
+            if lost is None:
+                start = start_all(ranks, 120)
+            else:
+                time.sleep(0.5)  # the world at work
+                start = tell(ranks, f"{lost} ")
+                time.sleep(max(0.0, start - time.time()))
+                server.stdin.write(f"lost {lost}\n")
+                server.stdin.flush()
+            ends = [json.loads(read_line(proc, 300)) for proc in ranks]
+            times.append((max(end["placed"] for end in ends) - start, max(end["end"] for end in ends) - start))
+            rank_cpu += sum(end["cpu"] for end in ends)
+        cpus = (cpu_seconds(server.pid) - driver_cpu, rank_cpu)
         before, t0 = cpu_seconds(server.pid), time.monotonic()
         before_system = cpu_seconds(server.pid, user=False)
         for proc in ranks:
@@ -389,10 +474,11 @@ def measure_hvdlite(size, procs, value_bytes, beat_seconds):
         server.stdin.write(f"heard {t0}\n")  # did the core hear every worker?
         server.stdin.flush()
         core = json.loads(read_line(server, 30))
-        if core["heard"] != size or core["round"] != 1:
-            raise RuntimeError(f"the driver's core heard {core['heard']} of {size} workers (round "
-                               f"{core['round']}): the simulated beats are not what workers send")
-        return rendezvous, cpus, cpu, system, peak_rss_mb(server.pid), answered / max(sent, 1), sent / window
+        if core["heard"] != size - 1 or core["world"] != size - 1 or core["round"] != 2:
+            raise RuntimeError(f"the driver's core heard {core['heard']} of {size - 1} workers (round "
+                               f"{core['round']}, {core['world']} members): the simulated beats or the "
+                               f"re-form are not what workers do")
+        return times, cpus, cpu, system, peak_rss_mb(server.pid), answered / max(sent, 1), sent / window
     finally:
         stop(ranks + [server])
 
@@ -489,25 +575,37 @@ def main():
     p.add_argument("--value-bytes", type=int, default=154)
     p.add_argument("--beat-seconds", type=float, default=5.0)
     p.add_argument("--no-tcpstore", action="store_true")
+    p.add_argument("--full-mesh-max", type=int, default=4096,
+                   help="above this many ranks, each reads its ring neighbours' addresses, not all")
     p.add_argument("--reform", type=int, nargs="*", default=[4, 16, 32])
     p.add_argument("--reform-trials", type=int, default=3, help="kills per re-form size")
     p.add_argument("--worker-python", default="/work/main/.venv-pygloo/bin/python")
     args = p.parse_args()
     raise_fd_limit()
+    figures = {}
     for size in args.sizes:
-        rendezvous, cpus, cpu, system, rss, answered, rate = measure_hvdlite(size, args.procs, args.value_bytes,
-                                                                 args.beat_seconds)
+        times, cpus, cpu, system, rss, answered, rate = measure_hvdlite(
+            size, args.procs, args.value_bytes, args.beat_seconds, args.full_mesh_max)
+        (form, rendezvous), (reform, reform_rendezvous) = figures[size] = times
+        mesh = "" if size <= args.full_mesh_max else " ring"
         try:
             tcp = "skipped" if args.no_tcpstore else measure_tcpstore(size, args.procs, args.value_bytes)
         except RuntimeError as e:  # the baseline did not make it; our numbers still count
             tcp = f"failed({e})"
         tcp = f"{tcp:.3f}" if isinstance(tcp, float) else tcp
-        print(f"ranks={size} rendezvous_s={rendezvous:.3f} tcpstore_s={tcp} heartbeat_cpu={cpu:.3f} "
+        print(f"ranks={size} form_s={form:.3f} rendezvous_s={rendezvous:.3f}{mesh} reform_s={reform:.3f} "
+              f"reform_rendezvous_s={reform_rendezvous:.3f}{mesh} tcpstore_s={tcp} heartbeat_cpu={cpu:.3f} "
               f"rss_mb={rss:.0f}  (heartbeats answered {answered:.1%}, {1e6 * cpu / rate:.1f} us driver CPU "
               f"per beat; kernel share of heartbeat_cpu "
               f"{system:.3f}: on loopback the driver's sends also deliver to its clients)", flush=True)
-        print(f"  rendezvous CPU: driver {cpus[0]:.3f} s, simulated ranks {cpus[1]:.3f} s "
+        print(f"  rendezvous CPU, form and re-form: driver {cpus[0]:.3f} s, simulated ranks {cpus[1]:.3f} s "
               f"({args.procs} processes)", flush=True)
+    if len(figures) > 1:  # how the barrier scales: linear reads (large / small ranks)x
+        small, large = min(figures), max(figures)
+        print(f"scaling {small} -> {large} ranks ({large / small:g}x): form "
+              f"{figures[large][0][0] / figures[small][0][0]:.2f}x, re-form "
+              f"{figures[large][1][0] / figures[small][1][0]:.2f}x; {large} ranks form and re-form in "
+              f"{figures[large][0][1] + figures[large][1][1]:.3f} s with their addresses (goal at 16,384: <= 4 s)")
     if args.reform:
         times = reform(args.reform, args.worker_python, args.reform_trials)
         print("re-form after kill -9 (numpy backend, real processes): kill -> every survivor's first "
@@ -532,7 +630,7 @@ if __name__ == "__main__":
         serve(int(sys.argv[2]))
     elif role == "ranks":
         raise_fd_limit()
-        asyncio.run(ranks_main(*(int(a) for a in sys.argv[2:7])))
+        asyncio.run(ranks_main(*(int(a) for a in sys.argv[2:8])))
     elif role == "tcpstore":
         raise_fd_limit()
         tcpstore_ranks(*(int(a) for a in sys.argv[2:7]))
