@@ -65,7 +65,7 @@ def test_a_tensor_on_no_real_device_is_refused(device):
     (None, 0, 1, "hvdlite: slot h/0 (local rank 0) uses GPU 0: cuda:0 of the 1 it sees"),
     ("2,3", 1, 2, "hvdlite: slot h/0 (local rank 1) uses GPU 3: cuda:1 of the 2 it sees"),
     ("GPU-ab12", 0, 1, "hvdlite: slot h/0 (local rank 0) uses GPU GPU-ab12: cuda:0 of the 1 it sees"),
-    ("5", 2, 1, "hvdlite: slot h/0 (local rank 2) uses GPU 5: cuda:0 of the 1 it sees; its slots share them"),
+    ("5", 2, 1, "hvdlite: slot h/0 (local rank 2) uses GPU 5: cuda:0 of the 1 it sees"),
     ("", 0, 0, "hvdlite: slot h/0 sees no GPU"),
 ])
 def test_the_local_rank_picks_among_the_visible_gpus(visible, local_rank, count, expected):

@@ -4,12 +4,24 @@ its results come back onto that device once it is done: into the caller's own te
 the in-place forms, as new tensors on the device for the others. Host tensors pass untouched,
 so a CPU job takes no step more than one check of its first argument."""
 import functools
+import sys
 
 import torch
 
 from hvdlite.torch.handles import Handle
+from hvdlite.worker import gpus
 
 HOST = torch.device("cpu")
+
+
+_said = []
+
+
+def say_gpu() -> None:
+    """Say once, where this process sees GPUs, which one its slot uses (worker/gpus.py)."""
+    if not _said and torch.cuda.is_available():
+        _said.append(True)
+        print(gpus.line(torch.cuda.device_count()), file=sys.stderr, flush=True)
 
 
 def off_host(tensors) -> list:

@@ -32,7 +32,6 @@ def line(count: int, environ=os.environ) -> str:
     slot = environ.get(env.SLOT, "this worker")
     if count == 0:
         return f"hvdlite: slot {slot} sees no GPU"
-    index, rank = slot_index(count, environ), local_rank(environ)
-    shared = "; its slots share them" if rank >= count else ""
-    return f"hvdlite: slot {slot} (local rank {rank}) uses GPU {physical(index, environ)}: " \
-           f"cuda:{index} of the {count} it sees{shared}"
+    index = slot_index(count, environ)
+    return f"hvdlite: slot {slot} (local rank {local_rank(environ)}) uses GPU {physical(index, environ)}: " \
+           f"cuda:{index} of the {count} it sees"
