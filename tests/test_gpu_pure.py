@@ -73,3 +73,15 @@ def test_the_local_rank_picks_among_the_visible_gpus(visible, local_rank, count,
     if visible is not None:
         environ[gpus.VISIBLE] = visible
     assert gpus.line(count, environ) == expected
+
+
+def test_a_worker_that_sees_gpus_says_once_which_its_slot_uses(monkeypatch, capfd):
+    from hvdlite.torch import devices
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # (no GPU in CI: torch's answers)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(devices, "_said", [])
+    for name, value in (("HVDLITE_SLOT", "h/1"), ("HVDLITE_LOCAL_RANK", "1"), (gpus.VISIBLE, "2,3")):
+        monkeypatch.setenv(name, value)
+    devices.say_gpu()
+    devices.say_gpu()  # a second init() says nothing more
+    assert capfd.readouterr().err == "hvdlite: slot h/1 (local rank 1) uses GPU 3: cuda:1 of the 2 it sees\n"
