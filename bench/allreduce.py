@@ -3,6 +3,7 @@
     hvdlite run -np 2 python bench/allreduce.py
     python bench/allreduce.py --spawn [--np 2]     # its own launcher, no driver needed
     python bench/allreduce.py --spawn --sizes 4    # only these sizes (bytes), for a quick look
+    python bench/allreduce.py --spawn --device cuda  # GPU tensors, the ranks sharing the GPUs
 
 Prints, on rank 0:
 - hvd.allreduce / hvd.allreduce_ against pg.allreduce on the very same group (target >= 0.95x):
@@ -41,6 +42,15 @@ FUSED = "DistributedOptimizer, fused"
 TWINS = ((RAW_IN_PLACE, HVD_IN_PLACE), (RAW_NEW, HVD_NEW), (RAW_IN_PLACE, AGAIN))
 
 
+DEVICE = torch.device("cpu")  # where the allreduced tensors live (--device)
+
+
+def _done() -> None:
+    """Wait for the GPU's queued work: gloo's own CUDA allreduce returns with its copies queued."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def timed(fn, iters):
     times = []
     for _ in range(iters):
@@ -48,6 +58,7 @@ def timed(fn, iters):
         runtime.process_group().barrier(dist.BarrierOptions()).wait()
         start = time.perf_counter()
         fn()
+        _done()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -71,7 +82,7 @@ def bench_allreduce(iters, sizes=SIZES):
 
     rows = []
     for nbytes in sizes:
-        tensor = torch.randn(nbytes // 4)
+        tensor = torch.randn(nbytes // 4, device=DEVICE)
         cases = {RAW_IN_PLACE: lambda: pg.allreduce([tensor], options).wait(),
                  HVD_IN_PLACE: lambda: hvd.allreduce_(tensor, op=hvd.Sum),
                  RAW_NEW: lambda: raw_average(tensor),
@@ -153,7 +164,7 @@ def report(iters, sizes):
     tensors, steps = bench_optimizer(iters)
     if hvd.rank() != 0:
         return
-    print(f"{hvd.size()} ranks, {torch.get_num_threads()} torch threads each; "
+    print(f"{hvd.size()} ranks, {torch.get_num_threads()} torch threads each, tensors on {DEVICE.type}; "
           f"max({iters}, min(2000, 2000 / size in MB)) runs per allreduce pair, {iters} per training step;"
           f" ratio: median over runs of the twin's time / hvdlite's in the run beside it (~90% CI)")
     print(f"\n{'size':>5}  {'case':<28} {'ms':>8} {'GB/s':>6}  {'raw twin / hvdlite':>18}")
@@ -172,14 +183,14 @@ def report(iters, sizes):
         print(f"  {name:<50} {seconds * 1e3:8.2f} ms  {seconds / fused:5.1f}x the fused step")
 
 
-def spawn(np_, iters, sizes):
+def spawn(np_, iters, sizes, device):
     with tempfile.TemporaryDirectory() as tmp:
         # One torch thread per rank unless told otherwise, as torchrun does: idle OpenMP
         # threads spin and steal the cores gloo's threads need.
         env = {"OMP_NUM_THREADS": "1", **os.environ}
         procs = [subprocess.Popen([sys.executable, __file__, "--child", str(rank), str(np_),
                                    os.path.join(tmp, "store"), "--iters", str(iters),
-                                   "--sizes", *map(str, sizes)], env=env)
+                                   "--sizes", *map(str, sizes), "--device", device], env=env)
                  for rank in range(np_)]
         try:
             codes = [proc.wait(timeout=600) for proc in procs]
@@ -203,14 +214,22 @@ def main():
     parser.add_argument("--np", type=int, default=2)
     parser.add_argument("--iters", type=int, default=20, help="timed runs per case (>= 10)")
     parser.add_argument("--sizes", type=int, nargs="+", default=SIZES, help="bytes per allreduce")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="where the allreduced tensors live (the training step stays on the CPU)")
     parser.add_argument("--child", nargs=3, metavar=("RANK", "SIZE", "STORE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("bench/allreduce.py: --device cuda, but torch sees no GPU here")
     if args.spawn:
-        sys.exit(spawn(args.np, args.iters, args.sizes))
+        sys.exit(spawn(args.np, args.iters, args.sizes, args.device))
     if args.child:
         join_file_store(int(args.child[0]), int(args.child[1]), args.child[2])
     else:
         hvd.init()
+    global DEVICE
+    if args.device == "cuda":
+        DEVICE = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
+        torch.cuda.set_device(DEVICE)
     report(max(args.iters, 10), args.sizes)
     hvd.barrier()
 

@@ -75,9 +75,10 @@ def parent(pid) -> int:
 
 
 class RayCluster(NamespacedNodes):
-    """A head + `count` nodes of `cpus` CPUs each; see the module docstring."""
+    """A head + `count` nodes of `cpus` CPUs each (and `gpus` GPUs, as Ray counts them: none
+    need exist); see the module docstring."""
 
-    def __init__(self, count: int, cpus: int = 1, start_timeout: float = 60.0):
+    def __init__(self, count: int, cpus: int = 1, start_timeout: float = 60.0, gpus: int = 0):
         reason = missing()
         if reason:
             raise RuntimeError(reason)
@@ -88,7 +89,7 @@ class RayCluster(NamespacedNodes):
         self.tag = f"{_b36(os.getpid())}-r{_clusters}"
         self.dir = tempfile.mkdtemp(prefix=f"hvdlite-ray-{self.tag}-")
         os.chmod(self.dir, 0o755)
-        self.cpus, self.start_timeout = cpus, start_timeout
+        self.cpus, self.gpus, self.start_timeout = cpus, gpus, start_timeout
         self.names = [f"n{i}" for i in range(1, count + 1)]
         self.procs = {}  # "head" or node name -> Popen of its `ray start --block`
         self.bridge = None
@@ -133,7 +134,7 @@ class RayCluster(NamespacedNodes):
         script = (f"mount --bind {self.hosts_file} /etc/hosts && "
                   f"mount -t tmpfs tmpfs {self.dir}/head && hostname {name} && "
                   f"exec {ray} start --address={self.address} "
-                  f"--node-ip-address={self.addresses[name]} --num-cpus={self.cpus} "
+                  f"--node-ip-address={self.addresses[name]} --num-cpus={self.cpus} --num-gpus={self.gpus} "
                   f"--disable-usage-stats {OBJECT_STORE} --block")
         self._start(name, ["nsenter", f"--net=/run/netns/{self.netns[name]}", "unshare", "--uts",
                            "--mount", "--propagation", "private", "sh", "-c", script])

@@ -232,7 +232,7 @@ def test_a_malicious_checkpoint_runs_nothing(tmp_path, backend, monkeypatch):
     lineage = checkpointdir.new_lineage()
     path = ckpt / checkpointdir.file_name(3, lineage)
     with monkeypatch.context() as m:  # as a writer that does not check would write it
-        m.setattr(trusted, "loads", lambda data, buffers: None)
+        m.setattr(trusted, "loads", lambda data, buffers, place=True: None)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT)
         try:
             checkpoints.dump(fd, 3, lineage, {"values": {"step": Payload(f"touch {marker}")}})

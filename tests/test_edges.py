@@ -113,7 +113,7 @@ FORBIDDEN = {  # package -> what it must never import: data flows cli -> driver 
     "ray": ("hvdlite.cli", "hvdlite.torch", "hvdlite.numpy"),  # RayExecutor drives a job: driver -> ray
 }
 # Code that runs inside Ray's processes or the workers on the nodes: no driver, and no ray.
-NODE_SIDE = {"driver/launchers/rayslot.py": ("hvdlite.template.spawn", "hvdlite.procstat"),
+NODE_SIDE = {"driver/launchers/rayslot.py": ("hvdlite.template.spawn", "hvdlite.procstat", "hvdlite.worker.gpus"),
              "driver/launchers/raytemplate.py": ("hvdlite.template", "hvdlite.driver.launchers.rayslot"),
              "ray/worker.py": ("hvdlite.worker",)}
 

@@ -1,4 +1,5 @@
-"""The environment a worker starts with: the driver's, minus host-specific names, plus ours."""
+"""The environment a worker starts with: the driver's, minus host-specific names, plus ours.
+The user's CUDA_VISIBLE_DEVICES travels with it: the slots share those GPUs (worker/gpus.py)."""
 from hvdlite.driver.torchrunenv import torchrun_env
 from hvdlite.worker import env
 
@@ -7,8 +8,7 @@ _DROPPED = {"OLDPWD", "PWD", "SHLVL", "_", *env.IDENTITY}
 
 def forwarded(driver_env: dict) -> dict:
     return {k: v for k, v in driver_env.items()
-            if k not in _DROPPED and not k.startswith("BASH_FUNC_")
-            and not k.endswith("CUDA_VISIBLE_DEVICES")}
+            if k not in _DROPPED and not k.startswith("BASH_FUNC_")}
 
 
 def worker_env(settings, rendezvous: tuple, secret: str, worker: str, slot: str,

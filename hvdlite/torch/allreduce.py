@@ -2,7 +2,7 @@
 joinwire), so a rank that joined takes part in the others' allreduces until every rank has."""
 import torch
 
-from hvdlite.torch import adasum, fusion, handles, joinwire, lone, runtime
+from hvdlite.torch import adasum, devices, fusion, handles, joinwire, lone, runtime
 from hvdlite.torch.handles import Handle
 from hvdlite.torch.processsets import global_process_set
 from hvdlite.worker import trace
@@ -78,6 +78,7 @@ def _issue_announced(pg, wire, group, op, prescale_factor, copy, waits, works):
 
 
 @handles.traced("allreduce")
+@devices.staged
 def _allreduce_async(tensors, average, op, prescale_factor, postscale_factor, process_set,
                      copy, single=False, waits=False) -> Handle:
     """Reduce `tensors`, fused into one buffer per dtype: in place, or (copy=True) into new
@@ -157,7 +158,6 @@ def _adasum(pg, tensors, copy, prescale_factor, postscale_factor, single) -> Han
     announced = pg is runtime.process_group() and joinwire.wire().on
     results = []
     for tensor in tensors:
-        fusion.check_cpu(tensor)
         if not tensor.is_floating_point():
             raise ValueError(f"Adasum needs floating point tensors, got {tensor.dtype}")
         mine = tensor.detach().contiguous().view(1, -1).clone()

@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from hvdlite.torch import defaultgroup, gloo, runtime
+from hvdlite.torch import defaultgroup, devices, gloo, runtime
 from hvdlite.torch.processsets import add_process_set, remove_all
 from hvdlite.worker import durable, elastic, env, exitcode, trace
 from hvdlite.worker.links import EXIT_WAIT, Links
@@ -28,6 +28,7 @@ def init(comm=None, process_sets=None) -> None:
         trace.start_timeline(os.environ[env.TIMELINE])
     if not runtime.is_initialized():
         join()
+    devices.say_gpu()
     _gloo_enabled[0] = True
     if process_sets is not None and process_sets != "dynamic":
         for process_set in process_sets:
@@ -140,8 +141,9 @@ def is_homogeneous() -> bool:
     return info.size == info.local_size * info.cross_size
 
 
-# What this build has, answered as Horovod 0.28.1 built with gloo only answers: gloo on the
-# CPU, enabled by init() (and still so after shutdown()), nothing else.
+# What this build has, answered as Horovod 0.28.1 answers: gloo, enabled by init() (and still
+# so after shutdown()); GPU tensors where torch was built for CUDA or ROCm (they travel through
+# host memory, hvdlite.torch.devices); no MPI, NCCL, DDL or oneCCL.
 _gloo_enabled = [False]
 
 
@@ -157,7 +159,15 @@ def mpi_enabled() -> bool:
     return False
 
 
-mpi_built = cuda_built = rocm_built = ddl_built = ccl_built = mpi_enabled
+mpi_built = ddl_built = ccl_built = mpi_enabled
+
+
+def cuda_built() -> bool:
+    return torch.backends.cuda.is_built() and torch.version.hip is None
+
+
+def rocm_built() -> bool:
+    return torch.version.hip is not None
 
 
 def nccl_built() -> int:

@@ -212,20 +212,13 @@ def _multiply(tensor, factor, out) -> None:
         torch.mul(tensor, factor, out=out)
 
 
-def check_cpu(tensor) -> None:
-    if not tensor.is_cpu:
-        raise ValueError(f"hvdlite collectives need CPU tensors, got one on {tensor.device}")
-
-
 def by_dtype(tensors):
     """The tensors in same-dtype groups, in first-seen dtype order (the same on every rank),
     and where each tensor went: (group, index in it)."""
     if len(tensors) == 1:  # the common case, quickly
-        check_cpu(tensors[0])
         return [[plain(tensors[0])]], [(0, 0)]
     groups, where = {}, []
     for tensor in tensors:
-        check_cpu(tensor)
         group = groups.setdefault(tensor.dtype, [])
         where.append((list(groups).index(tensor.dtype), len(group)))
         group.append(plain(tensor))

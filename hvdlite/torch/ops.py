@@ -10,7 +10,7 @@ their order, not by name.
 import torch
 import torch.distributed as dist
 
-from hvdlite.torch import fusion, handles, joinwire, runtime
+from hvdlite.torch import devices, fusion, handles, joinwire, runtime
 from hvdlite.torch.allreduce import (  # noqa: F401 - this module is the collectives' one face
     allreduce_, allreduce_async, allreduce_async_, grouped_allreduce_, grouped_allreduce_async,
     grouped_allreduce_async_, join)
@@ -23,6 +23,7 @@ from hvdlite.worker.reduceops import Adasum, Average, Max, Min, Product, Sum, sh
 
 
 @handles.traced("broadcast")
+@devices.staged
 def _broadcast_async(tensors, result, root_rank, process_set, checked=True) -> Handle:
     """`checked`: first check that the ranks agree on the root and the tensors (one small
     gather); a disagreeing root would leave gloo waiting out its timeout."""
@@ -72,6 +73,7 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
 
 
 @handles.traced("allgather")
+@devices.staged
 def _allgather_async(tensor, process_set) -> Handle:
     """A Handle whose result is every rank's tensor, in rank order; first dimensions may
     differ between ranks. The shapes are exchanged at the call, the data in the background."""
@@ -138,8 +140,8 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
 
 
 @handles.traced("alltoall")
+@devices.staged
 def _alltoall_async(tensor, splits, process_set) -> Handle:
-    fusion.check_cpu(tensor)
     pg = process_set.group()
     size = pg.size()
     if tensor.dim() == 0:
@@ -178,6 +180,7 @@ def _alltoall_async(tensor, splits, process_set) -> Handle:
 
 
 @handles.traced("reducescatter")
+@devices.staged
 def _reducescatter_async(tensors, op, prescale_factor, postscale_factor, process_set) -> Handle:
     op = Average if op is None else op
     if op not in (Average, Sum):  # (a RuntimeError, as Horovod's)
@@ -190,7 +193,6 @@ def _reducescatter_async(tensors, op, prescale_factor, postscale_factor, process
     handles.agree(pg, "reducescatter", _described(tensors), **{"tensors' dtypes and shapes": handles.layout_key(tensors)})
     works, finishers = [], []
     for tensor in tensors:
-        fusion.check_cpu(tensor)
         counts, rest = shares(tensor.shape[0], size), tuple(tensor.shape[1:])
         longest = counts[0]
         # Every rank's rows padded to the longest share, so that gloo scatters equal parts.

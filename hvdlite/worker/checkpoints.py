@@ -46,14 +46,16 @@ class CorruptCheckpoint(ValueError):
 class _Pickler(pickle.Pickler):
     def reducer_override(self, obj):
         torch = sys.modules.get("torch")
-        # Plain dense CPU tensors go out of band as raw bytes; any other kind pickles as torch
-        # pickles it. numpy arrays go out of band by themselves (protocol 5).
-        if torch is not None and type(obj) is torch.Tensor and obj.layout == torch.strided \
-                and obj.device.type == "cpu" and not obj.is_quantized:
-            raw = obj.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
-            return rebuild.tensor, (str(obj.dtype).split(".")[1], tuple(obj.shape), obj.requires_grad,
-                                    pickle.PickleBuffer(raw))
-        return NotImplemented
+        # Plain dense tensors go out of band as raw bytes, a GPU's from a host copy with the
+        # device they were on; any other kind pickles as torch pickles it. numpy arrays go out
+        # of band by themselves (protocol 5).
+        if torch is None or type(obj) is not torch.Tensor or obj.layout != torch.strided or obj.is_quantized:
+            return NotImplemented
+        if obj.device.type != "cpu":
+            return rebuild.on_device, (obj.detach().cpu().requires_grad_(obj.requires_grad), str(obj.device))
+        raw = obj.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+        return rebuild.tensor, (str(obj.dtype).split(".")[1], tuple(obj.shape), obj.requires_grad,
+                                pickle.PickleBuffer(raw))
 
 
 def _aligned(n: int) -> int:
@@ -172,7 +174,7 @@ def dump(fd: int, commit: int, lineage: str, state, direct=False, pace=lambda wr
     data = io.BytesIO()
     _Pickler(data, protocol=5, buffer_callback=buffers.append).dump(state)
     views = [b.raw() for b in buffers]
-    trusted.loads(data.getbuffer(), views)  # what a reader will do, on the state's own memory
+    trusted.loads(data.getbuffer(), views, place=False)  # what a reader will do, on the state's own memory
     seal(fd, commit, lineage, data.getbuffer(), views, direct, pace)
 
 

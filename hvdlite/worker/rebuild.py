@@ -9,6 +9,7 @@ numpy's public constructors from checked parts: never an object or structured dt
 bytes from the file (their elements would be pointers), never a dtype whose flags the file set.
 """
 import collections
+import contextvars
 import datetime
 import decimal
 import fractions
@@ -213,6 +214,41 @@ def tensor(dtype: str, shape: tuple, requires_grad: bool, data):
     raw = torch.frombuffer(data, dtype=torch.uint8)
     need(kind is not torch.bool or int(raw.max()) <= 1, "it holds a bool tensor with bytes other than 0 and 1")
     return raw.view(kind).reshape(shape).requires_grad_(requires_grad)
+
+
+# How the load in progress places tensors written from a device: (place them, the devices this
+# process had none of). The writer's own check of a state leaves them on the host.
+placing = contextvars.ContextVar("hvdlite_placing", default=(True, set()))
+
+
+def on_device(tensor, device):
+    """A tensor written from `device` (a GPU's, say), on this process's device of that kind:
+    the GPU its slot uses (gpus.py); on the host where it has none, noted in `placing`."""
+    import torch
+    need(isinstance(tensor, torch.Tensor) and type(device) is str and len(device) <= 40,
+         "it holds a tensor on a device that is no device name")
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise Untrusted(f"it holds a tensor on the unknown device {device!r}") from None
+    place, missing = placing.get()
+    here = _slot_device(kind) if place else None
+    if here is None:
+        if place:
+            missing.add(device)
+        return tensor
+    return tensor.detach().to(here).requires_grad_(tensor.requires_grad)
+
+
+def _slot_device(kind: str):
+    """This process's device of `kind` for its slot, or None where it has none."""
+    import torch
+    from hvdlite.worker import gpus
+    module = getattr(torch, kind, None)
+    if kind == "cpu" or not getattr(module, "is_available", lambda: False)():
+        return None
+    count = getattr(module, "device_count", lambda: 1)()
+    return torch.device(kind, gpus.slot_index(count))
 
 
 def parameter(data, requires_grad, hooks, *rest):

@@ -68,6 +68,7 @@ def _table():
     add("torch._utils", "_rebuild_parameter", rebuild.parameter)
     add("torch", "Size", rebuild.size)
     add("torch", "device", rebuild.device)
+    add("hvdlite.worker.rebuild", "on_device", rebuild.on_device)
     return table
 
 
@@ -231,6 +232,17 @@ _DICTS = (dict, collections.OrderedDict, collections.defaultdict, collections.Co
 _LISTS = (list, collections.deque)
 
 
-def loads(data, buffers):
-    """The object pickled in data, its out-of-band parts from buffers; runs no untrusted code."""
-    return Unpickler(io.BytesIO(data), buffers=buffers).load()
+def loads(data, buffers, place=True):
+    """The object pickled in data, its out-of-band parts from buffers; runs no untrusted code.
+    Tensors written from a device go to this process's device of that kind (rebuild.on_device);
+    where it has none, or with place=False, they stay on the host (with a line where none)."""
+    missing = set()
+    token = rebuild.placing.set((place, missing))
+    try:
+        state = Unpickler(io.BytesIO(data), buffers=buffers).load()
+    finally:
+        rebuild.placing.reset(token)
+    if missing:
+        print(f"hvdlite: the checkpoint holds tensors of {', '.join(sorted(missing))}, a device this "
+              f"process does not have: they are loaded onto the CPU", file=sys.stderr, flush=True)
+    return state

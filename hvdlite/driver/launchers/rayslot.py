@@ -19,6 +19,7 @@ import time
 
 from hvdlite.procstat import exiting
 from hvdlite.template.spawn import MARK, TEMPLATE_DIED
+from hvdlite.worker.gpus import VISIBLE
 
 MAX_LINES = 10000  # buffered lines while the driver does not read; older ones are dropped
 
@@ -52,6 +53,9 @@ class Slot:
         """Start the worker: `argv`, or with `template_pid` a spawn client's argv that has the
         node's template (that process) fork it. Returns (process group, how it started, why
         plainly after all or None)."""
+        import ray
+        # Exactly the GPUs Ray reserved for this actor (--gpus-per-slot), none if it reserved none.
+        env = {**env, VISIBLE: ",".join(str(gpu) for gpu in ray.get_gpu_ids())}
         started = threading.Event()
         errors = []
         self.template_pid = template_pid

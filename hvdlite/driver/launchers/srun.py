@@ -29,6 +29,7 @@ from hvdlite.discovery.script import DiscoveryError
 from hvdlite.discovery.slurm import node_address
 from hvdlite.driver.launchers.base import LaunchError, StartTimedOut
 from hvdlite.driver.network import route_address
+from hvdlite.worker.gpus import VISIBLE
 
 MARK = "__hvdlite_step"
 _ANNOUNCE = f'echo "{MARK} $SLURM_JOB_ID.$SLURM_STEP_ID $$"; exec "$@"'
@@ -86,7 +87,9 @@ class SrunWorker:
         argv = ["srun", "--overlap", "-N1", "-n1", "-w", host, "--quiet", "--mpi=none",
                 "--export=ALL", "sh", "-c", _ANNOUNCE, "sh", *command]
         try:
-            self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
+            # (the step's GPUs are slurmd's to make visible, from --gpus-per-task or --gres)
+            self.proc = subprocess.Popen(argv, env={k: v for k, v in env.items() if k != VISIBLE},
+                                         stdin=subprocess.DEVNULL,
                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                          start_new_session=True)
         except FileNotFoundError:
