@@ -84,7 +84,7 @@ class FitState(hvd.elastic.State):
 
     def sync(self):
         self.checkpoint, self._commits, self._lineage = hvd.broadcast_object(
-            (self.checkpoint, self._commits, self._lineage), root_rank=0)
+            (self.checkpoint, self._commits, self._lineage), root_rank=self.backend.info().root)
 
 
 class _Commits(Callback):
