@@ -202,6 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "timeouts must keep their order (docs/troubleshooting.md#timeouts)")
     a.add_argument("--gloo-timeout-seconds", **_scaled(
         "collective_timeout", "seconds a collective waits for a peer; longer than --liveness-timeout"))
+    a.add_argument("--hang-timeout", type=_positive(float), metavar="SECONDS",
+                   help="seconds a rank its peers wait on may make no progress before it is named "
+                        "hung, with its stack, and failed (default: 3 x the longest stall the job "
+                        f"got past, at least {defaults.HANG_FLOOR:g} x --timeout-scale; "
+                        "docs/troubleshooting.md#hangs)")
     a.add_argument("--liveness-timeout", **_scaled(
         "liveness_timeout", "seconds of heartbeat silence after which a worker is killed as "
                             "hung, and a worker that cannot reach the driver exits"))
@@ -288,7 +293,8 @@ def parse_settings(argv) -> Settings:
 def timeout_seconds(args) -> dict:
     """The scaled timeouts (Settings fields -> seconds), refused as a UsageError when out of order."""
     scale = flag_or_env(args.timeout_scale, "HVDLITE_TIMEOUT_SCALE", defaults.TIMEOUT_SCALE)
-    given = {field: getattr(args, field) for field in timeouts.SCALED if getattr(args, field) is not None}
+    given = {field: getattr(args, field) for field in (*timeouts.SCALED, "hang_timeout")
+             if getattr(args, field) is not None}
     seconds = timeouts.resolve(given, scale)
     timeouts.check(seconds, given, scale)
     return seconds

@@ -104,7 +104,7 @@ def test_heartbeat_datagrams(server):
     client = KVClient(*server.address, SECRET, timeout=5)
     beats = Heartbeats(client, timeout=1.0)
     assert beats.beat("h/1#1", 7) == b"alive 1"
-    assert heard == [[("h/1#1", 7, None)]]
+    assert heard == [[("h/1#1", 7, None, 0)]]
     key = kvproto.beat_key(KEY)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
         udp.connect(server.address)

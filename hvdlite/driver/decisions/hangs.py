@@ -1,0 +1,55 @@
+"""Hangs: a rank its peers wait on that makes no progress (docs/troubleshooting.md#hangs).
+
+Every worker's heartbeat carries how many collectives it entered in its current world
+(worker/runtime.py: every rank makes as many calls per collective). A rank whose count stays
+below another member's is one its peers wait on: they entered a collective it has not (it is
+stuck in its own code, or skipped one). It is named hung once no member's count moved for the
+hang timeout: a world that still makes progress anywhere (a process set of some ranks only)
+is not hung, nor a world whose ranks all sit at one count (all in their own code, or all in
+one collective: gloo's timeout is for that).
+
+The timeout, unless --hang-timeout fixes it, follows the job: the floor (HANG_FLOOR scaled by
+--timeout-scale), or FACTOR times the longest stall the world already got past, whichever is
+longer. An evaluation on rank 0 alone that took 20 s once makes the next one wait 60 s.
+Pure: the time is passed in.
+"""
+
+FACTOR = 3.0  # the derived timeout: this many times the longest stall the world got past
+STACK_WAIT = 2.0  # seconds the driver waits for a hung rank's stack before it acts without
+
+
+class Progress:
+    """The members' collective counts as their heartbeats tell them, for one world at a time."""
+
+    def __init__(self):
+        self.calls = {}  # worker -> its last count
+        self.moved_at = None  # when any count last changed (None: none heard in this world)
+        self.longest = 0.0  # the longest stall, any world, that ended with a count moving
+
+    def new_world(self, now: float) -> None:
+        """Counts start again at 0 in a new world; the stalls seen stay."""
+        self.calls, self.moved_at = {}, now
+
+    def heard(self, worker: str, calls: int, now: float) -> None:
+        if self.calls.get(worker) == calls:
+            return
+        self.calls[worker] = calls
+        if self.moved_at is not None:
+            self.longest = max(self.longest, now - self.moved_at)
+        self.moved_at = now
+
+    def timeout(self, given, floor: float) -> float:
+        """--hang-timeout when given, else derived from the stalls seen (module doc)."""
+        return given if given is not None else max(floor, FACTOR * self.longest)
+
+    def hung(self, members, now: float, timeout: float) -> list:
+        """[(worker, its count, the highest count)] of the members its peers wait on, once no
+        member's count moved for `timeout`; [] otherwise."""
+        counts = {w: self.calls[w] for w in members if w in self.calls}
+        if len(counts) < 2 or self.moved_at is None or now - self.moved_at < timeout:
+            return []
+        top = max(counts.values())
+        return [(w, c, top) for w, c in sorted(counts.items()) if c < top]
+
+    def stalled_for(self, now: float) -> float:
+        return 0.0 if self.moved_at is None else now - self.moved_at
