@@ -16,11 +16,12 @@ from hvdlite.discovery.sources import host_source
 from hvdlite.driver.claims import Claims
 from hvdlite.driver.decisions.assignment import assign
 from hvdlite.driver.decisions.core import ElasticCore, JobView
+from hvdlite.driver.decisions.hangs import EXITED, NO_STACK, STACK_WAIT, Progress
 from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.workers import cannot_load, describe_exit
 from hvdlite.driver.decisions.messages import (
-    DiscoveryFailed, Exited, HostsFound, Launch, Launched, LaunchFailed, LoadFailed, StopRequested,
-    Tick, WriteFailed)
+    DiscoveryFailed, Exited, Exiting, HostsFound, Launch, Launched, LaunchFailed, LoadFailed, StackDump,
+    StopRequested, Tick, WriteFailed)
 from hvdlite.driver.descriptors import raise_limit
 from hvdlite.driver.eventlog import EventLog
 from hvdlite.driver.executor import Executor
@@ -102,7 +103,8 @@ class Job:
             min_np=s.min_np, max_np=s.max_np, reset_limit=s.reset_limit,
             elastic_timeout=s.elastic_timeout, start_timeout=s.start_timeout,
             liveness_timeout=s.liveness_timeout, cooldown_range=s.cooldown_range,
-            blacklist=s.blacklist, durable=bool(s.checkpoint_dir), stop_timeout=s.stop_timeout),
+            blacklist=s.blacklist, durable=bool(s.checkpoint_dir), stop_timeout=s.stop_timeout,
+            hang_timeout=s.hang_timeout, hang_floor=s.hang_floor),
             on_disk=on_disk(s))
         event, last_tick = found(first), time.monotonic()
         while True:
@@ -147,14 +149,25 @@ class Job:
         self.start_server(any(not self.launchers.is_local(h) for h, _ in hosts))
         places = assign(hosts, s.num_proc)
         running, started, commits = {}, set(), {}  # commits: worker -> newest it reported
+        progress = Progress()  # every rank's collectives, for hangs (decisions/hangs.py)
         for place in places:
             slot = f"{place.hostname}/{place.local_rank}"
             running[f"{slot}#1"] = place
             self.executor.apply([Launch(f"{slot}#1", slot, place.hostname, place.local_size, place)])
+        placed = dict(running)
         while running:
             event = self.next_event(TICK)
             beats = self.rendezvous.drain_heartbeats()
             commits.update(beats.beats if beats is not None else ())
+            now = time.monotonic()
+            for worker, calls in beats.calls if beats is not None else ():
+                progress.heard(worker, calls, now)
+            if isinstance(event, Exiting) and event.calls is not None:
+                progress.heard(event.worker, event.calls, now)
+            timeout = progress.timeout(s.hang_timeout, s.hang_floor)
+            hung = progress.hung(started, now, timeout)  # an exited rank's peers may wait on it too
+            if hung:
+                self._end_hung(hung, placed, running, progress.reason(*hung[0][1:], now, timeout))
             # One world of every rank: what the status of an elastic job says, for /metrics.
             members = len(started & running.keys())
             self.stats.on_view(JobView(round=1 if members else 0, world_size=members,
@@ -184,6 +197,24 @@ class Job:
                                    f"{why}; stopping the job")
         self.log.emit("job_end", result="success")
         return 0
+
+    def _end_hung(self, hung, placed, running, reason):
+        """Name the first hung rank, with its stack, and end the static job: its peers would
+        wait out the collective timeout, and then blame themselves."""
+        worker = hung[0][0]
+        place, live = placed[worker], worker in running
+        who = {"slot": worker.split("#")[0], "worker": worker, "rank": place.rank}
+        self.log.announce("worker_hung", **who, reason=reason, action="stopping the job")
+        if live:
+            self.rendezvous.ask_stack(worker)
+        stack, deadline = None, time.monotonic() + STACK_WAIT
+        while live and stack is None and time.monotonic() < deadline:
+            event = self.next_event(deadline - time.monotonic())
+            if isinstance(event, StackDump) and event.worker == worker:
+                stack = event.stack
+        self.log.announce("worker_stack", **who, **({"stack": stack} if stack else
+                                                    {"missing": NO_STACK if live else EXITED}))
+        raise JobError(f"rank {place.rank} on {place.hostname} is hung: {reason}; stopping the job")
 
     def _first_cause(self, place, event, running, wait=CAUSE_WAIT):
         """The failure to name: a peer's exit can arrive before the exit of the rank that

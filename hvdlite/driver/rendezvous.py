@@ -7,7 +7,8 @@
   answered at once with what the core published (host updates announced, newest broken round).
   Heartbeats reach the core in batches, not one event each; a worker's own beats apart from
   those its stand-in process sends for it (vouched: the round it holds, see worker/vouch.py).
-- PUT /rdzv/exiting?worker=ID&commit=C: the worker is exiting; becomes an Exiting event.
+- PUT /rdzv/exiting?worker=ID&commit=C&calls=N: the worker is exiting, having entered N
+  collectives in its world; becomes an Exiting event.
 - PUT /rdzv/leaving?worker=ID: the worker got SIGTERM while holding training state; becomes a
   Leaving event.
 - PUT /rdzv/written?worker=ID&commit=C: rank 0's writer renamed commit C into --checkpoint-dir;
@@ -55,10 +56,11 @@ class Rendezvous:
             return self._assign(worker, after, commit, query.get("kept") != "1")
         if subpath in ("exiting", "written") and method == "PUT":
             try:
-                commit = int(query.get("commit", 0))
+                commit, calls = int(query.get("commit", 0)), query.get("calls")
+                calls = None if calls is None else int(calls)
             except ValueError:
-                return 400, b"expected commit as an integer"
-            self._post(Exiting(worker, commit) if subpath == "exiting" else Written(commit, worker))
+                return 400, b"expected commit and calls as integers"
+            self._post(Exiting(worker, commit, calls) if subpath == "exiting" else Written(commit, worker))
             return 200, b""
         if subpath == "leaving" and method == "PUT":
             self._post(Leaving(worker))

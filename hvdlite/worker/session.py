@@ -100,7 +100,8 @@ class Session:
         # Interpreter teardown (a full garbage collection of torch) can hold the GIL for
         # seconds, silencing the heartbeat: tell the driver this is an exit, not a hang.
         try:
-            self.client.request("PUT", "/rdzv/exiting", query={"worker": self.worker, "commit": str(self.commits)},
+            self.client.request("PUT", "/rdzv/exiting", query={"worker": self.worker, "commit": str(self.commits),
+                                                               "calls": str(entered())},
                                 timeout=2)
         except Exception:  # noqa: BLE001 - the driver may be gone; exiting regardless
             pass

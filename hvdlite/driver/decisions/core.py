@@ -17,13 +17,14 @@ from typing import Optional
 from hvdlite import exitcodes
 from hvdlite.driver.decisions.blacklist import Blacklist
 from hvdlite.driver.decisions.forming import Forming, JobFailed
+from hvdlite.driver.decisions.hangs import NO_STACK, STACK_WAIT, Progress
 from hvdlite.driver.decisions.hostchanges import HostChanges
 from hvdlite.driver.decisions.hostrule import RETRY_RANGE, HostRule
 from hvdlite.driver.decisions.ledger import Ledger
 from hvdlite.driver.decisions.messages import (
-    DRIVER, HOST, LAUNCHER, Answer, DiscoveryFailed, EndJob, Exited, Exiting, Heartbeats, HostsFound,
-    Launched, LaunchFailed, Leaving, LoadFailed, Log, Publish, Ready, Stop, StopRequested, TemplateDied,
-    Tick, WriteFailed, Written)
+    DRIVER, HOST, LAUNCHER, Answer, AskStack, DiscoveryFailed, EndJob, Exited, Exiting, Heartbeats,
+    HostsFound, Launched, LaunchFailed, Leaving, LoadFailed, Log, Publish, Ready, StackDump, Stop,
+    StopRequested, TemplateDied, Tick, WriteFailed, Written)
 from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.stopping import GracefulStop
 from hvdlite.driver.decisions.workers import Incarnation, Phase, cannot_load, describe_exit, overdue
@@ -84,6 +85,8 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
         self.left = set()  # slots whose worker left at a commit (SIGTERM): not relaunched
         self.stopping = None  # (time, signal number) a graceful stop was asked for
         self.failure = None  # the JobFailed that ends the job once its last world wrote (stopping.py)
+        self.progress, self.progress_round = Progress(), 0  # the current world's collective counts
+        self.hung = {}  # member named hung -> when; killed once its stack is in (or STACK_WAIT)
         self._now, self._out = 0.0, []
         self._handlers = {HostsFound: self._on_hosts, DiscoveryFailed: self._on_discovery_failed,
                           Launched: self._on_launched, LaunchFailed: self._on_launch_failed,
@@ -91,7 +94,8 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
                           Exiting: self._on_exiting, Exited: self._on_exited,
                           TemplateDied: self._on_template_died, LoadFailed: self._on_load_failed,
                           WriteFailed: self._on_write_failed, Leaving: self._on_leaving,
-                          Written: self._on_written, Tick: self._on_tick, StopRequested: self._on_stop}
+                          Written: self._on_written, Tick: self._on_tick, StopRequested: self._on_stop,
+                          StackDump: self._on_stack}
 
     # ---- entry ------------------------------------------------------------------------
     def handle(self, event, now: float) -> list:
@@ -187,6 +191,10 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
             inc = self._current(worker)
             if inc is not None:
                 inc.heard_at, inc.vouched = self._now, (self._now, round_number)
+        progress = self._progress()
+        for worker, calls in event.calls:
+            if worker in self.staying and self.workers[worker].phase is Phase.TRAINING:
+                progress.heard(worker, calls, self._now)
 
     def _on_exiting(self, event: Exiting):
         inc = self._current(event.worker)
@@ -291,6 +299,53 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
             why = overdue(inc, now, p, broke_at if inc.id in self.staying else inc.left_behind)
             if why is not None:
                 self._kill(inc, *why)
+        self._check_hangs()
+
+    # ---- hangs (hangs.py) ---------------------------------------------------------------
+    def _progress(self) -> Progress:
+        """The current world's counts: a new world's start afresh."""
+        if self.progress_round != self.round:
+            self.progress_round = self.round
+            self.progress.new_world(self._now)
+        return self.progress
+
+    def _check_hangs(self):
+        """A member its peers wait on that made no progress for the hang timeout is named, its
+        stack asked for, and killed as failed once the stack is in or STACK_WAIT passed."""
+        now, p = self._now, self.policy
+        for worker, since in list(self.hung.items()):
+            inc = self._current(worker)
+            if inc is None or inc.killed is not None:
+                del self.hung[worker]
+            elif now - since > STACK_WAIT:
+                self._log("worker_stack", slot=inc.slot, worker=inc.id, rank=inc.rank, missing=NO_STACK)
+                self._kill_hung(inc)
+        if not self.round or self.broken >= self.round or self.disrupted is not None:
+            return  # a world already re-forming: its members are leaving it, not hung
+        progress = self._progress()
+        timeout = progress.timeout(p.hang_timeout, p.hang_floor)
+        members = [w for w in self.staying if self.workers[w].phase is Phase.TRAINING]
+        for worker, calls, top in progress.hung(members, now, timeout):
+            inc = self.workers[worker]
+            if worker not in self.hung and inc.killed is None:
+                self.hung[worker] = now
+                self._log("worker_hung", slot=inc.slot, worker=inc.id, rank=inc.rank,
+                          reason=progress.reason(calls, top, now, timeout),
+                          action="killing it once its stack is in")
+                self._emit(AskStack(worker))
+
+    def _on_stack(self, event: StackDump):
+        inc = self._current(event.worker)
+        if inc is not None and event.worker in self.hung:
+            self._log("worker_stack", slot=inc.slot, worker=inc.id, rank=inc.rank, stack=event.stack)
+            self._kill_hung(inc)
+
+    def _kill_hung(self, inc):
+        # Blamed as any worker the driver kills (hostrule.py): the driver cannot tell user code
+        # that never returns from a host whose filesystem or device stopped answering, and the
+        # cooldown lets the slot back once it is over.
+        del self.hung[inc.id]
+        self._kill(inc, None, "hung: no progress while its peers waited on it")
 
     # ---- decisions after every event ----------------------------------------------------
     def _decide(self, grow: bool):
@@ -418,8 +473,10 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
         self.ledger.held(commit)
 
     def _kill(self, inc: Incarnation, event, why):
+        """`event`: the log line that says so (None: said already)."""
         inc.killed = why
-        self._log(event, slot=inc.slot, worker=inc.id, rank=inc.rank, reason=why, action="killing it")
+        if event is not None:
+            self._log(event, slot=inc.slot, worker=inc.id, rank=inc.rank, reason=why, action="killing it")
         self._emit(Stop(inc.id, 0.0))
         if inc.id in self.world:
             self._mark_broken()

@@ -51,5 +51,13 @@ class Progress:
         top = max(counts.values())
         return [(w, c, top) for w, c in sorted(counts.items()) if c < top]
 
-    def stalled_for(self, now: float) -> float:
-        return 0.0 if self.moved_at is None else now - self.moved_at
+    def reason(self, calls: int, top: int, now: float, timeout: float) -> str:
+        """Why a rank hung() named is hung, for its one line."""
+        return (f"it entered {calls} collectives in this world while a peer waits in collective {top}, "
+                f"and no rank moved for {now - self.moved_at:.1f} s (hang timeout {timeout:g} s)")
+
+
+# What the hung line says when no stack came within STACK_WAIT.
+NO_STACK = ("its heartbeat thread did not answer: the process holds its GIL (native code, or "
+            "pygloo inside a collective); `py-spy dump --pid PID` on its host reads it")
+EXITED = "it has exited"

@@ -92,6 +92,7 @@ class Exiting:
     """The worker said it is exiting: interpreter teardown may silence its heartbeat."""
     worker: str
     commit: int = 0  # commits its training state holds
+    calls: Optional[int] = None  # collectives it entered in its last world, its last word (hangs.py)
 
 
 @dataclass(frozen=True)
