@@ -24,12 +24,13 @@ EVAL_EVERY = int(os.environ.get("EVAL_EVERY", "10"))
 POST = float(os.environ.get("POST", "0"))
 
 
-def once(name):
-    try:
-        os.close(os.open(os.path.join(LOG_DIR, name), os.O_CREAT | os.O_EXCL))
-        return True
-    except FileExistsError:
+def first_time(name):
+    """Once per job: an elastic run's later worlds go on without the hang (one rank asks)."""
+    marker = os.path.join(LOG_DIR, name)
+    if os.path.exists(marker):
         return False
+    open(marker, "w").close()
+    return True
 
 
 def hang_forever():
@@ -39,7 +40,7 @@ def hang_forever():
 
 def step(k, weights):
     rank = hvd.rank()
-    if HANG == (rank, k) and once("hung"):
+    if HANG == (rank, k) and first_time("hung"):
         hang_forever()
     if SKIP != (rank, k):
         weights.add_(hvd.allreduce(torch.ones(4), name="grad"))
