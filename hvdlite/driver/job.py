@@ -17,6 +17,7 @@ from hvdlite.driver.claims import Claims
 from hvdlite.driver.decisions.assignment import assign
 from hvdlite.driver.decisions.core import ElasticCore, JobView
 from hvdlite.driver.decisions.hangs import EXITED, NO_STACK, STACK_WAIT, Progress
+from hvdlite.driver.decisions.stragglers import Stragglers
 from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.workers import cannot_load, describe_exit
 from hvdlite.driver.decisions.messages import (
@@ -104,7 +105,8 @@ class Job:
             elastic_timeout=s.elastic_timeout, start_timeout=s.start_timeout,
             liveness_timeout=s.liveness_timeout, cooldown_range=s.cooldown_range,
             blacklist=s.blacklist, durable=bool(s.checkpoint_dir), stop_timeout=s.stop_timeout,
-            hang_timeout=s.hang_timeout, hang_floor=s.hang_floor),
+            hang_timeout=s.hang_timeout, hang_floor=s.hang_floor, straggler_factor=s.straggler_factor,
+            straggler_evict=s.straggler_policy == "evict"),
             on_disk=on_disk(s))
         event, last_tick = found(first), time.monotonic()
         while True:
@@ -150,11 +152,13 @@ class Job:
         places = assign(hosts, s.num_proc)
         running, started, commits = {}, set(), {}  # commits: worker -> newest it reported
         progress = Progress()  # every rank's collectives, for hangs (decisions/hangs.py)
+        stragglers = Stragglers(s.straggler_factor)  # and their step times (decisions/stragglers.py)
         for place in places:
             slot = f"{place.hostname}/{place.local_rank}"
             running[f"{slot}#1"] = place
             self.executor.apply([Launch(f"{slot}#1", slot, place.hostname, place.local_size, place)])
         placed = dict(running)
+        stragglers.new_world(time.monotonic())
         while running:
             event = self.next_event(TICK)
             beats = self.rendezvous.drain_heartbeats()
@@ -162,6 +166,11 @@ class Job:
             now = time.monotonic()
             for worker, calls in beats.calls if beats is not None else ():
                 progress.heard(worker, calls, now)
+            for (worker, calls), (_, waited) in zip(beats.calls, beats.waited) if beats is not None else ():
+                stragglers.heard(worker, calls, waited, now)
+            for kind, worker, step, median in stragglers.check(started & running.keys(), now):
+                self.log.announce(kind, slot=worker.split("#")[0], worker=worker, rank=placed[worker].rank,
+                                  step=round(step, 4), median=round(median, 4))
             if isinstance(event, Exiting) and event.calls is not None:
                 progress.heard(event.worker, event.calls, now)
             timeout = progress.timeout(s.hang_timeout, s.hang_floor)
@@ -172,7 +181,9 @@ class Job:
             members = len(started & running.keys())
             self.stats.on_view(JobView(round=1 if members else 0, world_size=members,
                                        target_size=s.num_proc, commit=max(commits.values(), default=0),
-                                       joining=len(running) - members, blacklisted_slots=0, resets=0),
+                                       joining=len(running) - members, blacklisted_slots=0, resets=0,
+                                       steps=tuple(sorted((placed[w].rank, t) for w, t in stragglers.steps.items())),
+                                       stragglers=tuple(sorted(placed[w].rank for w in stragglers.slow))),
                                time.time())
             if isinstance(event, Launched):
                 started.add(event.worker)

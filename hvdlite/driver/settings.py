@@ -17,6 +17,8 @@ class Settings:
     collective_timeout: float = defaults.COLLECTIVE_TIMEOUT
     hang_timeout: float = None  # None: derived from the job's stalls (decisions/hangs.py) ...
     hang_floor: float = defaults.HANG_FLOOR  # ... never below this
+    straggler_factor: float = defaults.STRAGGLER_FACTOR  # decisions/stragglers.py
+    straggler_policy: str = "warn"  # or "evict" (elastic jobs)
     event_log: str = None
     elastic: bool = False
     min_np: int = None

@@ -10,6 +10,12 @@ def entered() -> int:
     return sum(r.calls for r in _runtimes)
 
 
+def waited() -> float:
+    """Seconds this process waited in collectives in its current world(s): the rest of its time
+    is its own work, which the driver compares across ranks (driver/decisions/stragglers.py)."""
+    return sum(r.waited for r in _runtimes)
+
+
 class NotInitializedError(ValueError):
     """A collective or query was called before hvd.init() or after hvd.shutdown()."""
 
@@ -20,12 +26,13 @@ class Runtime:
     def __init__(self):
         self._group, self._info, self._first_use = None, None, None
         self.calls = 0  # group() calls in the current world: every rank makes as many per collective
+        self.waited = 0.0  # seconds its collectives waited in the current world (the backend adds)
         _runtimes.append(self)
 
     def activate(self, group, info: WorldInfo, first_use=None) -> None:
         """`first_use()`, if given, runs once, before the first collective takes the group."""
         self._group, self._info, self._first_use = group, info, first_use
-        self.calls = 0
+        self.calls, self.waited = 0, 0.0
 
     def deactivate(self):
         """Forget the current group; returns it so the caller decides its fate."""

@@ -21,7 +21,7 @@ from hvdlite.worker import durable, env, stopping
 from hvdlite.worker.claim import job_secret
 from hvdlite.worker.errors import quiet_broken_world
 from hvdlite.worker.kvclient import Heartbeats, KVClient
-from hvdlite.worker.runtime import entered
+from hvdlite.worker.runtime import entered, waited
 from hvdlite.worker.world import WorldInfo
 
 HEARTBEAT_INTERVAL = defaults.HEARTBEAT_INTERVAL
@@ -160,7 +160,7 @@ class Session:
         heartbeat thread may not have run for a while (pygloo holds the GIL while it connects)."""
         beats = Heartbeats(self.client, timeout=HEARTBEAT_TIMEOUT)
         try:
-            self._take(beats.beat(self.worker, self.commits, calls=entered()))  # no answer: what was heard stands
+            self._take(beats.beat(self.worker, self.commits, calls=entered(), waited=waited()))  # no answer: what was heard stands
         finally:
             beats.close()
 
@@ -185,7 +185,7 @@ class Session:
         last_contact = time.monotonic()
         while True:
             sent = time.monotonic()
-            body = self._beats.beat(self.worker, self.commits, calls=entered())
+            body = self._beats.beat(self.worker, self.commits, calls=entered(), waited=waited())
             starved = time.monotonic() - sent - HEARTBEAT_TIMEOUT
             if body is None and starved > STALL:  # its wait ended, then the GIL was held elsewhere
                 last_contact += starved

@@ -5,6 +5,7 @@ SKIP="rank:step": that rank skips that step's allreduce; after the loop every ra
 once more, then works alone for POST seconds (writing its results): the skipper gets there
 while its peers wait in a collective it never enters.
 EVAL="seconds,...": rank 0 evaluates alone (no collectives) for each in turn, every EVAL_EVERY steps.
+SLOW="rank:from:to": that rank sleeps SLOW_SLEEP more a step in steps [from, to) (a straggler).
 STEPS, STEP_SLEEP; ELASTIC=1: the loop runs under @hvd.elastic.run with a commit a step.
 Every rank appends "rank step size" to $LOG_DIR/steps.txt."""
 import os
@@ -22,6 +23,8 @@ SKIP = tuple(int(x) for x in os.environ["SKIP"].split(":")) if os.environ.get("S
 EVALS = [float(x) for x in os.environ.get("EVAL", "").split(",") if x]
 EVAL_EVERY = int(os.environ.get("EVAL_EVERY", "10"))
 POST = float(os.environ.get("POST", "0"))
+SLOW = tuple(int(x) for x in os.environ["SLOW"].split(":")) if os.environ.get("SLOW") else None
+SLOW_SLEEP = float(os.environ.get("SLOW_SLEEP", "0.3"))
 
 
 def first_time(name):
@@ -47,6 +50,8 @@ def step(k, weights):
     if rank == 0 and EVALS and k and k % EVAL_EVERY == 0 and k // EVAL_EVERY <= len(EVALS):
         time.sleep(EVALS[k // EVAL_EVERY - 1])  # evaluating alone
     time.sleep(SLEEP)
+    if SLOW and SLOW[0] == rank and SLOW[1] <= k < SLOW[2]:
+        time.sleep(SLOW_SLEEP)
     with open(os.path.join(LOG_DIR, "steps.txt"), "a") as f:
         f.write(f"{rank} {k} {hvd.size()}\n")
 

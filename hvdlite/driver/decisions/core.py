@@ -27,6 +27,7 @@ from hvdlite.driver.decisions.messages import (
     StopRequested, TemplateDied, Tick, WriteFailed, Written)
 from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.stopping import GracefulStop
+from hvdlite.driver.decisions.stragglers import PERSIST, Stragglers
 from hvdlite.driver.decisions.workers import Incarnation, Phase, cannot_load, describe_exit, overdue
 
 REMOVED = {"removed": True}
@@ -42,6 +43,8 @@ class JobView:
     joining: int  # workers started or waiting that are not in the current world
     blacklisted_slots: int  # slots of the current hosts sitting out
     resets: int
+    steps: tuple = ()  # ((rank, step time over the last window), ...) (stragglers.py)
+    stragglers: tuple = ()  # ranks straggling now
 
 
 class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
@@ -87,6 +90,7 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
         self.failure = None  # the JobFailed that ends the job once its last world wrote (stopping.py)
         self.progress, self.progress_round = Progress(), 0  # the current world's collective counts
         self.hung = {}  # member named hung -> when; killed once its stack is in (or STACK_WAIT)
+        self.stragglers = Stragglers(policy.straggler_factor)  # the current world's step times
         self._now, self._out = 0.0, []
         self._handlers = {HostsFound: self._on_hosts, DiscoveryFailed: self._on_discovery_failed,
                           Launched: self._on_launched, LaunchFailed: self._on_launch_failed,
@@ -123,9 +127,13 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
         members = [self.workers[w] for w in self.world if self.workers[w].alive]
         slots = [f"{h}/{i}" for h, n in self.hosts for i in range(n)]
         usable = sum(1 for slot in slots if not self._blacklisted(slot))
+        ranked = [(self.workers[w].rank, w) for w in self.world if self.workers[w].alive]
+        s = self.stragglers
         return JobView(self.round, len(members), min(usable, self.policy.max_np or usable),
                        max((inc.commit for inc in members), default=0), len(self.joiners),
-                       len(slots) - usable, self.resets)
+                       len(slots) - usable, self.resets,
+                       tuple(sorted((r, s.steps[w]) for r, w in ranked if w in s.steps)),
+                       tuple(sorted(r for r, w in ranked if w in s.slow)))
 
     def _emit(self, action):
         self._out.append(action)
@@ -191,10 +199,13 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
             inc = self._current(worker)
             if inc is not None:
                 inc.heard_at, inc.vouched = self._now, (self._now, round_number)
-        progress = self._progress()
-        for worker, calls in event.calls:
+        progress, calls = self._progress(), dict(event.calls)
+        for worker, n in event.calls:
             if worker in self.staying and self.workers[worker].phase is Phase.TRAINING:
-                progress.heard(worker, calls, self._now)
+                progress.heard(worker, n, self._now)
+        for worker, waited in event.waited:
+            if worker in self.staying and self.workers[worker].phase is Phase.TRAINING and worker in calls:
+                self.stragglers.heard(worker, calls[worker], waited, self._now)
 
     def _on_exiting(self, event: Exiting):
         inc = self._current(event.worker)
@@ -300,6 +311,7 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
             if why is not None:
                 self._kill(inc, *why)
         self._check_hangs()
+        self._check_stragglers()
 
     # ---- hangs (hangs.py) ---------------------------------------------------------------
     def _progress(self) -> Progress:
@@ -307,6 +319,7 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
         if self.progress_round != self.round:
             self.progress_round = self.round
             self.progress.new_world(self._now)
+            self.stragglers.new_world(self._now)
         return self.progress
 
     def _check_hangs(self):
@@ -333,6 +346,26 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
                           reason=progress.reason(calls, top, now, timeout),
                           action="killing it once its stack is in")
                 self._emit(AskStack(worker))
+
+    def _check_stragglers(self):
+        """Name stragglers and their recovery; with --straggler-policy evict, a straggler for
+        PERSIST windows in a row is killed as failed (its slot or host blacklisted with the
+        cooldown, hostrule.py) and the world re-forms without it."""
+        if not self.round or self.broken >= self.round or self.disrupted is not None:
+            return
+        self._progress()
+        members = [w for w in self.staying if self.workers[w].phase is Phase.TRAINING]
+        for event, worker, step, median in self.stragglers.check(members, self._now):
+            inc = self.workers[worker]
+            self._log(event, slot=inc.slot, worker=inc.id, rank=inc.rank, step=round(step, 4),
+                      median=round(median, 4))
+        if not self.policy.straggler_evict or len(members) <= max(self.policy.min_np, 1):
+            return  # never below --min-np for a slow rank: slow beats stopped
+        for worker in sorted(members):
+            inc = self.workers[worker]
+            if self.stragglers.persistent(worker) and inc.killed is None:
+                return self._kill(inc, "straggler_evicted", f"a straggler for {PERSIST} windows in a "
+                                                            f"row (--straggler-policy evict)")
 
     def _on_stack(self, event: StackDump):
         inc = self._current(event.worker)

@@ -77,6 +77,7 @@ class Heartbeats:
     # round of the group the worker is in or connecting, as the stand-in knows it (0: none).
     vouched: tuple = ()
     calls: tuple = ()  # ((worker, collectives it entered in its world), ...) of its own beats (hangs.py)
+    waited: tuple = ()  # ((worker, seconds it waited in them), ...) (stragglers.py)
 
 
 @dataclass(frozen=True)
