@@ -5,7 +5,8 @@ The workers are modelled just enough to behave like real ones: they wait in the 
 (as long as it takes), train in lockstep (commits), sync from rank 0 (or fail to), exit when
 told, crash at any time, die with their template, fail to load a checkpoint, sit in a pygloo
 collective of a broken world (their stand-in process beating for them), lose the driver, hang in
-their own code while their peers wait in the next collective (hangs.py: named with their stack).
+their own code while their peers wait in the next collective (hangs.py: named with their stack),
+straggle (stragglers.py: named, and with --straggler-policy evict failed).
 Launches start, are refused by their host, fail in the driver's own fork, time out in the
 launcher, or never start at all.
 """
@@ -18,6 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from hvdlite import exitcodes
 from hvdlite.driver.decisions.core import ElasticCore
+from hvdlite.driver.decisions.stragglers import PERSIST, WINDOW
 from hvdlite.driver.decisions.ledger import Ledger
 from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.workers import Phase
@@ -52,6 +54,7 @@ class Proc:
         self.said_leaving = False  # it told the driver so
         self.pending = None  # rank 0: the commit its checkpoint writer has not written yet
         self.calls = 0  # collectives entered in its current world (one a commit)
+        self.waited = 0.0  # seconds it waited in them
         self.hung = False  # in its own code for good while its peers wait in the next collective
 
 
@@ -73,7 +76,12 @@ class ElasticJob(RuleBasedStateMachine):
         self.stop_published = False  # the driver asked every worker to leave at its next commit
         self.counts = {}  # worker -> (round, collectives its beats said, when that last changed)
         self.asked = set()  # workers the driver asked for their stack (AskStack)
+        self.straggling = set()  # workers the driver named stragglers and not recovered since
         self.send(HostsFound(tuple(UNIVERSE[:2])))
+
+    @initialize(evict=st.booleans())
+    def straggler_policy(self, evict):
+        self.core.policy = dataclasses.replace(self.core.policy, straggler_evict=evict)
 
     @initialize(durable=st.booleans(), on_disk=st.sampled_from([0, 0, 2]))
     def checkpoint_dir(self, durable, on_disk):
@@ -131,6 +139,8 @@ class ElasticJob(RuleBasedStateMachine):
             self.check_hung(action.fields["worker"])
         if isinstance(action, AskStack):
             self.asked.add(action.worker)
+        if isinstance(action, Log) and action.event in ("straggler", "straggler_recovered", "straggler_evicted"):
+            self.check_straggler(action)
         if isinstance(action, Log) and action.event == "blacklisted":
             host = action.fields["key"].split("/")[0]
             assert host not in self.core.drained, f"{action.fields['key']} blacklisted though drained"
@@ -146,7 +156,7 @@ class ElasticJob(RuleBasedStateMachine):
                 proc.exit_code = exitcodes.LEFT if proc.leaving else 0
             elif "world" in action.body:
                 proc.round = action.body["world"]["round"]
-                proc.calls = 0
+                proc.calls, proc.waited = 0, 0.0
                 proc.handover = action.body["world"]["handover"]
                 if action.body["world"]["rank"] == 0:  # rank 0 loads the disk when it is newer
                     proc.commit = self.said(proc)
@@ -200,7 +210,8 @@ class ElasticJob(RuleBasedStateMachine):
         pygloo holds a worker in a collective."""
         return Heartbeats(tuple((p.worker, p.commit) for p in procs if not p.held),
                           tuple((p.worker, p.round or 0) for p in procs if p.held or stand_ins),
-                          tuple((p.worker, p.calls) for p in procs if not p.held))
+                          tuple((p.worker, p.calls) for p in procs if not p.held),
+                          tuple((p.worker, p.waited) for p in procs if not p.held))
 
     # ---- rules ---------------------------------------------------------------------------
     @rule(hosts=st.lists(st.sampled_from(UNIVERSE), unique=True, max_size=4),
@@ -465,6 +476,43 @@ class ElasticJob(RuleBasedStateMachine):
             self.send(Tick(), dt=0.0)
         if stack:  # else it is silent about it, or later (sends_its_stack)
             self.sends_its_stack(data)
+
+    @rule(data=st.data())
+    def straggles(self, data):
+        """A member's own work takes longer than the others' for a while: they wait for it in
+        every collective. It may recover."""
+        members = sorted(p.worker for p in self.members() if not p.handover)
+        if len(members) < 2 or self.core.broken >= self.core.round:
+            return
+        slow = self.procs[data.draw(st.sampled_from(members))]
+        seconds = data.draw(st.sampled_from([3, int(WINDOW) + 2, int(WINDOW * (PERSIST + 1)) + 2]))
+        even = data.draw(st.sampled_from([0, int(WINDOW) + 2]))  # then all alike again, that long
+        for second in range(seconds + even):
+            if self.ended is not None or self.core.broken >= self.core.round:
+                return
+            members = self.members()
+            for p in members:
+                self.commit_once(p)
+                p.waited += 0.8 if p is not slow and second < seconds else 0.0
+            self.at_commit(members)
+            self.send(self.beats(self.running()), dt=1.0)
+            self.send(Tick(), dt=0.0)
+
+    def check_straggler(self, log):
+        """Named in a sound world; named recovered only after it was named; failed only with
+        --straggler-policy evict, while named, and never below --min-np."""
+        c, worker = self.core, log.fields["worker"]
+        assert worker in c.world, f"{log.event} for {worker}, not a member of world {c.round}"
+        if log.event == "straggler":
+            assert worker not in self.straggling, f"{worker} named a straggler twice"
+            self.straggling.add(worker)
+        elif log.event == "straggler_recovered":
+            assert worker in self.straggling, f"{worker} recovered without being named"
+            self.straggling.discard(worker)
+        else:
+            assert c.policy.straggler_evict and worker in self.straggling, log
+            others = [w for w in c.world if c.workers[w].alive and w != worker]
+            assert len(others) >= c.policy.min_np, f"{worker} evicted below --min-np: {others}"
 
     @rule(data=st.data())
     def sends_its_stack(self, data):
