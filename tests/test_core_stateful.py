@@ -530,8 +530,8 @@ class ElasticJob(RuleBasedStateMachine):
         assert worker in c.world and c.broken < round_, f"{worker} named hung outside a sound world"
         counts = {w: self.counts[w] for w in c.world if self.counts.get(w, (None,))[0] == round_}
         assert worker in counts, f"{worker} named hung before it said its count in world {round_}"
-        assert any(n > counts[worker][1] for _, n, _ in counts.values()), \
-            f"{worker} named hung though no peer is ahead of it: {counts}"
+        assert any(n > counts[worker][1] for _, n, _ in counts.values()) or any(
+            self.procs[w].held for w in c.world), f"{worker} named hung though no peer is ahead of it: {counts}"
         floor = c.policy.hang_timeout or c.policy.hang_floor
         assert all(self.now - since >= floor for _, _, since in counts.values()), \
             f"{worker} named hung at {self.now} though a count moved within {floor} s: {counts}"

@@ -3,7 +3,6 @@ named with its stack, within the hang timeout; a static job ends, an elastic one
 Real workers (torch gloo); the timeouts at --timeout-scale 0.4: liveness 2 s, the hang
 timeout's floor 4 s, gloo's collective timeout 12 s."""
 import os
-import re
 import sys
 import time
 
@@ -13,6 +12,7 @@ from hvdlite.driver.decisions.hangs import FACTOR, Progress
 from jobs import SCRIPTS, run_job
 
 SCRIPT = os.path.join(SCRIPTS, "hang_job.py")
+NUMPY_PYTHON = os.path.join(os.path.dirname(SCRIPTS), "..", ".venv-pygloo", "bin", "python")
 FAST = ["--timeout-scale", "0.4"]
 
 
@@ -78,6 +78,17 @@ def test_an_elastic_job_kills_the_hung_rank_and_goes_on_without_it(tmp_path):
     assert exits and exits[0]["code"] == -9
 
 
+@pytest.mark.skipif(not os.path.exists(NUMPY_PYTHON), reason="needs .venv-pygloo (CPython 3.8-3.10 with pygloo)")
+def test_numpy_a_rank_sleeping_forever_is_named_while_pygloo_holds_its_peers(tmp_path):
+    """Its peers' own heartbeats are silent inside pygloo (their counts stale, one short): their
+    stand-ins' beats say they wait in a collective, so the rank still beating is the one named."""
+    r = run_job([*FAST, "-np", "3", NUMPY_PYTHON, os.path.join(SCRIPTS, "numpy_hang.py")], tmp_path, timeout=60)
+    assert r.code == 1, r.stderr[-3000:]
+    line, stack = stack_line(r)
+    assert line.startswith("hvdlite: rank 1 on localhost (slot localhost/1) is hung: "), line
+    assert 'numpy_hang.py", line' in stack and "time.sleep(1)" in stack, stack
+
+
 # ---- the rule, pure ----------------------------------------------------------------------
 def test_the_derived_timeout_follows_the_longest_stall_the_world_got_past():
     p = Progress()
@@ -94,15 +105,36 @@ def test_the_derived_timeout_follows_the_longest_stall_the_world_got_past():
 def test_named_only_when_behind_a_peer_and_nobody_moved():
     p = Progress()
     p.new_world(0.0)
-    p.heard("a", 5, 1.0)
-    p.heard("b", 6, 1.0)
-    p.heard("c", 6, 1.0)
+    for t in (1.0, 2.0, 3.0, 4.0, 4.9):  # heartbeats go on, the counts stay
+        for w, n in zip("abc", (5, 6, 6)):
+            p.heard(w, n, t)
     assert p.hung(["a", "b", "c"], 4.9, 4.0) == []  # not yet
     assert p.hung(["a", "b", "c"], 5.0, 4.0) == [("a", 5, 6)]
     p.heard("c", 7, 5.0)  # somebody moved: a process set of some ranks only, say
     assert p.hung(["a", "b", "c"], 8.0, 4.0) == []
     q = Progress()
     q.new_world(0.0)
-    for w in "abc":
-        q.heard(w, 6, 1.0)
+    for t in range(1, 61):
+        for w in "abc":
+            q.heard(w, 6, float(t))
     assert q.hung(list("abc"), 60.0, 4.0) == []  # all at one count: nobody waits on anybody
+    assert p.hung(["a", "b", "c"], 60.0, 4.0) == []  # their own beats silent, none vouched: gone quiet
+
+
+def test_a_member_held_in_pygloo_is_never_named_and_says_its_peer_is_behind():
+    p = Progress()
+    p.new_world(0.0)
+    p.heard("a", 9, 1.0)  # then pygloo holds it: its own beats stop, its stand-in's go on
+    p.heard("b", 9, 1.0)
+    for t in (2.0, 4.0, 6.0):
+        p.heard("b", 9, t)  # b beats on, in its own code
+        p.vouched("a", t)
+    assert p.hung(["a", "b"], 6.0, 4.0) == [("b", 9, 10)]
+    q = Progress()
+    q.new_world(0.0)
+    q.heard("a", 9, 1.0)
+    q.heard("b", 9, 1.0)
+    for t in (2.0, 4.0, 6.0):
+        q.heard("a", 9, t)
+        q.heard("b", 9, t)
+    assert q.hung(["a", "b"], 6.0, 4.0) == []  # both in their own code: nobody waits

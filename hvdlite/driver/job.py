@@ -166,6 +166,8 @@ class Job:
             now = time.monotonic()
             for worker, calls in beats.calls if beats is not None else ():
                 progress.heard(worker, calls, now)
+            for worker, _ in beats.vouched if beats is not None else ():
+                progress.vouched(worker, now)
             for (worker, calls), (_, waited) in zip(beats.calls, beats.waited) if beats is not None else ():
                 stragglers.heard(worker, calls, waited, now)
             for kind, worker, step, median in stragglers.check(started & running.keys(), now):

@@ -200,6 +200,8 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
             if inc is not None:
                 inc.heard_at, inc.vouched = self._now, (self._now, round_number)
         progress, calls = self._progress(), dict(event.calls)
+        for worker, _ in event.vouched:
+            progress.vouched(worker, self._now)
         for worker, n in event.calls:
             if worker in self.staying and self.workers[worker].phase is Phase.TRAINING:
                 progress.heard(worker, n, self._now)
