@@ -161,6 +161,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve Prometheus metrics at http://ADDR:PORT/metrics while the job runs")
     w.add_argument("--metrics-addr", metavar="ADDR",
                    help="address the metrics are served on (default: where the rendezvous is served)")
+    w.add_argument("--straggler-factor", type=_positive(float), default=defaults.STRAGGLER_FACTOR,
+                   metavar="X", help="a rank whose own work per collective is X times the others' "
+                                     f"median is named a straggler (default {defaults.STRAGGLER_FACTOR:g}; "
+                                     "docs/watching.md#stragglers)")
+    w.add_argument("--straggler-policy", choices=["warn", "evict"], default="warn",
+                   help="warn: name stragglers; evict (elastic jobs): a straggler for 3 windows "
+                        "in a row is failed and blacklisted with the cooldown (default warn)")
     w.add_argument("--timeline-filename", metavar="FILE",
                    help="write every rank's collectives and resets to FILE as a Chrome trace "
                         "(chrome://tracing, Perfetto)")
@@ -202,6 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "timeouts must keep their order (docs/troubleshooting.md#timeouts)")
     a.add_argument("--gloo-timeout-seconds", **_scaled(
         "collective_timeout", "seconds a collective waits for a peer; longer than --liveness-timeout"))
+    a.add_argument("--hang-timeout", type=_positive(float), metavar="SECONDS",
+                   help="seconds a rank its peers wait on may make no progress before it is named "
+                        "hung, with its stack, and failed (default: 3 x the longest stall the job "
+                        f"got past, at least {defaults.HANG_FLOOR:g} x --timeout-scale; "
+                        "docs/troubleshooting.md#hangs)")
     a.add_argument("--liveness-timeout", **_scaled(
         "liveness_timeout", "seconds of heartbeat silence after which a worker is killed as "
                             "hung, and a worker that cannot reach the driver exits"))
@@ -229,6 +241,12 @@ def parse_settings(argv) -> Settings:
     if args.discovery_script and (args.hosts or args.hostfile):
         raise UsageError("use either --host-discovery-script or -H/--hostfile, not both")
     ray_flags(args)
+    if args.straggler_policy == "evict" and not elastic:
+        raise UsageError("--straggler-policy evict needs an elastic job (--min-np, --max-np or "
+                         "--host-discovery-script): a static job cannot go on without a rank")
+    if args.straggler_factor <= 1:
+        raise UsageError(f"--straggler-factor {args.straggler_factor:g}: must be above 1, or every "
+                         f"rank slower than the median is a straggler")
     seconds = timeout_seconds(args)
     if args.cooldown_range and args.cooldown_range[0] > args.cooldown_range[1]:
         raise UsageError("--blacklist-cooldown-range: MIN is larger than MAX")
@@ -272,6 +290,7 @@ def parse_settings(argv) -> Settings:
         launcher="ray" if args.ray else launcher, slurm=slurm, ray_address=args.ray_address,
         cpus_per_slot=args.cpus_per_slot, gpus_per_slot=args.gpus_per_slot, slot_resource=args.slot_resource,
         event_log=args.event_log, metrics_port=args.metrics_port, metrics_addr=args.metrics_addr,
+        straggler_factor=args.straggler_factor, straggler_policy=args.straggler_policy,
         timeline_filename=os.path.abspath(args.timeline_filename) if args.timeline_filename else None,
         elastic=elastic, min_np=min_np, max_np=args.max_np, slots_per_host=args.slots_per_host,
         discovery_script=discovery_command(args.discovery_script) if args.discovery_script else None,
@@ -288,7 +307,8 @@ def parse_settings(argv) -> Settings:
 def timeout_seconds(args) -> dict:
     """The scaled timeouts (Settings fields -> seconds), refused as a UsageError when out of order."""
     scale = flag_or_env(args.timeout_scale, "HVDLITE_TIMEOUT_SCALE", defaults.TIMEOUT_SCALE)
-    given = {field: getattr(args, field) for field in timeouts.SCALED if getattr(args, field) is not None}
+    given = {field: getattr(args, field) for field in (*timeouts.SCALED, "hang_timeout")
+             if getattr(args, field) is not None}
     seconds = timeouts.resolve(given, scale)
     timeouts.check(seconds, given, scale)
     return seconds

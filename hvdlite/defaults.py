@@ -5,6 +5,11 @@ ELASTIC_TIMEOUT = 600.0  # seconds an elastic job waits for --min-np workers
 DISCOVERY_TIMEOUT = 10.0  # seconds one run of the host discovery script may take
 DISCOVERY_INTERVAL = 1.0  # seconds between runs of the host discovery script
 COLLECTIVE_TIMEOUT = 30.0  # seconds a gloo collective waits for a peer (gloo's own default)
+# Seconds a rank its peers wait on may make no progress before it is named hung, at least
+# (driver/decisions/hangs.py derives the timeout from the job's stalls above it).
+HANG_FLOOR = 10.0
+# A rank whose own work per collective is this many times the others' median is a straggler.
+STRAGGLER_FACTOR = 2.0
 TIMEOUT_SCALE = 1.0  # what the timeouts' defaults above are multiplied by (hvdlite.timeouts)
 HEARTBEAT_INTERVAL = 0.5  # seconds between a worker's heartbeats (rank 0's are faster)
 EXIT_GRACE = 30.0  # seconds a worker that said it is exiting may take before it is killed

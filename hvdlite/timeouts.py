@@ -15,19 +15,27 @@ SCALED = {
     "elastic_timeout": ("--elastic-timeout", defaults.ELASTIC_TIMEOUT),
     "discovery_timeout": ("--discovery-timeout", defaults.DISCOVERY_TIMEOUT),
 }
+# --hang-timeout has no fixed default: the job's stalls set it (driver/decisions/hangs.py),
+# never below this floor, which scales with the others, nor below twice the liveness timeout
+# (a silent worker is that timeout's to judge). Only a given --hang-timeout can be refused.
+HANG = ("--hang-timeout", defaults.HANG_FLOOR)
 
 
 def resolve(given: dict, scale: float) -> dict:
-    """Field -> seconds: the flag's value where given (not None), else its default times `scale`."""
-    return {field: given[field] if given.get(field) is not None else base * scale
-            for field, (_, base) in SCALED.items()}
+    """Field -> seconds: the flag's value where given (not None), else its default times `scale`;
+    hang_timeout stays None unless given, and hang_floor is its floor."""
+    seconds = {field: given[field] if given.get(field) is not None else base * scale
+               for field, (_, base) in SCALED.items()}
+    seconds["hang_timeout"] = given.get("hang_timeout")
+    seconds["hang_floor"] = max(HANG[1] * scale, 2 * seconds["liveness_timeout"])
+    return seconds
 
 
 def check(seconds: dict, given=(), scale: float = defaults.TIMEOUT_SCALE) -> None:
     """UsageError, one line naming both sides, when `seconds` (resolve's) contradict an order
     the job relies on. `given`: the fields set by their own flag; the others came from the scale."""
     def named(field):
-        flag, base = SCALED[field]
+        flag, base = SCALED.get(field, HANG)
         came = "" if field in given or scale == 1 else f" ({base:g} x --timeout-scale {scale:g})"
         return f"{flag} {seconds[field]:g}{came}"
 
@@ -39,3 +47,14 @@ def check(seconds: dict, given=(), scale: float = defaults.TIMEOUT_SCALE) -> Non
         raise UsageError(f"{named('liveness_timeout')} must be shorter than "
                          f"{named('collective_timeout')}: the survivors of a lost worker would give "
                          f"up their collective before the driver knows which worker is gone")
+    hang = seconds["hang_timeout"]
+    if hang is None:
+        return
+    if hang <= seconds["liveness_timeout"]:
+        raise UsageError(f"{named('hang_timeout')} must be longer than {named('liveness_timeout')}: a "
+                         f"silent worker is the liveness timeout's to judge, and a hung one must "
+                         f"still answer for its stack")
+    if hang >= seconds["collective_timeout"]:
+        raise UsageError(f"{named('hang_timeout')} must be shorter than {named('collective_timeout')}: "
+                         f"the peers' collective would give up first, and a rank that waits would be "
+                         f"blamed instead of the one it waits on")

@@ -4,7 +4,9 @@ step against the rules the core must keep (hypothesis RuleBasedStateMachine, no 
 The workers are modelled just enough to behave like real ones: they wait in the rendezvous
 (as long as it takes), train in lockstep (commits), sync from the root (or fail to), exit when
 told, crash at any time, die with their template, fail to load a checkpoint, sit in a pygloo
-collective of a broken world (their stand-in process beating for them), lose the driver.
+collective of a broken world (their stand-in process beating for them), lose the driver, hang in
+their own code while their peers wait in the next collective (hangs.py: named with their stack),
+straggle (stragglers.py: named, and with --straggler-policy evict failed).
 Launches start, are refused by their host, fail in the driver's own fork, time out in the
 launcher, or never start at all.
 """
@@ -17,12 +19,14 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from hvdlite import exitcodes
 from hvdlite.driver.decisions.core import ElasticCore
+from hvdlite.driver.decisions.stragglers import PERSIST, WINDOW
 from hvdlite.driver.decisions.ledger import Ledger
 from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.workers import Phase
 from hvdlite.driver.decisions.messages import (
-    DRIVER, HOST, LAUNCHER, Answer, EndJob, Exited, Exiting, Heartbeats, HostsFound, Launch, Launched,
-    LaunchFailed, Leaving, LoadFailed, Log, Publish, Ready, Stop, StopRequested, TemplateDied, Tick, Written)
+    DRIVER, HOST, LAUNCHER, Answer, AskStack, EndJob, Exited, Exiting, Heartbeats, HostsFound, Launch, Launched,
+    LaunchFailed, Leaving, LoadFailed, Log, Publish, Ready, StackDump, Stop, StopRequested, TemplateDied, Tick,
+    Written)
 
 UNIVERSE = [("a", 2), ("b", 1), ("c", 2), ("d", 1)]
 WHY = {HOST: "no route to host", DRIVER: "BlockingIOError: [Errno 11] Resource temporarily unavailable",
@@ -49,6 +53,9 @@ class Proc:
         self.leaving = False  # a SIGTERM came: it leaves at its next commit
         self.said_leaving = False  # it told the driver so
         self.pending = None  # rank 0: the commit its checkpoint writer has not written yet
+        self.calls = 0  # collectives entered in its current world (one a commit)
+        self.waited = 0.0  # seconds it waited in them
+        self.hung = False  # in its own code for good while its peers wait in the next collective
 
 
 class ElasticJob(RuleBasedStateMachine):
@@ -68,7 +75,14 @@ class ElasticJob(RuleBasedStateMachine):
         self.newest = 0  # the newest commit the driver was told of (reset by commit_lost)
         self.stop_published = False  # the driver asked every worker to leave at its next commit
         self.last_world = {}  # worker -> (slot, rank) in the last world formed
+        self.counts = {}  # worker -> (round, collectives its beats said, when that last changed)
+        self.asked = set()  # workers the driver asked for their stack (AskStack)
+        self.straggling = set()  # workers the driver named stragglers and not recovered since
         self.send(HostsFound(tuple(UNIVERSE[:2])))
+
+    @initialize(evict=st.booleans())
+    def straggler_policy(self, evict):
+        self.core.policy = dataclasses.replace(self.core.policy, straggler_evict=evict)
 
     @initialize(durable=st.booleans(), on_disk=st.sampled_from([0, 0, 2]))
     def checkpoint_dir(self, durable, on_disk):
@@ -112,12 +126,22 @@ class ElasticJob(RuleBasedStateMachine):
         return actions
 
     def heard(self, event):
-        """What the driver is told of the commits workers hold."""
+        """What the driver is told of the commits workers hold, and of their collectives."""
+        for worker, calls in event.calls if isinstance(event, Heartbeats) else ():
+            round_, before, since = self.counts.get(worker, (None, None, None))
+            if (round_, before) != (self.procs[worker].round, calls):
+                self.counts[worker] = (self.procs[worker].round, calls, self.now)
         told = [event.commit] if isinstance(event, (Ready, Exiting, Written)) else \
             [c for _, c in event.beats] if isinstance(event, Heartbeats) else []
         self.newest = max([self.newest] + told)
 
     def perform(self, action):
+        if isinstance(action, Log) and action.event == "worker_hung":
+            self.check_hung(action.fields["worker"])
+        if isinstance(action, AskStack):
+            self.asked.add(action.worker)
+        if isinstance(action, Log) and action.event in ("straggler", "straggler_recovered", "straggler_evicted"):
+            self.check_straggler(action)
         if isinstance(action, Log) and action.event == "blacklisted":
             host = action.fields["key"].split("/")[0]
             assert host not in self.core.drained, f"{action.fields['key']} blacklisted though drained"
@@ -133,6 +157,7 @@ class ElasticJob(RuleBasedStateMachine):
                 proc.exit_code = exitcodes.LEFT if proc.leaving else 0
             elif "world" in action.body:
                 proc.round = action.body["world"]["round"]
+                proc.calls, proc.waited = 0, 0.0
                 proc.handover = action.body["world"]["handover"]
                 world = action.body["world"]
                 if world["rank"] == world["root"]:  # the root loads the disk when it is newer
@@ -186,7 +211,9 @@ class ElasticJob(RuleBasedStateMachine):
         """Their heartbeats: their own, and (numpy) their stand-ins', which alone go on while
         pygloo holds a worker in a collective."""
         return Heartbeats(tuple((p.worker, p.commit) for p in procs if not p.held),
-                          tuple((p.worker, p.round or 0) for p in procs if p.held or stand_ins))
+                          tuple((p.worker, p.round or 0) for p in procs if p.held or stand_ins),
+                          tuple((p.worker, p.calls) for p in procs if not p.held),
+                          tuple((p.worker, p.waited) for p in procs if not p.held))
 
     # ---- rules ---------------------------------------------------------------------------
     @rule(hosts=st.lists(st.sampled_from(UNIVERSE), unique=True, max_size=4),
@@ -303,7 +330,7 @@ class ElasticJob(RuleBasedStateMachine):
         """Members commit in lockstep, but a world that breaks mid-commit leaves some ranks one
         commit ahead of the others. A world that only hands the state over never commits."""
         members = sorted(p.worker for p in self.members() if not p.handover)
-        if members:
+        if members and not any(p.hung for p in self.procs.values() if p.alive and p.round == self.core.round):
             chosen = data.draw(st.lists(st.sampled_from(members), unique=True, min_size=1))
             for w in chosen:
                 self.commit_once(self.procs[w])
@@ -312,6 +339,7 @@ class ElasticJob(RuleBasedStateMachine):
 
     def commit_once(self, proc):
         proc.commit += 1
+        proc.calls += 1
         if self.disk is not None and self.core.world[proc.worker].rank == 0:  # rank 0 writes, later
             proc.pending = proc.commit
 
@@ -430,6 +458,86 @@ class ElasticJob(RuleBasedStateMachine):
         if members and dice == 0 and self.core.broken >= self.core.round:
             self.procs[data.draw(st.sampled_from(members))].stuck = True
 
+    @rule(data=st.data(), stack=st.booleans())
+    def hangs_in_its_own_code(self, data, stack):
+        """A member of a sound world never returns from its own code (`while True: sleep`, or
+        it skipped a collective) while its heartbeat goes on; the others enter the next
+        collective and wait there."""
+        members = sorted(p.worker for p in self.members() if not p.handover)
+        if len(members) < 2 or self.core.broken >= self.core.round:
+            return
+        self.send(self.beats(self.running()), dt=0.01)
+        proc = self.procs[data.draw(st.sampled_from(members))]
+        proc.stuck = proc.hung = True
+        for p in self.members():
+            p.calls += 1
+        for _ in range(int(self.core.policy.hang_floor) + 1):  # heartbeats go on, nobody moves
+            if self.ended is not None:
+                return
+            self.send(self.beats(self.running()), dt=1.0)
+            self.send(Tick(), dt=0.0)
+        if stack:  # else it is silent about it, or later (sends_its_stack)
+            self.sends_its_stack(data)
+
+    @rule(data=st.data())
+    def straggles(self, data):
+        """A member's own work takes longer than the others' for a while: they wait for it in
+        every collective. It may recover."""
+        members = sorted(p.worker for p in self.members() if not p.handover)
+        if len(members) < 2 or self.core.broken >= self.core.round:
+            return
+        slow = self.procs[data.draw(st.sampled_from(members))]
+        seconds = data.draw(st.sampled_from([3, int(WINDOW) + 2, int(WINDOW * (PERSIST + 1)) + 2]))
+        even = data.draw(st.sampled_from([0, int(WINDOW) + 2]))  # then all alike again, that long
+        for second in range(seconds + even):
+            if self.ended is not None or self.core.broken >= self.core.round:
+                return
+            members = self.members()
+            for p in members:
+                self.commit_once(p)
+                p.waited += 0.8 if p is not slow and second < seconds else 0.0
+            self.at_commit(members)
+            self.send(self.beats(self.running()), dt=1.0)
+            self.send(Tick(), dt=0.0)
+
+    def check_straggler(self, log):
+        """Named in a sound world; named recovered only after it was named; failed only with
+        --straggler-policy evict, while named, and never below --min-np."""
+        c, worker = self.core, log.fields["worker"]
+        assert worker in c.world, f"{log.event} for {worker}, not a member of world {c.round}"
+        if log.event == "straggler":
+            assert worker not in self.straggling, f"{worker} named a straggler twice"
+            self.straggling.add(worker)
+        elif log.event == "straggler_recovered":
+            assert worker in self.straggling, f"{worker} recovered without being named"
+            self.straggling.discard(worker)
+        else:
+            assert c.policy.straggler_evict and worker in self.straggling, log
+            others = [w for w in c.world if c.workers[w].alive and w != worker]
+            assert len(others) >= c.policy.min_np, f"{worker} evicted below --min-np: {others}"
+
+    @rule(data=st.data())
+    def sends_its_stack(self, data):
+        """A worker asked for its stack sends it, unless pygloo holds its GIL."""
+        asked = sorted(w for w in self.asked if self.procs[w].alive and not self.procs[w].held)
+        if asked:
+            worker = data.draw(st.sampled_from(asked))
+            self.asked.discard(worker)
+            self.send(StackDump(worker, '  File "train.py", line 7, in <module>\n'), dt=0.01)
+
+    def check_hung(self, worker):
+        """Named hung only while a member of its world is ahead of it, and once no member's
+        count moved for the hang timeout (at least the floor): never a rank merely slower."""
+        c, round_ = self.core, self.core.round
+        assert worker in c.world and c.broken < round_, f"{worker} named hung outside a sound world"
+        counts = {w: self.counts[w] for w in c.world if self.counts.get(w, (None,))[0] == round_}
+        assert worker in counts, f"{worker} named hung before it said its count in world {round_}"
+        assert any(n > counts[worker][1] for _, n, _ in counts.values()) or any(
+            self.procs[w].held for w in c.world), f"{worker} named hung though no peer is ahead of it: {counts}"
+        floor = c.policy.hang_timeout or c.policy.hang_floor
+        assert all(self.now - since >= floor for _, _, since in counts.values()), \
+            f"{worker} named hung at {self.now} though a count moved within {floor} s: {counts}"
+
     @rule(data=st.data(), ahead=st.booleans())
     def peer_dies_while_sending(self, data, ahead):
         """A member dies; a peer of it sits in a pygloo send that its reset left queued, and that
@@ -455,7 +563,7 @@ class ElasticJob(RuleBasedStateMachine):
         stuck = sorted(p.worker for p in self.running() if p.stuck and p.exit_code is None)
         if stuck:
             proc = self.procs[data.draw(st.sampled_from(stuck))]
-            proc.stuck, proc.held, proc.waiting = False, False, proc.round
+            proc.stuck, proc.held, proc.hung, proc.waiting = False, False, False, proc.round
             self.ask(proc)
 
     @rule(data=st.data())

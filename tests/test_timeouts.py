@@ -83,3 +83,20 @@ def test_run_with_a_contradiction_exits_2_with_one_line_and_starts_nothing(tmp_p
         "the survivors of a lost worker would give up their collective before the driver knows "
         "which worker is gone"]
     assert r.stdout == "" and not marker.exists()
+
+
+def test_the_hang_timeout_sits_between_liveness_and_the_collective_timeout():
+    line = refusal(["-np", "1", "--hang-timeout", "5"])
+    assert line.startswith("--hang-timeout 5 must be longer than --liveness-timeout 5:"), line
+    line = refusal(["-np", "1", "--hang-timeout", "30"])
+    assert line.startswith("--hang-timeout 30 must be shorter than --gloo-timeout-seconds 30:"), line
+    line = refusal(["-np", "1", "--timeout-scale", "0.2", "--hang-timeout", "8"])
+    assert line.startswith("--hang-timeout 8 must be shorter than --gloo-timeout-seconds 6 (30 x --timeout-scale 0.2)")
+    s = parse_settings(["-np", "1", "--hang-timeout", "12", "true"])
+    assert (s.hang_timeout, s.liveness_timeout, s.collective_timeout) == (12.0, 5.0, 30.0)
+    # Unset, it is derived (decisions/hangs.py) above a floor that scales, and that stays above
+    # twice the liveness timeout: never a refusal the user did not ask for.
+    assert (parse_settings(["-np", "1", "true"]).hang_timeout, parse_settings(["-np", "1", "true"]).hang_floor) \
+        == (None, defaults.HANG_FLOOR)
+    assert parse_settings(["--timeout-scale", "3", "-np", "1", "true"]).hang_floor == 3 * defaults.HANG_FLOOR
+    assert parse_settings(["--liveness-timeout", "12", "-np", "1", "true"]).hang_floor == 24.0

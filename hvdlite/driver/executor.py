@@ -8,8 +8,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from hvdlite.driver.decisions.messages import (
-    DRIVER, HOST, LAUNCHER, Answer, DropScope, EndJob, Exited, Launch, Launched, LaunchFailed, Log,
-    Publish, Stop, TemplateDied)
+    DRIVER, HOST, LAUNCHER, Answer, AskStack, DropScope, EndJob, Exited, Launch, Launched, LaunchFailed,
+    Log, Publish, Stop, TemplateDied)
 from hvdlite.driver.launchers.base import StartTimedOut, TemplateGone
 from hvdlite.driver.network import ANY, advertised_address
 from hvdlite.driver.output import RankOutput
@@ -42,7 +42,8 @@ class Executor:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(LAUNCH_THREADS, thread_name_prefix="hvdlite-launch")
         self._handlers = {Launch: self._launch, Stop: self._stop, Answer: self._answer,
-                          Publish: self._publish, Log: self._log, DropScope: self._drop_scope}
+                          Publish: self._publish, Log: self._log, DropScope: self._drop_scope,
+                          AskStack: lambda a: self.rendezvous.ask_stack(a.worker)}
 
     def apply(self, actions):
         """Perform the actions; returns the EndJob among them, if any."""

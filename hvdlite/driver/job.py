@@ -16,11 +16,13 @@ from hvdlite.discovery.sources import host_source
 from hvdlite.driver.claims import Claims
 from hvdlite.driver.decisions.assignment import assign
 from hvdlite.driver.decisions.core import ElasticCore, JobView
+from hvdlite.driver.decisions.hangs import EXITED, NO_STACK, STACK_WAIT, Progress
+from hvdlite.driver.decisions.stragglers import Stragglers
 from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.workers import cannot_load, describe_exit
 from hvdlite.driver.decisions.messages import (
-    DiscoveryFailed, Exited, HostsFound, Launch, Launched, LaunchFailed, LoadFailed, StopRequested,
-    Tick, WriteFailed)
+    DiscoveryFailed, Exited, Exiting, HostsFound, Launch, Launched, LaunchFailed, LoadFailed, StackDump,
+    StopRequested, Tick, WriteFailed)
 from hvdlite.driver.descriptors import raise_limit
 from hvdlite.driver.eventlog import EventLog
 from hvdlite.driver.executor import Executor
@@ -102,7 +104,9 @@ class Job:
             min_np=s.min_np, max_np=s.max_np, reset_limit=s.reset_limit,
             elastic_timeout=s.elastic_timeout, start_timeout=s.start_timeout,
             liveness_timeout=s.liveness_timeout, cooldown_range=s.cooldown_range,
-            blacklist=s.blacklist, durable=bool(s.checkpoint_dir), stop_timeout=s.stop_timeout),
+            blacklist=s.blacklist, durable=bool(s.checkpoint_dir), stop_timeout=s.stop_timeout,
+            hang_timeout=s.hang_timeout, hang_floor=s.hang_floor, straggler_factor=s.straggler_factor,
+            straggler_evict=s.straggler_policy == "evict"),
             on_disk=on_disk(s))
         event, last_tick = found(first), time.monotonic()
         while True:
@@ -147,19 +151,41 @@ class Job:
         self.start_server(any(not self.launchers.is_local(h) for h, _ in hosts))
         places = assign(hosts, s.num_proc)
         running, started, commits = {}, set(), {}  # commits: worker -> newest it reported
+        progress = Progress()  # every rank's collectives, for hangs (decisions/hangs.py)
+        stragglers = Stragglers(s.straggler_factor)  # and their step times (decisions/stragglers.py)
         for place in places:
             slot = f"{place.hostname}/{place.local_rank}"
             running[f"{slot}#1"] = place
             self.executor.apply([Launch(f"{slot}#1", slot, place.hostname, place.local_size, place)])
+        placed = dict(running)
+        stragglers.new_world(time.monotonic())
         while running:
             event = self.next_event(TICK)
             beats = self.rendezvous.drain_heartbeats()
             commits.update(beats.beats if beats is not None else ())
+            now = time.monotonic()
+            for worker, calls in beats.calls if beats is not None else ():
+                progress.heard(worker, calls, now)
+            for worker, _ in beats.vouched if beats is not None else ():
+                progress.vouched(worker, now)
+            for (worker, calls), (_, waited) in zip(beats.calls, beats.waited) if beats is not None else ():
+                stragglers.heard(worker, calls, waited, now)
+            for kind, worker, step, median in stragglers.check(started & running.keys(), now):
+                self.log.announce(kind, slot=worker.split("#")[0], worker=worker, rank=placed[worker].rank,
+                                  step=round(step, 4), median=round(median, 4))
+            if isinstance(event, Exiting) and event.calls is not None:
+                progress.heard(event.worker, event.calls, now)
+            timeout = progress.timeout(s.hang_timeout, s.hang_floor)
+            hung = progress.hung(started, now, timeout)  # an exited rank's peers may wait on it too
+            if hung:
+                self._end_hung(hung, placed, running, progress.reason(*hung[0][1:], now, timeout))
             # One world of every rank: what the status of an elastic job says, for /metrics.
             members = len(started & running.keys())
             self.stats.on_view(JobView(round=1 if members else 0, world_size=members,
                                        target_size=s.num_proc, commit=max(commits.values(), default=0),
-                                       joining=len(running) - members, blacklisted_slots=0, resets=0),
+                                       joining=len(running) - members, blacklisted_slots=0, resets=0,
+                                       steps=tuple(sorted((placed[w].rank, t) for w, t in stragglers.steps.items())),
+                                       stragglers=tuple(sorted(placed[w].rank for w in stragglers.slow))),
                                time.time())
             if isinstance(event, Launched):
                 started.add(event.worker)
@@ -184,6 +210,24 @@ class Job:
                                    f"{why}; stopping the job")
         self.log.emit("job_end", result="success")
         return 0
+
+    def _end_hung(self, hung, placed, running, reason):
+        """Name the first hung rank, with its stack, and end the static job: its peers would
+        wait out the collective timeout, and then blame themselves."""
+        worker = hung[0][0]
+        place, live = placed[worker], worker in running
+        who = {"slot": worker.split("#")[0], "worker": worker, "rank": place.rank}
+        self.log.announce("worker_hung", **who, reason=reason, action="stopping the job")
+        if live:
+            self.rendezvous.ask_stack(worker)
+        stack, deadline = None, time.monotonic() + STACK_WAIT
+        while live and stack is None and time.monotonic() < deadline:
+            event = self.next_event(deadline - time.monotonic())
+            if isinstance(event, StackDump) and event.worker == worker:
+                stack = event.stack
+        self.log.announce("worker_stack", **who, **({"stack": stack} if stack else
+                                                    {"missing": NO_STACK if live else EXITED}))
+        raise JobError(f"rank {place.rank} on {place.hostname} is hung: {reason}; stopping the job")
 
     def _first_cause(self, place, event, running, wait=CAUSE_WAIT):
         """The failure to name: a peer's exit can arrive before the exit of the rank that

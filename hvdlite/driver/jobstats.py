@@ -76,6 +76,9 @@ def status_line(s: Summary, now: float, width: int = 120) -> str:
         parts.append(f"{v.joining} joining")
     if v.blacklisted_slots:
         parts.append(f"{v.blacklisted_slots} blacklisted")
+    if v.stragglers:
+        parts.append("straggler" + ("s" if len(v.stragglers) > 1 else "") + " rank " +
+                     ", ".join(str(r) for r in v.stragglers))
     parts.append(f"{v.resets} resets")
     if s.last_event is not None:
         parts.append(f"last event {_ago(now - s.last_event)} ago")
@@ -117,6 +120,13 @@ def prometheus_text(s: Summary) -> str:
     metric("hvdlite_commits_total", "counter", "Newest commit (training step) the job reached.", s.commits)
     metric("hvdlite_steps_per_second", "gauge",
            f"Commits per second over the last {RATE_WINDOW:g} s.", round(s.steps_per_second, 3))
+    name = "hvdlite_step_seconds"
+    out += [f"# HELP {name} Each rank's own work per collective (its step time, not waiting in "
+            f"collectives) over the last straggler window.", f"# TYPE {name} gauge"]
+    out += [f'{name}{{rank="{rank}"}} {_number(round(seconds, 6))}' for rank, seconds in v.steps]
+    name = "hvdlite_straggler"
+    out += [f"# HELP {name} 1 for a rank named a straggler now (--straggler-factor).", f"# TYPE {name} gauge"]
+    out += [f'{name}{{rank="{rank}"}} {int(rank in v.stragglers)}' for rank, _ in v.steps]
     name = "hvdlite_recovery_seconds"
     out += [f"# HELP {name} Seconds from a failure or host update to the next world.",
             f"# TYPE {name} histogram"]

@@ -7,7 +7,8 @@
   answered at once with what the core published (host updates announced, newest broken round).
   Heartbeats reach the core in batches, not one event each; a worker's own beats apart from
   those its stand-in process sends for it (vouched: the round it holds, see worker/vouch.py).
-- PUT /rdzv/exiting?worker=ID&commit=C: the worker is exiting; becomes an Exiting event.
+- PUT /rdzv/exiting?worker=ID&commit=C&calls=N: the worker is exiting, having entered N
+  collectives in its world; becomes an Exiting event.
 - PUT /rdzv/leaving?worker=ID: the worker got SIGTERM while holding training state; becomes a
   Leaving event.
 - PUT /rdzv/written?worker=ID&commit=C: rank 0's writer renamed commit C into --checkpoint-dir;
@@ -18,6 +19,8 @@
   cause): the worker cannot load the commit it reported; becomes a LoadFailed event.
 - PUT /rdzv/write_failed?worker=ID, the reason as the body (one line): rank 0 could not write
   a checkpoint; becomes a WriteFailed event.
+- PUT /rdzv/stack?worker=ID, the main thread's stack as the body: the worker answers the
+  driver's request for it (ask_stack, carried in heartbeat answers); becomes a StackDump event.
 """
 import json
 import signal
@@ -25,9 +28,10 @@ import threading
 from concurrent.futures import Future, InvalidStateError
 
 from hvdlite.driver.decisions.messages import (
-    Exiting, Heartbeats, Leaving, LoadFailed, Ready, StopRequested, WriteFailed, Written)
+    Exiting, Heartbeats, Leaving, LoadFailed, Ready, StackDump, StopRequested, WriteFailed, Written)
 
 MAX_REASON = 1000  # characters of a load or write failure's reason kept
+MAX_STACK = 20000  # characters of a stack kept (its innermost frames, at the end)
 
 class Rendezvous:
     def __init__(self, post):
@@ -36,7 +40,9 @@ class Rendezvous:
         self._waiting = {}  # worker -> Future of its pending assign request
         self._beats = {}  # worker -> commits, heard since the last drain
         self._vouched = {}  # worker -> round its stand-in holds, heard since the last drain
-        self._published = json.dumps({"updates": 0, "broken": 0, "stop": False}).encode()
+        self._calls = {}  # worker -> (collectives it entered, seconds it waited), since the last drain
+        self._state = {"updates": 0, "broken": 0, "stop": False}
+        self._published = json.dumps(self._state).encode()
 
     def route(self, method, subpath, query, body):
         worker = query.get("worker")
@@ -50,10 +56,11 @@ class Rendezvous:
             return self._assign(worker, after, commit, query.get("kept") != "1")
         if subpath in ("exiting", "written") and method == "PUT":
             try:
-                commit = int(query.get("commit", 0))
+                commit, calls = int(query.get("commit", 0)), query.get("calls")
+                calls = None if calls is None else int(calls)
             except ValueError:
-                return 400, b"expected commit as an integer"
-            self._post(Exiting(worker, commit) if subpath == "exiting" else Written(commit, worker))
+                return 400, b"expected commit and calls as integers"
+            self._post(Exiting(worker, commit, calls) if subpath == "exiting" else Written(commit, worker))
             return 200, b""
         if subpath == "leaving" and method == "PUT":
             self._post(Leaving(worker))
@@ -62,18 +69,22 @@ class Rendezvous:
             reason = " ".join(bytes(body).decode("utf-8", "replace").split())[:MAX_REASON]
             self._post((LoadFailed if subpath == "load_failed" else WriteFailed)(worker, reason or "no reason given"))
             return 200, b""
+        if subpath == "stack" and method == "PUT":
+            self._post(StackDump(worker, bytes(body)[-MAX_STACK:].decode("utf-8", "replace")))
+            return 200, b""
         if subpath == "stop" and method == "PUT":
             self._post(StopRequested(signal.SIGUSR1))  # a worker was told the allocation ends
             return 200, b""
         return 404, b"unknown rendezvous endpoint"
 
     def heartbeat(self, beats) -> bytes:
-        """Heartbeat datagrams that came in together, (worker, commit, vouched) each (the server
-        checked their signatures): note them, answer at once. One lock for the batch, not one a beat."""
+        """Heartbeat datagrams that came in together, (worker, commit, vouched, (calls, waited))
+        each (the server checked their signatures): note them, answer at once. One lock for the
+        batch, not one a beat."""
         with self._lock:
-            for worker, commit, vouched in beats:
+            for worker, commit, vouched, calls in beats:
                 if vouched is None:
-                    self._beats[worker] = commit
+                    self._beats[worker], self._calls[worker] = commit, calls
                 else:
                     self._vouched[worker] = vouched
             return self._published
@@ -108,13 +119,23 @@ class Rendezvous:
 
     def publish(self, updates, broken, stop=False):
         with self._lock:
-            self._published = json.dumps({"updates": updates, "broken": broken, "stop": stop}).encode()
+            self._state.update(updates=updates, broken=broken, stop=stop)
+            self._published = json.dumps(self._state).encode()
+
+    def ask_stack(self, worker):
+        """Heartbeat answers ask `worker` for its stack from now on (it sends it once)."""
+        with self._lock:
+            self._state["stacks"] = sorted(set(self._state.get("stacks", ())) | {worker})
+            self._published = json.dumps(self._state).encode()
 
     def drain_heartbeats(self):
         """The beats heard since the last drain, as a Heartbeats event, or None if there were none."""
         with self._lock:
             (beats, self._beats), (vouched, self._vouched) = (self._beats, {}), (self._vouched, {})
-        return Heartbeats(tuple(beats.items()), tuple(vouched.items())) if beats or vouched else None
+            calls, self._calls = self._calls, {}
+        return Heartbeats(tuple(beats.items()), tuple(vouched.items()),
+                          tuple((w, n) for w, (n, _) in calls.items()),
+                          tuple((w, s) for w, (_, s) in calls.items())) if beats or vouched else None
 
     def close(self):
         with self._lock:

@@ -127,6 +127,14 @@ _SENTENCES = {
     "worker_unresponsive": lambda f: f"{_who(f)} is unresponsive ({f.get('reason')}); killing it",
     "member_left_behind": lambda f: f"{_who(f)} is still in world {f.get('round')} after {f.get('after', 0):.0f} s; "
                                     f"world {(f.get('round') or 0) + 1} forms without it (it joins when it is back)",
+    "worker_hung": lambda f: f"{_who(f)} is hung: {f.get('reason')}; {f.get('action')}",
+    "worker_stack": lambda f: f"stack of {_who(f)}, main thread, innermost last:\n{f.get('stack', '').rstrip()}"
+                              if f.get("stack") else f"{_who(f)} sent no stack: {f.get('missing')}",
+    "straggler": lambda f: f"straggler: {_who(f)} takes {f.get('step', 0) * 1000:.0f} ms of its own work "
+                           f"per collective, the others' median {f.get('median', 0) * 1000:.0f} ms",
+    "straggler_recovered": lambda f: f"straggler recovered: {_who(f)} takes {f.get('step', 0) * 1000:.0f} ms "
+                                     f"per collective, the others' median {f.get('median', 0) * 1000:.0f} ms",
+    "straggler_evicted": lambda f: f"{_who(f)} is evicted: {f.get('reason')}; killing it",
     "worker_stuck": lambda f: f"{_who(f)} never left its broken world ({f.get('reason')}); killing it",
     "state_kept": lambda f: f"worker {f.get('slot')} keeps commit {f.get('commit')} without training "
                             f"({f.get('reason')}); waiting for hosts",

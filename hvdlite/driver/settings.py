@@ -15,6 +15,10 @@ class Settings:
     start_timeout: float = defaults.START_TIMEOUT
     liveness_timeout: float = defaults.LIVENESS_TIMEOUT
     collective_timeout: float = defaults.COLLECTIVE_TIMEOUT
+    hang_timeout: float = None  # None: derived from the job's stalls (decisions/hangs.py) ...
+    hang_floor: float = defaults.HANG_FLOOR  # ... never below this
+    straggler_factor: float = defaults.STRAGGLER_FACTOR  # decisions/stragglers.py
+    straggler_policy: str = "warn"  # or "evict" (elastic jobs)
     event_log: str = None
     elastic: bool = False
     min_np: int = None

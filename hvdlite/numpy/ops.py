@@ -6,6 +6,7 @@ recovers from. pygloo holds the GIL while it waits (hvdlite.worker.vouch stands 
 """
 import functools
 import inspect
+import time
 
 import numpy as np
 import pygloo
@@ -58,11 +59,14 @@ def _traced(kind):
 
 
 def _call(collective, *args) -> None:
+    started = time.perf_counter()
     try:
         collective(runtime.group(), *args)
     except RuntimeError as e:
         # pygloo reports a dead or cut-off peer as a plain RuntimeError.
         raise HorovodInternalError(str(e)) from e
+    finally:  # the straggler rule's measure (driver/decisions/stragglers.py)
+        runtime.waited += time.perf_counter() - started
 
 
 @_traced("allreduce")

@@ -15,9 +15,10 @@ LABEL_ROWS = 3  # rows for labels that would overlap (re-formation times, host c
 ROW_H = 11
 CHAR_W = 6  # pixels per character of a small label, about
 AXIS_H = 30 + (LABEL_ROWS - 1) * ROW_H
-COLOURS = {"joining": "#f2a93b", "member": "#2f9e44", "blacklisted": "#495057",
+COLOURS = {"joining": "#f2a93b", "member": "#2f9e44", "blacklisted": "#495057", "straggler": "#d6336c",
            "failure": "#e03131", "exit": "#1c7ed6", "hosts": "#7048e8", "broken": "#adb5bd",
            "recovery": "#ffe3e3", "size": "#1c7ed6", "resume": "#7048e8"}
+OVERLAYS = {"blacklisted": LANE_H - 6, "straggler": 0}  # strips over a lane: their top, in it
 
 STYLE = """
 body { font: 13px sans-serif; margin: 0; padding: 0; color: #212529; background: #fff; }
@@ -70,7 +71,7 @@ def page(stories) -> str:
         f"hvdlite timeline: {_count(len(stories), 'run')} of one event log"
     legend = "".join(f'<span><i style="background:{COLOURS[k]}"></i>{label}</span>' for k, label in [
         ("joining", "starting / joining"), ("member", "member of a world (rank)"),
-        ("blacklisted", "blacklisted"), ("failure", "failed (exit code / signal)"),
+        ("blacklisted", "blacklisted"), ("straggler", "straggler"), ("failure", "failed (exit code / signal)"),
         ("exit", "exited"), ("hosts", "host change"), ("recovery", "re-formation (duration)"),
         ("resume", "run started again on the same log (a resume)")])
     return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
@@ -158,12 +159,12 @@ def svg(story: Story, runs: int = 1) -> str:
         out.append(f'<text class="lane-label" x="8" y="{y + LANE_H - 8}">{escape(slot)}</text>'
                    f'<rect x="{LEFT}" y="{y}" width="{plot_w}" height="{LANE_H}" fill="#f8f9fa"/>')
         cursor = 0  # where the lane's previous phase ended, in whole pixels
-        for seg in sorted(story.segments[slot], key=lambda s: (s.state == "blacklisted", s.start)):
+        for seg in sorted(story.segments[slot], key=lambda s: (s.state in OVERLAYS, s.start)):
             end = story.end if seg.end is None else seg.end
-            if seg.state == "blacklisted":
+            if seg.state in OVERLAYS:  # a strip over the lane's phases
                 w = max(x(end) - x(seg.start), 1.0)
-                out.append(f'<rect x="{x(seg.start):.1f}" y="{y + LANE_H - 6}" width="{w:.1f}" height="6" '
-                           f'fill="{COLOURS["blacklisted"]}"><title>blacklisted '
+                out.append(f'<rect x="{x(seg.start):.1f}" y="{y + OVERLAYS[seg.state]}" width="{w:.1f}" '
+                           f'height="6" fill="{COLOURS[seg.state]}"><title>{seg.state} '
                            f'({escape(seg.label)})</title></rect>')
                 continue
             # Whole pixels, and every phase at least MIN_PHASE_W wide and not covered by the

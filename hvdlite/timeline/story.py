@@ -2,7 +2,8 @@
 
 A slot's lane: `joining` from its worker's start until a world takes it in (starting up and
 waiting in the rendezvous: the log does not tell the two apart), `member` while it is in a
-world, then its exit. Blacklisting is drawn over the lanes of the slots it takes out. A static
+world, then its exit. Blacklisting is drawn over the lanes of the slots it takes out, and a
+straggler's time (from `straggler` to its recovery or exit) over its own lane. A static
 job's workers are members, with their rank, from their start: its one world is every rank.
 
 One event log may hold several runs (a killed job, then the same command resuming it from
@@ -17,7 +18,7 @@ from typing import Optional
 class Segment:
     start: float
     end: Optional[float]  # None: still open at the end of the log
-    state: str  # "joining", "member" or "blacklisted"
+    state: str  # "joining", "member", "blacklisted" or "straggler"
     label: str = ""
 
 
@@ -141,7 +142,7 @@ def build(records) -> Story:
             if r.get("reformed_in") is not None:
                 story.recoveries.append((t - r["reformed_in"], t, r.get("cause", "")))
         elif event == "worker_exit" and slot:
-            close(slot, t)
+            close(slot, t, ("joining", "member", "straggler"))
             if static and slot in member:
                 member.discard(slot)
                 story.sizes.append((t, len(member)))
@@ -154,8 +155,13 @@ def build(records) -> Story:
         elif event == "launch_failed" and slot:
             close(slot, t)
             story.marks.append(Mark(t, "failure", f"launch failed: {r.get('error', '')}", slot))
-        elif event == "worker_unresponsive" and slot:
-            story.marks.append(Mark(t, "broken", "unresponsive", slot))
+        elif event in ("worker_unresponsive", "worker_hung") and slot:
+            story.marks.append(Mark(t, "broken", "unresponsive" if event == "worker_unresponsive" else "hung", slot))
+        elif event == "straggler" and slot:
+            lane(slot).append(Segment(t, None, "straggler", f"{r.get('step', 0) * 1000:.0f} ms a collective, "
+                                                            f"the others {r.get('median', 0) * 1000:.0f} ms"))
+        elif event == "straggler_recovered" and slot:
+            close(slot, t, ("straggler",))
         elif event == "round_broken":
             # a host update ends a world with nobody rolling back: not a break
             what = "re-forms for hosts" if r.get("cause") == "hosts updated" else "broke"

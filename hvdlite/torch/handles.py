@@ -2,6 +2,7 @@
 notices a broken world, the collective trace's spans, and the packing of tensors into one buffer
 per dtype around a gloo call."""
 import functools
+import time
 import zlib
 from datetime import timedelta
 
@@ -58,6 +59,14 @@ def wait_work(work) -> None:
     if isinstance(work, Handle):  # waits for its own works
         work.wait()
         return
+    started = time.perf_counter()
+    try:
+        _wait_gloo(work)
+    finally:  # the straggler rule's measure (driver/decisions/stragglers.py)
+        runtime._current.waited += time.perf_counter() - started
+
+
+def _wait_gloo(work) -> None:
     while True:
         try:
             work.wait(_SLICE)

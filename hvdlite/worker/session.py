@@ -14,12 +14,14 @@ import socket
 import sys
 import threading
 import time
+import traceback
 
 from hvdlite import defaults, exitcodes
 from hvdlite.worker import durable, env, stopping
 from hvdlite.worker.claim import job_secret
 from hvdlite.worker.errors import quiet_broken_world
 from hvdlite.worker.kvclient import Heartbeats, KVClient
+from hvdlite.worker.runtime import entered, waited
 from hvdlite.worker.world import WorldInfo
 
 HEARTBEAT_INTERVAL = defaults.HEARTBEAT_INTERVAL
@@ -65,6 +67,7 @@ class Session:
         self.broken = 0  # newest round the driver saw fall apart, as last heard
         self.stopping = False  # the driver said the job stops: leave at the next commit
         self.kept = False  # it left its last world at a commit, keeping its state (no rollback)
+        self.stack_asked = False  # the driver asked for the main thread's stack and got it
         self.on_round_broken = None  # callback(round), called on every heartbeat answer
         self._joins = {}  # round -> times this process was given a place in it
         durable.install(self.tell)  # its checkpoints' word to the driver goes through here
@@ -98,7 +101,8 @@ class Session:
         # Interpreter teardown (a full garbage collection of torch) can hold the GIL for
         # seconds, silencing the heartbeat: tell the driver this is an exit, not a hang.
         try:
-            self.client.request("PUT", "/rdzv/exiting", query={"worker": self.worker, "commit": str(self.commits)},
+            self.client.request("PUT", "/rdzv/exiting", query={"worker": self.worker, "commit": str(self.commits),
+                                                               "calls": str(entered())},
                                 timeout=2)
         except Exception:  # noqa: BLE001 - the driver may be gone; exiting regardless
             pass
@@ -157,7 +161,7 @@ class Session:
         heartbeat thread may not have run for a while (pygloo holds the GIL while it connects)."""
         beats = Heartbeats(self.client, timeout=HEARTBEAT_TIMEOUT)
         try:
-            self._take(beats.beat(self.worker, self.commits))  # no answer: what was heard stands
+            self._take(beats.beat(self.worker, self.commits, calls=entered(), waited=waited()))  # no answer: what was heard stands
         finally:
             beats.close()
 
@@ -169,8 +173,11 @@ class Session:
             answer = json.loads(body)
             self.updates, self.broken = answer["updates"], max(self.broken, answer["broken"])
             self.stopping = bool(answer.get("stop"))
-        except (ValueError, KeyError):
+            asked = self.worker in answer.get("stacks", ())
+        except (ValueError, KeyError, TypeError):
             return False
+        if asked and not self.stack_asked:  # the driver named this rank hung (docs/troubleshooting.md#hangs)
+            self.stack_asked = self.tell("stack", main_stack().encode("utf-8"), timeout=HEARTBEAT_TIMEOUT)
         if self.on_round_broken is not None:
             self.on_round_broken(self.broken)
         return True
@@ -179,7 +186,7 @@ class Session:
         last_contact = time.monotonic()
         while True:
             sent = time.monotonic()
-            body = self._beats.beat(self.worker, self.commits)
+            body = self._beats.beat(self.worker, self.commits, calls=entered(), waited=waited())
             starved = time.monotonic() - sent - HEARTBEAT_TIMEOUT
             if body is None and starved > STALL:  # its wait ended, then the GIL was held elsewhere
                 last_contact += starved
@@ -218,6 +225,14 @@ def loopback_by_rank(address: str, rank: int) -> str:
             or not sys.platform.startswith("linux"):  # elsewhere only 127.0.0.1 may be up
         return address
     return str(ipaddress.IPv4Address((127 << 24) + 1 + rank))
+
+
+def main_stack() -> str:
+    """The main thread's Python stack as traceback prints it, read from this (another) thread:
+    no debugger needed. A thread that holds the GIL for good (pygloo inside a collective) keeps
+    this one from running at all; the driver says so when no stack comes."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    return "".join(traceback.format_stack(frame)) if frame is not None else "(the main thread has ended)\n"
 
 
 def heartbeat_interval(rank: int) -> float:

@@ -17,15 +17,18 @@ from typing import Optional
 from hvdlite import exitcodes
 from hvdlite.driver.decisions.blacklist import Blacklist
 from hvdlite.driver.decisions.forming import Forming, JobFailed
+from hvdlite.driver.decisions.hangs import Progress
 from hvdlite.driver.decisions.hostchanges import HostChanges
 from hvdlite.driver.decisions.hostrule import RETRY_RANGE, HostRule
 from hvdlite.driver.decisions.ledger import Ledger
 from hvdlite.driver.decisions.messages import (
-    DRIVER, HOST, LAUNCHER, Answer, DiscoveryFailed, EndJob, Exited, Exiting, Heartbeats, HostsFound,
-    Launched, LaunchFailed, Leaving, LoadFailed, Log, Publish, Ready, Stop, StopRequested, TemplateDied,
-    Tick, WriteFailed, Written)
+    DRIVER, HOST, LAUNCHER, Answer, DiscoveryFailed, EndJob, Exited, Exiting, Heartbeats,
+    HostsFound, Launched, LaunchFailed, Leaving, LoadFailed, Log, Publish, Ready, StackDump, Stop,
+    StopRequested, TemplateDied, Tick, WriteFailed, Written)
 from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.stopping import GracefulStop
+from hvdlite.driver.decisions.stragglers import Stragglers
+from hvdlite.driver.decisions.watching import Watching
 from hvdlite.driver.decisions.workers import Incarnation, Phase, cannot_load, describe_exit, overdue
 
 REMOVED = {"removed": True}
@@ -41,11 +44,14 @@ class JobView:
     joining: int  # workers started or waiting that are not in the current world
     blacklisted_slots: int  # slots of the current hosts sitting out
     resets: int
+    steps: tuple = ()  # ((rank, step time over the last window), ...) (stragglers.py)
+    stragglers: tuple = ()  # ranks straggling now
 
 
-class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
+class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching):
     """The job's state and its events; forming.py decides worlds, hostrule.py blacklisting,
-    hostchanges.py what discovery says, stopping.py the graceful stop."""
+    hostchanges.py what discovery says, stopping.py the graceful stop, watching.py hangs and
+    stragglers."""
 
     def __init__(self, policy: Policy, rng=random.random, on_disk: int = 0):
         """on_disk: the newest commit --checkpoint-dir held when the job started."""
@@ -85,6 +91,9 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
         self.left = set()  # slots whose worker left at a commit (SIGTERM): not relaunched
         self.stopping = None  # (time, signal number) a graceful stop was asked for
         self.failure = None  # the JobFailed that ends the job once its last world wrote (stopping.py)
+        self.progress, self.progress_round = Progress(), 0  # the current world's collective counts
+        self.hung = {}  # member named hung -> when; killed once its stack is in (or STACK_WAIT)
+        self.stragglers = Stragglers(policy.straggler_factor)  # the current world's step times
         self._now, self._out = 0.0, []
         self._handlers = {HostsFound: self._on_hosts, DiscoveryFailed: self._on_discovery_failed,
                           Launched: self._on_launched, LaunchFailed: self._on_launch_failed,
@@ -92,7 +101,8 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
                           Exiting: self._on_exiting, Exited: self._on_exited,
                           TemplateDied: self._on_template_died, LoadFailed: self._on_load_failed,
                           WriteFailed: self._on_write_failed, Leaving: self._on_leaving,
-                          Written: self._on_written, Tick: self._on_tick, StopRequested: self._on_stop}
+                          Written: self._on_written, Tick: self._on_tick, StopRequested: self._on_stop,
+                          StackDump: self._on_stack}
 
     # ---- entry ------------------------------------------------------------------------
     def handle(self, event, now: float) -> list:
@@ -120,9 +130,13 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
         members = [self.workers[w] for w in self.world if self.workers[w].alive]
         slots = [f"{h}/{i}" for h, n in self.hosts for i in range(n)]
         usable = sum(1 for slot in slots if not self._blacklisted(slot))
+        ranked = [(self.workers[w].rank, w) for w in self.world if self.workers[w].alive]
+        s = self.stragglers
         return JobView(self.round, len(members), min(usable, self.policy.max_np or usable),
                        max((inc.commit for inc in members), default=0), len(self.joiners),
-                       len(slots) - usable, self.resets)
+                       len(slots) - usable, self.resets,
+                       tuple(sorted((r, s.steps[w]) for r, w in ranked if w in s.steps)),
+                       tuple(sorted(r for r, w in ranked if w in s.slow)))
 
     def _emit(self, action):
         self._out.append(action)
@@ -188,6 +202,7 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
             inc = self._current(worker)
             if inc is not None:
                 inc.heard_at, inc.vouched = self._now, (self._now, round_number)
+        self._watch_beats(event)
 
     def _on_exiting(self, event: Exiting):
         inc = self._current(event.worker)
@@ -293,6 +308,8 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
             why = overdue(inc, now, p, broke_at if inc.id in self.staying else inc.left_behind)
             if why is not None:
                 self._kill(inc, *why)
+        self._check_hangs()
+        self._check_stragglers()
 
     # ---- decisions after every event ----------------------------------------------------
     def _decide(self, grow: bool):
@@ -422,8 +439,10 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
         self.ledger.held(commit)
 
     def _kill(self, inc: Incarnation, event, why):
+        """`event`: the log line that says so (None: said already)."""
         inc.killed = why
-        self._log(event, slot=inc.slot, worker=inc.id, rank=inc.rank, reason=why, action="killing it")
+        if event is not None:
+            self._log(event, slot=inc.slot, worker=inc.id, rank=inc.rank, reason=why, action="killing it")
         self._emit(Stop(inc.id, 0.0))
         if inc.id in self.world:
             self._mark_broken()

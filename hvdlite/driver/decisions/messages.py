@@ -76,6 +76,16 @@ class Heartbeats:
     # it, which go on while pygloo holds the worker's GIL and silences its own; `round`: the
     # round of the group the worker is in or connecting, as the stand-in knows it (0: none).
     vouched: tuple = ()
+    calls: tuple = ()  # ((worker, collectives it entered in its world), ...) of its own beats (hangs.py)
+    waited: tuple = ()  # ((worker, seconds it waited in them), ...) (stragglers.py)
+
+
+@dataclass(frozen=True)
+class StackDump:
+    """The Python stack of the worker's main thread, which its heartbeat thread read when the
+    driver asked (AskStack)."""
+    worker: str
+    stack: str
 
 
 @dataclass(frozen=True)
@@ -83,6 +93,7 @@ class Exiting:
     """The worker said it is exiting: interpreter teardown may silence its heartbeat."""
     worker: str
     commit: int = 0  # commits its training state holds
+    calls: Optional[int] = None  # collectives it entered in its last world, its last word (hangs.py)
 
 
 @dataclass(frozen=True)
@@ -161,6 +172,12 @@ class Publish:
     updates: int
     broken: int
     stop: bool = False
+
+
+@dataclass(frozen=True)
+class AskStack:
+    """Ask the worker, in its heartbeat answers, for its main thread's stack (a StackDump)."""
+    worker: str
 
 
 @dataclass(frozen=True)

@@ -26,3 +26,7 @@ class Policy:
     stop_grace: float = 3.0  # seconds a removed worker gets between TERM and KILL
     durable: bool = False  # --checkpoint-dir: commits are on disk too
     stop_timeout: float = defaults.STOP_TIMEOUT  # seconds a graceful stop waits for commits
+    hang_timeout: Optional[float] = None  # --hang-timeout; None: derived (hangs.py) ...
+    hang_floor: float = defaults.HANG_FLOOR  # ... never below this
+    straggler_factor: float = defaults.STRAGGLER_FACTOR  # stragglers.py
+    straggler_evict: bool = False  # --straggler-policy evict: a persistent straggler is failed

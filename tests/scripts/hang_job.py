@@ -1,0 +1,76 @@
+"""A training loop whose ranks misbehave on cue, for the hang tests (env knobs):
+HANG="rank:step": that rank, at that step, loops in `time.sleep(1)` for good (its heartbeat
+thread goes on); once per job in an elastic run (a marker file in $LOG_DIR).
+SKIP="rank:step": that rank skips that step's allreduce; after the loop every rank allreduces
+once more, then works alone for POST seconds (writing its results): the skipper gets there
+while its peers wait in a collective it never enters.
+EVAL="seconds,...": rank 0 evaluates alone (no collectives) for each in turn, every EVAL_EVERY steps.
+SLOW="rank:from:to": that rank sleeps SLOW_SLEEP more a step in steps [from, to) (a straggler).
+STEPS, STEP_SLEEP; ELASTIC=1: the loop runs under @hvd.elastic.run with a commit a step.
+Every rank appends "rank step size" to $LOG_DIR/steps.txt."""
+import os
+import time
+
+import torch
+
+import hvdlite.torch as hvd
+
+LOG_DIR = os.environ["LOG_DIR"]
+STEPS = int(os.environ.get("STEPS", "40"))
+SLEEP = float(os.environ.get("STEP_SLEEP", "0.05"))
+HANG = tuple(int(x) for x in os.environ["HANG"].split(":")) if os.environ.get("HANG") else None
+SKIP = tuple(int(x) for x in os.environ["SKIP"].split(":")) if os.environ.get("SKIP") else None
+EVALS = [float(x) for x in os.environ.get("EVAL", "").split(",") if x]
+EVAL_EVERY = int(os.environ.get("EVAL_EVERY", "10"))
+POST = float(os.environ.get("POST", "0"))
+SLOW = tuple(int(x) for x in os.environ["SLOW"].split(":")) if os.environ.get("SLOW") else None
+SLOW_SLEEP = float(os.environ.get("SLOW_SLEEP", "0.3"))
+
+
+def first_time(name):
+    """Once per job: an elastic run's later worlds go on without the hang (one rank asks)."""
+    marker = os.path.join(LOG_DIR, name)
+    if os.path.exists(marker):
+        return False
+    open(marker, "w").close()
+    return True
+
+
+def hang_forever():
+    while True:
+        time.sleep(1)  # the line the driver's stack names
+
+
+def step(k, weights):
+    rank = hvd.rank()
+    if HANG == (rank, k) and first_time("hung"):
+        hang_forever()
+    if SKIP != (rank, k):
+        weights.add_(hvd.allreduce(torch.ones(4), name="grad"))
+    if rank == 0 and EVALS and k and k % EVAL_EVERY == 0 and k // EVAL_EVERY <= len(EVALS):
+        time.sleep(EVALS[k // EVAL_EVERY - 1])  # evaluating alone
+    time.sleep(SLEEP)
+    if SLOW and SLOW[0] == rank and SLOW[1] <= k < SLOW[2]:
+        time.sleep(SLOW_SLEEP)
+    with open(os.path.join(LOG_DIR, "steps.txt"), "a") as f:
+        f.write(f"{rank} {k} {hvd.size()}\n")
+
+
+hvd.init()
+weights = torch.zeros(4)
+if os.environ.get("ELASTIC") == "1":
+    state = hvd.elastic.TorchState(weights=weights, step=0)
+
+    @hvd.elastic.run
+    def train(state):
+        while state.step < STEPS:
+            step(state.step, state.weights)
+            state.step += 1
+            state.commit()
+
+    train(state)
+else:
+    for k in range(STEPS):
+        step(k, weights)
+    hvd.allreduce(torch.ones(4), name="grad")  # alike, so that only the count tells a skip
+    time.sleep(POST)  # after training, alone

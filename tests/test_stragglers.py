@@ -1,0 +1,103 @@
+"""Stragglers (docs/watching.md#stragglers): a rank whose own work per collective is
+--straggler-factor times the others' median is named once, and once when it recovers; the
+status, /metrics and the timeline show it; --straggler-policy evict fails a persistent one.
+Real workers (torch gloo): a step of 0.1 s, the slow rank sleeping 0.3 s more."""
+import os
+import sys
+import urllib.request
+
+from hvdlite.driver.decisions.stragglers import MIN_GAP, PERSIST, WINDOW, Stragglers
+from hvdlite.timeline.story import build
+from jobs import SCRIPTS, Job, run_job
+
+SCRIPT = os.path.join(SCRIPTS, "hang_job.py")
+FAST = ["--timeout-scale", "0.4"]
+SLOWED = {"STEP_SLEEP": "0.1", "SLOW_SLEEP": "0.3"}
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_slowed_rank_is_named_once_and_named_recovered_with_the_gauge_labelled(tmp_path):
+    port = free_port()
+    env = {"LOG_DIR": str(tmp_path), "SLOW": "2:20:80", "STEPS": "140", **SLOWED}
+    with Job([*FAST, "-np", "3", "--metrics-port", str(port), sys.executable, SCRIPT], tmp_path, env) as job:
+        job.wait_for(lambda events: any(e["event"] == "straggler" for e in events), 60)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            metrics = answer.read().decode()
+        r = job.finish(120)
+    assert r.code == 0, r.stderr[-3000:]
+    assert 'hvdlite_straggler{rank="2"} 1' in metrics and 'hvdlite_straggler{rank="0"} 0' in metrics, metrics
+    steps = {line.split("}")[0].split('"')[1]: float(line.split()[-1])
+             for line in metrics.splitlines() if line.startswith("hvdlite_step_seconds{")}
+    assert set(steps) == {"0", "1", "2"} and steps["2"] >= 2 * max(steps["0"], steps["1"]), steps
+    named, recovered = r.of("straggler"), r.of("straggler_recovered")
+    assert [(e["rank"], e["slot"]) for e in named] == [(2, "localhost/2")], named
+    assert [e["rank"] for e in recovered] == [2], recovered
+    assert named[0]["step"] >= 2 * named[0]["median"] and recovered[0]["step"] < 2 * recovered[0]["median"]
+    line = next(x for x in r.stderr.splitlines() if "straggler: rank 2" in x)
+    assert line.startswith("hvdlite: straggler: rank 2 on localhost (slot localhost/2) takes "), line
+    assert "straggler recovered: rank 2 on localhost" in r.stderr
+    # The timeline draws its time as a straggler over its lane, from one line to the other.
+    story = build(r.events)
+    strip = [s for s in story.segments["localhost/2"] if s.state == "straggler"]
+    assert len(strip) == 1 and strip[0].end is not None, strip
+
+
+def test_evict_takes_a_persistent_straggler_out_and_the_world_goes_on_without_it(tmp_path):
+    r = run_job([*FAST, "-np", "3", "--min-np", "2", "--straggler-policy", "evict", sys.executable, SCRIPT],
+                tmp_path, timeout=150, env={"LOG_DIR": str(tmp_path), "SLOW": "2:10:100000", "STEPS": "250",
+                                            "ELASTIC": "1", **SLOWED})
+    assert r.code == 0, r.stderr[-3000:]
+    evicted = r.of("straggler_evicted")
+    assert [e["slot"] for e in evicted] == ["localhost/2"], evicted
+    assert "localhost/2" in [e["key"] for e in r.of("blacklisted")]
+    last = r.of("round_complete")[-1]
+    assert last["size"] == 2 and "localhost/2" not in last["members"], last
+    steps = [line.split() for line in open(tmp_path / "steps.txt")]
+    assert ["0", "249", "2"] in steps, steps[-4:]
+
+
+def test_evict_needs_an_elastic_job(tmp_path):
+    r = run_job(["-np", "2", "--straggler-policy", "evict", "true"], tmp_path, timeout=30)
+    assert r.code == 2 and "--straggler-policy evict needs an elastic job" in r.stderr, r.stderr
+
+
+# ---- the rule, pure ----------------------------------------------------------------------
+def feed(s, now, figures, calls):
+    """One window: each worker entered `calls` collectives and worked `figures[w]` a collective."""
+    for w, own in figures.items():
+        t0, c0, s0 = s.latest.get(w, (now - WINDOW, 0, 0.0))
+        s.heard(w, c0 + calls, s0 + WINDOW - own * calls, now)
+
+
+def test_named_once_at_the_factor_and_again_when_it_recovers():
+    s = Stragglers(2.0)
+    s.new_world(0.0)
+    for w in "abc":
+        s.heard(w, 0, 0.0, 0.0)
+    feed(s, WINDOW, {"a": 0.1, "b": 0.1, "c": 0.19}, 10)
+    assert s.check("abc", WINDOW) == []  # under the factor
+    feed(s, 2 * WINDOW, {"a": 0.1, "b": 0.1, "c": 0.2}, 10)
+    assert [(e, w) for e, w, _, _ in s.check("abc", 2 * WINDOW)] == [("straggler", "c")]
+    for k in range(3, 3 + PERSIST):
+        feed(s, k * WINDOW, {"a": 0.1, "b": 0.1, "c": 0.4}, 10)
+        assert s.check("abc", k * WINDOW) == []  # said once
+    assert s.persistent("c")
+    k = 3 + PERSIST
+    assert s.check("abc", k * WINDOW) == []  # a window with no collective says nothing: rank 0 evaluating
+    feed(s, (k + 1) * WINDOW, {"a": 0.1, "b": 0.1, "c": 0.1}, 10)
+    assert [(e, w) for e, w, _, _ in s.check("abc", (k + 1) * WINDOW)] == [("straggler_recovered", "c")]
+
+
+def test_tiny_steps_are_not_stragglers():
+    s = Stragglers(2.0)
+    s.new_world(0.0)
+    for w in "abc":
+        s.heard(w, 0, 0.0, 0.0)
+    feed(s, WINDOW, {"a": 0.001, "b": 0.001, "c": 0.001 + MIN_GAP / 2}, 10)
+    assert s.check("abc", WINDOW) == []
