@@ -210,6 +210,26 @@ def test_many_blocked_waiters(server):
             sock.close()
 
 
+def test_calls_from_another_thread_share_a_wakeup(server):
+    """A world's answers come from the decision thread by thousands: they wake the server's
+    loop once, not once each, and every one still runs, in order."""
+    busy, go, ran, wakeups = threading.Event(), threading.Event(), [], []
+    loop = server._loop
+    wake = loop.call_soon_threadsafe
+    loop.call_soon_threadsafe = lambda *args: (wakeups.append(args), wake(*args))[1]
+    server.call_soon(lambda: (busy.set(), go.wait(5)))  # holds the loop
+    assert busy.wait(5)
+    for i in range(1000):
+        server.call_soon(ran.append, i)
+    go.set()
+    deadline = time.monotonic() + 5
+    while len(ran) < 1000 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ran == list(range(1000))
+    assert len(wakeups) <= 2, len(wakeups)
+    assert_serves(server)
+
+
 def test_route(server):
     calls = []
 

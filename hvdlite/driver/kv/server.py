@@ -70,6 +70,7 @@ class KVServer:
         self._waiters = Waiters()  # who waits for which key
         self._families = Families()  # of each scope, as ranks wait for them
         self._routes = []  # (prefix, handler), longest prefix first
+        self._calls, self._calls_lock = [], threading.Lock()  # call_soon's from other threads
         self.pump = Pump()  # big answers, in turn
         self._connections = {}  # Connection -> None, oldest first
         self._unauthenticated = {}  # the same, not authenticated yet
@@ -251,14 +252,27 @@ class KVServer:
     # -- dispatch (server thread) -----------------------------------------------------------
 
     def call_soon(self, callback, *args):
-        """Run callback on the server's thread: at once if this is it."""
+        """Run callback on the server's thread: at once if this is it. Calls from other
+        threads share one wake-up of the loop until it runs them (a world's answers come
+        from the decision thread by thousands: one self-pipe write and loop turn each cost
+        more than the answer)."""
         if threading.get_ident() == self._loop_thread:
-            callback(*args)
-        elif not self._loop.is_closed():
+            return callback(*args)
+        with self._calls_lock:
+            self._calls.append((callback, args))
+            if len(self._calls) > 1:
+                return  # the loop is woken already
+        if not self._loop.is_closed():
             try:
-                self._loop.call_soon_threadsafe(callback, *args)
+                self._loop.call_soon_threadsafe(self._run_calls)
             except RuntimeError:  # closed meanwhile: nobody is left to answer
                 pass
+
+    def _run_calls(self):
+        with self._calls_lock:
+            calls, self._calls = self._calls, []
+        for callback, args in calls:  # a handle each: one that fails costs only itself
+            self._loop.call_soon(callback, *args)
 
     def call_later(self, delay, callback, *args):
         return self._loop.call_later(delay, callback, *args)
