@@ -230,6 +230,26 @@ def test_calls_from_another_thread_share_a_wakeup(server):
     assert_serves(server)
 
 
+def test_reads_allocate_nothing_read_sized(server):
+    """The server reads every connection into one buffer: asyncio's recv() would allocate its
+    256 KiB read size for each read of a 200-byte request (most of a request's cost)."""
+    import tracemalloc
+    sock = socket.create_connection(server.address, timeout=5)
+    tracemalloc.start()
+    try:
+        for i in range(20):
+            target = f"/kv/reads/k{i}"
+            sock.sendall(f"PUT {target} HTTP/1.1\r\n".encode() + signed("PUT", target, b"v")
+                         + b"Content-Length: 1\r\n\r\nv")
+            assert read_response(sock) == (200, b"")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        sock.close()
+    assert peak < 128 * 1024, peak
+    assert_serves(server)
+
+
 def test_route(server):
     calls = []
 

@@ -15,7 +15,7 @@ from hvdlite.driver.kv.pump import BULK
 from hvdlite.worker import kvproto
 
 
-class Connection(asyncio.Protocol):
+class Connection(asyncio.BufferedProtocol):
     def __init__(self, server):
         self.server = server
         self.transport = None
@@ -66,10 +66,13 @@ class Connection(asyncio.Protocol):
             self.poll, poll = None, self.poll
             poll.drop()
 
-    def data_received(self, data):
+    def get_buffer(self, sizehint):
+        return self.server.scratch
+
+    def buffer_updated(self, nbytes):
         if self.closed:
             return
-        self.buffer += data
+        self.buffer += self.server.scratch[:nbytes]
         if self.poll is not None and len(self.buffer) > MAX_HEAD:
             return self._fail(400, b"requests pipelined behind a waiting one")
         try:

@@ -45,6 +45,7 @@ MAX_WAIT = 60.0  # one long-poll or deferred route answer; clients loop for long
 IDLE_TIMEOUT = 10.0  # seconds an idle kept-alive connection, or one request in transit, may take
 AUTH_TIMEOUT = 5.0  # seconds a new connection has to send its first signed request
 BACKLOG = 4096
+READ_SIZE = 256 * 1024  # bytes one read of a connection takes at most, as asyncio's own
 ACCEPT_BATCH = 16  # connections accepted and not yet admitted, at most: a flood cannot hold
 # the loop, nor more descriptors than the caps allow and this
 ACCEPT_PAUSE = 0.1  # seconds accepting rests when out of descriptors with no stranger to drop
@@ -71,6 +72,9 @@ class KVServer:
         self._families = Families()  # of each scope, as ranks wait for them
         self._routes = []  # (prefix, handler), longest prefix first
         self._calls, self._calls_lock = [], threading.Lock()  # call_soon's from other threads
+        # What every connection reads into, on the loop's thread (asyncio's recv() would
+        # allocate READ_SIZE anew for each read: most of a small request's cost).
+        self.scratch = memoryview(bytearray(READ_SIZE))
         self.pump = Pump()  # big answers, in turn
         self._connections = {}  # Connection -> None, oldest first
         self._unauthenticated = {}  # the same, not authenticated yet
