@@ -250,6 +250,29 @@ def test_reads_allocate_nothing_read_sized(server):
     assert_serves(server)
 
 
+def test_waits_cost_no_condition_each(server, monkeypatch):
+    """Thousands of ranks wait on keys at once: a wait costs no lock and condition of its own
+    (a concurrent.futures.Future's), and each is still answered."""
+    made, condition = [], threading.Condition
+    monkeypatch.setattr(threading, "Condition", lambda *args: (made.append(1), condition(*args))[1])
+    sockets = []
+    try:
+        for i in range(100):
+            sock = socket.create_connection(server.address, timeout=10)
+            target = f"/kv/conds/k{i % 2}?wait=20"
+            sock.sendall(f"GET {target} HTTP/1.1\r\n".encode() + signed("GET", target) + b"\r\n")
+            sockets.append(sock)
+        time.sleep(0.2)
+        server.put("conds", "k0", b"zero")
+        server.put("conds", "k1", b"one")
+        for i, sock in enumerate(sockets):
+            assert read_response(sock) == (200, [b"zero", b"one"][i % 2])
+    finally:
+        for sock in sockets:
+            sock.close()
+    assert len(made) < 10, len(made)
+
+
 def test_route(server):
     calls = []
 

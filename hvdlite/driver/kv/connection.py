@@ -10,7 +10,7 @@ import time
 from concurrent.futures import Future
 
 from hvdlite.driver.kv.parse import AUTH, MAX_HEAD, BadRequest, answer_head, body_framing, read_head
-from hvdlite.driver.kv.polls import LongPoll
+from hvdlite.driver.kv.polls import Later, LongPoll
 from hvdlite.driver.kv.pump import BULK
 from hvdlite.worker import kvproto
 
@@ -136,7 +136,7 @@ class Connection(asyncio.BufferedProtocol):
             answer = 400, str(e.args[0]).encode() if len(e.args) == 1 else e.args[1]
         except Exception as e:  # noqa: BLE001 - a failing route handler answers 500
             answer = 500, f"{type(e).__name__}: {e}".encode()
-        if isinstance(answer, tuple) and len(answer) in (2, 4) and isinstance(answer[0], Future):
+        if isinstance(answer, tuple) and len(answer) in (2, 4) and isinstance(answer[0], (Future, Later)):
             future, cancel = answer[:2]
             seconds, expired = answer[2:] if len(answer) == 4 else (server.max_wait, b"no answer yet")
             self.deadline = None

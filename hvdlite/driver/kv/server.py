@@ -38,7 +38,7 @@ from hvdlite.driver.kv.beats import BEAT_POLL, Beats, bind_pair
 from hvdlite.driver.kv.connection import Connection
 from hvdlite.driver.kv.families import MAX_FAMILY, Families
 from hvdlite.driver.kv.parse import DIGITS, INTEGER, BadRequest, decode_segment, parse_query, seconds
-from hvdlite.driver.kv.polls import Waiters, resolve
+from hvdlite.driver.kv.polls import Later, Waiters, resolve
 from hvdlite.driver.kv.pump import Pump
 
 MAX_WAIT = 60.0  # one long-poll or deferred route answer; clients loop for longer waits
@@ -315,7 +315,7 @@ class KVServer:
                 value = self._data.get(scope, {}).get(key)
                 if value is not None:
                     return 200, value
-                future = Future()
+                future = Later()
                 token = self._waiters.add((scope, key), lambda v: resolve(
                     future, (200, v) if v is not None else (503, b"server stopping")))
             return future, lambda: self._forget_waiter((scope, key), token), wait, b"key not set in time"
@@ -343,7 +343,7 @@ class KVServer:
                 return 200, family.encode(keys)
             if "wait" not in query:
                 return 408, b"not every key of the family is set"
-            future = Future()
+            future = Later()
             family.waiters[token] = lambda s: resolve(
                 future, (200, s) if s is not None else (503, b"server stopping"))
         return future, lambda: self._forget_gather(family, token), wait, b"keys not all set in time"
