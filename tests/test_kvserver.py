@@ -210,6 +210,69 @@ def test_many_blocked_waiters(server):
             sock.close()
 
 
+def test_calls_from_another_thread_share_a_wakeup(server):
+    """A world's answers come from the decision thread by thousands: they wake the server's
+    loop once, not once each, and every one still runs, in order."""
+    busy, go, ran, wakeups = threading.Event(), threading.Event(), [], []
+    loop = server._loop
+    wake = loop.call_soon_threadsafe
+    loop.call_soon_threadsafe = lambda *args: (wakeups.append(args), wake(*args))[1]
+    server.call_soon(lambda: (busy.set(), go.wait(5)))  # holds the loop
+    assert busy.wait(5)
+    for i in range(1000):
+        server.call_soon(ran.append, i)
+    go.set()
+    deadline = time.monotonic() + 5
+    while len(ran) < 1000 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ran == list(range(1000))
+    assert len(wakeups) <= 2, len(wakeups)
+    assert_serves(server)
+
+
+def test_reads_allocate_nothing_read_sized(server):
+    """The server reads every connection into one buffer: asyncio's recv() would allocate its
+    256 KiB read size for each read of a 200-byte request (most of a request's cost)."""
+    import tracemalloc
+    sock = socket.create_connection(server.address, timeout=5)
+    tracemalloc.start()
+    try:
+        for i in range(20):
+            target = f"/kv/reads/k{i}"
+            sock.sendall(f"PUT {target} HTTP/1.1\r\n".encode() + signed("PUT", target, b"v")
+                         + b"Content-Length: 1\r\n\r\nv")
+            assert read_response(sock) == (200, b"")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        sock.close()
+    assert peak < 128 * 1024, peak
+    assert_serves(server)
+
+
+def test_waits_cost_no_condition_each(server, monkeypatch):
+    """Thousands of ranks wait on keys at once: a wait costs no lock and condition of its own
+    (a concurrent.futures.Future's), and each is still answered."""
+    made, condition = [], threading.Condition
+    monkeypatch.setattr(threading, "Condition", lambda *args: (made.append(1), condition(*args))[1])
+    sockets = []
+    try:
+        for i in range(100):
+            sock = socket.create_connection(server.address, timeout=10)
+            target = f"/kv/conds/k{i % 2}?wait=20"
+            sock.sendall(f"GET {target} HTTP/1.1\r\n".encode() + signed("GET", target) + b"\r\n")
+            sockets.append(sock)
+        time.sleep(0.2)
+        server.put("conds", "k0", b"zero")
+        server.put("conds", "k1", b"one")
+        for i, sock in enumerate(sockets):
+            assert read_response(sock) == (200, [b"zero", b"one"][i % 2])
+    finally:
+        for sock in sockets:
+            sock.close()
+    assert len(made) < 10, len(made)
+
+
 def test_route(server):
     calls = []
 

@@ -10,12 +10,12 @@ import time
 from concurrent.futures import Future
 
 from hvdlite.driver.kv.parse import AUTH, MAX_HEAD, BadRequest, answer_head, body_framing, read_head
-from hvdlite.driver.kv.polls import LongPoll
+from hvdlite.driver.kv.polls import Later, LongPoll
 from hvdlite.driver.kv.pump import BULK
 from hvdlite.worker import kvproto
 
 
-class Connection(asyncio.Protocol):
+class Connection(asyncio.BufferedProtocol):
     def __init__(self, server):
         self.server = server
         self.transport = None
@@ -66,10 +66,13 @@ class Connection(asyncio.Protocol):
             self.poll, poll = None, self.poll
             poll.drop()
 
-    def data_received(self, data):
+    def get_buffer(self, sizehint):
+        return self.server.scratch
+
+    def buffer_updated(self, nbytes):
         if self.closed:
             return
-        self.buffer += data
+        self.buffer += self.server.scratch[:nbytes]
         if self.poll is not None and len(self.buffer) > MAX_HEAD:
             return self._fail(400, b"requests pipelined behind a waiting one")
         try:
@@ -133,7 +136,7 @@ class Connection(asyncio.Protocol):
             answer = 400, str(e.args[0]).encode() if len(e.args) == 1 else e.args[1]
         except Exception as e:  # noqa: BLE001 - a failing route handler answers 500
             answer = 500, f"{type(e).__name__}: {e}".encode()
-        if isinstance(answer, tuple) and len(answer) in (2, 4) and isinstance(answer[0], Future):
+        if isinstance(answer, tuple) and len(answer) in (2, 4) and isinstance(answer[0], (Future, Later)):
             future, cancel = answer[:2]
             seconds, expired = answer[2:] if len(answer) == 4 else (server.max_wait, b"no answer yet")
             self.deadline = None

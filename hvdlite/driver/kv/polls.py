@@ -1,6 +1,5 @@
 """Long-polls: requests answered later. Waiters holds who waits for which key; LongPoll is one
 connection's request whose answer comes from a future, its timer or its connection's end."""
-from concurrent.futures import Future
 
 
 class Waiters:
@@ -33,12 +32,52 @@ class Waiters:
         return len(self._by_name)
 
 
+class Later:
+    """An answer the server's own data gives later (a key set, a family complete): what
+    LongPoll reads of a concurrent.futures.Future, without its lock and condition (a world's
+    ranks wait by thousands, one each). Settled from any thread; the callback runs in the
+    settling thread, or at once if it came later, and twice should the two race (LongPoll
+    answers once)."""
+    __slots__ = ("_answer", "_cancelled", "_callback")
+
+    def __init__(self):
+        self._answer, self._cancelled, self._callback = None, False, None
+
+    def add_done_callback(self, callback) -> None:
+        self._callback = callback
+        if self.done():
+            callback(self)
+
+    def set_result(self, answer) -> None:
+        if not self.done():
+            self._answer = answer
+            if self._callback is not None:
+                self._callback(self)
+
+    def cancel(self) -> bool:
+        self._cancelled = self._answer is None
+        return self._cancelled
+
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def done(self) -> bool:
+        return self._cancelled or self._answer is not None
+
+    def exception(self):
+        return None
+
+    def result(self):
+        return self._answer
+
+
 class LongPoll:
     """A request whose answer comes later: what its future resolves to, (408, expired) once
     its time is up, or nothing if dropped (its client went away). `answer` gets it on the
     server's thread, once; the route's cancel runs unless the future answered."""
 
-    def __init__(self, future: Future, cancel, answer):
+    def __init__(self, future, cancel, answer):
+        """future: a route's concurrent.futures.Future, or the server's own Later."""
         self.future, self._cancel, self._answer = future, cancel, answer
         self.done = False
         self._timer = None

@@ -38,13 +38,14 @@ from hvdlite.driver.kv.beats import BEAT_POLL, Beats, bind_pair
 from hvdlite.driver.kv.connection import Connection
 from hvdlite.driver.kv.families import MAX_FAMILY, Families
 from hvdlite.driver.kv.parse import DIGITS, INTEGER, BadRequest, decode_segment, parse_query, seconds
-from hvdlite.driver.kv.polls import Waiters, resolve
+from hvdlite.driver.kv.polls import Later, Waiters, resolve
 from hvdlite.driver.kv.pump import Pump
 
 MAX_WAIT = 60.0  # one long-poll or deferred route answer; clients loop for longer waits
 IDLE_TIMEOUT = 10.0  # seconds an idle kept-alive connection, or one request in transit, may take
 AUTH_TIMEOUT = 5.0  # seconds a new connection has to send its first signed request
 BACKLOG = 4096
+READ_SIZE = 256 * 1024  # bytes one read of a connection takes at most, as asyncio's own
 ACCEPT_BATCH = 16  # connections accepted and not yet admitted, at most: a flood cannot hold
 # the loop, nor more descriptors than the caps allow and this
 ACCEPT_PAUSE = 0.1  # seconds accepting rests when out of descriptors with no stranger to drop
@@ -70,6 +71,10 @@ class KVServer:
         self._waiters = Waiters()  # who waits for which key
         self._families = Families()  # of each scope, as ranks wait for them
         self._routes = []  # (prefix, handler), longest prefix first
+        self._calls, self._calls_lock = [], threading.Lock()  # call_soon's from other threads
+        # What every connection reads into, on the loop's thread (asyncio's recv() would
+        # allocate READ_SIZE anew for each read: most of a small request's cost).
+        self.scratch = memoryview(bytearray(READ_SIZE))
         self.pump = Pump()  # big answers, in turn
         self._connections = {}  # Connection -> None, oldest first
         self._unauthenticated = {}  # the same, not authenticated yet
@@ -251,14 +256,27 @@ class KVServer:
     # -- dispatch (server thread) -----------------------------------------------------------
 
     def call_soon(self, callback, *args):
-        """Run callback on the server's thread: at once if this is it."""
+        """Run callback on the server's thread: at once if this is it. Calls from other
+        threads share one wake-up of the loop until it runs them (a world's answers come
+        from the decision thread by thousands: one self-pipe write and loop turn each cost
+        more than the answer)."""
         if threading.get_ident() == self._loop_thread:
-            callback(*args)
-        elif not self._loop.is_closed():
+            return callback(*args)
+        with self._calls_lock:
+            self._calls.append((callback, args))
+            if len(self._calls) > 1:
+                return  # the loop is woken already
+        if not self._loop.is_closed():
             try:
-                self._loop.call_soon_threadsafe(callback, *args)
+                self._loop.call_soon_threadsafe(self._run_calls)
             except RuntimeError:  # closed meanwhile: nobody is left to answer
                 pass
+
+    def _run_calls(self):
+        with self._calls_lock:
+            calls, self._calls = self._calls, []
+        for callback, args in calls:  # a handle each: one that fails costs only itself
+            self._loop.call_soon(callback, *args)
 
     def call_later(self, delay, callback, *args):
         return self._loop.call_later(delay, callback, *args)
@@ -297,7 +315,7 @@ class KVServer:
                 value = self._data.get(scope, {}).get(key)
                 if value is not None:
                     return 200, value
-                future = Future()
+                future = Later()
                 token = self._waiters.add((scope, key), lambda v: resolve(
                     future, (200, v) if v is not None else (503, b"server stopping")))
             return future, lambda: self._forget_waiter((scope, key), token), wait, b"key not set in time"
@@ -325,7 +343,7 @@ class KVServer:
                 return 200, family.encode(keys)
             if "wait" not in query:
                 return 408, b"not every key of the family is set"
-            future = Future()
+            future = Later()
             family.waiters[token] = lambda s: resolve(
                 future, (200, s) if s is not None else (503, b"server stopping"))
         return future, lambda: self._forget_gather(family, token), wait, b"keys not all set in time"
