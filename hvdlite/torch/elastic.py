@@ -4,7 +4,7 @@ ElasticSampler. The reset protocol lives in hvdlite.worker.elastic; this binds i
 import torch
 import torch.distributed as dist
 
-from hvdlite.torch import basics, ops, runtime
+from hvdlite.torch import basics, generators, ops, runtime
 from hvdlite.torch.sampler import ElasticSampler  # noqa: F401
 from hvdlite.torch.statehandlers import (  # noqa: F401
     StateHandler, get_handler_registry, handler_for, register_handler, set_handler_registry)
@@ -26,7 +26,9 @@ def _gloo_failed(error: BaseException) -> bool:
 
 BACKEND = core.Backend(init=basics.init, join=basics.join, shutdown=basics.leave, abort=basics.abort,
                        info=runtime.info, agree_flag=_agree_flag,
-                       broadcast_object=ops.broadcast_object, world_broke=_gloo_failed)
+                       broadcast_object=ops.broadcast_object, world_broke=_gloo_failed,
+                       allgather_object=ops.allgather_object, capture_generators=generators.capture,
+                       put_generators=generators.put)
 
 
 class State(core.State):

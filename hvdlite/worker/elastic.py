@@ -20,7 +20,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable
 
-from hvdlite.worker import durable, exitcode, stopping
+from hvdlite.worker import durable, exitcode, generators, stopping
 from hvdlite.worker.errors import HorovodInternalError, HostsUpdatedInterrupt
 from hvdlite.worker.session import session
 from hvdlite.worker.world import WorldInfo
@@ -38,6 +38,10 @@ class Backend:
     # whether an error other than HorovodInternalError says the world broke: one a library
     # raised from a collective on the world's group (DDP's backward)
     world_broke: Callable[[BaseException], bool] = lambda error: False
+    allgather_object: Callable = None  # allgather_object(obj): every rank's obj, in rank order
+    # this process's global random generators as a plain value, and putting such a value back
+    capture_generators: Callable[[], dict] = generators.capture
+    put_generators: Callable[[dict], None] = generators.put
 
 
 _STOP = 2  # check_host_updates' flag for "the job stops" (1: a host update or a leaver)
@@ -80,6 +84,7 @@ class State:
     def commit(self):
         self._commits += 1
         self.save()
+        self._saved_by_every_rank()
         session().commits = self._commits
         durable.committed(self)
         self.check_host_updates()
@@ -100,6 +105,10 @@ class State:
     def save(self):
         raise NotImplementedError
 
+    def _saved_by_every_rank(self):
+        """A commit's collective after save(), on every rank (ObjectState gathers the ranks'
+        random generators)."""
+
     def restore(self):
         raise NotImplementedError
 
@@ -117,10 +126,18 @@ class State:
 
 
 class ObjectState(State):
-    """State made of plain picklable attributes: ObjectState(epoch=0, batch=0)."""
+    """State made of plain picklable attributes: ObjectState(epoch=0, batch=0).
+
+    It keeps this rank's random generators with its commits too (Python's, numpy's, the
+    backend's): a restore puts them back, so the steps after a rollback draw what they drew
+    before. Each commit gathers every rank's (a few KB a rank, one allgather), so a worker that
+    takes a rank whose holder died, or a job resumed from --checkpoint-dir, goes on with that
+    rank's generators.
+    """
 
     def __init__(self, **kwargs):
         self._names = list(kwargs)
+        self._every_rank_generators = []  # by rank, as of the last commit; [] before the first
         super().__init__()
         for name, value in kwargs.items():
             setattr(self, name, value)
@@ -132,21 +149,37 @@ class ObjectState(State):
     def save(self):
         self._saved = copy.deepcopy(self._values())
         self._saved_commits = self._commits
+        self._saved_generators = self.backend.capture_generators()
+        generators.saved(self.backend.put_generators, self._saved_generators)
+
+    def _saved_by_every_rank(self):
+        self._every_rank_generators = self.backend.allgather_object(self._saved_generators)
 
     def restore(self):
         for name, value in copy.deepcopy(self._saved).items():
             setattr(self, name, value)
         self._commits = self._saved_commits
+        self.backend.put_generators(self._saved_generators)
+        generators.saved(self.backend.put_generators, self._saved_generators)
+
+    def _take_rank_generators(self):
+        """Take this rank's generators of the last commit, if that commit has them."""
+        rank = self.backend.info().rank
+        if rank < len(self._every_rank_generators):
+            self.backend.put_generators(self._every_rank_generators[rank])
 
     def sync(self):
-        values, self._commits, self._lineage = self.backend.broadcast_object(
-            (self._values(), self._commits, self._lineage), 0)
+        held = self._commits
+        values, self._commits, self._lineage, self._every_rank_generators = self.backend.broadcast_object(
+            (self._values(), self._commits, self._lineage, self._every_rank_generators), 0)
         for name, value in values.items():
             setattr(self, name, value)
+        if self._commits != held:  # the state came from rank 0: so must this rank's generators
+            self._take_rank_generators()
         self.save()
 
     def _snapshot(self):
-        return self._saved_commits, {"values": self._saved}
+        return self._saved_commits, {"values": self._saved, "generators": self._every_rank_generators}
 
     def _load_snapshot(self, commit, snapshot):
         values = snapshot["values"]
@@ -154,6 +187,9 @@ class ObjectState(State):
             raise RuntimeError(f"hvdlite: the checkpoint holds the state {sorted(values)}, this "
                                f"script's state is {sorted(self._names)}")
         self._saved, self._saved_commits = values, commit
+        self._every_rank_generators = snapshot.get("generators", [])  # none in files before them
+        self._take_rank_generators()
+        self._saved_generators = self.backend.capture_generators()
         self.restore()
 
 
