@@ -48,9 +48,9 @@ def test_kill_9_replaced_at_the_same_size_is_bitwise_the_fault_free_run(tmp_path
 
 def test_a_resized_run_trains_every_sample_exactly_once_each_epoch(tmp_path):
     log_dir = tmp_path
-    schedule = [[0, ["localhost:2"]], [9, ["localhost:3"]], [30, ["localhost:1"]], [50, ["localhost:2"]]]
+    schedule = [[0, ["localhost:2"]], [5, ["localhost:3"]], [14, ["localhost:1"]], [20, ["localhost:2"]]]
     r = run_job([*discovery(tmp_path, schedule), "--min-np", "1", *JOB], log_dir, timeout=180,
-                env={"LOG_DIR": str(log_dir)})
+                env={"LOG_DIR": str(log_dir), "STEP_SLEEP": "0.1"})
     assert r.code == 0, r.stderr[-3000:]
     assert sorted({e["size"] for e in r.of("round_complete")}) == [1, 2, 3]
     assert final(log_dir)["epochs"] == [True] * 3
