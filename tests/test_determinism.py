@@ -6,6 +6,8 @@ import os
 import signal
 import sys
 
+import pytest
+
 from jobs import SCRIPTS, Job, discovery, progress, run_job, slot_pid, wait_progress
 
 JOB = [sys.executable, os.path.join(SCRIPTS, "determinism_job.py")]
@@ -31,11 +33,15 @@ def member(job, rank):
     return next(slot for slot, r in rounds[-1].items() if r == rank)
 
 
-def test_kill_9_replaced_at_the_same_size_is_bitwise_the_fault_free_run(tmp_path):
-    expected = reference(tmp_path)
+@pytest.mark.parametrize("loader", ["elastic_sampler", "stateful"])
+def test_kill_9_replaced_at_the_same_size_is_bitwise_the_fault_free_run(tmp_path, loader):
+    """A DataLoader with worker processes over an ElasticSampler, or torchdata's
+    StatefulDataLoader held in the state (its place each rank's own)."""
+    env = {"LOADER": loader}
+    expected = reference(tmp_path, **env)
     log_dir = tmp_path / "faulty"
     log_dir.mkdir()
-    with Job([*SAME_SIZE, *JOB], log_dir, {"LOG_DIR": str(log_dir)}) as job:
+    with Job([*SAME_SIZE, *JOB], log_dir, {"LOG_DIR": str(log_dir), **env}) as job:
         wait_progress(job, log_dir, 30)  # mid-epoch (24 steps an epoch): a rollback re-enters it
         os.kill(slot_pid(job, member(job, 1)), signal.SIGKILL)
         r = job.finish(120)

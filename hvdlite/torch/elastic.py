@@ -67,15 +67,28 @@ class TorchState(ObjectState):
             handler.set_value(value)
         super().__setattr__(name, value)
 
+    # The generators are captured after the handlers save and put back after they restore: a
+    # StatefulDataLoader's state_dict() may make its iterator, which draws from torch's generator.
     def save(self):
-        super().save()
         for handler in self._handlers.values():
             handler.save()
+        super().save()
 
     def restore(self):
-        super().restore()
         for handler in self._handlers.values():
             handler.restore()
+        super().restore()
+
+    def _rank_saved(self):
+        return {**super()._rank_saved(),
+                "handlers": {name: h.saved() for name, h in self._handlers.items() if h.per_rank}}
+
+    def _put_rank_saved(self, saved):
+        for name, handler in self._handlers.items():
+            if handler.per_rank:
+                handler.load_saved(saved["handlers"][name])
+                handler.restore()
+        super()._put_rank_saved(saved)
 
     def _snapshot(self):
         commit, snapshot = super()._snapshot()

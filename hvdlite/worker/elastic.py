@@ -137,7 +137,7 @@ class ObjectState(State):
 
     def __init__(self, **kwargs):
         self._names = list(kwargs)
-        self._every_rank_generators = []  # by rank, as of the last commit; [] before the first
+        self._every_rank = []  # every rank's _rank_saved(), by rank, as of the last commit
         super().__init__()
         for name, value in kwargs.items():
             setattr(self, name, value)
@@ -152,8 +152,12 @@ class ObjectState(State):
         self._saved_generators = self.backend.capture_generators()
         generators.saved(self.backend.put_generators, self._saved_generators)
 
+    def _rank_saved(self) -> dict:
+        """What this rank's last save holds that no other rank has: its generators."""
+        return {"generators": self._saved_generators}
+
     def _saved_by_every_rank(self):
-        self._every_rank_generators = self.backend.allgather_object(self._saved_generators)
+        self._every_rank = self.backend.allgather_object(self._rank_saved())
 
     def restore(self):
         for name, value in copy.deepcopy(self._saved).items():
@@ -162,24 +166,29 @@ class ObjectState(State):
         self.backend.put_generators(self._saved_generators)
         generators.saved(self.backend.put_generators, self._saved_generators)
 
-    def _take_rank_generators(self):
-        """Take this rank's generators of the last commit, if that commit has them."""
+    def _take_rank_saved(self):
+        """Go on from this rank's part of the last commit, saved by the process that held the
+        rank then (if the commit has one: a world that grew has ranks it does not know)."""
         rank = self.backend.info().rank
-        if rank < len(self._every_rank_generators):
-            self.backend.put_generators(self._every_rank_generators[rank])
+        if rank < len(self._every_rank):
+            self._put_rank_saved(self._every_rank[rank])
+
+    def _put_rank_saved(self, saved):
+        self._saved_generators = saved["generators"]
+        self.backend.put_generators(saved["generators"])
 
     def sync(self):
         held = self._commits
-        values, self._commits, self._lineage, self._every_rank_generators = self.backend.broadcast_object(
-            (self._values(), self._commits, self._lineage, self._every_rank_generators), 0)
+        values, self._commits, self._lineage, self._every_rank = self.backend.broadcast_object(
+            (self._values(), self._commits, self._lineage, self._every_rank), 0)
         for name, value in values.items():
             setattr(self, name, value)
-        if self._commits != held:  # the state came from rank 0: so must this rank's generators
-            self._take_rank_generators()
+        if self._commits != held:  # the state came from rank 0: this rank's part from the commit
+            self._take_rank_saved()
         self.save()
 
     def _snapshot(self):
-        return self._saved_commits, {"values": self._saved, "generators": self._every_rank_generators}
+        return self._saved_commits, {"values": self._saved, "ranks": self._every_rank}
 
     def _load_snapshot(self, commit, snapshot):
         values = snapshot["values"]
@@ -187,9 +196,9 @@ class ObjectState(State):
             raise RuntimeError(f"hvdlite: the checkpoint holds the state {sorted(values)}, this "
                                f"script's state is {sorted(self._names)}")
         self._saved, self._saved_commits = values, commit
-        self._every_rank_generators = snapshot.get("generators", [])  # none in files before them
-        self._take_rank_generators()
+        self._every_rank = snapshot.get("ranks", [])  # none in files written before them
         self._saved_generators = self.backend.capture_generators()
+        self._take_rank_saved()
         self.restore()
 
 

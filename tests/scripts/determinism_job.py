@@ -8,7 +8,9 @@ only Horovod's API: TorchState(model, optimizer, sampler=...). Two checks fail l
 - the final parameters and momentum buffers, hashed: rank 0 prints `HASH <sha256>`.
 Rank 0 writes $LOG_DIR/final.json (hash, epochs checked) and appends each committed step's
 world-mean loss to $LOG_DIR/losses.jsonl. Knobs (env): EPOCHS, BATCH, WORKERS (loader worker
-processes), STEP_SLEEP, DATA=digits (scikit-learn's 8x8 digits instead of synthetic data).
+processes), STEP_SLEEP, DATA=digits (scikit-learn's 8x8 digits instead of synthetic data),
+LOADER=stateful (torchdata's StatefulDataLoader over its StatefulDistributedSampler, held in the
+state as `loader`, instead of a DataLoader over an ElasticSampler: a fixed world size only).
 """
 import hashlib
 import json
@@ -65,12 +67,22 @@ model = torch.nn.Sequential(torch.nn.Linear(x.shape[1], 32), torch.nn.ReLU(), to
                             torch.nn.Linear(32, classes))
 optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
                                      named_parameters=model.named_parameters())
-sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=0)
-loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=sampler, num_workers=WORKERS)
+if os.environ.get("LOADER") == "stateful":
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
+    sampler = StatefulDistributedSampler(dataset, num_replicas=hvd.size(), rank=hvd.rank(), seed=0)
+    loader = StatefulDataLoader(dataset, batch_size=BATCH, sampler=sampler, num_workers=WORKERS)
+    held = {"loader": loader}
+else:
+    sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=0)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=sampler, num_workers=WORKERS)
+    held = {"sampler": sampler}
 
 
 def not_padding(batch_idx, count):
     """Which of the batch's samples are not the padding that evens out the split (repeats)."""
+    if not isinstance(sampler, hvd.elastic.ElasticSampler):
+        return torch.ones(count, dtype=torch.bool)  # the sizes here divide the data
     first = batch_idx * BATCH
     return torch.tensor([(first + i) * sampler.size + sampler.rank < len(sampler.remaining)
                          for i in range(count)])
@@ -92,7 +104,7 @@ def fingerprint():
 @hvd.elastic.run
 def train(state):
     for epoch in range(state.epoch, EPOCHS):
-        state.sampler.set_epoch(epoch)
+        sampler.set_epoch(epoch)
         model.train()
         for batch_idx, (ids, inputs, targets) in enumerate(loader):
             optimizer.zero_grad()
@@ -102,7 +114,8 @@ def train(state):
             seen = torch.zeros(len(dataset))
             seen.index_add_(0, ids, not_padding(batch_idx, len(ids)).float())
             state.seen += hvd.allreduce(seen, op=hvd.Sum)
-            state.sampler.record_batch(batch_idx, BATCH)
+            if "sampler" in held:
+                sampler.record_batch(batch_idx, BATCH)
             state.step += 1
             mean = hvd.allreduce(loss.detach(), op=hvd.Average).item()
             if hvd.rank() == 0:
@@ -126,5 +139,5 @@ def train(state):
             json.dump({"hash": fingerprint(), "epochs": state.checked, "accuracy": accuracy}, f)
 
 
-train(hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, step=0,
+train(hvd.elastic.TorchState(model, optimizer, **held, epoch=0, step=0,
                              seen=torch.zeros(len(dataset)), checked=[]))
