@@ -268,13 +268,43 @@ def test_launch_tells_the_place_horovod_would_announce():
     assert places == {"a/0": (0, 2, 0), "a/1": (1, 2, 1)}
 
 
-def test_rank0_of_every_new_world_holds_the_newest_commit():
+def test_every_new_world_syncs_from_the_holder_of_the_newest_commit():
     sim, (a, b, c) = first_world([("a", 1), ("b", 1), ("c", 1)])
     sim.send(Exited(a, -9))
     sim.ready(b, after=1, commit=4)
     sim.ready(c, after=1, commit=5)
-    assert sim.world() == {"c/0": 0, "b/0": 1}
+    assert sim.world() == {"b/0": 0, "c/0": 1}  # shrunk: the survivors keep their order
     assert sim.logged("round_complete")[-1]["commit"] == 5
+    assert sim.logged("round_complete")[-1]["root"] == 1
+    assert {p.root for p in sim.core.world.values()} == {1}
+
+
+@pytest.mark.parametrize("dead", [0, 1])
+def test_a_spare_takes_the_dead_ranks_number_and_the_survivors_keep_theirs(dead):
+    sim, ids = first_world([("a", 1), ("b", 1), ("c", 1), ("d", 1)], max_np=3, min_np=3)
+    assert sim.world() == {"a/0": 0, "b/0": 1, "c/0": 2}
+    sim.send(Exited(ids[dead], -9))
+    (spare,) = sim.launched(sim.actions[-4:])
+    survivors = [w for w in ids if w != ids[dead]]
+    for worker in survivors:
+        sim.ready(worker, after=1, commit=6)
+    sim.ready(spare)
+    expected = {"a/0": 0, "b/0": 1, "c/0": 2}
+    expected["d/0"] = expected.pop("ab"[dead] + "/0")
+    assert sim.world() == expected
+    assert sim.core.world[survivors[0]].root == sim.world()[sim.core.workers[survivors[0]].slot]
+
+
+def test_a_relaunch_after_the_cooldown_takes_back_its_slots_rank():
+    sim, (a, b, c) = first_world([("a", 1), ("b", 1), ("c", 1)], min_np=3, cooldown_range=(1.0, 1.0))
+    sim.send(Exited(a, -9))  # rank 0
+    sim.ready(b, after=1, commit=6)
+    sim.ready(c, after=1, commit=6)
+    sim.send(Tick(), after=2.0)  # the cooldown is over: a/0 is launched again
+    (a2,) = sim.launched(sim.actions[-3:])
+    sim.ready(a2)
+    assert a2 == "a/0#2" and sim.world() == {"a/0": 0, "b/0": 1, "c/0": 2}
+    assert {p.root for p in sim.core.world.values()} == {1}
 
 
 def test_losing_the_newest_commit_is_said():
@@ -287,7 +317,7 @@ def test_losing_the_newest_commit_is_said():
     sim.send(Exited(a, -9))  # the only holder of commit 8 dies before the world forms
     sim.ready(b, after=2, commit=6)
     assert sim.logged("commit_lost") == [{"newest": 8, "resumed": 6}]
-    assert sim.world() == {"b/0": 0, "c/0": 1}
+    assert sim.world() == {"c/0": 0, "b/0": 1}  # c takes a's rank; b, its root, keeps its own
 
 
 def test_slots_beyond_max_np_are_not_launched_and_cause_no_reset():
@@ -405,8 +435,9 @@ def test_a_live_holder_on_a_blacklisted_host_hands_the_state_over():
         assert [f["key"] for f in sim.logged("blacklisted")] == ["x"]
         sim.ready(x1, after=1, commit=100)
         assert sim.end() is None, sim.end()
-        assert sim.world() == {"x/1": 0, "y/0": 1} and handover_world(sim)
+        assert sim.world() == {"y/0": 0, "x/1": 1} and handover_world(sim)
         assert sim.logged("round_complete")[-1]["commit"] == 100
+        assert sim.logged("round_complete")[-1]["root"] == 1
         leave(sim, [x1, y], commit=100)  # y synced: x/1 leaves, y goes on from commit 100
         assert sim.world() == {"y/0": 0} and not handover_world(sim)
         assert answers(sim.actions, x1)[-1] == {"removed": True}
@@ -729,7 +760,7 @@ def test_a_slow_member_that_alone_holds_the_newest_commit_is_waited_for():
     _beat_while(sim, ((a, 4), (b, 5)), 20)
     assert sim.core.round == 1 and not sim.logged("member_left_behind")
     sim.ready(b, after=1, commit=5)
-    assert sim.world() == {"b/0": 0, "a/0": 1}
+    assert sim.world() == {"a/0": 0, "b/0": 1} and sim.logged("round_complete")[-1]["root"] == 1
 
 
 def test_a_stuck_member_killed_with_the_newest_commit_is_said_lost_when_the_world_forms_without_it():
@@ -805,7 +836,7 @@ def test_a_held_member_that_alone_holds_the_newest_commit_is_waited_for():
     _pass(sim, 10, ((a, 4),), ((b, 1),), step=0.5)
     assert sim.core.round == 1 and not sim.logged("member_left_behind")
     sim.ready(b, after=1, commit=5)
-    assert sim.world() == {"b/0": 0, "a/0": 1}
+    assert sim.world() == {"a/0": 0, "b/0": 1} and sim.logged("round_complete")[-1]["root"] == 1
 
 
 @pytest.mark.parametrize("own, vouched", [(True, True), (True, False), (False, "an older round")])

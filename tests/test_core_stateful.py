@@ -2,7 +2,7 @@
 step against the rules the core must keep (hypothesis RuleBasedStateMachine, no processes).
 
 The workers are modelled just enough to behave like real ones: they wait in the rendezvous
-(as long as it takes), train in lockstep (commits), sync from rank 0 (or fail to), exit when
+(as long as it takes), train in lockstep (commits), sync from the root (or fail to), exit when
 told, crash at any time, die with their template, fail to load a checkpoint, sit in a pygloo
 collective of a broken world (their stand-in process beating for them), lose the driver.
 Launches start, are refused by their host, fail in the driver's own fork, time out in the
@@ -67,6 +67,7 @@ class ElasticJob(RuleBasedStateMachine):
         self.loads = []  # LoadFailed events sent
         self.newest = 0  # the newest commit the driver was told of (reset by commit_lost)
         self.stop_published = False  # the driver asked every worker to leave at its next commit
+        self.last_world = {}  # worker -> (slot, rank) in the last world formed
         self.send(HostsFound(tuple(UNIVERSE[:2])))
 
     @initialize(durable=st.booleans(), on_disk=st.sampled_from([0, 0, 2]))
@@ -133,7 +134,8 @@ class ElasticJob(RuleBasedStateMachine):
             elif "world" in action.body:
                 proc.round = action.body["world"]["round"]
                 proc.handover = action.body["world"]["handover"]
-                if action.body["world"]["rank"] == 0:  # rank 0 loads the disk when it is newer
+                world = action.body["world"]
+                if world["rank"] == world["root"]:  # the root loads the disk when it is newer
                     proc.commit = self.said(proc)
         elif isinstance(action, Stop):
             proc = self.procs[action.worker]
@@ -286,8 +288,8 @@ class ElasticJob(RuleBasedStateMachine):
             self.ask(proc, dt=0.0)
 
     @rule(fails=st.sets(st.integers(0, 3), max_size=2))
-    def syncs_from_rank0(self, fails):
-        """A new world's members take rank 0's commit; some may fail to (they keep theirs)."""
+    def syncs_from_the_root(self, fails):
+        """A new world's members take the root's commit; some may fail to (they keep theirs)."""
         members = sorted(self.members(), key=lambda p: self.core.world[p.worker].rank
                          if p.worker in self.core.world else 99)
         if members:
@@ -550,13 +552,15 @@ class ElasticJob(RuleBasedStateMachine):
         slots = [c.workers[w].slot for w in c.world]
         assert len(slots) == len(set(slots)), f"a slot twice in one world: {slots}"
         commits = {w: c.workers[w].commit for w in c.world}
-        rank0 = next(w for w, p in c.world.items() if p.rank == 0)
-        assert commits[rank0] == max(commits.values()), f"rank 0 does not hold the newest commit: {commits}"
-        # A member on a blacklisted or removed slot is the world's state source: rank 0, with a
+        (root,) = {p.root for p in c.world.values()}
+        root = next(w for w, p in c.world.items() if p.rank == root)
+        assert commits[root] == max(commits.values()), f"the root does not hold the newest commit: {commits}"
+        self.check_ranks_stay()
+        # A member on a blacklisted or removed slot is the world's state source: the root, with a
         # newer commit than every other member, in a world that only hands it over.
         sidelined = [w for w in c.world if self.sidelined(w) and not last]
-        assert not sidelined or (sidelined == [rank0] and c.world[rank0].handover and all(
-            commits[w] < commits[rank0] for w in c.world if w != rank0)), \
+        assert not sidelined or (sidelined == [root] and c.world[root].handover and all(
+            commits[w] < commits[root] for w in c.world if w != root)), \
             f"world {c.round} trains on sidelined {sidelined}: {commits}, {c.world}"
         assert all(p.handover == (bool(sidelined) or last) for p in c.world.values())
         assert len(c.world) > len(sidelined), f"world {c.round} is only on sidelined slots {sidelined}"
@@ -564,7 +568,7 @@ class ElasticJob(RuleBasedStateMachine):
         assert not killed, f"world {c.round} holds {killed}, which the driver is killing"
         # No commit lost while a holder lives, blacklisted or not: nobody alive outside the
         # world holds more, unless the core said so (its holder was being killed).
-        start = max(commits[rank0], self.disk or 0)  # rank 0 loads the disk when it is newer
+        start = max(commits[root], self.disk or 0)  # the root loads the disk when it is newer
         outside = [p.commit for w, p in self.procs.items() if p.alive and w not in c.world
                    and self.procs[w].started]
         lost = [a for a in self.last_actions if isinstance(a, Log) and a.event == "commit_lost"]
@@ -580,6 +584,31 @@ class ElasticJob(RuleBasedStateMachine):
         assert start >= min(self.newest, max(reachable)), \
             f"world {c.round} starts at commit {start}; commit {self.newest} is still reachable"
         self.newest = start
+
+    def check_ranks_stay(self):
+        """Ranks stay put: the last world's members keep their order, and their very ranks
+        whenever they all fit in the new world; a newcomer on a slot whose last worker's rank
+        is free then takes that rank, so a same-size world keeps its rank -> slot order."""
+        c, last = self.core, self.last_world
+        ranks = {w: p.rank for w, p in c.world.items()}
+        assert sorted(ranks.values()) == list(range(len(ranks))), f"ranks {ranks}"
+        stayed = sorted((w for w in ranks if w in last), key=lambda w: last[w][1])
+        assert sorted(stayed, key=ranks.get) == stayed, \
+            f"survivors changed order: {[(w, last[w][1], ranks[w]) for w in stayed]}"
+        if all(last[w][1] < len(ranks) for w in stayed):
+            moved = [(w, last[w][1], ranks[w]) for w in stayed if ranks[w] != last[w][1]]
+            assert not moved, f"a survivor's rank moved in world {c.round}: {moved}"
+            held = {ranks[w] for w in stayed}
+            for w in ranks:
+                dead = {slot: rank for slot, rank in last.values() if rank not in held and rank < len(ranks)}
+                slot = c.workers[w].slot
+                if w not in last and slot in dead:
+                    assert ranks[w] == dead[slot], \
+                        f"{w} replaces rank {dead[slot]} on {slot} but got rank {ranks[w]}"
+            if len(ranks) == len(last):  # a same size: the newcomers took the dead ranks
+                assert {ranks[w] for w in ranks if w not in last} == \
+                    {rank for w, (_, rank) in last.items() if w not in ranks}
+        self.last_world = {w: (c.workers[w].slot, rank) for w, rank in ranks.items()}
 
     def check_stop_line(self, fields):
         """A stop's last line never names a commit the disk lacks, and says it resumes
@@ -642,9 +671,9 @@ class ElasticJob(RuleBasedStateMachine):
                 elif proc.waiting is None and proc.round != self.core.round and not proc.stuck:
                     proc.waiting = -1 if proc.round is None else proc.round
                     self.ask(proc)
-            # Every world starts with a sync from rank 0, a collective all members finish
+            # Every world starts with a sync from the root, a collective all members finish
             # before any of them commits, which is where a host update is noticed.
-            self.syncs_from_rank0(set())
+            self.syncs_from_the_root(set())
             if self.must_leave():
                 self.world_leaves_together()
             members = self.members()

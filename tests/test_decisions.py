@@ -47,14 +47,52 @@ def c(slot, commit, previous_rank=None):
     return Candidate(slot + "#1", slot, slot.split("/")[0], commit, previous_rank)
 
 
-def test_rank0_holds_the_newest_commit():
+def root(plan):
+    (rank,) = {slot.root for _, slot in plan}
+    return next(key.split("#")[0] for key, slot in plan if slot.rank == rank)
+
+
+def test_the_holder_of_the_newest_commit_is_the_root_and_ranks_stay():
     plan = plan_world([("a", 2), ("b", 2)], [c("a/0", 5, 0), c("a/1", 5, 1), c("b/0", 6, 2), c("b/1", 0)])
-    assert ranks(plan) == {"b/0": 0, "b/1": 1, "a/0": 2, "a/1": 3}
+    assert ranks(plan) == {"a/0": 0, "a/1": 1, "b/0": 2, "b/1": 3}
+    assert root(plan) == "b/0"
 
 
-def test_a_new_worker_holding_nothing_is_never_rank0():
+def test_a_new_worker_holding_nothing_is_never_the_root():
     plan = plan_world([("new", 1), ("old", 1)], [c("new/0", 0), c("old/0", 3, 1)])
-    assert ranks(plan) == {"old/0": 0, "new/0": 1}
+    assert ranks(plan) == {"new/0": 0, "old/0": 1} and root(plan) == "old/0"
+
+
+def test_a_relaunch_takes_back_its_slots_rank():
+    """Rank 0 (a/0) died and was relaunched: the new a/0 is rank 0 again, synced from rank 1."""
+    last = {"a/0": 0, "a/1": 1, "b/0": 2}
+    plan = plan_world([("a", 2), ("b", 1)], [c("b/0", 4, 2), c("a/1", 4, 1), c("a/0", 0)], last_ranks=last)
+    assert ranks(plan) == last and root(plan) == "a/1"
+    assert [(s.local_rank, s.local_size, s.cross_rank) for _, s in plan] == [(0, 2, 0), (1, 2, 0), (0, 1, 1)]
+
+
+def test_a_spare_slot_takes_the_rank_it_replaces():
+    last = {"a/0": 0, "a/1": 1, "b/0": 2, "b/1": 3}
+    plan = plan_world([("a", 2), ("b", 2), ("c", 1)],
+                      [c("a/0", 4, 0), c("b/0", 4, 2), c("b/1", 4, 3), c("c/0", 0)], last_ranks=last)
+    assert ranks(plan) == {"a/0": 0, "c/0": 1, "b/0": 2, "b/1": 3} and root(plan) == "a/0"
+    # a's ranks are 0 alone now, b's 2 and 3: local ranks count a host's slots, hosts in rank order
+    assert [(s.hostname, s.local_rank, s.local_size, s.cross_rank, s.cross_size) for _, s in plan] == \
+        [("a", 0, 1, 0, 3), ("c", 0, 1, 1, 3), ("b", 0, 2, 2, 3), ("b", 1, 2, 0, 1)]
+
+
+def test_a_shrunk_world_keeps_the_survivors_order():
+    plan = plan_world([("a", 4)], [c("a/3", 4, 3), c("a/0", 4, 0), c("a/2", 4, 2)])
+    assert ranks(plan) == {"a/0": 0, "a/2": 1, "a/3": 2}
+    # a hole below the new size is filled by a newcomer, survivors past it keep their order
+    plan = plan_world([("a", 4), ("b", 1)], [c("a/3", 4, 3), c("a/0", 4, 0), c("b/0", 0)])
+    assert ranks(plan) == {"a/0": 0, "a/3": 1, "b/0": 2}
+
+
+def test_a_grown_world_appends_newcomers():
+    plan = plan_world([("a", 2), ("b", 2)], [c("b/0", 0), c("a/1", 3, 1), c("b/1", 0), c("a/0", 3, 0)],
+                      last_ranks={"a/0": 0, "a/1": 1})
+    assert ranks(plan) == {"a/0": 0, "a/1": 1, "b/0": 2, "b/1": 3} and root(plan) == "a/0"
 
 
 def test_first_world_follows_host_order_not_the_alphabet():
@@ -71,7 +109,10 @@ def test_slots_are_ordered_by_number_not_as_text():
 def test_plan_respects_max_np_and_keeps_old_rank_order():
     plan = plan_world([("a", 3)], [c("a/2", 4, 0), c("a/0", 4, 1), c("a/1", 0)], max_np=2)
     assert ranks(plan) == {"a/2": 0, "a/0": 1}
-    assert [s.local_rank for _, s in plan] == [0, 1]
+    assert [s.local_rank for _, s in plan] == [1, 0]  # a host's local ranks follow its slot numbers
+    # beyond max_np the holder stays in, whatever its seniority
+    plan = plan_world([("a", 3)], [c("a/0", 4, 0), c("a/1", 4, 1), c("a/2", 5)], max_np=2)
+    assert ranks(plan) == {"a/0": 0, "a/2": 1} and root(plan) == "a/2"
 
 
 def test_free_slots_skips_occupied_and_blocked():

@@ -263,7 +263,8 @@ def go(tmp_path):
 def test_a_live_holder_on_a_blacklisted_host_hands_the_state_to_a_new_host(tmp_path):
     # Two hosts, so a failure blacklists its host. 127.0.0.1 runs the world; 127.0.0.2 joins
     # holding nothing, and 127.0.0.1/0 dies before the next commit: 127.0.0.1/1 still holds
-    # every commit. It is the next world's rank 0 until 127.0.0.2 has synced, then it leaves.
+    # every commit. It keeps its rank 1 in the next world, whose root it is (127.0.0.2 takes
+    # the dead rank 0), until 127.0.0.2 has synced from it; then it leaves.
     schedule = [[0, ["127.0.0.1:2"]], [4, ["127.0.0.1:2", "127.0.0.2:1"]]]
     with Job([*discovery(tmp_path, schedule), "--min-np", "1", *JOB], tmp_path,
              env=job_env(tmp_path, TOTAL_STEPS=20, STEP_SLEEP=0.05, HOLD_AT=4)) as job:
@@ -275,7 +276,8 @@ def test_a_live_holder_on_a_blacklisted_host_hands_the_state_to_a_new_host(tmp_p
     assert r.code == 0, r.stderr
     assert [e["key"] for e in r.of("blacklisted")] == ["127.0.0.1"]
     worlds = r.of("round_complete")
-    assert worlds[1]["members"] == {"127.0.0.1/1": 0, "127.0.0.2/0": 1} and worlds[1]["handover"]
+    assert worlds[1]["members"] == {"127.0.0.2/0": 0, "127.0.0.1/1": 1} and worlds[1]["handover"]
+    assert worlds[1]["root"] == 1
     assert worlds[1]["commit"] == 4 and worlds[2]["members"] == {"127.0.0.2/0": 0}
     assert not r.of("commit_lost")
     removed = [e for e in r.of("worker_exit") if e["slot"] == "127.0.0.1/1"]

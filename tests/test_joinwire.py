@@ -162,3 +162,70 @@ def check_lean_path_peer_death():
 @pytest.mark.parametrize("check", [check_short_path_peer_death, check_lean_path_peer_death])
 def test_peer_death_raises(check):
     gloo_harness.run(check, 2)
+
+
+MARK = 12345.5  # the first gradient's first value: where the data sits in a buffer
+
+
+class _Layouts:
+    """The world's process group, noting the length of each allreduce's buffer that holds the
+    data (found by its first value, MARK) and the data's offset in it."""
+
+    def __init__(self, pg):
+        self.pg, self.seen = pg, []
+
+    def allreduce(self, tensors, options):
+        (buffer,) = tensors
+        at = (buffer == MARK).nonzero().flatten().tolist() if buffer.is_floating_point() else []
+        if at:
+            self.seen.append((buffer.numel(), at[0]))
+        return self.pg.allreduce(tensors, options)
+
+    def __getattr__(self, name):
+        return getattr(self.pg, name)
+
+
+def _summed_in_order(n):
+    """Values whose sum over 3 ranks depends on the order it is added in (magnitudes 1e-3 to
+    1e3): gloo's ring adds each chunk starting at another rank, so an element that moves into
+    another chunk may be summed in another order."""
+    generator = torch.Generator().manual_seed(runtime.info().rank)
+    return torch.randn(n, generator=generator) * 10.0 ** torch.randint(-3, 4, (n,), generator=generator)
+
+
+def check_a_sum_is_the_same_whichever_path_it_takes():
+    """A fresh world guesses wrong for its first allreduces (the general path), then right (a
+    lone one's kept envelope, a bucket's prepacked buffer): each call's data sits at the same
+    offset of a buffer of the same length every time, and its sum has the same bits (issue 35:
+    offset 0 of 6,538 elements, then 1 of 6,539, moved gloo's ring chunks by one element)."""
+    recorder = _Layouts(runtime.process_group())
+    runtime.activate(recorder, runtime.info())
+    grads = [_summed_in_order(n) for n in (6538, 1)]
+    grads[0][0] = MARK
+    model = torch.nn.Linear(6538, 1)  # one bucket of 6,539 elements
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                         named_parameters=model.named_parameters(), op=hvd.Sum)
+    paths = {"lone": [], "grouped": [], "optimizer": []}
+    layouts = {name: set() for name in paths}
+    for _ in range(4):
+        for name, call in (("lone", lambda: [hvd.allreduce(grads[0], op=hvd.Sum)]),
+                           ("grouped", lambda: hvd.grouped_allreduce(grads, op=hvd.Sum)),
+                           ("optimizer", lambda: _synchronized(model, optimizer, grads))):
+            recorder.seen = []
+            paths[name].append(call())
+            layouts[name].update(recorder.seen)
+    moved = {name: seen for name, seen in layouts.items() if len(seen) != 1}
+    assert not moved, f"the data moved in its buffer (length, offset): {moved}"
+    changed = [name for name, results in paths.items()
+               if any(not torch.equal(r, f) for result in results for r, f in zip(result, results[0]))]
+    assert not changed, f"these paths changed the sum's bits: {changed}"
+
+
+def _synchronized(model, optimizer, grads):
+    model.weight.grad, model.bias.grad = grads[0].view(1, -1).clone(), grads[1].clone()
+    optimizer.synchronize()
+    return [model.weight.grad.clone().view(-1), model.bias.grad.clone()]
+
+
+def test_a_sum_is_the_same_whichever_path_it_takes():
+    gloo_harness.run(check_a_sum_is_the_same_whichever_path_it_takes, 3)

@@ -65,7 +65,9 @@ def _issue_announced(pg, wire, group, op, prescale_factor, copy, waits, works):
     layout = joinwire.layout(sum(t.numel() for t in group), group[0].dtype, op, owned, waits)
     guess = wire.guess()
     rides = layout == guess and layout.carried
-    pack = _packed(group, 1 if rides else 0, copy, prescale_factor)
+    # A carried layout's data sits behind the state element whether it rides in the envelope
+    # or follows a wrong guess (Layout.sent): the buffer gloo sums is the same either way.
+    pack = _packed(group, layout.sent - layout.numel, copy, prescale_factor)
     checks = _announce(pg, wire, layout, works, pack.buffer if rides else None, guess, pack.flat)
     if layout != guess:  # (guessed right, it rode in the envelope or went ahead of it)
         # Issued once the control exchange shows the ranks agree on it: tensors of another
@@ -73,7 +75,7 @@ def _issue_announced(pg, wire, group, op, prescale_factor, copy, waits, works):
         for work in works:
             handles.wait_work(work)
         _check_announced(pg, *checks)
-        works.append(pg.allreduce([pack.flat], joinwire.OPTIONS[op]))
+        works.append(pg.allreduce([pack.buffer], joinwire.OPTIONS[op]))
     return pack, checks
 
 
@@ -264,6 +266,6 @@ def join(device=-1) -> int:
         if actual.op == Adasum:
             handles.gather_equal(pg, torch.zeros(1, actual.numel, dtype=dtype))
         else:
-            handles.wait_work(pg.allreduce([joinwire.identity(actual.op, dtype, actual.numel)],
+            handles.wait_work(pg.allreduce([joinwire.identity(actual.op, dtype, actual.sent)],
                                joinwire.OPTIONS[actual.op]))
 

@@ -99,6 +99,14 @@ class Layout(NamedTuple):
         return self.way == CARRIED
 
     @property
+    def sent(self) -> int:
+        """Elements of the buffer its data is summed in: a carried one's sits behind the state
+        element even when a wrong guess sends it after the envelope, so that its sum never
+        depends on the guess (gloo's ring cuts a buffer into chunks by its length, and which
+        chunk an element falls in decides the order its ranks' values are added in)."""
+        return self.numel + self.carried
+
+    @property
     def flagged(self) -> bool:
         """Its data goes alone, a NaN in front calling for the state (see above)."""
         return self.way == FLAGGED

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import lr_scheduler
 
-from hvdlite.torch import ops
+from hvdlite.torch import ops, runtime
 from hvdlite.torch.optimizer import broadcast_parameters, send_optimizer_state
 from hvdlite.torch.sampler import ElasticSampler
 from hvdlite.worker import generators
@@ -36,6 +36,12 @@ class StateHandler(abc.ABC):
     def __init__(self, value):
         self.value = value
 
+    @property
+    def root_rank(self) -> int:
+        """The rank to sync from: the one holding the newest commit, not always rank 0 (ranks
+        stay put across failures, docs/elastic.md)."""
+        return runtime.info().root
+
     @abc.abstractmethod
     def save(self):
         """Remember the value's current state (commit)."""
@@ -46,7 +52,7 @@ class StateHandler(abc.ABC):
 
     @abc.abstractmethod
     def sync(self):
-        """Make the value equal rank 0's on every rank, in place (a collective)."""
+        """Make the value equal self.root_rank's on every rank, in place (a collective)."""
 
     def saved(self):
         """What save() remembered, picklable, for a checkpoint: by default `self._saved`.
@@ -73,12 +79,12 @@ class StateDictHandler(StateHandler):
         self.value.load_state_dict(copy.deepcopy(self._saved))
 
     def sync(self):
-        self.value.load_state_dict(ops.broadcast_object(self.value.state_dict(), root_rank=0))
+        self.value.load_state_dict(ops.broadcast_object(self.value.state_dict(), root_rank=self.root_rank))
 
 
 class ModelStateHandler(StateDictHandler):
     def sync(self):
-        broadcast_parameters(self.value.state_dict(), root_rank=0)  # tensors in fused broadcasts
+        broadcast_parameters(self.value.state_dict(), root_rank=self.root_rank)  # in fused broadcasts
 
 
 class DistributedModelHandler(ModelStateHandler):
@@ -94,7 +100,7 @@ class DistributedModelHandler(ModelStateHandler):
 
 class OptimizerStateHandler(StateDictHandler):
     def sync(self):
-        send_optimizer_state(self.value, root_rank=0)
+        send_optimizer_state(self.value, root_rank=self.root_rank)
 
 
 class SamplerStateHandler(StateDictHandler):

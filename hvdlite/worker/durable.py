@@ -5,8 +5,8 @@ DIR in the background, and a worker resumes from DIR when it holds less (torch-f
   never changed afterwards); a thread serialises it and writes it, at most every
   `--checkpoint-interval` seconds, the newest commit winning over ones not written yet.
 - Resuming: a worker tells the driver the newest commit it holds in memory *or* can load
-  from DIR (of the lineage it resumes: checkpointdir.py), so the driver makes rank 0 the one
-  with the newest of either. A checkpoint counts only once it has loaded in full, every byte
+  from DIR (of the lineage it resumes: checkpointdir.py), so the driver makes the world's root
+  (the rank every rank syncs from) the one with the newest of either. A checkpoint counts only once it has loaded in full, every byte
   checked and nothing untrusted called; before the first sync every worker holding less puts
   it into its state. So a new job on the same DIR resumes, and so does a job whose every
   worker died while the driver lived on.
@@ -224,7 +224,7 @@ def reportable(commit: int) -> int:
 
 def catch_up(state) -> None:
     """Before a sync: a worker holding less than the newest checkpoint puts it into its state,
-    so the state that rank 0 syncs is one that was loaded, and a checkpoint that does not fit
+    so the state that the root syncs is one that was loaded, and a checkpoint that does not fit
     the script ends every worker here, before any of them waits in a collective. The one
     loaded for the report is used as it was (the file may have gone since)."""
     global _found

@@ -7,8 +7,10 @@ The reset protocol, on every rank alike:
   agree on the largest of their views): keep the live state, re-rendezvous; a worker that is
   leaving (hvdlite.worker.stopping) says so and re-rendezvous too, where the driver lets it go
   once its commit is safe; every rank exits there when the job stops;
-- then always sync from rank 0, which the driver picks among the workers holding the newest
-  commit. Always syncing means ranks can never disagree about it (Horovod bug #3494).
+- then always sync from the world's root (WorldInfo.root), which the driver picks among the
+  workers holding the newest commit; ranks stay put (the driver's plan.plan_world), so the
+  root need not be rank 0. Always syncing means ranks can never disagree about it (Horovod
+  bug #3494); after it every rank holds the commit, so rank 0's writer can write it.
 
 A backend (hvdlite.torch, hvdlite.numpy) binds this to its collectives with a Backend and
 State classes whose `backend` attribute is it.
@@ -53,11 +55,11 @@ class State:
     backend: Backend = None  # set by the backend's subclass
 
     def __init__(self):
-        # How many commits this state holds; rank 0 of a new world holds the most. Private:
+        # How many commits this state holds; the root of a new world holds the most. Private:
         # a State reserves no public attribute names (a script may have its own `commits`).
         self._commits = 0
         # The training history this state belongs to (durable commits: checkpointdir.py);
-        # rank 0's is every rank's after a sync.
+        # the root's is every rank's after a sync.
         self._lineage = durable.lineage()
         self._reset_callbacks = []
         # Host updates told through on_hosts_updated: the newest heard, the newest acted on.
@@ -180,10 +182,10 @@ class ObjectState(State):
     def sync(self):
         held = self._commits
         values, self._commits, self._lineage, self._every_rank = self.backend.broadcast_object(
-            (self._values(), self._commits, self._lineage, self._every_rank), 0)
+            (self._values(), self._commits, self._lineage, self._every_rank), self.backend.info().root)
         for name, value in values.items():
             setattr(self, name, value)
-        if self._commits != held:  # the state came from rank 0: this rank's part from the commit
+        if self._commits != held:  # the state came from the root: this rank's part from the commit
             self._take_rank_saved()
         self.save()
 

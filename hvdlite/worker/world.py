@@ -18,6 +18,7 @@ class WorldInfo:
     updates: int = 0  # host updates the driver had announced when this world formed
     handover: bool = False  # the world only hands the state over: leave it once synced
     again: int = 0  # times this process joined this round before (init after shutdown)
+    root: int = 0  # the rank holding the newest commit: every rank syncs the state from it
 
     @classmethod
     def from_env(cls, environ=os.environ) -> "WorldInfo":

@@ -5,8 +5,8 @@ no threads, sockets, processes or clock reads here, so any interleaving can be r
 
 Rounds: a world ("round" r) forms when every member of the last one has left it (waiting in
 the rendezvous again, or exited) or, for the first world, when every launched worker waits.
-Its members are the waiting workers on usable slots, rank 0 being one that holds the newest
-commit. New workers are launched on free slots as discovery shows them; once all are waiting,
+Its members are the waiting workers on usable slots; ranks stay put (plan.plan_world) and
+every rank syncs the state from one that holds the newest commit. New workers are launched on free slots as discovery shows them; once all are waiting,
 a host update is announced, members leave at their next commit and the world re-forms.
 """
 import random

@@ -1,6 +1,7 @@
 """When the next world forms and who is in it: launches on free slots, the host update once
-every joiner waits, the world formed once every member left the last one (rank 0 holding the
-newest commit, a live holder on an unusable slot syncing it before it leaves), and the wait for
+every joiner waits, the world formed once every member left the last one (ranks staying put, every rank
+syncing from the holder of the newest commit, a live holder on an unusable slot syncing it
+before it leaves), and the wait for
 --min-np workers. A mixin of ElasticCore: it reads and sets the core's rounds and workers."""
 from dataclasses import replace
 
@@ -83,7 +84,9 @@ class Forming:
         max_np = self.policy.max_np
         if source is not None and max_np is not None:
             max_np += 1  # the source only syncs the others, then leaves
-        self._form(plan_world(self.hosts, members, max_np), candidates, top, handover=source is not None)
+        last_ranks = {self.workers[w].slot: place.rank for w, place in self.world.items()}
+        self._form(plan_world(self.hosts, members, max_np, last_ranks), candidates, top,
+                   handover=source is not None)
 
     def _leave_behind(self) -> bool:
         """Whether the next world may form without the members still in the broken one: true
@@ -158,6 +161,7 @@ class Forming:
         self.world, self.staying = world, set(world)
         self._log("round_complete", round=self.round, size=len(world), resets=self.resets,
                   commit=commit, members={self.workers[w].slot: p.rank for w, p in world.items()},
+                  root=next(iter(world.values())).root if world else 0,
                   **({"last": True} if last else {"handover": True} if handover else {}), **reformed)
 
     def _check_short(self, ready, source):

@@ -24,7 +24,7 @@ class Ledger:
 
     def start(self, commit: int) -> int:
         """What a world whose best member holds `commit` goes on from: that, or the disk's
-        newest when newer (its rank 0 loads the disk before the first sync)."""
+        newest when newer (its root loads the disk before the first sync)."""
         return max(commit, self.disk)
 
     def went_on_from(self, commit: int) -> None:

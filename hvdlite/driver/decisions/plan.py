@@ -1,8 +1,8 @@
 """Who is in the next world and with which rank: pure functions over ordered hosts."""
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
-from hvdlite.driver.decisions.assignment import assign
+from hvdlite.driver.decisions.assignment import assign, place
 
 
 @dataclass(frozen=True)
@@ -23,20 +23,19 @@ def host_of(slot: str) -> str:
     return slot.rsplit("/", 1)[0]
 
 
-def _priority(host_order):
+def _seniority(host_order):
+    """The last world's members by their old rank, then host order and slot number (never
+    alphabetical: "h/10" is not before "h/2")."""
     position = {h: i for i, (h, _) in enumerate(host_order)}
-
-    def key(c: Candidate):
-        # The newest commit first, then the last world's members by their old rank, then
-        # host order and slot number (never alphabetical: "h/10" is not before "h/2").
-        return (-c.commit, c.previous_rank is None, c.previous_rank or 0,
-                position.get(c.hostname, len(position)), c.hostname, slot_index(c.slot))
-    return key
+    return lambda c: (c.previous_rank is None, c.previous_rank or 0,
+                      position.get(c.hostname, len(position)), c.hostname, slot_index(c.slot))
 
 
 def best_holder(host_order, candidates) -> Candidate:
-    """The candidate the next world's rank 0 must be: it holds the newest commit."""
-    return min(candidates, key=_priority(host_order))
+    """The candidate the next world syncs its state from (its root): the newest commit, then
+    seniority."""
+    senior = _seniority(host_order)
+    return min(candidates, key=lambda c: (-c.commit, senior(c)))
 
 
 def state_source(host_order, candidates, usable) -> Optional[Candidate]:
@@ -48,29 +47,47 @@ def state_source(host_order, candidates, usable) -> Optional[Candidate]:
     return best_holder(host_order, holders) if holders else None
 
 
-def plan_world(host_order, candidates, max_np=None):
-    """Ranks for the next world: [(worker, WorldInfo)] in rank order.
+def plan_world(host_order, candidates, max_np=None, last_ranks=None):
+    """Ranks for the next world: [(worker, WorldInfo)] in rank order, each told the root, the
+    rank of the best holder, which every rank syncs the state from. Ranks stay put:
 
-    Hosts keep their order (survivors first, new hosts last: the caller's host_order), except
-    that the best holder's host goes first so that rank 0 holds the newest commit.
+    - members: the best holder, then the last world's members by their old rank, then the
+      others in host order and slot number, up to max_np;
+    - when every member of the last world fits (its old rank is below the new size), each
+      keeps its rank; a newcomer on a slot whose last worker held a rank now free takes it
+      back, and the other newcomers fill the free ranks lowest first (a spare slot takes the
+      rank of the worker it replaces), so a same-size world keeps its rank -> slot order;
+    - otherwise (the world shrank past a member) the last world's members take ranks 0..k-1
+      in their old order, and the newcomers follow.
+
+    last_ranks: slot -> rank in the last world formed.
     """
     if not candidates:
         return []
-    priority = _priority(host_order)
-    by_host = {}
-    for c in sorted(candidates, key=priority):
-        by_host.setdefault(c.hostname, []).append(c)
-    best = best_holder(host_order, candidates).hostname
-    order = [h for h, _ in host_order if h in by_host and h != best]
-    order += sorted(h for h in by_host if h != best and h not in order)
-    slots = assign([(h, len(by_host[h])) for h in [best] + order], max_np)
-    taken = {}
-    plan = []
-    for slot in slots:
-        index = taken.get(slot.hostname, 0)
-        taken[slot.hostname] = index + 1
-        plan.append((by_host[slot.hostname][index].worker, slot))
-    return plan
+    best, senior = best_holder(host_order, candidates), _seniority(host_order)
+    members = sorted(candidates, key=lambda c: (c is not best, senior(c)))[:max_np]
+    stayed = sorted((c for c in members if c.previous_rank is not None), key=senior)
+    newcomers = sorted((c for c in members if c.previous_rank is None), key=senior)
+    size = len(members)
+    if stayed and stayed[-1].previous_rank >= size:
+        ranked = stayed + newcomers
+    else:
+        ranked = [None] * size
+        for c in stayed:
+            ranked[c.previous_rank] = c
+        rest = []
+        for c in newcomers:
+            rank = (last_ranks or {}).get(c.slot)
+            if rank is not None and rank < size and ranked[rank] is None:
+                ranked[rank] = c
+            else:
+                rest.append(c)
+        free = iter([r for r, c in enumerate(ranked) if c is None])
+        for c in rest:
+            ranked[next(free)] = c
+    root = ranked.index(best)
+    places = place([(c.hostname, slot_index(c.slot)) for c in ranked])
+    return [(c.worker, replace(info, root=root)) for c, info in zip(ranked, places)]
 
 
 def free_slots(host_order, occupied, blocked, limit):
