@@ -79,9 +79,9 @@ class TorchState(ObjectState):
             handler.restore()
         super().restore()
 
-    def _rank_saved(self):
-        return {**super()._rank_saved(),
-                "handlers": {name: h.saved() for name, h in self._handlers.items() if h.per_rank}}
+    def _rank_now(self):
+        return {**super()._rank_now(),
+                "handlers": {name: h.current() for name, h in self._handlers.items() if h.per_rank}}
 
     def _put_rank_saved(self, saved):
         for name, handler in self._handlers.items():

@@ -29,7 +29,7 @@ class StateHandler(abc.ABC):
 
     per_rank: the value is each rank's own (a data loader's place in its rank's share), not
     the same on every rank: sync leaves it alone, and every commit gathers every rank's
-    saved(), so that a process taking a rank goes on from that rank's (TorchState)."""
+    current(), so that a process taking a rank goes on from that rank's (TorchState)."""
 
     per_rank = False
 
@@ -53,6 +53,10 @@ class StateHandler(abc.ABC):
     @abc.abstractmethod
     def sync(self):
         """Make the value equal self.root_rank's on every rank, in place (a collective)."""
+
+    def current(self):
+        """What save() would remember now, without remembering it (per_rank handlers)."""
+        raise NotImplementedError
 
     def saved(self):
         """What save() remembered, picklable, for a checkpoint: by default `self._saved`.
@@ -131,8 +135,11 @@ class LoaderStateHandler(StateDictHandler):
             return iterator
         value._get_iterator = get_iterator
 
+    def current(self):
+        return self._pending if self._pending is not None else copy.deepcopy(self.value.state_dict())
+
     def save(self):
-        self._saved = self._pending if self._pending is not None else copy.deepcopy(self.value.state_dict())
+        self._saved = self.current()
 
     def restore(self):
         self._pending = copy.deepcopy(self._saved)

@@ -62,6 +62,7 @@ class State:
         # the root's is every rank's after a sync.
         self._lineage = durable.lineage()
         self._reset_callbacks = []
+        self._every_rank = []  # _every_rank_now() of the last commit
         # Host updates told through on_hosts_updated: the newest heard, the newest acted on.
         self._heard_update = self._acted_update = 0
 
@@ -85,8 +86,11 @@ class State:
 
     def commit(self):
         self._commits += 1
+        # Every rank's part first: a commit that fails to reach every rank is not taken (its
+        # rollback goes to the one before, whose parts every rank has).
+        every_rank = self._every_rank_now()
         self.save()
-        self._saved_by_every_rank()
+        self._every_rank = every_rank
         session().commits = self._commits
         durable.committed(self)
         self.check_host_updates()
@@ -107,9 +111,10 @@ class State:
     def save(self):
         raise NotImplementedError
 
-    def _saved_by_every_rank(self):
-        """A commit's collective after save(), on every rank (ObjectState gathers the ranks'
-        random generators)."""
+    def _every_rank_now(self) -> list:
+        """A commit's collective before save(): what each rank alone has, by rank (ObjectState:
+        the ranks' random generators)."""
+        return []
 
     def restore(self):
         raise NotImplementedError
@@ -139,7 +144,6 @@ class ObjectState(State):
 
     def __init__(self, **kwargs):
         self._names = list(kwargs)
-        self._every_rank = []  # every rank's _rank_saved(), by rank, as of the last commit
         super().__init__()
         for name, value in kwargs.items():
             setattr(self, name, value)
@@ -154,12 +158,12 @@ class ObjectState(State):
         self._saved_generators = self.backend.capture_generators()
         generators.saved(self.backend.put_generators, self._saved_generators)
 
-    def _rank_saved(self) -> dict:
-        """What this rank's last save holds that no other rank has: its generators."""
-        return {"generators": self._saved_generators}
+    def _rank_now(self) -> dict:
+        """What this rank's save would hold that no other rank has: its generators."""
+        return {"generators": self.backend.capture_generators()}
 
-    def _saved_by_every_rank(self):
-        self._every_rank = self.backend.allgather_object(self._rank_saved())
+    def _every_rank_now(self):
+        return self.backend.allgather_object(self._rank_now())
 
     def restore(self):
         for name, value in copy.deepcopy(self._saved).items():
@@ -171,9 +175,8 @@ class ObjectState(State):
     def _take_rank_saved(self):
         """Go on from this rank's part of the last commit, saved by the process that held the
         rank then (if the commit has one: a world that grew has ranks it does not know)."""
-        rank = self.backend.info().rank
-        if rank < len(self._every_rank):
-            self._put_rank_saved(self._every_rank[rank])
+        if self._every_rank and self.backend.info().rank < len(self._every_rank):
+            self._put_rank_saved(self._every_rank[self.backend.info().rank])
 
     def _put_rank_saved(self, saved):
         self._saved_generators = saved["generators"]
