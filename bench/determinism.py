@@ -171,14 +171,14 @@ def trials(args, root, env):
 
 
 def digits(args, root):
-    env = {"DATA": "digits", "EPOCHS": "4", "BATCH": "16", "STEP_SLEEP": "0", "WORKERS": "2"}
+    env = {"DATA": "digits", "EPOCHS": "4", "BATCH": "16", "STEP_SLEEP": "0.03", "WORKERS": "2"}
     rng = random.Random(args.seed)
     total = steps_of(env)
     run(os.path.join(root, "none"), SAME_SIZE, env, [], rng)
     steps = sorted(rng.sample(range(5, total - 5), args.faults))
     plan = [(s, rng.choice(SAME_SIZE_KINDS)) for s in steps]
     ckpt = ["--checkpoint-dir", os.path.join(root, "faults", "ckpt")]
-    run(os.path.join(root, "faults"), [*SAME_SIZE, *ckpt], env, plan, rng)
+    _, plan = run(os.path.join(root, "faults"), [*SAME_SIZE, *ckpt], env, plan, rng)  # as injected
     resized_dir = os.path.join(root, "resized")
     flags = resize_flags(resized_dir, rng, total)
     run(resized_dir, flags, env, [(s, "kill") for s in sorted(rng.sample(range(5, total - 5), 4))], rng)
