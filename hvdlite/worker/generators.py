@@ -6,12 +6,14 @@ gathers every rank's, so that a replacement draws what the rank it replaces woul
 The value is made of tuples, ints, floats, strings and bytes only, which the checked
 unpickler (trusted.py) takes as they are: a checkpoint holding them needs no trusted class.
 """
+import array
 import random
 import sys
 
 
 def capture() -> dict:
-    states = {"python": random.getstate()}
+    version, internal, gauss = random.getstate()  # 625 ints < 2**32: bytes pickle in one piece
+    states = {"python": (version, array.array("I", internal).tobytes(), gauss)}
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         kind, keys, pos, has_gauss, gauss = numpy.random.get_state()
@@ -21,7 +23,7 @@ def capture() -> dict:
 
 def put(states: dict) -> None:
     version, internal, gauss = states["python"]
-    random.setstate((version, tuple(internal), gauss))
+    random.setstate((version, tuple(array.array("I", internal)), gauss))
     numpy = sys.modules.get("numpy")
     if numpy is not None and "numpy" in states:
         kind, keys, pos, has_gauss, gauss = states["numpy"]
