@@ -118,11 +118,10 @@ def losses(log_dir):
     return [by_step[s] for s in sorted(by_step)]
 
 
-def resize_flags(log_dir, rng, total):
-    """Discovery that shrinks to one host slot and grows to three at random steps."""
-    steps = sorted(rng.sample(range(3, total - 3), 3))
-    schedule = [[0, ["localhost:2"]], [steps[0], ["localhost:1"]], [steps[1], ["localhost:3"]],
-                [steps[2], ["localhost:2"]]]
+def resize_flags(log_dir, rng, total, sizes=(1, 3, 2)):
+    """Discovery that takes the job from two slots through `sizes` at random steps."""
+    steps = sorted(rng.sample(range(3, total - 3), len(sizes)))
+    schedule = [[0, ["localhost:2"]], *([step, [f"localhost:{size}"]] for step, size in zip(steps, sizes))]
     path = os.path.join(log_dir, "schedule.json")
     os.makedirs(log_dir, exist_ok=True)
     with open(path, "w") as f:
@@ -171,7 +170,7 @@ def trials(args, root, env):
 
 
 def digits(args, root):
-    env = {"DATA": "digits", "EPOCHS": "4", "BATCH": "16", "STEP_SLEEP": "0.03", "WORKERS": "2"}
+    env = {"DATA": "digits", "EPOCHS": "4", "BATCH": "16", "STEP_SLEEP": "0.03", "WORKERS": "1"}
     rng = random.Random(args.seed)
     total = steps_of(env)
     run(os.path.join(root, "none"), SAME_SIZE, env, [], rng)
@@ -180,7 +179,7 @@ def digits(args, root):
     ckpt = ["--checkpoint-dir", os.path.join(root, "faults", "ckpt")]
     _, plan = run(os.path.join(root, "faults"), [*SAME_SIZE, *ckpt], env, plan, rng)  # as injected
     resized_dir = os.path.join(root, "resized")
-    flags = resize_flags(resized_dir, rng, total)
+    flags = resize_flags(resized_dir, rng, total, sizes=(1, 2, 1, 2))
     run(resized_dir, flags, env, [(s, "kill") for s in sorted(rng.sample(range(5, total - 5), 4))], rng)
     curves = {name: losses(os.path.join(root, name)) for name in ("none", "faults", "resized")}
     finals = {}
@@ -202,7 +201,7 @@ def plot(path, curves, plan, finals):
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 3.6), dpi=90)
     styles = {"none": ("no fault", "-", 2.5), "faults": (f"{len(plan)} faults, 2 ranks", "--", 1.2),
-              "resized": ("resized 2→1→3→2, 4 kills", ":", 1.2)}
+              "resized": ("resized 2→1→2→1→2, kills", ":", 1.2)}
     for name, records in curves.items():
         label, style, width = styles[name]
         ax.plot([r["step"] for r in records], [r["loss"] for r in records], style, linewidth=width,
