@@ -46,10 +46,12 @@ class ElasticSampler(torch.utils.data.Sampler):
     def reset(self):
         """Re-split the remaining samples of the epoch for the current world."""
         self.size, self.rank = (basics.size(), basics.rank()) if basics.is_initialized() else (1, 0)
-        done = set(self.processed)
-        self.remaining = [i for i in self._order() if i not in done]
+        done, order = set(self.processed), self._order()
+        self.remaining = [i for i in order if i not in done]
         per_rank = math.ceil(len(self.remaining) / self.size) if self.remaining else 0
-        padded = (self.remaining * self.size)[:per_rank * self.size]  # repeat to split evenly
+        # evened out with the epoch's first samples, whenever the split is made: a world of the
+        # same size re-split mid-epoch pads as the split at the epoch's start did
+        padded = self.remaining + (order * self.size)[:per_rank * self.size - len(self.remaining)]
         self.shares = [padded[r::self.size] for r in range(self.size)]  # every rank's share
         self.indices = self.shares[self.rank]
         self.local_done = 0
