@@ -22,8 +22,9 @@ from hvdlite.driver.decisions.hostrule import RETRY_RANGE, HostRule
 from hvdlite.driver.decisions.ledger import Ledger
 from hvdlite.driver.decisions.messages import (
     DRIVER, HOST, LAUNCHER, Answer, DiscoveryFailed, EndJob, Exited, Exiting, Heartbeats, HostsFound,
-    Launched, LaunchFailed, Leaving, LoadFailed, Log, Publish, Ready, Stop, StopRequested, TemplateDied,
-    Tick, WriteFailed, Written)
+    Launched, LaunchFailed, Leaving, LinkBroken, LoadFailed, Log, Probed, Publish, Ready, Stop,
+    StopRequested, TemplateDied, Tick, WriteFailed, Written)
+from hvdlite.driver.decisions.nodeloss import NodeLoss
 from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.stopping import GracefulStop
 from hvdlite.driver.decisions.workers import Incarnation, Phase, cannot_load, describe_exit, overdue
@@ -43,9 +44,9 @@ class JobView:
     resets: int
 
 
-class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
+class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, NodeLoss):
     """The job's state and its events; forming.py decides worlds, hostrule.py blacklisting,
-    hostchanges.py what discovery says, stopping.py the graceful stop."""
+    hostchanges.py what discovery says, stopping.py the graceful stop, nodeloss.py a lost node."""
 
     def __init__(self, policy: Policy, rng=random.random, on_disk: int = 0):
         """on_disk: the newest commit --checkpoint-dir held when the job started."""
@@ -84,6 +85,7 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
         self.left = set()  # slots whose worker left at a commit (SIGTERM): not relaunched
         self.stopping = None  # (time, signal number) a graceful stop was asked for
         self.failure = None  # the JobFailed that ends the job once its last world wrote (stopping.py)
+        self.probed = {}  # live worker -> when its node was last probed (nodeloss.py)
         self._now, self._out = 0.0, []
         self._handlers = {HostsFound: self._on_hosts, DiscoveryFailed: self._on_discovery_failed,
                           Launched: self._on_launched, LaunchFailed: self._on_launch_failed,
@@ -91,7 +93,8 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
                           Exiting: self._on_exiting, Exited: self._on_exited,
                           TemplateDied: self._on_template_died, LoadFailed: self._on_load_failed,
                           WriteFailed: self._on_write_failed, Leaving: self._on_leaving,
-                          Written: self._on_written, Tick: self._on_tick, StopRequested: self._on_stop}
+                          Written: self._on_written, Tick: self._on_tick, StopRequested: self._on_stop,
+                          LinkBroken: self._on_link_broken, Probed: self._on_probed}
 
     # ---- entry ------------------------------------------------------------------------
     def handle(self, event, now: float) -> list:
@@ -291,6 +294,7 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
             why = overdue(inc, now, p, broke_at if inc.id in self.staying else inc.left_behind)
             if why is not None:
                 self._kill(inc, *why)
+        self._probe_late()
 
     # ---- decisions after every event ----------------------------------------------------
     def _decide(self, grow: bool):
@@ -357,6 +361,7 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop):
             self.joiners.pop(inc.id, None)
         inc.phase = phase
         if phase is Phase.GONE:  # a job of a million relaunches keeps what fencing needs only
+            self.probed.pop(inc.id, None)
             if inc.id not in self.world:
                 del self.workers[inc.id]
 
