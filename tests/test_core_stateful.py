@@ -4,7 +4,8 @@ step against the rules the core must keep (hypothesis RuleBasedStateMachine, no 
 The workers are modelled just enough to behave like real ones: they wait in the rendezvous
 (as long as it takes), train in lockstep (commits), sync from rank 0 (or fail to), exit when
 told, crash at any time, die with their template, fail to load a checkpoint, sit in a pygloo
-collective of a broken world (their stand-in process beating for them), lose the driver.
+collective of a broken world (their stand-in process beating for them), lose the driver, are
+paused (SIGSTOP) on a node that answers probes, or lose their node (cut off: probes go silent).
 Launches start, are refused by their host, fail in the driver's own fork, time out in the
 launcher, or never start at all.
 """
@@ -22,7 +23,8 @@ from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.workers import Phase
 from hvdlite.driver.decisions.messages import (
     DRIVER, HOST, LAUNCHER, Answer, EndJob, Exited, Exiting, Heartbeats, HostsFound, Launch, Launched,
-    LaunchFailed, Leaving, LoadFailed, Log, Publish, Ready, Stop, StopRequested, TemplateDied, Tick, Written)
+    LISTENING, REFUSED, SILENT, LaunchFailed, Leaving, LinkBroken, LoadFailed, Log, Probe, Probed, Publish,
+    Ready, Stop, StopRequested, TemplateDied, Tick, Written)
 
 UNIVERSE = [("a", 2), ("b", 1), ("c", 2), ("d", 1)]
 WHY = {HOST: "no route to host", DRIVER: "BlockingIOError: [Errno 11] Resource temporarily unavailable",
@@ -49,6 +51,8 @@ class Proc:
         self.leaving = False  # a SIGTERM came: it leaves at its next commit
         self.said_leaving = False  # it told the driver so
         self.pending = None  # rank 0: the commit its checkpoint writer has not written yet
+        self.paused = False  # SIGSTOP: silent, its node answers probes for it
+        self.cut = False  # its node is gone: silent, and so are probes of it
 
 
 class ElasticJob(RuleBasedStateMachine):
@@ -67,6 +71,7 @@ class ElasticJob(RuleBasedStateMachine):
         self.loads = []  # LoadFailed events sent
         self.newest = 0  # the newest commit the driver was told of (reset by commit_lost)
         self.stop_published = False  # the driver asked every worker to leave at its next commit
+        self.probes = []  # workers the driver asked to probe, not answered yet
         self.send(HostsFound(tuple(UNIVERSE[:2])))
 
     @initialize(durable=st.booleans(), on_disk=st.sampled_from([0, 0, 2]))
@@ -99,7 +104,8 @@ class ElasticJob(RuleBasedStateMachine):
             # launcher's (a start that timed out) or the job's input (65: a checkpoint that does
             # not load).
             failed = isinstance(event, LaunchFailed) and event.whose == HOST or killed is not None or \
-                isinstance(event, Exited) and event.code not in (0, exitcodes.LOST_DRIVER, exitcodes.UNLOADABLE)
+                isinstance(event, Exited) and event.code not in (0, exitcodes.LOST_DRIVER, exitcodes.UNLOADABLE) or \
+                isinstance(event, Probed) and event.outcome in (REFUSED, SILENT)
             assert current and failed and (phase is not Phase.LEAVING or inc.overdue), \
                 f"{keys} blacklisted on {event} (worker {phase}, killed: {killed})"
             assert set(keys) <= {inc.slot, inc.host}, f"{keys} blacklisted for {inc.slot}'s failure"
@@ -108,6 +114,12 @@ class ElasticJob(RuleBasedStateMachine):
             living = [w for w, i in self.core.workers.items() if i.alive and i.host == inc.host]
             assert inc.host not in keys or len(self.core.hosts) > 1 or not living, \
                 f"host {inc.host} blacklisted on {event} while {living} live there"
+        for action in actions:  # no false alarm: a probe ends only a worker whose node or process is gone
+            if isinstance(action, Log) and action.event == "worker_exit" and "node" in action.fields:
+                proc = self.procs[action.fields["worker"]]
+                assert isinstance(event, Probed) and (proc.cut or not proc.alive), f"{proc.worker} ended on {event}"
+        if isinstance(event, Probed) and event.outcome in (REFUSED, SILENT) and current and killed is None:
+            assert not self.core.workers.get(event.worker, inc).alive, f"{event.worker} lives on after {event}"
         return actions
 
     def heard(self, event):
@@ -120,7 +132,9 @@ class ElasticJob(RuleBasedStateMachine):
         if isinstance(action, Log) and action.event == "blacklisted":
             host = action.fields["key"].split("/")[0]
             assert host not in self.core.drained, f"{action.fields['key']} blacklisted though drained"
-        if isinstance(action, Launch):
+        if isinstance(action, Probe):
+            self.probes.append(action.worker)
+        elif isinstance(action, Launch):
             assert action.worker not in self.procs, "an incarnation id was used twice"
             self.procs[action.worker] = Proc(action.worker)
         elif isinstance(action, Answer):
@@ -174,10 +188,11 @@ class ElasticJob(RuleBasedStateMachine):
     def members(self):
         return [p for p in self.procs.values()
                 if p.alive and p.round == self.core.round and p.waiting is None and p.exit_code is None
-                and not p.stuck]
+                and not p.stuck and not p.paused and not p.cut]
 
     def running(self):
-        return [p for p in self.procs.values() if p.started and p.alive]
+        """The processes that run and can be heard (not paused, their node not cut off)."""
+        return [p for p in self.procs.values() if p.started and p.alive and not p.paused and not p.cut]
 
     @staticmethod
     def beats(procs, stand_ins=True):
@@ -516,10 +531,48 @@ class ElasticJob(RuleBasedStateMachine):
         chosen = data.draw(st.lists(st.sampled_from(live), unique=True)) if live else []
         self.send(self.beats([self.procs[w] for w in chosen], stand_ins), dt=0.01)
 
+    @rule(data=st.data(), dice=st.integers(0, 4), told=st.booleans())
+    def node_is_cut_off(self, data, dice, told):
+        """A host's node goes (power, a switch port): its workers fall silent, nothing answers a
+        probe, no exit is heard. A survivor in their world may name them (its link broke)."""
+        hosts = sorted({p.worker.split("/")[0] for p in self.running()})
+        if not hosts or dice:
+            return
+        host = data.draw(st.sampled_from(hosts))
+        lost = [p for p in self.running() if p.worker.split("/")[0] == host]
+        self.send(self.beats(lost), dt=0.01)  # their last beats: a real worker beats from its start
+        for p in lost:
+            p.cut = True
+        survivors = sorted(p.worker for p in self.members())
+        if told and survivors:
+            self.send(LinkBroken(data.draw(st.sampled_from(survivors)), tuple(p.worker for p in lost)), dt=0.01)
+
+    @rule(data=st.data())
+    def pauses_or_resumes(self, data):
+        """A worker is stopped (SIGSTOP, CPU starvation) on a node that still answers, or goes on."""
+        paused = sorted(p.worker for p in self.procs.values() if p.paused)
+        live = sorted(p.worker for p in self.running())
+        if paused and data.draw(st.booleans()):
+            self.procs[data.draw(st.sampled_from(paused))].paused = False
+        elif live:
+            proc = self.procs[data.draw(st.sampled_from(live))]
+            self.send(self.beats([proc]), dt=0.01)  # its last beat
+            proc.paused = True
+
+    @rule()
+    def probes_answer(self):
+        """The node's kernel answers a probe for a stopped process, refuses one for a dead one."""
+        probes, self.probes = self.probes, []
+        for worker in probes:
+            proc = self.procs[worker]
+            self.send(Probed(worker, SILENT if proc.cut else LISTENING if proc.alive else REFUSED), dt=0.01)
+
     @rule(dt=st.sampled_from([0.1, 0.5, 1.5, 1.5, 1.5, 6.0]))
     def time_passes(self, dt):
-        """Cooldowns end, silent workers are killed (5 s), slow starts time out (10 s)."""
+        """Cooldowns end, silent workers are probed (0.6 s) and killed (5 s), slow starts time
+        out (10 s)."""
         self.send(Tick(), dt=dt)
+        self.probes_answer()  # within the probe's timeout (0.4 s)
 
     @precondition(lambda self: any(not p.alive for p in self.procs.values()))
     @rule(data=st.data(), kind=st.sampled_from(["exit", "ready", "beat", "vouched", "launched", "failed",
@@ -628,7 +681,10 @@ class ElasticJob(RuleBasedStateMachine):
 
     def teardown(self):
         """Let every worker cooperate: the job must end, and a success answers everyone."""
+        for proc in self.procs.values():
+            proc.paused = False
         for _ in range(400):
+            self.probes_answer()
             if self.ended is not None:
                 return
             for proc in list(self.procs.values()):
@@ -639,7 +695,7 @@ class ElasticJob(RuleBasedStateMachine):
                     self.send(Launched(proc.worker, 1), dt=0.01)
                 elif proc.exit_code is not None:
                     self.exits(proc)
-                elif proc.waiting is None and proc.round != self.core.round and not proc.stuck:
+                elif proc.waiting is None and proc.round != self.core.round and not proc.stuck and not proc.cut:
                     proc.waiting = -1 if proc.round is None else proc.round
                     self.ask(proc)
             # Every world starts with a sync from rank 0, a collective all members finish
