@@ -241,6 +241,16 @@ class NamespacedNodes:
         if proc is not None:
             proc.wait(10)
 
+    def cut_node(self, name: str) -> None:
+        """The node's link goes dead (a cable, a switch port): every packet in or out of its
+        namespace is dropped, so no FIN or RST reaches anyone. heal_node() undoes it."""
+        subprocess.run(["nsenter", f"--net=/run/netns/{self.netns[name]}", "nft", "-f", "-"],
+                       input=NFT_PARTITION, text=True, check=True, capture_output=True, timeout=10)
+
+    def heal_node(self, name: str) -> None:
+        subprocess.run(["nsenter", f"--net=/run/netns/{self.netns[name]}", "nft", "delete", "table", "inet",
+                        "partition"], capture_output=True, timeout=10)
+
     def release(self) -> None:
         """The last step of close(): the bridge and the cluster's folder go."""
         if self.bridge is not None:
