@@ -1006,4 +1006,17 @@ def test_a_refused_probe_means_the_process_is_gone():
     sim.send(Heartbeats(((a, 0), (b, 0))))
     sim.send(LinkBroken(a, (b,)))
     sim.send(Probed(b, REFUSED))
+    assert sim.core.workers[b].alive  # its launcher may still report the exit, which says why
+    sim.send(Tick(), after=0.6)
     assert not sim.core.workers[b].alive and sim.logged("worker_exit")[-1]["node"] == REFUSED
+
+
+def test_a_refused_workers_exit_reported_meanwhile_says_why():
+    sim, (a, b) = first_world([("a", 1), ("b", 1)])
+    sim.send(Heartbeats(((a, 0), (b, 0))))
+    sim.send(LinkBroken(a, (b,)))
+    sim.send(Probed(b, REFUSED))
+    sim.send(Exited(b, 1, "ValueError: injected"), after=0.1)
+    sim.send(Tick(), after=0.6)
+    assert "node" not in sim.logged("worker_exit")[-1]
+    assert sim.core.failures == ["rank 1 on b exited with code 1 (ValueError: injected)"]

@@ -99,13 +99,21 @@ class ElasticJob(RuleBasedStateMachine):
         for action in actions:
             self.perform(action)
         keys = [a.fields["key"] for a in actions if isinstance(a, Log) and a.event == "blacklisted"]
-        if keys:  # no host (or slot) is blacklisted but for its own worker's failure
+        # No false alarm: a probe ends only a worker whose node or process is gone.
+        lost = [a.fields for a in actions if isinstance(a, Log) and a.event == "worker_exit" and "node" in a.fields]
+        for fields in lost:
+            proc = self.procs[fields["worker"]]
+            assert isinstance(event, (Probed, Tick)) and (proc.cut or not proc.alive), f"{proc.worker} ended on {event}"
+        if keys and isinstance(event, Tick):  # only a refused worker whose exit nobody reported
+            assert lost and set(keys) <= {f["slot"] for f in lost} | {f["slot"].split("/")[0] for f in lost}, \
+                f"{keys} blacklisted on a tick ({lost})"
+        elif keys:  # no host (or slot) is blacklisted but for its own worker's failure
             # Nobody is blamed for the driver's trouble (its fork failed, workers lost it), the
             # launcher's (a start that timed out) or the job's input (65: a checkpoint that does
             # not load).
             failed = isinstance(event, LaunchFailed) and event.whose == HOST or killed is not None or \
                 isinstance(event, Exited) and event.code not in (0, exitcodes.LOST_DRIVER, exitcodes.UNLOADABLE) or \
-                isinstance(event, Probed) and event.outcome in (REFUSED, SILENT)
+                isinstance(event, Probed) and event.outcome == SILENT
             assert current and failed and (phase is not Phase.LEAVING or inc.overdue), \
                 f"{keys} blacklisted on {event} (worker {phase}, killed: {killed})"
             assert set(keys) <= {inc.slot, inc.host}, f"{keys} blacklisted for {inc.slot}'s failure"
@@ -114,11 +122,7 @@ class ElasticJob(RuleBasedStateMachine):
             living = [w for w, i in self.core.workers.items() if i.alive and i.host == inc.host]
             assert inc.host not in keys or len(self.core.hosts) > 1 or not living, \
                 f"host {inc.host} blacklisted on {event} while {living} live there"
-        for action in actions:  # no false alarm: a probe ends only a worker whose node or process is gone
-            if isinstance(action, Log) and action.event == "worker_exit" and "node" in action.fields:
-                proc = self.procs[action.fields["worker"]]
-                assert isinstance(event, Probed) and (proc.cut or not proc.alive), f"{proc.worker} ended on {event}"
-        if isinstance(event, Probed) and event.outcome in (REFUSED, SILENT) and current and killed is None:
+        if isinstance(event, Probed) and event.outcome == SILENT and current and killed is None:
             assert not self.core.workers.get(event.worker, inc).alive, f"{event.worker} lives on after {event}"
         return actions
 

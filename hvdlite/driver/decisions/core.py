@@ -85,7 +85,7 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, NodeLoss):
         self.left = set()  # slots whose worker left at a commit (SIGTERM): not relaunched
         self.stopping = None  # (time, signal number) a graceful stop was asked for
         self.failure = None  # the JobFailed that ends the job once its last world wrote (stopping.py)
-        self.probed = {}  # live worker -> when its node was last probed (nodeloss.py)
+        self.probed, self.refused = {}, {}  # live worker -> when probed, when refused (nodeloss.py)
         self._now, self._out = 0.0, []
         self._handlers = {HostsFound: self._on_hosts, DiscoveryFailed: self._on_discovery_failed,
                           Launched: self._on_launched, LaunchFailed: self._on_launch_failed,
