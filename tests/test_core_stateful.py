@@ -90,6 +90,8 @@ class ElasticJob(RuleBasedStateMachine):
         inc = self.core.workers.get(getattr(event, "worker", None))
         current = inc is not None and inc.alive
         phase, killed = (inc.phase, inc.killed) if current else (None, None)
+        # Heard since its probe began: the probe's silence is old news (the model answers late).
+        heard_since = current and (inc.heard_at or 0.0) > self.core.probed.get(inc.id, 0.0)
         if isinstance(event, Exited) and event.code == 0:
             if current and phase is not Phase.LEAVING and killed is None:
                 self.success_allowed = True
@@ -122,7 +124,7 @@ class ElasticJob(RuleBasedStateMachine):
             living = [w for w, i in self.core.workers.items() if i.alive and i.host == inc.host]
             assert inc.host not in keys or len(self.core.hosts) > 1 or not living, \
                 f"host {inc.host} blacklisted on {event} while {living} live there"
-        if isinstance(event, Probed) and event.outcome == SILENT and current and killed is None:
+        if isinstance(event, Probed) and event.outcome == SILENT and current and killed is None and not heard_since:
             assert not self.core.workers.get(event.worker, inc).alive, f"{event.worker} lives on after {event}"
         return actions
 

@@ -69,5 +69,6 @@ class NodeLoss:
 
     def _lost(self, inc, outcome):
         self._emit(Stop(inc.id, 0.0))  # whatever its launcher still holds of it
-        if self._gone(inc, -signal.SIGKILL, node=outcome) is not Phase.LEAVING:
+        # A drained host's workers go anyway: not its fault (as their exits, core.py).
+        if self._gone(inc, -signal.SIGKILL, node=outcome) is not Phase.LEAVING and inc.host not in self.drained:
             self._blame(inc, HOST, f"{inc.name} on {inc.host}: {LOST[outcome]}")
