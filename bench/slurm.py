@@ -119,7 +119,7 @@ def kill_trial(cluster, victim="n4", cut=False):
             time.sleep(2)
             killed = time.time()
             if cut:
-                cluster.cut_node(victim)
+                cluster.partition(victim)
             else:
                 cluster.kill_node(victim)
             while len(_rounds(events)) < 2:
@@ -140,7 +140,7 @@ def kill_trial(cluster, victim="n4", cut=False):
                 os.killpg(proc.pid, 9)
                 proc.wait(10)
             if cut:
-                cluster.heal_node(victim)
+                cluster.heal(victim)
                 cluster.kill_node(victim)  # its orphaned task runs on after a heal (the notes)
             cluster.start_node(victim)
     return reformed, down
