@@ -160,18 +160,20 @@ def test_a_lost_node_is_known_in_a_second_not_after_the_liveness_timeout(tmp_pat
     (no FIN): the driver's probe of the node says so (decisions/nodeloss.py)."""
     liveness = 15  # far above the probe's second
     jenv = {**env, "SALLOC_NO_KILL": "", **job_env(tmp_path, TOTAL_STEPS=100000, STEP_SLEEP=0.1)}
-    with Job(["--min-np", "2", "--liveness-timeout", str(liveness), *JOB], tmp_path, env=jenv,
-             prefix=["salloc", "-N4", "--no-kill"]) as job:
-        wait_progress(job, tmp_path, 8)
-        try:
-            seconds, world = next_world(job, lambda: getattr(cluster, fault)("n4"))
-        finally:
-            cluster.heal("n4")
-            cluster.kill_node("n4")  # a cut node's orphaned task runs on (the notes)
-            cluster.start_node("n4")
-        wait_progress(job, tmp_path, progress(tmp_path) + 5)
-        os.kill(_tree(job.proc.pid)[1], signal.SIGTERM)  # salloc's child: the driver
-        r = job.finish(60)
+    try:
+        with Job(["--min-np", "2", "--liveness-timeout", str(liveness), *JOB], tmp_path, env=jenv,
+                 prefix=["salloc", "-N4", "--no-kill"]) as job:
+            wait_progress(job, tmp_path, 8)
+            try:
+                seconds, world = next_world(job, lambda: getattr(cluster, fault)("n4"))
+            finally:
+                cluster.heal("n4")
+            wait_progress(job, tmp_path, progress(tmp_path) + 5)
+            os.kill(_tree(job.proc.pid)[1], signal.SIGTERM)  # salloc's child: the driver
+            r = job.finish(60)
+    finally:  # once the allocation is over: the node is idle again only then
+        cluster.kill_node("n4")  # a cut node's orphaned task runs on (the notes)
+        cluster.start_node("n4")
     assert r.code == 143, r.stderr
     assert world["size"] == 3 and not any(m.startswith("n4/") for m in world["members"])
     assert seconds < 3, f"re-formed after {seconds:.1f} s"  # a hang guard; the figure: bench/slurm.py
