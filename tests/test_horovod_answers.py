@@ -154,6 +154,33 @@ def check_other_collectives_refuse_while_a_rank_has_joined():
         assert torch.equal(autograd.broadcast(torch.full((2,), float(rank)), size - 1), torch.full((2,), size - 1.0))
 
 
+def check_a_name_in_flight_is_refused_before_anything_is_sent():
+    # Horovod refuses an asynchronous collective named as one still pending with a ValueError,
+    # and the world goes on. hvdlite sent the second one, and the ranks' orders parted. Here
+    # each rank in turn holds 'dup' in flight (its peers issue their part late), has every
+    # kind refused under that name, and then the name is free again.
+    rank, size = _world()
+    x = torch.ones(size * 2, 2)
+    for _ in range(4):  # (join's guess right from here on: issuing the allreduce does not wait)
+        ops.allreduce_async(x).wait()
+    for first in range(size):
+        if rank != first:
+            time.sleep(0.3)
+        held = ops.allreduce_async(x, name="dup")
+        if rank == first:
+            for call in (lambda: ops.allreduce_async(x, name="dup"), lambda: ops.broadcast_async(x, 0, name="dup"),
+                         lambda: ops.allgather_async(x, name="dup"), lambda: ops.reducescatter_async(x, name="dup"),
+                         lambda: ops.grouped_allreduce_async([x], name="dup")):
+                with pytest.raises(ValueError, match="'dup' is still in flight"):
+                    call()
+        assert torch.equal(held.wait(), x)  # (averaged)
+    assert torch.equal(ops.broadcast_async(x + rank, 0, name="dup").wait(), x)
+    assert ops.allgather_async(x, name="dup").wait().shape == (2 * size * size, 2)
+    assert ops.grouped_allgather_async([x, x], name="dup").wait()[1].shape == (2 * size * size, 2)
+    assert torch.equal(ops.reducescatter_async(x, name="dup", op=ops.Sum).wait(), torch.full((2, 2), float(size)))
+    assert torch.equal(ops.allreduce_async(x, name="dup", op=ops.Sum).wait(), x * size)
+
+
 def check_all():
     check_fp16_average_divides_after_the_sum()
     check_every_average_divides_after_the_sum()
@@ -162,6 +189,7 @@ def check_all():
     check_a_new_optimizers_state_is_made_as_horovod_makes_it()
     check_optimizer_names()
     check_other_collectives_refuse_while_a_rank_has_joined()
+    check_a_name_in_flight_is_refused_before_anything_is_sent()
 
 
 @pytest.mark.parametrize("size", [2, 3])

@@ -199,9 +199,10 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 
 
 def _one_async(tensor, average, op, prescale_factor, postscale_factor, process_set, copy, name):
-    handle = lone.short(tensor, average, op, prescale_factor, postscale_factor, process_set, copy, False)
-    if handle is not None:
-        return handle
+    if name is None:  # (a named one's is checked against the names in flight: handles.traced)
+        handle = lone.short(tensor, average, op, prescale_factor, postscale_factor, process_set, copy, False)
+        if handle is not None:
+            return handle
     return _allreduce_async([tensor], average, op, prescale_factor, postscale_factor,
                             process_set, copy, True, name=name)
 

@@ -31,6 +31,10 @@ class Handle:
 
     is_completed = poll  # a Handle can wait on other Handles
 
+    def in_flight(self) -> bool:
+        """(A reducescatter's gloo Work never tells it completed: waited is done too.)"""
+        return not self._done and not self.poll()
+
     def wait(self):
         if not self._done:
             try:
@@ -84,25 +88,56 @@ def _world_broke() -> bool:
 def traced(kind):
     """Record each call as a span of the collective trace, from issue to the handle's wait
     (only while hvdlite.worker.trace records), named by the caller's name= or else by its
-    kind (the wrapped function takes no name)."""
+    kind (the wrapped function takes no name). A name= still in flight is refused first."""
     def wrap(issue):
         @functools.wraps(issue)
         def call(*args, name=None, **kwargs):
-            if trace.recorder() is None:
-                return issue(*args, **kwargs)
-            end = trace.collective(kind, name, runtime.info(), _nbytes(args))
-            try:
-                out = issue(*args, **kwargs)
-            except BaseException:
-                end(failed=True)
-                raise
-            if isinstance(out, Handle):
-                out.ended = end
-            else:
-                end()
-            return out
+            if name is not None:
+                return _named(kind, name, lambda: _traced(kind, issue, name, args, kwargs))
+            return _traced(kind, issue, name, args, kwargs)
         return call
     return wrap
+
+
+def _traced(kind, issue, name, args, kwargs):
+    if trace.recorder() is None:
+        return issue(*args, **kwargs)
+    end = trace.collective(kind, name, runtime.info(), _nbytes(args))
+    try:
+        out = issue(*args, **kwargs)
+    except BaseException:
+        end(failed=True)
+        raise
+    if isinstance(out, Handle):
+        out.ended = end
+    else:
+        end()
+    return out
+
+
+_in_flight = {}  # name= -> (its world, its Handle), for the collectives given a name
+
+
+def _named(kind, name, issue):
+    """Issue a collective named `name`, refused with ValueError before anything is sent while
+    another of this world's collectives of that name is in flight, as Horovod refuses a name
+    used twice among its pending ones. (Ranks match collectives by order here, so a name
+    guards only the caller's own mistake.)"""
+    world = runtime.info()
+    earlier = _in_flight.get(name)
+    if earlier is not None and earlier[0] is world and earlier[1].in_flight():
+        raise ValueError(f"{kind}: a collective named {name!r} is still in flight on this rank; "
+                         f"wait for it before issuing another of that name")
+    out = issue()
+    if len(_in_flight) >= _KEPT_NAMES:  # names used once each (a step number in them) go
+        for old in [n for n, (w, h) in _in_flight.items() if w is not world or not h.in_flight()]:
+            del _in_flight[old]
+    if isinstance(out, Handle):
+        _in_flight[name] = (world, out)
+    return out
+
+
+_KEPT_NAMES = 1024
 
 
 def _nbytes(args) -> int:

@@ -113,8 +113,8 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> 
     """Reduce a sparse COO tensor as Horovod does: gather every rank's indices and values
     (Average divides the values by the set's size); the result is sparse, uncoalesced, with
     every rank's entries."""
-    indices = allgather_async(tensor._indices().t().contiguous(), name, process_set)
-    values = allgather_async(tensor._values(), name, process_set)
+    indices = allgather_async(tensor._indices().t().contiguous(), _part(name, "indices"), process_set)
+    values = allgather_async(tensor._values(), _part(name, "values"), process_set)
 
     def finish():
         summed = values.wait()
@@ -125,8 +125,13 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> 
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:
-    handles = [allgather_async(t, name, process_set) for t in tensors]
+    handles = [allgather_async(t, _part(name, i), process_set) for i, t in enumerate(tensors)]
     return Handle(handles, lambda: [h.wait() for h in handles])
+
+
+def _part(name, part):
+    """The name of one of a named call's collectives: each name in flight must be its own."""
+    return None if name is None else f"{name}.{part}"
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> Handle:
