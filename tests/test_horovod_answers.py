@@ -181,6 +181,37 @@ def check_a_name_in_flight_is_refused_before_anything_is_sent():
     assert torch.equal(ops.allreduce_async(x, name="dup", op=ops.Sum).wait(), x * size)
 
 
+def check_a_named_collective_meets_its_peers_across_a_barrier():
+    # Horovod matches collectives by name: rank 0 may call a named one before a barrier that
+    # its peers call it after (its duplicate-name tests do). Here rank 0's collective met the
+    # others' barrier and the world broke; now a named one goes out at the next collective or
+    # wait, and the barrier, which waits for nothing, meets the others' barrier.
+    rank, size = _world()
+    x = torch.full((size * 2, 3), float(rank + 1))
+    total = float(sum(range(1, size + 1)))
+    for call, expected in ((lambda: ops.allreduce_async(x, name="a", op=ops.Sum), torch.full_like(x, total)),
+                           (lambda: ops.broadcast_async(x, 0, name="b"), torch.ones_like(x)),
+                           (lambda: ops.allgather_async(x[:1], name="g"),
+                            torch.arange(1.0, size + 1).repeat_interleave(3).view(size, 3)),
+                           (lambda: ops.reducescatter_async(x, name="r", op=ops.Sum), torch.full((2, 3), total))):
+        handle = call() if rank == 0 else None
+        ops.barrier()
+        handle = call() if rank > 0 else handle
+        ops.barrier()
+        assert torch.equal(handle.wait(), expected)
+    # Issued by a poll on one rank, by the next collective on the others:
+    handle = ops.allreduce_async(x, name="p", op=ops.Sum)
+    while rank == 0 and not ops.poll(handle):
+        time.sleep(0.01)
+    assert autograd.allgather(x[:1]).shape == (size, 3)
+    assert torch.equal(handle.wait(), torch.full_like(x, total))
+    # A named call's mistake is raised by its wait, on every rank, and the world goes on:
+    late = ops.allgather_async(torch.ones(rank + 1, 2, rank + 1), name="bad")
+    with pytest.raises(RuntimeError, match="disagree"):
+        late.wait()
+    assert autograd.allreduce(torch.ones(2), op=ops.Sum).tolist() == [size, size]
+
+
 def check_all():
     check_fp16_average_divides_after_the_sum()
     check_every_average_divides_after_the_sum()
@@ -190,6 +221,7 @@ def check_all():
     check_optimizer_names()
     check_other_collectives_refuse_while_a_rank_has_joined()
     check_a_name_in_flight_is_refused_before_anything_is_sent()
+    check_a_named_collective_meets_its_peers_across_a_barrier()
 
 
 @pytest.mark.parametrize("size", [2, 3])

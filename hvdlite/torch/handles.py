@@ -25,17 +25,36 @@ class Handle:
         self._done, self._result = False, None
         self.taken = False  # given to synchronize() once: Horovod forgets it then
         self.ended = None  # ends its span in the collective trace, when one is recorded
+        self._later = None  # (its world, its issue) while a named collective waits to be issued
 
     def poll(self) -> bool:
+        if self._later is not None:
+            issue_deferred()
         return all(work.is_completed() for work in self._works)
 
     is_completed = poll  # a Handle can wait on other Handles
 
     def in_flight(self) -> bool:
         """(A reducescatter's gloo Work never tells it completed: waited is done too.)"""
-        return not self._done and not self.poll()
+        return self._later is not None or (not self._done and not self.poll())
+
+    def _issue(self, world) -> None:
+        """Issue the deferred collective in `world`, the current one (None: none): an error
+        it raises, or its world having ended, is raised by the wait."""
+        (its_world, issue), self._later = self._later, None
+        try:
+            if its_world is not world:
+                raise HorovodInternalError("hvdlite: the world this collective was called in ended "
+                                           "before it was issued")
+            issued = issue()
+        except Exception as e:  # (the caller of the collective issuing it is not its caller)
+            self._finish = functools.partial(_reraise, e)
+            return
+        self._works, self._finish = ([issued], issued.wait) if isinstance(issued, Handle) else ([], lambda: issued)
 
     def wait(self):
+        if self._later is not None:
+            issue_deferred()
         if not self._done:
             try:
                 for work in self._works:
@@ -46,6 +65,34 @@ class Handle:
                     self.ended(**({} if self._done else {"failed": True}))
                     self.ended = None
         return self._result
+
+
+def _reraise(error):
+    raise error
+
+
+_deferred = []  # named collectives called and not yet issued, in call order (see defer)
+
+
+def defer(issue) -> Handle:
+    """A Handle for the collective `issue()` issues, issued once the next collective other
+    than a barrier is called, or once this Handle (or another deferred one) is polled or
+    waited for. Ranks match collectives by order, and Horovod by name: a rank may call a named
+    collective before a barrier that its peers call after it (Horovod's duplicate-name tests
+    do), and with the collective held back until then, every rank's collectives still go out
+    in the same order. Barriers are never held back, so the others' barrier meets this one's."""
+    handle = Handle([], None)
+    handle._later = (runtime.info(), issue)
+    _deferred.append(handle)
+    runtime.before_next(issue_deferred)
+    return handle
+
+
+def issue_deferred() -> None:
+    runtime.before_next(None)  # (issued here, not again when the first of them takes the group)
+    world = runtime.info() if runtime.is_initialized() else None
+    while _deferred:
+        _deferred.pop(0)._issue(world)
 
 
 def done(result) -> Handle:
@@ -119,22 +166,20 @@ _in_flight = {}  # name= -> (its world, its Handle), for the collectives given a
 
 
 def _named(kind, name, issue):
-    """Issue a collective named `name`, refused with ValueError before anything is sent while
-    another of this world's collectives of that name is in flight, as Horovod refuses a name
-    used twice among its pending ones. (Ranks match collectives by order here, so a name
-    guards only the caller's own mistake.)"""
+    """A Handle for a collective named `name`, issued later (defer); refused with ValueError
+    before anything is sent while another of this world's collectives of that name is in
+    flight, as Horovod refuses a name used twice among its pending ones."""
     world = runtime.info()
     earlier = _in_flight.get(name)
     if earlier is not None and earlier[0] is world and earlier[1].in_flight():
         raise ValueError(f"{kind}: a collective named {name!r} is still in flight on this rank; "
                          f"wait for it before issuing another of that name")
-    out = issue()
     if len(_in_flight) >= _KEPT_NAMES:  # names used once each (a step number in them) go
         for old in [n for n, (w, h) in _in_flight.items() if w is not world or not h.in_flight()]:
             del _in_flight[old]
-    if isinstance(out, Handle):
-        _in_flight[name] = (world, out)
-    return out
+    handle = defer(issue)
+    _in_flight[name] = (world, handle)
+    return handle
 
 
 _KEPT_NAMES = 1024

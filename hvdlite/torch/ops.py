@@ -280,5 +280,5 @@ def allgather_object(obj, name=None, process_set=global_process_set):
 
 @handles.traced("barrier")
 def barrier(process_set=global_process_set):
-    handles.wait_work(process_set.group().barrier(dist.BarrierOptions()))
+    handles.wait_work(process_set.group(barrier=True).barrier(dist.BarrierOptions()))
 

@@ -7,3 +7,4 @@ deactivate = _current.deactivate
 is_initialized = _current.is_initialized
 process_group = _current.group
 info = _current.info
+before_next = _current.before_next

@@ -10,28 +10,36 @@ class Runtime:
     """Holds the backend's group object (a torch process group, a pygloo context)."""
 
     def __init__(self):
-        self._group, self._info, self._first_use = None, None, None
+        self._group, self._info, self._first_use, self._next = None, None, None, None
 
     def activate(self, group, info: WorldInfo, first_use=None) -> None:
         """`first_use()`, if given, runs once, before the first collective takes the group."""
-        self._group, self._info, self._first_use = group, info, first_use
+        self._group, self._info, self._first_use, self._next = group, info, first_use, None
 
     def deactivate(self):
         """Forget the current group; returns it so the caller decides its fate."""
-        group, self._group, self._info, self._first_use = self._group, None, None, None
+        group, self._group, self._info, self._first_use, self._next = self._group, None, None, None, None
         return group
+
+    def before_next(self, then) -> None:
+        """`then()` runs once, before the next collective other than a barrier takes the group
+        (None: nothing does)."""
+        self._next = then
 
     def is_initialized(self) -> bool:
         return self._group is not None
 
     # group() and info() come before every collective: the check is inline, as a call of its
     # own costs a collective ~1 us when the caches are cold after a wait.
-    def group(self):
+    def group(self, barrier=False):
         if self._group is None:
             self._not_initialized()
         first_use, self._first_use = self._first_use, None
         if first_use is not None:
             first_use()
+        if self._next is not None and not barrier:
+            then, self._next = self._next, None
+            then()
         return self._group
 
     def info(self) -> WorldInfo:
