@@ -117,12 +117,14 @@ def wait_work(work) -> None:
             if work.is_completed():  # failed, or finished just as the slice ended
                 break
             if _world_broke():
+                runtime.fail()
                 raise HorovodInternalError("hvdlite: the driver said this world broke while a "
                                            "collective waited") from e
     try:
         work.wait()
     except RuntimeError as e:
         # gloo reports a dead, hung or cut-off peer as a plain RuntimeError.
+        runtime.fail()
         raise HorovodInternalError(str(e)) from e
 
 

@@ -11,10 +11,12 @@ class Runtime:
 
     def __init__(self):
         self._group, self._info, self._first_use, self._next = None, None, None, None
+        self.failed = False  # a collective of this world failed (HorovodInternalError)
 
     def activate(self, group, info: WorldInfo, first_use=None) -> None:
         """`first_use()`, if given, runs once, before the first collective takes the group."""
         self._group, self._info, self._first_use, self._next = group, info, first_use, None
+        self.failed = False
 
     def deactivate(self):
         """Forget the current group; returns it so the caller decides its fate."""
