@@ -4,8 +4,9 @@ Tensors must live on the CPU; non-contiguous ones are copied to a buffer and bac
 differentiable faces of these (allreduce, allgather, ...) are in hvdlite.torch.autograd; allreduce
 and join() are in hvdlite.torch.allreduce, what every collective shares in hvdlite.torch.handles. A
 collective that fails because the world broke raises HorovodInternalError, which elastic
-training recovers from. `name=` names a collective in the timeline; ranks match collectives by
-their order, not by name.
+training recovers from. Ranks match collectives by their order, not by name; a named one is
+issued at the next collective other than a barrier, or at its wait (handles.defer), and a
+name still in flight is refused.
 """
 import torch
 import torch.distributed as dist
