@@ -8,6 +8,7 @@ is_initialized = _current.is_initialized
 process_group = _current.group
 info = _current.info
 before_next = _current.before_next
+run_next = _current.run_next
 
 
 def fail() -> None:

@@ -40,9 +40,15 @@ class Runtime:
         if first_use is not None:
             first_use()
         if self._next is not None and not barrier:
-            then, self._next = self._next, None
-            then()
+            self.run_next()
         return self._group
+
+    def run_next(self) -> None:
+        """Run what before_next() set, now (a process set's collective: its members alone take
+        the world's group, whose first use is everyone's)."""
+        then, self._next = self._next, None
+        if then is not None:
+            then()
 
     def info(self) -> WorldInfo:
         if self._group is None:
