@@ -1,9 +1,11 @@
 """Answers Horovod 0.28.1 gives, where hvdlite once gave others: real gloo groups of 2 and 3
 processes (a difference once hid at 3 ranks), every result checked on every rank."""
+import gc
 import os
 import random
 import sys
 import time
+import weakref
 
 import pytest
 import torch
@@ -186,6 +188,10 @@ def check_a_name_in_flight_is_refused_before_anything_is_sent():
     assert ops.grouped_allgather_async([x, x], name="dup").wait()[1].shape == (2 * size * size, 2)
     assert torch.equal(ops.reducescatter_async(x, name="dup", op=ops.Sum).wait(), torch.full((2, 2), float(size)))
     assert torch.equal(ops.allreduce_async(x, name="dup", op=ops.Sum).wait(), x * size)
+    # and what a name was given for is not kept by it once done (a name per step kept 1,024)
+    result = weakref.ref(ops.allreduce_async(torch.ones(1000), name="step 1").wait())
+    gc.collect()
+    assert result() is None
 
 
 def check_a_named_collective_meets_its_peers_across_a_barrier():

@@ -2,6 +2,7 @@
 notices a broken world, the collective trace's spans, and the packing of tensors into one buffer
 per dtype around a gloo call."""
 import functools
+import weakref
 import zlib
 from datetime import timedelta
 
@@ -164,7 +165,7 @@ def _traced(kind, issue, name, args, kwargs):
     return out
 
 
-_in_flight = {}  # name= -> (its world, its Handle), for the collectives given a name
+_in_flight = {}  # name= -> (its world, a weak reference to its Handle: a result is not kept here)
 
 
 def _named(kind, name, issue):
@@ -172,16 +173,24 @@ def _named(kind, name, issue):
     before anything is sent while another of this world's collectives of that name is in
     flight, as Horovod refuses a name used twice among its pending ones."""
     world = runtime.info()
-    earlier = _in_flight.get(name)
-    if earlier is not None and earlier[0] is world and earlier[1].in_flight():
+    if _flying(_in_flight.get(name), world):
         raise ValueError(f"{kind}: a collective named {name!r} is still in flight on this rank; "
                          f"wait for it before issuing another of that name")
     if len(_in_flight) >= _KEPT_NAMES:  # names used once each (a step number in them) go
-        for old in [n for n, (w, h) in _in_flight.items() if w is not world or not h.in_flight()]:
+        for old in [n for n, entry in _in_flight.items() if not _flying(entry, world)]:
             del _in_flight[old]
     handle = defer(issue)
-    _in_flight[name] = (world, handle)
+    _in_flight[name] = (world, weakref.ref(handle))
     return handle
+
+
+def _flying(entry, world) -> bool:
+    """Whether an entry of _in_flight is a collective of `world` still in flight (a handle
+    dropped once issued cannot be waited for: its name is free)."""
+    if entry is None or entry[0] is not world:
+        return False
+    handle = entry[1]()
+    return handle is not None and handle.in_flight()
 
 
 _KEPT_NAMES = 1024
