@@ -36,7 +36,8 @@ class Handle:
     is_completed = poll  # a Handle can wait on other Handles
 
     def in_flight(self) -> bool:
-        """(A reducescatter's gloo Work never tells it completed: waited is done too.)"""
+        """Called and not done: not issued yet, or issued and neither waited for nor completed
+        (a reducescatter's gloo Work never says it completed)."""
         return self._later is not None or (not self._done and not self.poll())
 
     def _issue(self, world) -> None:
@@ -48,7 +49,7 @@ class Handle:
                 raise HorovodInternalError("hvdlite: the world this collective was called in ended "
                                            "before it was issued")
             issued = issue()
-        except Exception as e:  # (the caller of the collective issuing it is not its caller)
+        except Exception as e:  # (raised here, it would reach the caller of the collective issuing it)
             self._finish = functools.partial(_reraise, e)
             return
         self._works, self._finish = ([issued], issued.wait) if isinstance(issued, Handle) else ([], lambda: issued)
