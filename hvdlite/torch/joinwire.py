@@ -84,7 +84,7 @@ AHEAD, CARRIED, FLAGGED, OTHER = range(4)  # a Layout's way (see above; OTHER: s
 class Layout(NamedTuple):
     """An allreduce as every rank sees it: elements, dtype (index in DTYPES), op (Sum stands
     for Average too), how join's state travels with it (way) and, for a lone tensor's, its
-    shape (shape_key; 0 for a group's, which goes fused)."""
+    shape (shape_key; 0 for a group of several, which goes fused)."""
     numel: int
     dtype: int
     op: int
@@ -129,10 +129,10 @@ def layout(numel, dtype, op, owned, waits=False, shape=None) -> Layout:
 
 
 def shape_key(shape) -> int:
-    """A shape as one small positive number, alike in every process (a tuple of ints hashes
-    alike; str's hash does not), small enough that every rank's sum of it fits an int64.
-    Horovod refuses tensors of one size and different shapes."""
-    return 1 + (hash(tuple(shape)) & 0xFFFFF)
+    """A shape as one small positive number, alike in every process and Python build (as
+    _key's), small enough that every rank's sum of it fits an int64. Horovod refuses tensors
+    of one size and different shapes."""
+    return 1 + (zlib.crc32(repr(tuple(shape)).encode()) & 0xFFFFF)
 
 
 def identity(op, dtype, numel):
