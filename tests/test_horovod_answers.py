@@ -1,9 +1,11 @@
 """Answers Horovod 0.28.1 gives, where hvdlite once gave others: real gloo groups of 2 and 3
 processes (a difference once hid at 3 ranks), every result checked on every rank."""
+import gc
 import os
 import random
 import sys
 import time
+import weakref
 
 import pytest
 import torch
@@ -93,11 +95,18 @@ def check_disagreement_raises_at_once_on_every_rank():
              lambda: autograd.reducescatter(torch.ones(size, rank + 1)),
              lambda: autograd.reducescatter(torch.ones(size, dtype=torch.float64 if rank else torch.float32)),
              lambda: autograd.allreduce(torch.ones(rank + 1)),
-             lambda: autograd.allreduce(torch.ones(2, dtype=torch.int32 if rank else torch.float32))]
+             lambda: autograd.allreduce(torch.ones(2, dtype=torch.int32 if rank else torch.float32)),
+             # one size, two shapes (Horovod's test_horovod_allreduce_error; reduced flat here)
+             lambda: autograd.allreduce(torch.ones(2, 3) if rank else torch.ones(6)),
+             lambda: ops.allreduce_async(torch.ones(17, 23 * 57) if rank else torch.ones(17, 23, 57)).wait()]
     for call in calls:
         with pytest.raises(RuntimeError, match="disagree") as raised:
             call()
         assert isinstance(raised.value, ValueError) and not isinstance(raised.value, HorovodInternalError)
+    for _ in range(4):  # (join's guess right from here on: the short paths take the last rank's)
+        ops.allreduce_(torch.ones(6))
+    with pytest.raises(RuntimeError, match="disagree"):
+        ops.allreduce_(torch.ones(6) if rank == size - 1 else torch.ones(3, 2))
     assert time.monotonic() - started < 10
     # and the world goes on
     assert autograd.allreduce(torch.ones(2), op=ops.Sum).tolist() == [size, size]
@@ -154,6 +163,68 @@ def check_other_collectives_refuse_while_a_rank_has_joined():
         assert torch.equal(autograd.broadcast(torch.full((2,), float(rank)), size - 1), torch.full((2,), size - 1.0))
 
 
+def check_a_name_in_flight_is_refused_before_anything_is_sent():
+    # Horovod refuses an asynchronous collective named as one still pending with a ValueError,
+    # and the world goes on. hvdlite sent the second one, and the ranks' orders parted. Here
+    # each rank in turn holds 'dup' in flight (its peers issue their part late), has every
+    # kind refused under that name, and then the name is free again.
+    rank, size = _world()
+    x = torch.ones(size * 2, 2)
+    for _ in range(4):  # (join's guess right from here on: issuing the allreduce does not wait)
+        ops.allreduce_async(x).wait()
+    for first in range(size):
+        if rank != first:
+            time.sleep(0.3)
+        held = ops.allreduce_async(x, name="dup")
+        if rank == first:
+            for call in (lambda: ops.allreduce_async(x, name="dup"), lambda: ops.broadcast_async(x, 0, name="dup"),
+                         lambda: ops.allgather_async(x, name="dup"), lambda: ops.reducescatter_async(x, name="dup"),
+                         lambda: ops.grouped_allreduce_async([x], name="dup")):
+                with pytest.raises(ValueError, match="'dup' is still in flight"):
+                    call()
+        assert torch.equal(held.wait(), x)  # (averaged)
+    assert torch.equal(ops.broadcast_async(x + rank, 0, name="dup").wait(), x)
+    assert ops.allgather_async(x, name="dup").wait().shape == (2 * size * size, 2)
+    assert ops.grouped_allgather_async([x, x], name="dup").wait()[1].shape == (2 * size * size, 2)
+    assert torch.equal(ops.reducescatter_async(x, name="dup", op=ops.Sum).wait(), torch.full((2, 2), float(size)))
+    assert torch.equal(ops.allreduce_async(x, name="dup", op=ops.Sum).wait(), x * size)
+    # and what a name was given for is not kept by it once done (a name per step kept 1,024)
+    result = weakref.ref(ops.allreduce_async(torch.ones(1000), name="step 1").wait())
+    gc.collect()
+    assert result() is None
+
+
+def check_a_named_collective_meets_its_peers_across_a_barrier():
+    # Horovod matches collectives by name: rank 0 may call a named one before a barrier that
+    # its peers call it after (its duplicate-name tests do). Here rank 0's collective met the
+    # others' barrier and the world broke; now a named one goes out at the next collective or
+    # wait, and the barrier, which waits for nothing, meets the others' barrier.
+    rank, size = _world()
+    x = torch.full((size * 2, 3), float(rank + 1))
+    total = float(sum(range(1, size + 1)))
+    for call, expected in ((lambda: ops.allreduce_async(x, name="a", op=ops.Sum), torch.full_like(x, total)),
+                           (lambda: ops.broadcast_async(x, 0, name="b"), torch.ones_like(x)),
+                           (lambda: ops.allgather_async(x[:1], name="g"),
+                            torch.arange(1.0, size + 1).repeat_interleave(3).view(size, 3)),
+                           (lambda: ops.reducescatter_async(x, name="r", op=ops.Sum), torch.full((2, 3), total))):
+        handle = call() if rank == 0 else None
+        ops.barrier()
+        handle = call() if rank > 0 else handle
+        ops.barrier()
+        assert torch.equal(handle.wait(), expected)
+    # Issued by a poll on one rank, by the next collective on the others:
+    handle = ops.allreduce_async(x, name="p", op=ops.Sum)
+    while rank == 0 and not ops.poll(handle):
+        time.sleep(0.01)
+    assert autograd.allgather(x[:1]).shape == (size, 3)
+    assert torch.equal(handle.wait(), torch.full_like(x, total))
+    # A named call's mistake is raised by its wait, on every rank, and the world goes on:
+    late = ops.allgather_async(torch.ones(rank + 1, 2, rank + 1), name="bad")
+    with pytest.raises(RuntimeError, match="disagree"):
+        late.wait()
+    assert autograd.allreduce(torch.ones(2), op=ops.Sum).tolist() == [size, size]
+
+
 def check_all():
     check_fp16_average_divides_after_the_sum()
     check_every_average_divides_after_the_sum()
@@ -162,6 +233,8 @@ def check_all():
     check_a_new_optimizers_state_is_made_as_horovod_makes_it()
     check_optimizer_names()
     check_other_collectives_refuse_while_a_rank_has_joined()
+    check_a_name_in_flight_is_refused_before_anything_is_sent()
+    check_a_named_collective_meets_its_peers_across_a_barrier()
 
 
 @pytest.mark.parametrize("size", [2, 3])

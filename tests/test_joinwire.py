@@ -74,7 +74,7 @@ def _sum_of_ranks():
 
 
 def _slot(tensor, copy=False):
-    return joinwire.wire().slots[joinwire.layout(tensor.numel(), tensor.dtype, hvd.Sum, copy)]
+    return joinwire.wire().slots[joinwire.layout(tensor.numel(), tensor.dtype, hvd.Sum, copy, shape=tensor.shape)]
 
 
 def check_kept_views_follow_the_tensor():

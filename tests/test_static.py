@@ -85,3 +85,13 @@ def test_init_again_after_shutdown_forms_a_whole_world(tmp_path, n):
     for k in range(n):
         assert [line.split(":", 1)[1] for line in r.stdout.splitlines() if line.startswith(f"[{k}]<stdout>:OK")] \
             == [f"OK {k} {n} {t}" for t in range(3)]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_init_after_a_failed_collective_forms_a_whole_world(tmp_path, n):
+    # init() did nothing on a world whose collective had failed: in Horovod's test file run
+    # in one pytest, every test after one whose tearDown barrier raised failed too.
+    r = run_job(["-np", str(n), sys.executable, os.path.join(SCRIPTS, "reinit_after_failure.py")], tmp_path)
+    assert r.code == 0, r.stderr
+    assert sorted(line.split(":", 1)[1] for line in r.stdout.splitlines() if "<stdout>:OK" in line) \
+        == [f"OK {k} {n}" for k in range(n)]

@@ -57,12 +57,13 @@ def _packed(group, room, copy, prescale_factor):
     return pack
 
 
-def _issue_announced(pg, wire, group, op, prescale_factor, copy, waits, works):
+def _issue_announced(pg, wire, group, op, prescale_factor, copy, waits, works, shape):
     """Pack `group` and issue its allreduce in join's envelope: one collective when the layout
     was guessed right and its data rides along or is flagged; the data, then the state, when
-    it was guessed right and goes ahead; else the envelope and then the data."""
+    it was guessed right and goes ahead; else the envelope and then the data. `shape`: a lone
+    tensor's (None for a group's of several)."""
     owned = copy or len(group) > 1 or not group[0].is_contiguous()
-    layout = joinwire.layout(sum(t.numel() for t in group), group[0].dtype, op, owned, waits)
+    layout = joinwire.layout(sum(t.numel() for t in group), group[0].dtype, op, owned, waits, shape)
     guess = wire.guess()
     rides = layout == guess and layout.carried
     # A carried layout's data sits behind the state element whether it rides in the envelope
@@ -98,7 +99,8 @@ def _allreduce_async(tensors, average, op, prescale_factor, postscale_factor, pr
     packs, announced_checks, works = [], [], []
     for group in groups:
         if announced:
-            pack, checks = _issue_announced(pg, wire, group, op, prescale_factor, copy, waits, works)
+            pack, checks = _issue_announced(pg, wire, group, op, prescale_factor, copy, waits, works,
+                                            tensors[0].shape if len(tensors) == 1 else None)
             announced_checks.append(checks)
         else:
             pack = _packed(group, 0, copy, prescale_factor)
@@ -121,15 +123,16 @@ def _allreduce_async(tensors, average, op, prescale_factor, postscale_factor, pr
     return Handle(works, done)
 
 
-def prepacked(numel, dtype, process_set):
+def prepacked(numel, dtype, process_set, shape=None):
     """For a caller that packs its own fused buffers (DistributedOptimizer's buckets): the
     layout of a summed allreduce of `numel` elements when it can ride alone in join's envelope
     (the global set, join on, float32/64, its layout guessed right, no trace recorded), else
-    None: then the caller takes the general path, which keeps the wire's history alike."""
+    None: then the caller takes the general path, which keeps the wire's history alike.
+    `shape`: the tensor's, for a buffer of one."""
     if process_set is not global_process_set or dtype not in joinwire.FLOATS or trace.recorder() is not None:
         return None
     wire = joinwire.wire()
-    layout = joinwire.layout(numel, dtype, Sum, True)
+    layout = joinwire.layout(numel, dtype, Sum, True, shape=shape)
     return layout if wire.on and layout == wire.guess() else None
 
 
@@ -201,9 +204,10 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 
 
 def _one_async(tensor, average, op, prescale_factor, postscale_factor, process_set, copy, name):
-    handle = lone.short(tensor, average, op, prescale_factor, postscale_factor, process_set, copy, False)
-    if handle is not None:
-        return handle
+    if name is None:  # (a named one's is checked against the names in flight: handles.traced)
+        handle = lone.short(tensor, average, op, prescale_factor, postscale_factor, process_set, copy, False)
+        if handle is not None:
+            return handle
     return _allreduce_async([tensor], average, op, prescale_factor, postscale_factor,
                             process_set, copy, True, name=name)
 

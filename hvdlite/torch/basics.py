@@ -26,6 +26,11 @@ def init(comm=None, process_sets=None) -> None:
         raise ValueError("hvdlite runs on gloo: init(comm=...) takes no MPI communicator")
     if os.environ.get(env.TIMELINE) and trace.recorder() is None:
         trace.start_timeline(os.environ[env.TIMELINE])
+    if runtime.is_initialized() and runtime.failed() and not session().elastic:
+        # A static world whose collective failed (a peer went its own way, a timeout) is of
+        # no more use: init() starts afresh, as after shutdown(), where Horovod's init() does
+        # nothing. (An elastic one is reset by hvd.elastic.run.)
+        shutdown()
     if not runtime.is_initialized():
         join()
     devices.say_gpu()

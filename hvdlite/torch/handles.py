@@ -3,6 +3,7 @@ notices a broken world, the collective trace's spans, and the packing of tensors
 per dtype around a gloo call."""
 import functools
 import time
+import weakref
 import zlib
 from datetime import timedelta
 
@@ -26,13 +27,37 @@ class Handle:
         self._done, self._result = False, None
         self.taken = False  # given to synchronize() once: Horovod forgets it then
         self.ended = None  # ends its span in the collective trace, when one is recorded
+        self._later = None  # (its world, its issue) while a named collective waits to be issued
 
     def poll(self) -> bool:
+        if self._later is not None:
+            issue_deferred()
         return all(work.is_completed() for work in self._works)
 
     is_completed = poll  # a Handle can wait on other Handles
 
+    def in_flight(self) -> bool:
+        """Called and not done: not issued yet, or issued and neither waited for nor completed
+        (a reducescatter's gloo Work never says it completed)."""
+        return self._later is not None or (not self._done and not self.poll())
+
+    def _issue(self, world) -> None:
+        """Issue the deferred collective in `world`, the current one (None: none): an error
+        it raises, or its world having ended, is raised by the wait."""
+        (its_world, issue), self._later = self._later, None
+        try:
+            if its_world is not world:
+                raise HorovodInternalError("hvdlite: the world this collective was called in ended "
+                                           "before it was issued")
+            issued = issue()
+        except Exception as e:  # (raised here, it would reach the caller of the collective issuing it)
+            self._finish = functools.partial(_reraise, e)
+            return
+        self._works, self._finish = ([issued], issued.wait) if isinstance(issued, Handle) else ([], lambda: issued)
+
     def wait(self):
+        if self._later is not None:
+            issue_deferred()
         if not self._done:
             try:
                 for work in self._works:
@@ -43,6 +68,34 @@ class Handle:
                     self.ended(**({} if self._done else {"failed": True}))
                     self.ended = None
         return self._result
+
+
+def _reraise(error):
+    raise error
+
+
+_deferred = []  # named collectives called and not yet issued, in call order (see defer)
+
+
+def defer(issue) -> Handle:
+    """A Handle for the collective `issue()` issues, issued once the next collective other
+    than a barrier is called, or once this Handle (or another deferred one) is polled or
+    waited for. Ranks match collectives by order, and Horovod by name: a rank may call a named
+    collective before a barrier that its peers call after it (Horovod's duplicate-name tests
+    do), and with the collective held back until then, every rank's collectives still go out
+    in the same order. Barriers are never held back, so the others' barrier meets this one's."""
+    handle = Handle([], None)
+    handle._later = (runtime.info(), issue)
+    _deferred.append(handle)
+    runtime.before_next(issue_deferred)
+    return handle
+
+
+def issue_deferred() -> None:
+    runtime.before_next(None)  # (issued here, not again when the first of them takes the group)
+    world = runtime.info() if runtime.is_initialized() else None
+    while _deferred:
+        _deferred.pop(0)._issue(world)
 
 
 def done(result) -> Handle:
@@ -75,12 +128,14 @@ def _wait_gloo(work) -> None:
             if work.is_completed():  # failed, or finished just as the slice ended
                 break
             if _world_broke():
+                runtime.fail()
                 raise HorovodInternalError("hvdlite: the driver said this world broke while a "
                                            "collective waited") from e
     try:
         work.wait()
     except RuntimeError as e:
         # gloo reports a dead, hung or cut-off peer as a plain RuntimeError.
+        runtime.fail()
         raise HorovodInternalError(str(e)) from e
 
 
@@ -93,25 +148,62 @@ def _world_broke() -> bool:
 def traced(kind):
     """Record each call as a span of the collective trace, from issue to the handle's wait
     (only while hvdlite.worker.trace records), named by the caller's name= or else by its
-    kind (the wrapped function takes no name)."""
+    kind (the wrapped function takes no name). A name= still in flight is refused first."""
     def wrap(issue):
         @functools.wraps(issue)
         def call(*args, name=None, **kwargs):
-            if trace.recorder() is None:
-                return issue(*args, **kwargs)
-            end = trace.collective(kind, name, runtime.info(), _nbytes(args))
-            try:
-                out = issue(*args, **kwargs)
-            except BaseException:
-                end(failed=True)
-                raise
-            if isinstance(out, Handle):
-                out.ended = end
-            else:
-                end()
-            return out
+            if name is not None:
+                return _named(kind, name, lambda: _traced(kind, issue, name, args, kwargs))
+            return _traced(kind, issue, name, args, kwargs)
         return call
     return wrap
+
+
+def _traced(kind, issue, name, args, kwargs):
+    if trace.recorder() is None:
+        return issue(*args, **kwargs)
+    end = trace.collective(kind, name, runtime.info(), _nbytes(args))
+    try:
+        out = issue(*args, **kwargs)
+    except BaseException:
+        end(failed=True)
+        raise
+    if isinstance(out, Handle):
+        out.ended = end
+    else:
+        end()
+    return out
+
+
+_in_flight = {}  # name= -> (its world, a weak reference to its Handle: a result is not kept here)
+
+
+def _named(kind, name, issue):
+    """A Handle for a collective named `name`, issued later (defer); refused with ValueError
+    before anything is sent while another of this world's collectives of that name is in
+    flight, as Horovod refuses a name used twice among its pending ones."""
+    world = runtime.info()
+    if _flying(_in_flight.get(name), world):
+        raise ValueError(f"{kind}: a collective named {name!r} is still in flight on this rank; "
+                         f"wait for it before issuing another of that name")
+    if len(_in_flight) >= _KEPT_NAMES:  # names used once each (a step number in them) go
+        for old in [n for n, entry in _in_flight.items() if not _flying(entry, world)]:
+            del _in_flight[old]
+    handle = defer(issue)
+    _in_flight[name] = (world, weakref.ref(handle))
+    return handle
+
+
+def _flying(entry, world) -> bool:
+    """Whether an entry of _in_flight is a collective of `world` still in flight (a handle
+    dropped once issued cannot be waited for: its name is free)."""
+    if entry is None or entry[0] is not world:
+        return False
+    handle = entry[1]()
+    return handle is not None and handle.in_flight()
+
+
+_KEPT_NAMES = 1024
 
 
 def _nbytes(args) -> int:

@@ -83,11 +83,13 @@ AHEAD, CARRIED, FLAGGED, OTHER = range(4)  # a Layout's way (see above; OTHER: s
 
 class Layout(NamedTuple):
     """An allreduce as every rank sees it: elements, dtype (index in DTYPES), op (Sum stands
-    for Average too) and how join's state travels with it (way)."""
+    for Average too), how join's state travels with it (way) and, for a lone tensor's, its
+    shape (shape_key; 0 for a group of several, which goes fused)."""
     numel: int
     dtype: int
     op: int
     way: int
+    shape: int = 0
 
     @property
     def torch_dtype(self):
@@ -124,14 +126,21 @@ NOTHING = Layout(0, DTYPES.index(torch.int64), Sum, CARRIED)  # the guess at a w
 NOT_ALLREDUCE = Layout(0, DTYPES.index(torch.int64), Sum, OTHER)
 
 
-def layout(numel, dtype, op, owned, waits=False) -> Layout:
+def layout(numel, dtype, op, owned, waits=False, shape=None) -> Layout:
     """`owned`: the data is in a buffer of ours already (a copy); `waits`: the caller waits
-    for the result before anything else is issued."""
+    for the result before anything else is issued; `shape`: a lone tensor's."""
     if dtype in _CARRIERS and op in (Sum, Min, Max) and (owned or numel * dtype.itemsize <= COPY_LIMIT):
         way = CARRIED
     else:
         way = FLAGGED if waits and op == Sum and dtype in FLOATS else AHEAD
-    return Layout(numel, _INDEX[dtype], op, way)
+    return Layout(numel, _INDEX[dtype], op, way, 0 if shape is None else shape_key(shape))
+
+
+def shape_key(shape) -> int:
+    """A shape as one small positive number, alike in every process and Python build (as
+    _key's), small enough that every rank's sum of it fits an int64. Horovod refuses tensors
+    of one size and different shapes."""
+    return 1 + (zlib.crc32(repr(tuple(shape)).encode()) & 0xFFFFF)
 
 
 def identity(op, dtype, numel):
@@ -271,26 +280,29 @@ class Control(NamedTuple):
     @staticmethod
     def issue(pg, mine=None, joined_now=False):
         size, rank = pg.size(), pg.rank()
-        values = [0] * (5 + 2 * size)
+        values = [0] * (_HEAD + 2 * size)
         if mine is not None:
-            values[:5] = [1, *mine]
-            values[5 + size + rank] = _key(mine)
-        values[5 + rank] = int(joined_now)
+            values[:_HEAD] = [1, *mine]
+            values[_HEAD + size + rank] = _key(mine)
+        values[_HEAD + rank] = int(joined_now)
         control = Control(torch.tensor(values, dtype=torch.int64))
         return control, pg.allreduce([control.buffer], OPTIONS[Sum])
 
     def layout(self) -> Layout:
         """The active ranks' layout (each of them wrote it once)."""
-        active, *fields = self.buffer[:5].tolist()
+        active, *fields = self.buffer[:_HEAD].tolist()
         return Layout(*(value // active for value in fields))
 
     def agrees(self, mine: Layout) -> bool:
-        size = (len(self.buffer) - 5) // 2
-        return set(self.buffer[5 + size:].tolist()) <= {0, _key(mine)}
+        size = (len(self.buffer) - _HEAD) // 2
+        return set(self.buffer[_HEAD + size:].tolist()) <= {0, _key(mine)}
 
     def joined_now(self) -> list:
-        size = (len(self.buffer) - 5) // 2
-        return [r for r, flag in enumerate(self.buffer[5:5 + size].tolist()) if flag]
+        size = (len(self.buffer) - _HEAD) // 2
+        return [r for r, flag in enumerate(self.buffer[_HEAD:_HEAD + size].tolist()) if flag]
+
+
+_HEAD = 1 + len(Layout._fields)  # a Control's count of active ranks and their layout's sum
 
 
 def _key(layout: Layout) -> int:
@@ -401,5 +413,5 @@ def disagree(mine: Layout) -> MismatchError:
     own layout, so the histories now differ and so would the next guesses, and gloo aborts
     the process when envelopes of different sizes meet: every such rank starts afresh."""
     _wire[0] = None
-    return MismatchError(f"allreduce: ranks disagree on the tensors' size, dtype or op (this rank: "
+    return MismatchError(f"allreduce: ranks disagree on the tensors' shape, dtype or op (this rank: "
                       f"{mine.numel} elements of {mine.torch_dtype}, op {mine.op})")

@@ -42,14 +42,15 @@ def as_sum(op, pg):
     return (Sum, pg.size()) if op == Average else (op, 1)
 
 
-# (numel, dtype, op, copy, wait) -> its Layout if a short path takes it (a small carried one,
+# (shape, dtype, op, copy, wait) -> its Layout if a short path takes it (a small carried one,
 # or one not carried in place), else False: making a Layout costs more than finding it.
 _LAYOUTS = {}
 
 
 def _short_layout(key):
-    numel, dtype, op, copy, wait = key
-    layout = joinwire.layout(numel, dtype, op, copy, wait)
+    shape, dtype, op, copy, wait = key
+    numel = shape.numel()
+    layout = joinwire.layout(numel, dtype, op, copy, wait, shape)
     if len(_LAYOUTS) > 4096:  # a script of ever-new sizes
         _LAYOUTS.clear()
     if layout.carried:
@@ -76,7 +77,7 @@ def short(tensor, average, op, prescale_factor, postscale_factor, process_set, c
         return None
     pg = runtime.process_group()
     summed, divisor = as_sum(resolved, pg)
-    key = (tensor.numel(), tensor.dtype, summed, copy, wait)
+    key = (tensor.shape, tensor.dtype, summed, copy, wait)
     layout = _LAYOUTS.get(key)
     if layout is None:
         layout = _short_layout(key)

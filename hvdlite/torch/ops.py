@@ -4,8 +4,9 @@ Tensors must live on the CPU; non-contiguous ones are copied to a buffer and bac
 differentiable faces of these (allreduce, allgather, ...) are in hvdlite.torch.autograd; allreduce
 and join() are in hvdlite.torch.allreduce, what every collective shares in hvdlite.torch.handles. A
 collective that fails because the world broke raises HorovodInternalError, which elastic
-training recovers from. `name=` names a collective in the timeline; ranks match collectives by
-their order, not by name.
+training recovers from. Ranks match collectives by their order, not by name; a named one is
+issued at the next collective other than a barrier, or at its wait (handles.defer), and a
+name still in flight is refused.
 """
 import torch
 import torch.distributed as dist
@@ -115,8 +116,8 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> 
     """Reduce a sparse COO tensor as Horovod does: gather every rank's indices and values
     (Average divides the values by the set's size); the result is sparse, uncoalesced, with
     every rank's entries."""
-    indices = allgather_async(tensor._indices().t().contiguous(), name, process_set)
-    values = allgather_async(tensor._values(), name, process_set)
+    indices = allgather_async(tensor._indices().t().contiguous(), _part(name, "indices"), process_set)
+    values = allgather_async(tensor._values(), _part(name, "values"), process_set)
 
     def finish():
         summed = values.wait()
@@ -127,8 +128,13 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> 
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:
-    handles = [allgather_async(t, name, process_set) for t in tensors]
+    handles = [allgather_async(t, _part(name, i), process_set) for i, t in enumerate(tensors)]
     return Handle(handles, lambda: [h.wait() for h in handles])
+
+
+def _part(name, part):
+    """The name of one of a named call's collectives: each name in flight must be its own."""
+    return None if name is None else f"{name}.{part}"
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> Handle:
@@ -277,5 +283,5 @@ def allgather_object(obj, name=None, process_set=global_process_set):
 
 @handles.traced("barrier")
 def barrier(process_set=global_process_set):
-    handles.wait_work(process_set.group().barrier(dist.BarrierOptions()))
+    handles.wait_work(process_set.group(barrier=True).barrier(dist.BarrierOptions()))
 

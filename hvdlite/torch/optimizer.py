@@ -259,11 +259,11 @@ class _GradientReducer:
         must take the bucket (a rank may take either: the wire and the sums come out alike)."""
         if self.compression is not Compression.none or self.process_set is not global_process_set:
             return None
-        plan = self.plans[index]
-        arrays = plan.arrays([p.grad for p in self.buckets[index]])
+        plan, bucket = self.plans[index], self.buckets[index]
+        arrays = plan.arrays([p.grad for p in bucket])
         if arrays is None:
             return None
-        layout = prepacked(plan.numel, plan.dtype, self.process_set)
+        layout = prepacked(plan.numel, plan.dtype, self.process_set, bucket[0].shape if len(bucket) == 1 else None)
         if layout is None:
             return None
         divisor = self.process_set.size() if self.op == ops.Average else 1

@@ -58,13 +58,17 @@ class ProcessSet:
             raise ValueError(f"{what} {global_rank} is not in the process set {members}")
         return members.index(global_rank)
 
-    def group(self):
-        """The gloo group of this set in the current world (built on first use)."""
+    def group(self, barrier=False):
+        """The gloo group of this set in the current world (built on first use). Like the
+        world's, it first issues the named collectives called before (handles.defer), unless
+        it is taken for a barrier."""
         if self._ranks is None:
-            return runtime.process_group()
+            return runtime.process_group(barrier)
         if self.process_set_id is None:
             raise ValueError(f"{self} has not been added: pass it to hvd.add_process_set() first")
         info = runtime.info()
+        if not barrier:
+            runtime.run_next()
         if self._world is not info:
             members = self._members(info.size)
             if info.rank not in members:

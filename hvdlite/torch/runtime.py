@@ -7,3 +7,14 @@ deactivate = _current.deactivate
 is_initialized = _current.is_initialized
 process_group = _current.group
 info = _current.info
+before_next = _current.before_next
+run_next = _current.run_next
+
+
+def fail() -> None:
+    """Mark the current world's group as failed (see basics.init)."""
+    _current.failed = True
+
+
+def failed() -> bool:
+    return _current.failed

@@ -24,34 +24,50 @@ class Runtime:
     """Holds the backend's group object (a torch process group, a pygloo context)."""
 
     def __init__(self):
-        self._group, self._info, self._first_use = None, None, None
+        self._group, self._info, self._first_use, self._next = None, None, None, None
+        self.failed = False  # a collective of this world failed (HorovodInternalError)
         self.calls = 0  # group() calls in the current world: every rank makes as many per collective
         self.waited = 0.0  # seconds its collectives waited in the current world (the backend adds)
         _runtimes.append(self)
 
     def activate(self, group, info: WorldInfo, first_use=None) -> None:
         """`first_use()`, if given, runs once, before the first collective takes the group."""
-        self._group, self._info, self._first_use = group, info, first_use
+        self._group, self._info, self._first_use, self._next = group, info, first_use, None
+        self.failed = False
         self.calls, self.waited = 0, 0.0
 
     def deactivate(self):
         """Forget the current group; returns it so the caller decides its fate."""
-        group, self._group, self._info, self._first_use = self._group, None, None, None
+        group, self._group, self._info, self._first_use, self._next = self._group, None, None, None, None
         return group
+
+    def before_next(self, then) -> None:
+        """`then()` runs once, before the next collective other than a barrier takes the group
+        (None: nothing does)."""
+        self._next = then
 
     def is_initialized(self) -> bool:
         return self._group is not None
 
     # group() and info() come before every collective: the check is inline, as a call of its
     # own costs a collective ~1 us when the caches are cold after a wait.
-    def group(self):
+    def group(self, barrier=False):
         if self._group is None:
             self._not_initialized()
         self.calls += 1
         first_use, self._first_use = self._first_use, None
         if first_use is not None:
             first_use()
+        if self._next is not None and not barrier:
+            self.run_next()
         return self._group
+
+    def run_next(self) -> None:
+        """Run what before_next() set, now (a process set's collective: its members alone take
+        the world's group, whose first use is everyone's)."""
+        then, self._next = self._next, None
+        if then is not None:
+            then()
 
     def info(self) -> WorldInfo:
         if self._group is None:
