@@ -9,6 +9,7 @@ import hvdlite.torch as hvd
 from hvdlite.worker.errors import HorovodInternalError
 
 hvd.init()
+hvd.barrier()  # every rank is connected before rank 0 breaks the world
 if hvd.rank() == 0:
     hvd.abort()
 try:

@@ -55,7 +55,9 @@ class Slot:
         plainly after all or None)."""
         import ray
         # Exactly the GPUs Ray reserved for this actor (--gpus-per-slot), none if it reserved none.
-        env = {**env, VISIBLE: ",".join(str(gpu) for gpu in ray.get_gpu_ids())}
+        # (Outside an actor, get_gpu_ids() would start a Ray instance of its own.)
+        if ray.is_initialized():
+            env = {**env, VISIBLE: ",".join(str(gpu) for gpu in ray.get_gpu_ids())}
         started = threading.Event()
         errors = []
         self.template_pid = template_pid
