@@ -27,12 +27,13 @@ def both_ways(tmp_path, hvdlite_flags):
     script = os.path.join(SCRIPTS, "train_ddp.py")
     theirs, ours = tmp_path / "torchrun", tmp_path / "hvdlite"
     theirs.mkdir(), ours.mkdir()
-    for _ in range(2):
+    for _ in range(3):
         done = subprocess.run([TORCHRUN, "--nproc-per-node", "4", script], env={**os.environ, "OUT_DIR": str(theirs)},
                               capture_output=True, text=True, timeout=300)
         # torch 2.13 itself now and then aborts a rank of this script at its end (a CI run under
         # load: SIGABRT, 'terminate called without an active exception'; with
-        # TORCH_FR_BUFFER_SIZE=0, 2 runs of 4 on a quiet machine): the reference is run again.
+        # TORCH_FR_BUFFER_SIZE=0, 2 runs of 4 on a quiet machine; twice running in a CI run at 97783d6):
+        # the reference is run again, up to three runs.
         if done.returncode == 0 or "terminate called without an active exception" not in done.stderr:
             break
     assert done.returncode == 0, done.stderr[-3000:]
