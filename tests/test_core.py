@@ -202,6 +202,25 @@ def test_a_starved_driver_does_not_blame_the_workers():
     assert not sim.logged("worker_unresponsive")
 
 
+def test_a_worker_never_heard_is_still_ended_once_it_exits_or_its_world_breaks():
+    """Past its start a member never heard from has no time to be looked at (decisions/
+    deadlines.py), until it says it exits or its world breaks: each gives it one."""
+    sim, (a, b, c) = first_world([("a", 1), ("b", 1), ("c", 1)], start_timeout=5.0, exit_grace=3.0,
+                                 elastic_timeout=4.0)
+    while sim.now < 6.0:  # past every start timeout: nothing is due any more
+        sim.send(Tick(), after=0.5)
+    sim.send(Exiting(a, 0))
+    while sim.now < 10.0:
+        sim.send(Tick(), after=0.5)
+    assert [(f["worker"], f["reason"]) for f in sim.logged("worker_unresponsive")] == [(a, "still exiting after 3 s")]
+    sim.send(Exited(c, -signal.SIGKILL))  # the world breaks; b never comes back from it
+    while sim.now < 15.0:
+        sim.send(Tick(), after=0.5)
+    assert [(f["worker"], f["reason"]) for f in sim.logged("worker_stuck")] == \
+        [(b, "still in a world that broke over --elastic-timeout 4 s ago")]
+    assert Stop(a, 0.0) in sim.actions and Stop(b, 0.0) in sim.actions
+
+
 # ---- Horovod's rules ----------------------------------------------------------------------
 def test_a_failure_blacklists_its_host_on_a_multi_host_job():
     sim, (a0, a1, b0, b1) = first_world([("a", 2), ("b", 2)])

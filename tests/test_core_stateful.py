@@ -11,6 +11,7 @@ Launches start, are refused by their host, fail in the driver's own fork, time o
 launcher, or never start at all.
 """
 import dataclasses
+import math
 import os
 import signal
 
@@ -22,7 +23,7 @@ from hvdlite.driver.decisions.core import ElasticCore
 from hvdlite.driver.decisions.stragglers import PERSIST, WINDOW
 from hvdlite.driver.decisions.ledger import Ledger
 from hvdlite.driver.decisions.policy import Policy
-from hvdlite.driver.decisions.workers import Phase
+from hvdlite.driver.decisions.workers import Phase, overdue_from
 from hvdlite.driver.decisions.messages import (
     DRIVER, HOST, LAUNCHER, Answer, AskStack, EndJob, Exited, Exiting, Heartbeats, HostsFound, Launch, Launched,
     LaunchFailed, Leaving, LoadFailed, Log, Publish, Ready, StackDump, Stop, StopRequested, TemplateDied, Tick,
@@ -630,6 +631,10 @@ class ElasticJob(RuleBasedStateMachine):
     def time_passes(self, dt):
         """Cooldowns end, silent workers are killed (5 s), slow starts time out (10 s)."""
         self.send(Tick(), dt=dt)
+        c = self.core
+        if not c.ended and not c._stop_overdue():  # the tick ended no live worker that is overdue
+            late = [(w, c._overdue(inc)) for w, inc in c.workers.items() if inc.alive and c._overdue(inc)]
+            assert not late, f"overdue after the tick at {self.now:g}: {late}"
 
     @precondition(lambda self: any(not p.alive for p in self.procs.values()))
     @rule(data=st.data(), kind=st.sampled_from(["exit", "ready", "beat", "vouched", "launched", "failed",
@@ -757,6 +762,16 @@ class ElasticJob(RuleBasedStateMachine):
         c = self.core
         assert set(c.leavers) == {w for w, inc in c.workers.items() if inc.leaving_since is not None
                                   and inc.phase not in (Phase.LEAVING, Phase.GONE)}
+
+    @invariant()
+    def every_live_worker_is_due_by_its_overdue_time(self):
+        """A tick looks only at the workers c.deadlines says are due: one held for later than
+        its overdue time would be killed late, or never."""
+        c = self.core
+        for w, inc in c.workers.items():
+            when = overdue_from(inc, c.policy, c._broke_at(inc)) if inc.alive else None
+            assert when is None or c.deadlines.times.get(w, math.inf) <= when, \
+                f"{w} overdue from {when:g}, due at {c.deadlines.times.get(w)} (now {self.now:g})"
 
     @invariant()
     def one_incarnation_per_slot(self):

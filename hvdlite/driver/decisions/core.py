@@ -16,6 +16,7 @@ from typing import Optional
 
 from hvdlite import exitcodes
 from hvdlite.driver.decisions.blacklist import Blacklist
+from hvdlite.driver.decisions.deadlines import Deadlines
 from hvdlite.driver.decisions.forming import Forming, JobFailed
 from hvdlite.driver.decisions.hangs import Progress
 from hvdlite.driver.decisions.hostchanges import HostChanges
@@ -29,7 +30,8 @@ from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.stopping import GracefulStop
 from hvdlite.driver.decisions.stragglers import Stragglers
 from hvdlite.driver.decisions.watching import Watching
-from hvdlite.driver.decisions.workers import Incarnation, Phase, cannot_load, describe_exit, overdue
+from hvdlite.driver.decisions.workers import (
+    Incarnation, Phase, cannot_load, describe_exit, overdue, overdue_from)
 
 REMOVED = {"removed": True}
 
@@ -94,6 +96,7 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching):
         self.progress, self.progress_round = Progress(), 0  # the current world's collective counts
         self.hung = {}  # member named hung -> when; killed once its stack is in (or STACK_WAIT)
         self.stragglers = Stragglers(policy.straggler_factor)  # the current world's step times
+        self.deadlines = Deadlines()  # live workers by when workers.overdue() may name them (_schedule)
         self._now, self._out = 0.0, []
         self._handlers = {HostsFound: self._on_hosts, DiscoveryFailed: self._on_discovery_failed,
                           Launched: self._on_launched, LaunchFailed: self._on_launch_failed,
@@ -153,6 +156,7 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching):
         inc = self._current(event.worker)
         if inc is not None:
             inc.pid = event.pid
+            self._schedule(inc)
             self._log("worker_start", slot=inc.slot, worker=inc.id, pid=event.pid, started=event.started)
 
     def _on_launch_failed(self, event: LaunchFailed):
@@ -195,19 +199,24 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching):
         for worker, commit in event.beats:
             inc = self._current(worker)
             if inc is not None:
-                inc.heard_at = inc.own_at = self._now
+                sooner, inc.heard_at, inc.own_at = self._sooner(inc), self._now, self._now
+                if sooner:
+                    self._schedule(inc)
                 if inc.phase is Phase.TRAINING:
                     self._holds(inc, max(inc.commit, commit))
         for worker, round_number in event.vouched:
             inc = self._current(worker)
             if inc is not None:
-                inc.heard_at, inc.vouched = self._now, (self._now, round_number)
+                sooner, inc.heard_at, inc.vouched = self._sooner(inc), self._now, (self._now, round_number)
+                if sooner:
+                    self._schedule(inc)
         self._watch_beats(event)
 
     def _on_exiting(self, event: Exiting):
         inc = self._current(event.worker)
         if inc is not None and inc.exiting_since is None:
             inc.exiting_since = self._now
+            self._schedule(inc)
             self._holds(inc, max(inc.commit, event.commit))
 
     def _on_exited(self, event: Exited):
@@ -293,21 +302,26 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching):
             self.broken_at += gap
         self.last_tick = now
         self._expire_blacklist()
-        # A member of a broken world that never left it (stuck outside hvdlite's collectives,
-        # its heartbeat thread going on) holds every other worker in the rendezvous.
-        broke_at = self.broken_at if self.round and self.broken >= self.round else None
-        for inc in self._live():
-            if inc.phase is Phase.STARTING and inc.pid is None and now - inc.launched_at > p.start_timeout:
+        looked = [inc for inc in map(self.workers.get, self.deadlines.due(now)) if inc is not None and inc.alive]
+        named = [inc for inc in looked if self._overdue(inc) is not None]
+        if len(named) > 1:  # in _live()'s order, as a walk over every worker would take them
+            order = {inc.id: i for i, inc in enumerate(self._live())}
+            named.sort(key=lambda inc: order[inc.id])
+        for inc in named:
+            why = self._overdue(inc)  # again: one named before may have changed it
+            if why is None:
+                continue
+            if why[0] == "launch_overdue":
                 # Its launch never started it (a launcher that hangs, a queue): the launcher's
                 # trouble. It is stopped whenever it starts; its slot is launched again.
                 self._log("launch_overdue", slot=inc.slot, worker=inc.id, after=p.start_timeout)
                 inc.overdue = True
                 self._remove(inc)
                 self._blame(inc, LAUNCHER, None)
-                continue
-            why = overdue(inc, now, p, broke_at if inc.id in self.staying else inc.left_behind)
-            if why is not None:
+            else:
                 self._kill(inc, *why)
+        for inc in looked:  # their times moved on (a heartbeat came), or came to nothing
+            self._schedule(inc)
         self._check_hangs()
         self._check_stragglers()
 
@@ -351,6 +365,29 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching):
 
 
     # ---- helpers ----------------------------------------------------------------------
+    def _overdue(self, inc):
+        """workers.overdue() for a live worker now."""
+        return overdue(inc, self._now, self.policy, self._broke_at(inc))
+
+    def _broke_at(self, inc):
+        """When the world the worker is still in broke, else None. A member of a broken world that
+        never left it (stuck outside hvdlite's collectives, its heartbeat thread going on) holds
+        every other worker in the rendezvous."""
+        if inc.id not in self.staying:
+            return inc.left_behind
+        return self.broken_at if self.round and self.broken >= self.round else None
+
+    def _schedule(self, inc):
+        """The worker changed in a way that may bring its overdue time forward: the tick looks
+        at it then (self.deadlines)."""
+        if inc.alive:
+            self.deadlines.at(inc.id, overdue_from(inc, self.policy, self._broke_at(inc)))
+
+    def _sooner(self, inc) -> bool:
+        """Whether a beat heard now may bring the worker's overdue time forward: most only move
+        it later. Its first one, or one after a stall moved heard_at past now (_on_tick), does."""
+        return inc.heard_at is None or inc.heard_at > self._now
+
     def _live(self):
         return [inc for phase in self.phases.values() for inc in phase.values()]
 
@@ -399,6 +436,8 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching):
     def _mark_broken(self, cause="failure"):
         if self.round and self.broken < self.round:
             self.broken, self.broken_at = self.round, self._now
+            for worker in self.staying:  # --elastic-timeout runs for them from now
+                self._schedule(self.workers[worker])
             self._disrupt(cause)
             self._log("round_broken", round=self.round, cause=cause)
             self._emit(Publish(self.updates, self.broken))

@@ -51,6 +51,7 @@ class Forming:
         self.workers[inc.id] = inc
         self.phases[Phase.STARTING][inc.id] = inc
         self.joiners[inc.id] = inc
+        self._schedule(inc)
         self._emit(Launch(inc.id, slot, host, self.slots_of[host], place, joining=self.round > 0))
 
     def _maybe_form(self):

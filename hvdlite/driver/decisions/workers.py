@@ -48,21 +48,39 @@ class Incarnation:
         return f"rank {self.rank}" if self.rank is not None else f"worker {self.slot}"
 
 
-def overdue(inc: Incarnation, now: float, p: Policy, broke_at: Optional[float]):
-    """(event, reason) when the driver must kill the live worker as failed now, else None.
-    `broke_at`: when the world it is still in broke (None: it is in no broken world)."""
+def _limits(inc: Incarnation, p: Policy, broke_at: Optional[float]):
+    """(since, limit, event, reason) of each rule that ends the live worker once more than
+    `limit` seconds passed since `since`, the first to apply first; a reason's {:g} is the limit."""
+    if inc.phase is Phase.STARTING and inc.pid is None:  # its launch never started it
+        return ((inc.launched_at, p.start_timeout, "launch_overdue", None),)
     if inc.killed is not None or inc.pid is None:
-        return None
+        return ()
     if inc.exiting_since is not None:
-        return ("worker_unresponsive", f"still exiting after {p.exit_grace:g} s") \
-            if now - inc.exiting_since > p.exit_grace else None
-    if inc.heard_at is not None and now - inc.heard_at > p.liveness_timeout:
-        return "worker_unresponsive", f"no heartbeat for {p.liveness_timeout:g} s"
-    if inc.phase is Phase.STARTING and inc.answer is None and now - inc.launched_at > p.start_timeout:
-        return "worker_start_timeout", f"not ready within {p.start_timeout:g} s"
-    if broke_at is not None and now - broke_at > p.elastic_timeout:
-        return "worker_stuck", f"still in a world that broke over --elastic-timeout {p.elastic_timeout:g} s ago"
+        return ((inc.exiting_since, p.exit_grace, "worker_unresponsive", "still exiting after {:g} s"),)
+    rules = []
+    if inc.heard_at is not None:
+        rules.append((inc.heard_at, p.liveness_timeout, "worker_unresponsive", "no heartbeat for {:g} s"))
+    if inc.phase is Phase.STARTING and inc.answer is None:
+        rules.append((inc.launched_at, p.start_timeout, "worker_start_timeout", "not ready within {:g} s"))
+    if broke_at is not None:
+        rules.append((broke_at, p.elastic_timeout, "worker_stuck",
+                      "still in a world that broke over --elastic-timeout {:g} s ago"))
+    return rules
+
+
+def overdue(inc: Incarnation, now: float, p: Policy, broke_at: Optional[float]):
+    """(event, reason) when the driver must end the live worker now, else None: "launch_overdue"
+    (reason None) for a launch that gave no process within --start-timeout, else a kill as failed.
+    `broke_at`: when the world it is still in broke (None: it is in no broken world)."""
+    for since, limit, event, reason in _limits(inc, p, broke_at):
+        if now - since > limit:
+            return event, reason and reason.format(limit)
     return None
+
+
+def overdue_from(inc: Incarnation, p: Policy, broke_at: Optional[float]) -> Optional[float]:
+    """The earliest time overdue() can name the worker while it stays as it is (None: never)."""
+    return min((since + limit for since, limit, _, _ in _limits(inc, p, broke_at)), default=None)
 
 
 def describe_exit(code: int) -> str:
