@@ -160,12 +160,13 @@ class Executor:
     def _with_device_address(self, a: Answer) -> dict:
         """A local worker told the loopback address must still bind gloo where the world's
         remote members reach it: on this machine's address on the route to one of them."""
+        if self.server.address[0] != ANY:
+            return a.body
         with self._lock:
-            routes = [self._remote_routes[h] for h in a.body.get("hosts", ()) if h in self._remote_routes]
-            local = self._host_of.get(a.worker) not in self._remote_routes
-        if routes and local and self.server.address[0] == ANY:
-            return {**a.body, "device_address": routes[0]}
-        return a.body
+            if self._host_of.get(a.worker) in self._remote_routes:
+                return a.body  # a remote worker: the common case at thousands, with no walk of the hosts
+            route = next((self._remote_routes[h] for h in a.body.get("hosts", ()) if h in self._remote_routes), None)
+        return a.body if route is None else {**a.body, "device_address": route}
 
     def _publish(self, a: Publish):
         self.rendezvous.publish(a.updates, a.broken, a.stop)
