@@ -436,8 +436,11 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching):
     def _mark_broken(self, cause="failure"):
         if self.round and self.broken < self.round:
             self.broken, self.broken_at = self.round, self._now
-            for worker in self.staying:  # --elastic-timeout runs for them from now
-                self._schedule(self.workers[worker])
+            # --elastic-timeout runs for its members from now: each is looked at by then at the
+            # latest (for one that needs no look then, that look finds nothing).
+            stuck_from = self._now + self.policy.elastic_timeout
+            for worker in self.staying:
+                self.deadlines.at(worker, stuck_from)
             self._disrupt(cause)
             self._log("round_broken", round=self.round, cause=cause)
             self._emit(Publish(self.updates, self.broken))
