@@ -33,9 +33,9 @@ def both_ways(tmp_path, hvdlite_flags):
         # torch 2.13 itself now and then aborts a rank of this script at its end (a CI run under
         # load: SIGABRT, 'terminate called without an active exception'; with
         # TORCH_FR_BUFFER_SIZE=0, 2 runs of 4 on a quiet machine; twice running in a CI run at 97783d6):
-        # the reference is run again, up to three runs. No hvdlite code runs there: faulthandler shows
-        # the main thread past its last Python frame (interpreter teardown); the same script without
-        # destroy_process_group() aborted 1 run in 36 under load, with it 0 in 33.
+        # the reference is run again, up to three runs. No hvdlite code runs there. The same script
+        # without destroy_process_group() aborted so in 1 run of 36 under load, its main thread past
+        # its last Python frame (the interpreter's teardown, faulthandler); with it, 0 of 33.
         if done.returncode == 0 or "terminate called without an active exception" not in done.stderr:
             break
     assert done.returncode == 0, done.stderr[-3000:]
