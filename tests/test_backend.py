@@ -83,8 +83,8 @@ class FakeNccl:
     """Stands for the NCCL group where there is none: records its making and its aborts."""
     made = []
 
-    def __init__(self, info):
-        FakeNccl.made.append(info.rank)
+    def __init__(self, store, rank, size, timeout):
+        FakeNccl.made.append(rank)
         self.aborts = 0
         self.group = self
 
@@ -96,6 +96,8 @@ def _choose_with(readiness_of):
     """Every rank runs the choice of a new world with its faked readiness."""
     backend.readiness = lambda: readiness_of(runtime.info().rank)
     backend.Nccl = FakeNccl
+    backend.gloo.bootstrap_store = lambda scope, abandoned: f"store {scope}"  # (no driver here)
+    backend.gloo.collective_timeout = lambda: 30
     backend.begin(runtime.process_group(), runtime.info())
 
 

@@ -58,7 +58,15 @@ def begin(pg, info) -> None:
     else:
         said = handles.gather_equal(pg, torch.tensor([readiness()], dtype=torch.int32)).tolist()
     if backends.choose(wanted, said) == "nccl":
-        _world[:] = [Nccl(info)]
+        store = gloo.bootstrap_store(f"nccl.{info.store_scope}", lambda: broken(info.round, session().broken))
+        adopt(store, info.rank, info.size)
+
+
+def adopt(store, rank: int, size: int, timeout=None) -> None:
+    """Make the current world take NCCL, bootstrapped through `store`, its collectives
+    failing after `timeout` (default: the job's). begin()'s; a harness without a driver
+    passes its own store and timeout (bench/allreduce.py, tests/test_gpu_nccl.py)."""
+    _world[:] = [Nccl(store, rank, size, timeout or gloo.collective_timeout())]
 
 
 def active() -> bool:
@@ -97,15 +105,13 @@ class Nccl:
     """The world's NCCL group, with the calls the collectives make; each Work comes back as a
     handles.Polled."""
 
-    def __init__(self, info):
+    def __init__(self, store, rank: int, size: int, timeout):
         os.environ.setdefault(ERROR_HANDLING, CLEAN_UP_ONLY)
-        # Kept for the group's life: torch holds only the C++ side of a Python store (store.py).
-        self.store = gloo.bootstrap_store(f"nccl.{info.store_scope}",
-                                          lambda: broken(info.round, session().broken))
+        self.store = store  # kept for the group's life: torch holds only a Python store's C++ side
         options = dist.ProcessGroupNCCL.Options()
-        options._timeout = gloo.collective_timeout()
-        self.group = dist.ProcessGroupNCCL(self.store, info.rank, info.size, options)
-        self._rank, self._size = info.rank, info.size
+        options._timeout = timeout
+        self.group = dist.ProcessGroupNCCL(store, rank, size, options)
+        self._rank, self._size = rank, size
 
     def rank(self) -> int:
         return self._rank
