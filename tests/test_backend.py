@@ -86,7 +86,6 @@ class FakeNccl:
     def __init__(self, store, rank, size, timeout):
         FakeNccl.made.append(rank)
         self.aborts = 0
-        self.group = self
 
     def abort(self):
         self.aborts += 1

@@ -94,7 +94,7 @@ def _allreduce_async(tensors, average, op, prescale_factor, postscale_factor, pr
     op, divisor = lone.as_sum(op, pg)
     wire = joinwire.wire()
     # (CUDA tensors reach here on NCCL only, devices.staged: join is refused there)
-    announced = process_set is global_process_set and wire.on and tensors[0].is_cpu
+    announced = process_set is global_process_set and wire.on and (not tensors or tensors[0].is_cpu)
     groups, where = fusion.by_dtype(tensors)
     waits = waits and len(groups) == 1  # (a flagged group's state may not come after another's)
     packs, announced_checks, works = [], [], []

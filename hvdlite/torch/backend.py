@@ -91,7 +91,7 @@ def abort() -> None:
     """Abort the world's NCCL communicator: its pending and later works end with an error
     (any thread may call it: the heartbeat's does when the driver says the round broke)."""
     for nccl in list(_world):
-        nccl.group.abort()
+        nccl.abort()
 
 
 def leave():
@@ -112,6 +112,13 @@ class Nccl:
         options._timeout = timeout
         self.group = dist.ProcessGroupNCCL(store, rank, size, options)
         self._rank, self._size = rank, size
+        self._aborted = False
+
+    def abort(self) -> None:
+        """Once: the heartbeat thread calls abort() on every answer while the round is broken."""
+        if not self._aborted:
+            self._aborted = True
+            self.group.abort()
 
     def rank(self) -> int:
         return self._rank
