@@ -4,9 +4,11 @@
     python bench/allreduce.py --spawn [--np 2]     # its own launcher, no driver needed
     python bench/allreduce.py --spawn --sizes 4    # only these sizes (bytes), for a quick look
     python bench/allreduce.py --spawn --device cuda  # GPU tensors, the ranks sharing the GPUs
+    python bench/allreduce.py --spawn --device cuda --backend nccl  # on NCCL, twins too
 
 Prints, on rank 0:
-- hvd.allreduce / hvd.allreduce_ against pg.allreduce on the very same group (target >= 0.95x):
+- hvd.allreduce / hvd.allreduce_ against pg.allreduce on the very same group (target >= 0.95x;
+  with --backend nccl the world's NCCL group, torch's ProcessGroupNCCL):
   the median over runs of the twin's time over hvdlite's in the run beside it, with a ~90%
   confidence interval (a ratio of two medians swung 0.5-2x at 1 MB under load);
 - pg.allreduce against itself, measured the same way: what the harness alone reads (its noise
@@ -27,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 import hvdlite.torch as hvd
-from hvdlite.torch import optimizer as hvd_optimizer, runtime
+from hvdlite.torch import backend, optimizer as hvd_optimizer, runtime
 from hvdlite.worker.world import WorldInfo
 from stats import median_interval  # bench/, the script's folder
 
@@ -71,7 +73,8 @@ def bench_allreduce(iters, sizes=SIZES):
     """Per size: ({case: median seconds}, {hvdlite case: its twin's seconds / its own, per
     run}). Each hvdlite case has a raw gloo twin doing the same work by hand, so the ratio is
     hvdlite's own overhead."""
-    pg = runtime.process_group()
+    pg = backend.data(runtime.process_group(), torch.empty(0, device=DEVICE))
+    pg = getattr(pg, "group", pg)  # NCCL's: torch's own group, not hvdlite's polled face
     options = dist.AllreduceOptions()
     options.reduceOp = dist.ReduceOp.SUM
 
@@ -164,7 +167,8 @@ def report(iters, sizes):
     tensors, steps = bench_optimizer(iters)
     if hvd.rank() != 0:
         return
-    print(f"{hvd.size()} ranks, {torch.get_num_threads()} torch threads each, tensors on {DEVICE.type}; "
+    print(f"{hvd.size()} ranks, {torch.get_num_threads()} torch threads each, tensors on {DEVICE.type} "
+          f"over {'nccl' if backend.active() else 'gloo'}; "
           f"max({iters}, min(2000, 2000 / size in MB)) runs per allreduce pair, {iters} per training step;"
           f" ratio: median over runs of the twin's time / hvdlite's in the run beside it (~90% CI)")
     print(f"\n{'size':>5}  {'case':<28} {'ms':>8} {'GB/s':>6}  {'raw twin / hvdlite':>18}")
@@ -183,14 +187,15 @@ def report(iters, sizes):
         print(f"  {name:<50} {seconds * 1e3:8.2f} ms  {seconds / fused:5.1f}x the fused step")
 
 
-def spawn(np_, iters, sizes, device):
+def spawn(np_, iters, sizes, device, backend_):
     with tempfile.TemporaryDirectory() as tmp:
         # One torch thread per rank unless told otherwise, as torchrun does: idle OpenMP
         # threads spin and steal the cores gloo's threads need.
         env = {"OMP_NUM_THREADS": "1", **os.environ}
         procs = [subprocess.Popen([sys.executable, __file__, "--child", str(rank), str(np_),
                                    os.path.join(tmp, "store"), "--iters", str(iters),
-                                   "--sizes", *map(str, sizes), "--device", device], env=env)
+                                   "--sizes", *map(str, sizes), "--device", device,
+                                   "--backend", backend_], env=env)
                  for rank in range(np_)]
         try:
             codes = [proc.wait(timeout=600) for proc in procs]
@@ -202,10 +207,17 @@ def spawn(np_, iters, sizes, device):
                     proc.wait()
 
 
-def join_file_store(rank, size, path):
-    pg = dist.ProcessGroupGloo(dist.FileStore(path, size), rank, size, datetime.timedelta(seconds=60))
+def join_file_store(rank, size, path, nccl):
+    store, timeout = dist.FileStore(path, size), datetime.timedelta(seconds=60)
+    pg = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, timeout)
     runtime.activate(pg, WorldInfo(rank=rank, size=size, local_rank=rank, local_size=size,
                                    cross_rank=0, cross_size=1, hostname="localhost"))
+    if nccl:
+        if size > torch.cuda.device_count():
+            # Ranks sharing a GPU: NCCL refuses two ranks of one host on one device ("Duplicate
+            # GPU detected") unless each says it is a host of its own, over sockets.
+            os.environ.update(NCCL_HOSTID=f"bench-rank-{rank}", NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1")
+        backend.adopt(dist.PrefixStore("nccl", store), rank, size, timeout)
 
 
 def main():
@@ -216,14 +228,16 @@ def main():
     parser.add_argument("--sizes", type=int, nargs="+", default=SIZES, help="bytes per allreduce")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="where the allreduced tensors live (the training step stays on the CPU)")
+    parser.add_argument("--backend", default="gloo", choices=("gloo", "nccl"),
+                        help="--spawn: what carries the CUDA tensors (under hvdlite run: $HVDLITE_BACKEND)")
     parser.add_argument("--child", nargs=3, metavar=("RANK", "SIZE", "STORE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("bench/allreduce.py: --device cuda, but torch sees no GPU here")
     if args.spawn:
-        sys.exit(spawn(args.np, args.iters, args.sizes, args.device))
+        sys.exit(spawn(args.np, args.iters, args.sizes, args.device, args.backend))
     if args.child:
-        join_file_store(int(args.child[0]), int(args.child[1]), args.child[2])
+        join_file_store(int(args.child[0]), int(args.child[1]), args.child[2], args.backend == "nccl")
     else:
         hvd.init()
     global DEVICE

@@ -7,7 +7,7 @@ import sys
 
 from hvdlite import __version__, defaults, timeouts
 from hvdlite.template import DEFAULT_PRELOAD
-from hvdlite.worker import checkpointdir
+from hvdlite.worker import backends, checkpointdir
 from hvdlite.discovery.hostspec import parse_hostfile, parse_hosts
 from hvdlite.discovery.slurm import allocation
 from hvdlite.driver.settings import Settings
@@ -209,6 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "timeouts must keep their order (docs/troubleshooting.md#timeouts)")
     a.add_argument("--gloo-timeout-seconds", **_scaled(
         "collective_timeout", "seconds a collective waits for a peer; longer than --liveness-timeout"))
+    a.add_argument("--backend", choices=backends.CHOICES,
+                   help="what carries the collectives of CUDA tensors: nccl, gloo (through host "
+                        "memory), or auto: nccl where every rank can use it (default "
+                        f"${backends.ENV} or {backends.DEFAULT}; docs/gpus.md#backends)")
     a.add_argument("--hang-timeout", type=_positive(float), metavar="SECONDS",
                    help="seconds a rank its peers wait on may make no progress before it is named "
                         "hung, with its stack, and failed (default: 3 x the longest stall the job "
@@ -301,7 +305,7 @@ def parse_settings(argv) -> Settings:
         preload=() if args.no_preload else tuple(_modules(args.preload)) if args.preload else DEFAULT_PRELOAD,
         preload_first=bool(args.preload), keep_warm=keep_warm, checkpoint_dir=args.checkpoint_dir,
         checkpoint_interval=args.checkpoint_interval, checkpoint_keep=args.checkpoint_keep,
-        checkpoint_lineage=checkpointdir.new_lineage() if args.fresh else None)
+        checkpoint_lineage=checkpointdir.new_lineage() if args.fresh else None, backend=args.backend)
 
 
 def timeout_seconds(args) -> dict:

@@ -56,7 +56,12 @@ def check_collectives():
     x = torch.ones(3, device=gpu, requires_grad=True)
     (hvd.allreduce(x, op=hvd.Sum) * (rank + 1)).sum().backward()
     assert x.grad.device == gpu and torch.equal(x.grad, torch.full((3,), float(every), device=gpu))
+    hvd.barrier()
 
+
+def check_collectives_and_join():
+    check_collectives()
+    rank, size, gpu = _on_slot_gpu()
     if rank == 0:
         hvd.join()  # joins first: the others' allreduces get its zeros
     else:
@@ -91,7 +96,7 @@ def check_training_and_state():
 
 @pytest.mark.parametrize("size", [2, 3, 4])
 def test_collectives_on_gpu_tensors(size):
-    gloo_harness.run(check_collectives, size, timeout=180)
+    gloo_harness.run(check_collectives_and_join, size, timeout=180)
 
 
 @pytest.mark.parametrize("size", [2, 4])

@@ -57,6 +57,7 @@ class Settings:
     checkpoint_interval: float = defaults.CHECKPOINT_INTERVAL
     checkpoint_keep: int = defaults.CHECKPOINT_KEEP
     checkpoint_lineage: str = None  # --fresh: the lineage this job starts; None: resume the newest
+    backend: str = None  # --backend (worker/backends.py); None: the workers' HVDLITE_BACKEND, else auto
     env: dict = field(default_factory=lambda: dict(os.environ))
 
     @property

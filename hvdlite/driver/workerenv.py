@@ -1,7 +1,7 @@
 """The environment a worker starts with: the driver's, minus host-specific names, plus ours.
 The user's CUDA_VISIBLE_DEVICES travels with it: the slots share those GPUs (worker/gpus.py)."""
 from hvdlite.driver.torchrunenv import torchrun_env
-from hvdlite.worker import env
+from hvdlite.worker import backends, env
 
 _DROPPED = {"OLDPWD", "PWD", "SHLVL", "_", *env.IDENTITY}
 
@@ -34,5 +34,6 @@ def worker_env(settings, rendezvous: tuple, secret: str, worker: str, slot: str,
         env.LIVENESS_TIMEOUT: str(settings.liveness_timeout),
         env.COLLECTIVE_TIMEOUT: str(settings.collective_timeout),
         **({env.TIMELINE: settings.timeline_filename} if settings.timeline_filename else {}),
+        **({backends.ENV: settings.backend} if settings.backend else {}),
         "PYTHONUNBUFFERED": "1",
     }

@@ -2,7 +2,7 @@
 joinwire), so a rank that joined takes part in the others' allreduces until every rank has."""
 import torch
 
-from hvdlite.torch import adasum, devices, fusion, handles, joinwire, lone, runtime
+from hvdlite.torch import adasum, backend, devices, fusion, handles, joinwire, lone, runtime
 from hvdlite.torch.handles import Handle
 from hvdlite.torch.processsets import global_process_set
 from hvdlite.worker import trace
@@ -93,7 +93,8 @@ def _allreduce_async(tensors, average, op, prescale_factor, postscale_factor, pr
         return _adasum(pg, tensors, copy, prescale_factor, postscale_factor, single)
     op, divisor = lone.as_sum(op, pg)
     wire = joinwire.wire()
-    announced = process_set is global_process_set and wire.on
+    # (CUDA tensors reach here on NCCL only, devices.staged: join is refused there)
+    announced = process_set is global_process_set and wire.on and (not tensors or tensors[0].is_cpu)
     groups, where = fusion.by_dtype(tensors)
     waits = waits and len(groups) == 1  # (a flagged group's state may not come after another's)
     packs, announced_checks, works = [], [], []
@@ -104,7 +105,7 @@ def _allreduce_async(tensors, average, op, prescale_factor, postscale_factor, pr
             announced_checks.append(checks)
         else:
             pack = _packed(group, 0, copy, prescale_factor)
-            works.append(pg.allreduce([pack.flat], joinwire.OPTIONS[op]))
+            works.append(backend.data(pg, pack.flat).allreduce([pack.flat], joinwire.OPTIONS[op]))
         packs.append(pack)
 
     def done():
@@ -170,7 +171,7 @@ def _adasum(pg, tensors, copy, prescale_factor, postscale_factor, single) -> Han
         works = []
         if announced:  # joined ranks take part with zeros, which Adasum leaves out
             checks = _announce(pg, joinwire.wire(), joinwire.layout(mine.numel(), mine.dtype, Adasum, False), works)
-        combined = adasum.reduce(handles.gather_equal(pg, mine))
+        combined = adasum.reduce(handles.gather_equal(backend.data(pg, mine), mine))
         for work in works:
             handles.wait_work(work)
         if works:
@@ -243,6 +244,9 @@ def join(device=-1) -> int:
     pg = runtime.process_group()
     if not joinwire.wire().on:
         raise RuntimeError(f"hvd.join() needs the allreduce envelopes that {joinwire.JOIN_ENV}=0 turned off")
+    if backend.active():
+        raise RuntimeError("hvd.join() runs on gloo only: this world's CUDA allreduces take NCCL, "
+                           "which carries no join state; run with --backend gloo")
     wire, first = joinwire.wire(), True
     while True:
         guess = wire.guess()

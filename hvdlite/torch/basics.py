@@ -1,12 +1,14 @@
 """init / shutdown, the rank queries and the capability queries of the Horovod-compatible face."""
 import atexit
+import functools
 import os
 import sys
 import time
 
 import torch
+import torch.distributed as dist
 
-from hvdlite.torch import defaultgroup, devices, gloo, runtime
+from hvdlite.torch import backend, defaultgroup, devices, gloo, runtime
 from hvdlite.torch.processsets import add_process_set, remove_all
 from hvdlite.worker import durable, elastic, env, exitcode, trace
 from hvdlite.worker.links import EXIT_WAIT, Links
@@ -15,7 +17,7 @@ from hvdlite.worker.world import WorldInfo
 
 EXIT_RELEASE_WAIT = 10.0  # seconds an exiting worker waits for groups it released to be destroyed
 
-_links = Links()  # the current group's gloo connections
+_links = Links(backend.abort)  # the current group's gloo connections (cut: its NCCL one is aborted too)
 
 
 def init(comm=None, process_sets=None) -> None:
@@ -32,6 +34,7 @@ def init(comm=None, process_sets=None) -> None:
         # nothing. (An elastic one is reset by hvd.elastic.run.)
         shutdown()
     if not runtime.is_initialized():
+        backend.check_requested()
         join()
     devices.say_gpu()
     _gloo_enabled[0] = True
@@ -49,8 +52,16 @@ def join(after_round=None, commit=0) -> None:
         end(failed=True)
         raise
     end(round=info.round, rank=info.rank, size=info.size)
-    runtime.activate(pg, info, elastic.entry_check(_count, info.size) if session().elastic else None)
+    check = elastic.entry_check(_count, info.size) if session().elastic else None
+    runtime.activate(pg, info, functools.partial(_first_use, pg, info, check))
     defaultgroup.bind(pg, info)
+
+
+def _first_use(pg, info, check) -> None:
+    """Before the world's first collective, on every rank: its backend, then the elastic check."""
+    backend.begin(pg, info)
+    if check is not None:
+        check()
 
 
 def _count(flag: int) -> int:
@@ -79,7 +90,7 @@ def leave() -> None:
     """Leave the current world, keeping the process sets (an elastic reset's)."""
     _links.forget()
     defaultgroup.unbind()
-    gloo.release([runtime.deactivate()])
+    gloo.release([runtime.deactivate(), backend.leave()])
 
 
 def _destroy_at_exit() -> None:
@@ -88,6 +99,7 @@ def _destroy_at_exit() -> None:
     deadline = time.monotonic() + EXIT_WAIT
     defaultgroup.unbind()  # torch's reference to the group would outlive the interpreter's teardown
     runtime.deactivate()
+    backend.leave()
     released = gloo.finish_releases(min(EXIT_RELEASE_WAIT, EXIT_WAIT))
     if not (_links.finish_given_up(max(0.0, deadline - time.monotonic())) and released):
         _leave_without_teardown()
@@ -147,8 +159,9 @@ def is_homogeneous() -> bool:
 
 
 # What this build has, answered as Horovod 0.28.1 answers: gloo, enabled by init() (and still
-# so after shutdown()); GPU tensors where torch was built for CUDA or ROCm (they travel through
-# host memory, hvdlite.torch.devices); no MPI, NCCL, DDL or oneCCL.
+# so after shutdown()); GPU tensors where torch was built for CUDA or ROCm (through host memory,
+# hvdlite.torch.devices, or NCCL, hvdlite.torch.backend); NCCL where torch has it; no MPI, DDL
+# or oneCCL.
 _gloo_enabled = [False]
 
 
@@ -176,8 +189,11 @@ def rocm_built() -> bool:
 
 
 def nccl_built() -> int:
-    """The NCCL version compiled in; 0: none."""
-    return 0
+    """The version of the NCCL torch has, as Horovod's number (2.21.5: 22105); 0: none."""
+    if not dist.is_nccl_available():
+        return 0
+    major, minor, patch = torch.cuda.nccl.version()[:3]
+    return major * 10000 + minor * 100 + patch
 
 
 def mpi_threads_supported() -> bool:

@@ -1,13 +1,16 @@
-"""Where a collective's tensors travel. hvdlite's collectives run on gloo over host memory:
-a tensor on another device (a GPU) is copied to the host when the collective is issued, and
-its results come back onto that device once it is done: into the caller's own tensors for
-the in-place forms, as new tensors on the device for the others. Host tensors pass untouched,
-so a CPU job takes no step more than one check of its first argument."""
+"""Where a collective's tensors travel. In a world that took NCCL (torch/backend.py), the
+global set's collectives of CUDA tensors go to it as they are. Elsewhere they run on gloo over
+host memory: a tensor on another device (a GPU) is copied to the host when the collective is
+issued, and its results come back onto that device once it is done: into the caller's own
+tensors for the in-place forms, as new tensors on the device for the others. Host tensors pass
+untouched, so a CPU job takes no step more than one check of its first argument."""
 import functools
+import inspect
 import sys
 
 import torch
 
+from hvdlite.torch import backend
 from hvdlite.torch.handles import Handle
 from hvdlite.worker import gpus
 
@@ -36,11 +39,15 @@ def off_host(tensors) -> list:
 def staged(issue):
     """Wrap a collective's issue function (its tensors, or a list of them, first; a Handle
     back) so that it takes tensors on any device: see the module's text. The other positional
-    arguments that hold the same tensors (broadcast's `result`) are staged alike."""
+    arguments that hold the same tensors (broadcast's `result`) are staged alike. It takes a
+    `process_set` argument: NCCL is the global set's alone."""
+    at = list(inspect.signature(issue).parameters).index("process_set") - 1  # in *args
+
     @functools.wraps(issue)
     def call(tensors, *args, **kwargs):
         away = off_host(tensors)
-        if not away:
+        if not away or backend.takes(away, 1 if torch.is_tensor(tensors) else len(tensors),
+                                     args[at] if at < len(args) else kwargs["process_set"]):
             return issue(tensors, *args, **kwargs)
         device = away[0].device
         hosted = {id(t): (t, t.detach().to(HOST, copy=True)) for t in away}  # id -> (it, its host copy)

@@ -162,7 +162,9 @@ class Pack:
         if self.in_place:  # (a view costs ~1 us; a 1-D tensor needs none)
             self.buffer = self.flat = tensors[0] if tensors[0].dim() == 1 else tensors[0].view(-1)
             return
-        self.buffer = pool.take(room + sum(t.numel() for t in tensors), tensors[0].dtype)
+        numel, first = room + sum(t.numel() for t in tensors), tensors[0]
+        # (a CUDA tensor's, on NCCL: the caching allocator keeps its memory already)
+        self.buffer = pool.take(numel, first.dtype) if first.is_cpu else first.new_empty(numel)
         self.flat = self.buffer[room:]
         if self.scaled and scale != 1:
             for tensor, part in zip(tensors, self.parts()):
@@ -192,7 +194,7 @@ class Pack:
     def _small(self) -> bool:
         """A lone tensor small enough to copy through numpy (see NUMPY_COPY)."""
         tensor = self.tensors[0]
-        return (len(self.tensors) == 1 and tensor.dtype in _NUMPY_DTYPES
+        return (len(self.tensors) == 1 and tensor.dtype in _NUMPY_DTYPES and tensor.is_cpu
                 and tensor.numel() * tensor.dtype.itemsize <= NUMPY_COPY)
 
     def unpack(self) -> None:
@@ -206,7 +208,7 @@ class Pack:
 
 
 def _multiply(tensor, factor, out) -> None:
-    if tensor.dtype in _NUMPY_SCALED and not tensor.is_neg():  # (numpy() refuses a negative view)
+    if tensor.dtype in _NUMPY_SCALED and tensor.is_cpu and not tensor.is_neg():  # (numpy() refuses a negative view)
         numpy.multiply(tensor.numpy(), factor, out=out.numpy())
     else:
         torch.mul(tensor, factor, out=out)

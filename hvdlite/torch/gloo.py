@@ -28,9 +28,13 @@ def connect(scope: str, rank: int, size: int, abandoned=lambda: False, seen=None
     torch's new_group would not inherit it. `seen`: see ScopeStore."""
     if not any(name in os.environ for name in FLIGHT_RECORDER):
         os.environ[FLIGHT_RECORDER[0]] = "0"
-    store = KVStore(session().client, scope, _timeout(env.START_TIMEOUT, defaults.START_TIMEOUT),
-                    abandoned, size, seen)
-    return on_store(store, rank, size)
+    return on_store(bootstrap_store(scope, abandoned, size, seen), rank, size)
+
+
+def bootstrap_store(scope: str, abandoned=lambda: False, size: int = 0, seen=None) -> KVStore:
+    """The KV store a group of `size` ranks bootstraps through, under KV `scope`."""
+    return KVStore(session().client, scope, _timeout(env.START_TIMEOUT, defaults.START_TIMEOUT),
+                   abandoned, size, seen)
 
 
 def collective_timeout() -> timedelta:

@@ -114,7 +114,10 @@ def wait_work(work) -> None:
         return
     started = time.perf_counter()
     try:
-        _wait_gloo(work)
+        if type(work) is Polled:
+            _wait_polled(work.work)
+        else:
+            _wait_gloo(work)
     finally:  # the straggler rule's measure (driver/decisions/stragglers.py)
         runtime._current.waited += time.perf_counter() - started
 
@@ -128,15 +131,52 @@ def _wait_gloo(work) -> None:
             if work.is_completed():  # failed, or finished just as the slice ended
                 break
             if _world_broke():
-                runtime.fail()
-                raise HorovodInternalError("hvdlite: the driver said this world broke while a "
-                                           "collective waited") from e
+                raise _failed("hvdlite: the driver said this world broke while a collective waited") from e
     try:
         work.wait()
     except RuntimeError as e:
         # gloo reports a dead, hung or cut-off peer as a plain RuntimeError.
-        runtime.fail()
-        raise HorovodInternalError(str(e)) from e
+        raise _failed(str(e)) from e
+
+
+def _failed(why: str) -> HorovodInternalError:
+    """The error of a collective that failed: its world is of no more use."""
+    runtime.fail()
+    return HorovodInternalError(why)
+
+
+class Polled:
+    """A Work of an NCCL group (torch/backend.py), waited by polling: a timed wait on one
+    aborts its communicator and throws."""
+    __slots__ = ("work",)
+
+    def __init__(self, work):
+        self.work = work
+
+    def is_completed(self) -> bool:
+        return self.work.is_completed()
+
+
+_SPIN = 0.002  # seconds an NCCL wait polls without sleeping: a small collective ends in us
+_POLL = 0.001  # seconds between polls after that
+
+
+def _wait_polled(work) -> None:
+    """Wait for an NCCL Work; HorovodInternalError when it fails (an aborted communicator, or
+    torch's watchdog after the collective timeout), or once the driver says the world broke
+    while it still waits (the heartbeat thread aborts the communicator then: backend.abort)."""
+    spin = time.perf_counter() + _SPIN
+    while not work.is_completed():
+        if time.perf_counter() < spin:
+            time.sleep(0)
+            continue
+        if _world_broke():
+            raise _failed("hvdlite: the driver said this world broke while a collective waited")
+        time.sleep(_POLL)
+    try:
+        work.wait()  # (completed: this raises its error, if it has one)
+    except RuntimeError as e:
+        raise _failed(str(e)) from e
 
 
 def _world_broke() -> bool:

@@ -1,6 +1,8 @@
 """Horovod's collectives on the current gloo group, or on a process set's.
 
-Tensors must live on the CPU; non-contiguous ones are copied to a buffer and back. The
+Host tensors go on gloo; CUDA ones there too through host copies (devices.py), or, in a world
+that took NCCL, on its NCCL group (backend.py: the data there, the control exchanges on gloo).
+Non-contiguous tensors are copied to a buffer and back. The
 differentiable faces of these (allreduce, allgather, ...) are in hvdlite.torch.autograd; allreduce
 and join() are in hvdlite.torch.allreduce, what every collective shares in hvdlite.torch.handles. A
 collective that fails because the world broke raises HorovodInternalError, which elastic
@@ -11,7 +13,7 @@ name still in flight is refused.
 import torch
 import torch.distributed as dist
 
-from hvdlite.torch import devices, fusion, handles, joinwire, runtime
+from hvdlite.torch import backend, devices, fusion, handles, joinwire, runtime
 from hvdlite.torch.allreduce import (  # noqa: F401 - this module is the collectives' one face
     allreduce_, allreduce_async, allreduce_async_, grouped_allreduce_, grouped_allreduce_async,
     grouped_allreduce_async_, join)
@@ -37,7 +39,7 @@ def _broadcast_async(tensors, result, root_rank, process_set, checked=True) -> H
                       **{"root rank": root_rank, "tensors' dtypes and shapes": handles.layout_key(tensors)})
     options = dist.BroadcastOptions()
     options.rootRank = process_set.set_rank(root_rank, "root_rank")
-    return handles.collective(tensors, result, lambda flat: [pg.broadcast([flat], options)])
+    return handles.collective(tensors, result, lambda flat: [backend.data(pg, flat).broadcast([flat], options)])
 
 
 def _refuse_if_joined(pg, process_set, kind) -> None:
@@ -97,7 +99,7 @@ def _allgather_async(tensor, process_set) -> Handle:
     padded = tensor.detach()
     if tensor.shape[0] < longest:
         padded = torch.cat([padded, padded.new_empty((longest - tensor.shape[0],) + rest)])
-    work, gathered = handles.gather_equal_async(pg, padded)
+    work, gathered = handles.gather_equal_async(backend.data(pg, padded), padded)
     return Handle([work], lambda: [gathered[r * longest: r * longest + n] for r, n in enumerate(firsts)])
 
 
@@ -179,7 +181,7 @@ def _alltoall_async(tensor, splits, process_set) -> Handle:
     if row == 0 or (sum(recv) == 0 and sum(send) == 0):
         works = []
     else:
-        works = [pg.alltoall_base(fusion.carried(out), fusion.carried(tensor.detach().contiguous()),
+        works = [backend.data(pg, out).alltoall_base(fusion.carried(out), fusion.carried(tensor.detach().contiguous()),
                                   recv, send, dist.AllToAllOptions())]
     kind = splits.dtype if torch.is_tensor(splits) else torch.int32
     return Handle(works, lambda: (out, received.to(kind)))
@@ -210,7 +212,7 @@ def _reducescatter_async(tensors, op, prescale_factor, postscale_factor, process
         if out.numel():
             options = dist.ReduceScatterOptions()
             options.reduceOp = dist.ReduceOp.SUM
-            works.append(pg._reduce_scatter_base(out, padded, options))
+            works.append(backend.data(pg, out)._reduce_scatter_base(out, padded, options))
         finishers.append((out, counts[me]))
 
     def finish():

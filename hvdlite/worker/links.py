@@ -46,9 +46,12 @@ def told(abandoned, seconds: float) -> bool:
 
 
 class Links:
-    def __init__(self, broken_how=socket.SHUT_RDWR):
-        """`broken_how`: how the heartbeat thread shuts the group's sockets down when the driver
-        says the round broke (see sockets.cut); cut() shuts both sides."""
+    def __init__(self, also_cut=lambda: None, broken_how=socket.SHUT_RDWR):
+        """`also_cut()` runs wherever the sockets are cut: it fails what else the group has
+        pending (an NCCL communicator's works, torch/backend.py). `broken_how`: how the
+        heartbeat thread shuts the group's sockets down when the driver says the round broke
+        (see sockets.cut); cut() shuts both sides."""
+        self._also_cut = also_cut
         self._broken_how = broken_how
         self._round, self._fds = None, []  # the fds: this object's duplicates of gloo's sockets
         self._lock = threading.Lock()
@@ -141,11 +144,13 @@ class Links:
         """Fail every pending and future collective of the group, here and on its peers."""
         with self._lock:
             sockets.cut(self._fds)
+            self._also_cut()
 
     def on_round_broken(self, newest_broken: int) -> None:
         with self._lock:
             if broken(self._round, newest_broken):
                 sockets.cut(self._fds, self._broken_how)
+                self._also_cut()
 
     def finish_given_up(self, timeout: float) -> bool:
         """Wait (at most `timeout` seconds) for connects given up that gloo still runs: a peer
