@@ -10,6 +10,8 @@ same run:
 - node kill: an elastic job on 4 nodes under --no-kill (default --liveness-timeout), one
   node's every process killed -9: seconds until hvdlite's world re-formed without it, against
   the seconds until Slurm marks the node DOWN (SlurmdTimeout=30, as the notes' cluster).
+- node cut: the same, the node's link cut instead (every packet dropped in its namespace, so
+  no FIN or RST reaches anyone), against the same Slurm detection.
 """
 import argparse
 import json
@@ -99,7 +101,7 @@ def _rounds(path):
         return []
 
 
-def kill_trial(cluster, victim="n4"):
+def kill_trial(cluster, victim="n4", cut=False):
     with tempfile.TemporaryDirectory() as d:
         events = os.path.join(d, "events.jsonl")
         env = {**cluster.env, "PYTHONPATH": ROOT, "SALLOC_NO_KILL": "", "LOG_DIR": d,
@@ -116,7 +118,10 @@ def kill_trial(cluster, victim="n4"):
                 time.sleep(0.1)
             time.sleep(2)
             killed = time.time()
-            cluster.kill_node(victim)
+            if cut:
+                cluster.partition(victim)
+            else:
+                cluster.kill_node(victim)
             while len(_rounds(events)) < 2:
                 if time.time() - killed > 120:
                     raise RuntimeError("no re-form within 120 s")
@@ -134,6 +139,9 @@ def kill_trial(cluster, victim="n4"):
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, 9)
                 proc.wait(10)
+            if cut:
+                cluster.heal(victim)
+                cluster.kill_node(victim)  # its orphaned task runs on after a heal (the notes)
             cluster.start_node(victim)
     return reformed, down
 
@@ -149,11 +157,13 @@ def main():
         return
     with SlurmCluster(4, slurmd_timeout=30) as cluster:
         start_bench(cluster, args.trials)
-        kills = [kill_trial(cluster) for _ in range(args.kill_trials)]
-    reform, down = statistics.median(k[0] for k in kills), statistics.median(k[1] for k in kills)
-    print(f"node kill -9: hvdlite re-formed in {reform:.2f} s, Slurm marked the node DOWN after "
-          f"{down:.1f} s (SlurmdTimeout=30): ratio hvdlite/slurm={reform / down:.3f} "
-          f"({args.kill_trials} trial(s); load {os.getloadavg()[0]:.2f})")
+        losses = {how: [kill_trial(cluster, cut=how == "cut") for _ in range(args.kill_trials)]
+                  for how in ("kill -9", "cut")}
+    for how, trials in losses.items():
+        reform, down = statistics.median(k[0] for k in trials), statistics.median(k[1] for k in trials)
+        print(f"node {how}: hvdlite re-formed in {reform:.2f} s, Slurm marked the node DOWN after "
+              f"{down:.1f} s (SlurmdTimeout=30): ratio hvdlite/slurm={reform / down:.3f} "
+              f"({args.kill_trials} trial(s); load {os.getloadavg()[0]:.2f})")
 
 
 if __name__ == "__main__":

@@ -11,8 +11,9 @@ from hvdlite.driver.decisions.core import ElasticCore
 from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.workers import Phase
 from hvdlite.driver.decisions.messages import (
-    Answer, EndJob, Exited, Exiting, Heartbeats, HostsFound, Launch, Launched, LaunchFailed,
-    Leaving, LoadFailed, Log, Publish, Ready, Stop, StopRequested, TemplateDied, Tick, WriteFailed, Written)
+    LISTENING, REFUSED, SILENT, Answer, EndJob, Exited, Exiting, Heartbeats, HostsFound, Launch, Launched,
+    LaunchFailed, Leaving, LinkBroken, LoadFailed, Log, Probe, Probed, Publish, Ready, Stop, StopRequested,
+    TemplateDied, Tick, WriteFailed, Written)
 
 
 class Sim:
@@ -981,3 +982,72 @@ def test_a_sole_holder_waiting_between_worlds_that_gets_sigterm_waits_to_hand_ov
     assert answers(sim.ready(a, after=1, commit=6), a) == []
     assert answers(sim.send(Leaving(a)), a) == []  # SIGTERM while it waits: nobody else holds 6
     assert sim.logged("worker_leaving")[-1]["slot"] == "h/0"
+
+
+# ---- a lost node (decisions/nodeloss.py) ------------------------------------------------
+def probes(out):
+    return [a.worker for a in out if isinstance(a, Probe)]
+
+
+def test_a_broken_link_probes_the_peer_and_a_silent_node_ends_it_at_once():
+    sim, (a, b, c) = first_world([("a", 1), ("b", 1), ("c", 1)])
+    sim.send(Heartbeats(((a, 0), (b, 0), (c, 0))))
+    assert probes(sim.send(LinkBroken(a, (c,)))) == [c]
+    assert probes(sim.send(LinkBroken(b, (c,)))) == []  # one probe per suspicion
+    out = sim.send(Probed(c, SILENT), after=0.4)
+    assert Stop(c, 0.0) in out and not sim.core.workers[c].alive
+    assert sim.core.broken == 1 and [f["key"] for f in sim.logged("blacklisted")] == ["c"]
+    leave(sim, [a, b])
+    assert sim.core.round == 2 and sorted(sim.world()) == ["a/0", "b/0"]
+
+
+def test_a_paused_worker_whose_node_answers_waits_for_the_liveness_timeout():
+    sim, (a, b) = first_world([("a", 1), ("b", 1)], liveness_timeout=5.0)
+    sim.send(Heartbeats(((a, 0), (b, 0))))
+    for _ in range(10):  # 1 s of silence from b
+        out = sim.send(Tick(), after=0.1)
+        sim.send(Heartbeats(((a, 0),)), after=0.0)
+        if probes(out):
+            break
+    assert probes(out) == [b]
+    sim.send(Probed(b, LISTENING))
+    assert sim.core.workers[b].alive and sim.core.broken == 0
+    for _ in range(30):  # not probed again until heard again; killed once the liveness timeout is up
+        out = sim.send(Tick(), after=0.1)
+        sim.send(Heartbeats(((a, 0),)), after=0.0)
+        assert not probes(out)
+    assert sim.core.workers[b].alive and not sim.core.workers[b].killed
+    for _ in range(20):
+        sim.send(Tick(), after=0.1)
+        sim.send(Heartbeats(((a, 0),)), after=0.0)
+    assert sim.core.workers[b].killed and sim.logged("worker_unresponsive")
+
+
+def test_a_silent_probe_of_a_worker_heard_since_it_began_changes_nothing():
+    sim, (a, b) = first_world([("a", 1), ("b", 1)])
+    sim.send(Heartbeats(((a, 0), (b, 0))))
+    assert probes(sim.send(LinkBroken(a, (b,)))) == [b]
+    sim.send(Heartbeats(((b, 0),)))  # a dropped SYN or three, but its heartbeats come through
+    sim.send(Probed(b, SILENT))
+    assert sim.core.workers[b].alive and not sim.logged("blacklisted")
+
+
+def test_a_refused_probe_means_the_process_is_gone():
+    sim, (a, b) = first_world([("a", 1), ("b", 1)])
+    sim.send(Heartbeats(((a, 0), (b, 0))))
+    sim.send(LinkBroken(a, (b,)))
+    sim.send(Probed(b, REFUSED))
+    assert sim.core.workers[b].alive  # its launcher may still report the exit, which says why
+    sim.send(Tick(), after=0.6)
+    assert not sim.core.workers[b].alive and sim.logged("worker_exit")[-1]["node"] == REFUSED
+
+
+def test_a_refused_workers_exit_reported_meanwhile_says_why():
+    sim, (a, b) = first_world([("a", 1), ("b", 1)])
+    sim.send(Heartbeats(((a, 0), (b, 0))))
+    sim.send(LinkBroken(a, (b,)))
+    sim.send(Probed(b, REFUSED))
+    sim.send(Exited(b, 1, "ValueError: injected"), after=0.1)
+    sim.send(Tick(), after=0.6)
+    assert "node" not in sim.logged("worker_exit")[-1]
+    assert sim.core.failures == ["rank 1 on b exited with code 1 (ValueError: injected)"]

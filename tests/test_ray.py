@@ -96,6 +96,24 @@ def test_a_killed_node_reforms_within_the_liveness_timeout(tmp_path, cluster):
     wait_no_leftovers(cluster)
 
 
+@pytest.mark.parametrize("fault", ["kill_node", "partition"])
+def test_a_lost_node_is_known_in_a_second_not_after_the_liveness_timeout(tmp_path, cluster, fault):
+    """A node killed or cut off (no FIN): the driver's probe of it says so (decisions/nodeloss.py)."""
+    with Job(["--ray", "--min-np", "1", "--liveness-timeout", "15", *JOB], tmp_path,
+             env=ray_env(cluster, tmp_path, TOTAL_STEPS=50, STEP_SLEEP=0.1)) as job:
+        wait_progress(job, tmp_path, 8, timeout=90)
+        try:
+            seconds, world = next_world(job, lambda: getattr(cluster, fault)("n3"))
+        finally:
+            cluster.heal("n3")
+        r = job.finish(120)
+    assert r.code == 0, r.stderr
+    assert world["size"] == 2 and seconds < 3, seconds  # a hang guard; the figure: bench/ray.py
+    victim = cluster.node_id("n3")
+    assert [e["outcome"] for e in r.of("node_probed") if e["slot"].startswith(victim)][-1] == \
+        ("refused" if fault == "kill_node" else "silent")
+
+
 def test_workers_fork_from_their_nodes_template_whose_death_costs_no_blacklisting(tmp_path, cluster):
     n1 = cluster.node_id("n1")
 

@@ -154,6 +154,35 @@ def test_an_elastic_job_without_no_kill_is_warned(tmp_path, cluster, env):
     assert "Slurm allocation" in out and warning not in out
 
 
+@pytest.mark.parametrize("fault", ["kill_node", "partition"])
+def test_a_lost_node_is_known_in_a_second_not_after_the_liveness_timeout(tmp_path, cluster, env, fault):
+    """Every process of a node killed (srun hears nothing: slurmd died too), or its link cut
+    (no FIN): the driver's probe of the node says so (decisions/nodeloss.py)."""
+    liveness = 15  # far above the probe's second
+    jenv = {**env, "SALLOC_NO_KILL": "", **job_env(tmp_path, TOTAL_STEPS=100000, STEP_SLEEP=0.1)}
+    try:
+        with Job(["--min-np", "2", "--liveness-timeout", str(liveness), *JOB], tmp_path, env=jenv,
+                 prefix=["salloc", "-N4", "--no-kill"]) as job:
+            wait_progress(job, tmp_path, 8)
+            try:
+                seconds, world = next_world(job, lambda: getattr(cluster, fault)("n4"))
+            finally:
+                cluster.heal("n4")
+            wait_progress(job, tmp_path, progress(tmp_path) + 5)
+            os.kill(_tree(job.proc.pid)[1], signal.SIGTERM)  # salloc's child: the driver
+            r = job.finish(60)
+    finally:  # once the allocation is over: the node is idle again only then
+        cluster.kill_node("n4")  # a cut node's orphaned task runs on (the notes)
+        cluster.start_node("n4")
+    assert r.code == 143, r.stderr
+    assert world["size"] == 3 and not any(m.startswith("n4/") for m in world["members"])
+    assert seconds < 3, f"re-formed after {seconds:.1f} s"  # a hang guard; the figure: bench/slurm.py
+    assert [e["outcome"] for e in r.of("node_probed") if e["slot"].startswith("n4/")][-1] == \
+        ("refused" if fault == "kill_node" else "silent")
+    if fault == "kill_node":  # the survivors' collectives broke on it: they named it at once
+        assert any(e["reason"].startswith("link from") for e in r.of("node_probe") if e["slot"].startswith("n4/"))
+
+
 def test_a_killed_node_costs_one_reform_long_before_slurm_notices(tmp_path, cluster, env):
     liveness = 3.0
     # SALLOC_NO_KILL: salloc's --no-kill in a form the job can see (22.05 shows it nowhere)

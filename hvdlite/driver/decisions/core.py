@@ -23,8 +23,9 @@ from hvdlite.driver.decisions.hostrule import RETRY_RANGE, HostRule
 from hvdlite.driver.decisions.ledger import Ledger
 from hvdlite.driver.decisions.messages import (
     DRIVER, HOST, LAUNCHER, Answer, DiscoveryFailed, EndJob, Exited, Exiting, Heartbeats,
-    HostsFound, Launched, LaunchFailed, Leaving, LoadFailed, Log, Publish, Ready, StackDump, Stop,
-    StopRequested, TemplateDied, Tick, WriteFailed, Written)
+    HostsFound, Launched, LaunchFailed, Leaving, LinkBroken, LoadFailed, Log, Probed, Publish, Ready,
+    StackDump, Stop, StopRequested, TemplateDied, Tick, WriteFailed, Written)
+from hvdlite.driver.decisions.nodeloss import NodeLoss
 from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.stopping import GracefulStop
 from hvdlite.driver.decisions.stragglers import Stragglers
@@ -48,10 +49,10 @@ class JobView:
     stragglers: tuple = ()  # ranks straggling now
 
 
-class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching):
+class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching, NodeLoss):
     """The job's state and its events; forming.py decides worlds, hostrule.py blacklisting,
     hostchanges.py what discovery says, stopping.py the graceful stop, watching.py hangs and
-    stragglers."""
+    stragglers, nodeloss.py a lost node."""
 
     def __init__(self, policy: Policy, rng=random.random, on_disk: int = 0):
         """on_disk: the newest commit --checkpoint-dir held when the job started."""
@@ -94,6 +95,7 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching):
         self.progress, self.progress_round = Progress(), 0  # the current world's collective counts
         self.hung = {}  # member named hung -> when; killed once its stack is in (or STACK_WAIT)
         self.stragglers = Stragglers(policy.straggler_factor)  # the current world's step times
+        self.probed, self.refused = {}, {}  # live worker -> when probed, when refused (nodeloss.py)
         self._now, self._out = 0.0, []
         self._handlers = {HostsFound: self._on_hosts, DiscoveryFailed: self._on_discovery_failed,
                           Launched: self._on_launched, LaunchFailed: self._on_launch_failed,
@@ -102,7 +104,8 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching):
                           TemplateDied: self._on_template_died, LoadFailed: self._on_load_failed,
                           WriteFailed: self._on_write_failed, Leaving: self._on_leaving,
                           Written: self._on_written, Tick: self._on_tick, StopRequested: self._on_stop,
-                          StackDump: self._on_stack}
+                          StackDump: self._on_stack, LinkBroken: self._on_link_broken,
+                          Probed: self._on_probed}
 
     # ---- entry ------------------------------------------------------------------------
     def handle(self, event, now: float) -> list:
@@ -310,6 +313,7 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching):
                 self._kill(inc, *why)
         self._check_hangs()
         self._check_stragglers()
+        self._probe_late()
 
     # ---- decisions after every event ----------------------------------------------------
     def _decide(self, grow: bool):
@@ -378,6 +382,7 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching):
             self.leavers.pop(inc.id, None)
         inc.phase = phase
         if phase is Phase.GONE:  # a job of a million relaunches keeps what fencing needs only
+            self.probed.pop(inc.id, None)
             if inc.id not in self.world:
                 del self.workers[inc.id]
 
