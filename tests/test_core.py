@@ -14,6 +14,9 @@ from hvdlite.driver.decisions.messages import (
     LISTENING, REFUSED, SILENT, Answer, EndJob, Exited, Exiting, Heartbeats, HostsFound, Launch, Launched,
     LaunchFailed, Leaving, LinkBroken, LoadFailed, Log, Probe, Probed, Publish, Ready, Stop, StopRequested,
     TemplateDied, Tick, WriteFailed, Written)
+from hvdlite.driver.decisions.nodeloss import REPROBE
+from hvdlite.driver.probe import ATTEMPTS
+from hvdlite.worker.probed import BACKLOG
 
 
 class Sim:
@@ -1001,26 +1004,55 @@ def test_a_broken_link_probes_the_peer_and_a_silent_node_ends_it_at_once():
     assert sim.core.round == 2 and sorted(sim.world()) == ["a/0", "b/0"]
 
 
-def test_a_paused_worker_whose_node_answers_waits_for_the_liveness_timeout():
+def silence(sim, quiet, seconds, answer=LISTENING):
+    """Up to `seconds` of ticks in which `quiet` is never heard (until it ends) and each probe
+    is answered `answer` at once; returns when each probe was asked for."""
+    asked = []
+    heard = tuple((w, 0) for w in sim.core.workers if w != quiet and sim.core.workers[w].alive)
+    for _ in range(round(seconds / 0.1)):
+        if not sim.core.workers[quiet].alive:
+            break
+        out = sim.send(Tick(), after=0.1)
+        sim.send(Heartbeats(heard), after=0.0)
+        asked += [sim.now] * len(probes(out))
+        for worker in probes(out):
+            sim.send(Probed(worker, answer), after=0.0)
+    return asked
+
+
+def test_a_paused_worker_whose_node_answers_is_probed_on_and_waits_for_the_liveness_timeout():
     sim, (a, b) = first_world([("a", 1), ("b", 1)], liveness_timeout=5.0)
     sim.send(Heartbeats(((a, 0), (b, 0))))
-    for _ in range(10):  # 1 s of silence from b
-        out = sim.send(Tick(), after=0.1)
-        sim.send(Heartbeats(((a, 0),)), after=0.0)
-        if probes(out):
-            break
-    assert probes(out) == [b]
-    sim.send(Probed(b, LISTENING))
-    assert sim.core.workers[b].alive and sim.core.broken == 0
-    for _ in range(30):  # not probed again until heard again; killed once the liveness timeout is up
-        out = sim.send(Tick(), after=0.1)
-        sim.send(Heartbeats(((a, 0),)), after=0.0)
-        assert not probes(out)
-    assert sim.core.workers[b].alive and not sim.core.workers[b].killed
-    for _ in range(20):
-        sim.send(Tick(), after=0.1)
-        sim.send(Heartbeats(((a, 0),)), after=0.0)
+    start = sim.now
+    asked = silence(sim, b, 4.5)
+    assert asked[0] - start == pytest.approx(0.7)  # probe_after 0.6, on the next tick
+    gaps = [y - x for x, y in zip(asked, asked[1:])]
+    assert len(asked) >= 4 and min(gaps) >= REPROBE - 1e-9, asked  # probed on, never faster
+    assert sim.core.workers[b].alive and not sim.core.workers[b].killed and sim.core.broken == 0
+    silence(sim, b, 1.0)
     assert sim.core.workers[b].killed and sim.logged("worker_unresponsive")
+
+
+def test_a_worker_stopped_for_minutes_gets_few_probes():
+    """Each probe leaves its connects in the stopped worker's accept queue (worker/probed.py)."""
+    sim, (a, b) = first_world([("a", 1), ("b", 1)], liveness_timeout=600.0)
+    sim.send(Heartbeats(((a, 0), (b, 0))))
+    asked = silence(sim, b, 590)
+    assert sim.core.workers[b].alive and len(asked) * ATTEMPTS < BACKLOG / 2, len(asked)
+
+
+def test_a_node_lost_just_after_a_probe_found_it_listening_is_known_at_the_next():
+    """Under load a late beat is probed often: the node dies after such a probe, the worker is
+    never heard again (the lost-node tests of a CI run waited out the liveness timeout)."""
+    sim, (a, b, c) = first_world([("a", 1), ("b", 1), ("c", 1)], liveness_timeout=15.0)
+    sim.send(Heartbeats(((a, 0), (b, 0), (c, 0))))
+    assert silence(sim, c, 0.7)  # probed once: listening
+    lost = sim.now
+    sim.send(LinkBroken(a, (c,)))  # its node died: a survivor's link to it broke
+    silence(sim, c, 1.5, answer=REFUSED)
+    assert not sim.core.workers[c].alive and sim.logged("worker_exit")[-1]["node"] == REFUSED
+    assert sim.logged("blacklisted")[-1]["key"] == "c"
+    assert sim.now - lost <= 1.5
 
 
 def test_a_silent_probe_of_a_worker_heard_since_it_began_changes_nothing():

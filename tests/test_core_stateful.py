@@ -28,6 +28,7 @@ from hvdlite.driver.decisions.messages import (
     DRIVER, HOST, LAUNCHER, Answer, AskStack, EndJob, Exited, Exiting, Heartbeats, HostsFound, Launch,
     Launched, LISTENING, REFUSED, SILENT, LaunchFailed, Leaving, LinkBroken, LoadFailed, Log, Probe,
     Probed, Publish, Ready, StackDump, Stop, StopRequested, TemplateDied, Tick, Written)
+from hvdlite.driver.decisions.nodeloss import REPROBE
 
 UNIVERSE = [("a", 2), ("b", 1), ("c", 2), ("d", 1)]
 WHY = {HOST: "no route to host", DRIVER: "BlockingIOError: [Errno 11] Resource temporarily unavailable",
@@ -105,7 +106,7 @@ class ElasticJob(RuleBasedStateMachine):
         current = inc is not None and inc.alive
         phase, killed = (inc.phase, inc.killed) if current else (None, None)
         # Heard since its probe began: the probe's silence is old news (the model answers late).
-        heard_since = current and (inc.heard_at or 0.0) > self.core.probed.get(inc.id, 0.0)
+        heard_since = current and (inc.heard_at or 0.0) > (inc.probed_at or 0.0)
         if isinstance(event, Exited) and event.code == 0:
             if current and phase is not Phase.LEAVING and killed is None:
                 self.success_allowed = True
@@ -140,7 +141,23 @@ class ElasticJob(RuleBasedStateMachine):
                 f"host {inc.host} blacklisted on {event} while {living} live there"
         if isinstance(event, Probed) and event.outcome == SILENT and current and killed is None and not heard_since:
             assert not self.core.workers.get(event.worker, inc).alive, f"{event.worker} lives on after {event}"
+        if isinstance(event, Tick):
+            self.lost_nodes_are_probed_on()
         return actions
+
+    def lost_nodes_are_probed_on(self):
+        """A worker whose node is gone, silent past probe_after, is never left unprobed for
+        longer than a third of its silence (REPROBE at least), whatever an earlier probe said:
+        it is known by a probe, not after the liveness timeout."""
+        for proc in self.procs.values():
+            inc = self.core.workers.get(proc.worker)
+            if not proc.cut or inc is None or not inc.alive or inc.killed is not None \
+                    or inc.exiting_since is not None or inc.phase is Phase.LEAVING or inc.heard_at is None:
+                continue
+            silence = self.now - inc.heard_at
+            if silence > self.core.policy.probe_after:
+                assert inc.probed_at is not None and self.now - inc.probed_at < max(REPROBE, silence / 3), \
+                    f"{proc.worker} cut off, silent {silence:.2f} s, last probed at {inc.probed_at} (now {self.now:.2f})"
 
     def heard(self, event):
         """What the driver is told of the commits workers hold, and of their collectives."""
@@ -646,16 +663,21 @@ class ElasticJob(RuleBasedStateMachine):
         chosen = data.draw(st.lists(st.sampled_from(live), unique=True)) if live else []
         self.send(self.beats([self.procs[w] for w in chosen], stand_ins), dt=0.01)
 
-    @rule(data=st.data(), dice=st.integers(0, 4), told=st.booleans())
-    def node_is_cut_off(self, data, dice, told):
+    @rule(data=st.data(), dice=st.integers(0, 4), told=st.booleans(), beat=st.booleans())
+    def node_is_cut_off(self, data, dice, told, beat):
         """A host's node goes (power, a switch port): its workers fall silent, nothing answers a
-        probe, no exit is heard. A survivor in their world may name them (its link broke)."""
-        hosts = sorted({p.worker.split("/")[0] for p in self.running()})
+        probe, no exit is heard; a paused one's probes, LISTENING until now, go silent too. A
+        survivor in their world may name them (its link broke). `beat`: they beat last just
+        before; else a probe of a late beat may have found them listening since (under load)."""
+        on_node = [p for p in self.procs.values() if p.started and p.alive and not p.cut]
+        hosts = sorted({p.worker.split("/")[0] for p in on_node})
         if not hosts or dice:
             return
         host = data.draw(st.sampled_from(hosts))
-        lost = [p for p in self.running() if p.worker.split("/")[0] == host]
-        self.send(self.beats(lost), dt=0.01)  # their last beats: a real worker beats from its start
+        lost = [p for p in on_node if p.worker.split("/")[0] == host]
+        if beat or any(self.core.workers[p.worker].heard_at is None for p in lost):
+            # a real worker beats from its start: never cut off before its first beat
+            self.send(self.beats([p for p in lost if not p.paused]), dt=0.01)
         for p in lost:
             p.cut = True
         survivors = sorted(p.worker for p in self.members())
@@ -686,8 +708,9 @@ class ElasticJob(RuleBasedStateMachine):
     def time_passes(self, dt):
         """Cooldowns end, silent workers are probed (0.6 s) and killed (5 s), slow starts time
         out (10 s)."""
+        self.probes_answer()  # within the probe's timeout (0.4 s): none is in flight at a tick ...
         self.send(Tick(), dt=dt)
-        self.probes_answer()  # within the probe's timeout (0.4 s)
+        self.probes_answer()  # ... but the tick's own
 
     @precondition(lambda self: any(not p.alive for p in self.procs.values()))
     @rule(data=st.data(), kind=st.sampled_from(["exit", "ready", "beat", "vouched", "launched", "failed",

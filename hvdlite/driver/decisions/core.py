@@ -95,7 +95,6 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching, NodeLo
         self.progress, self.progress_round = Progress(), 0  # the current world's collective counts
         self.hung = {}  # member named hung -> when; killed once its stack is in (or STACK_WAIT)
         self.stragglers = Stragglers(policy.straggler_factor)  # the current world's step times
-        self.probed, self.refused = {}, {}  # live worker -> when probed, when refused (nodeloss.py)
         self._now, self._out = 0.0, []
         self._handlers = {HostsFound: self._on_hosts, DiscoveryFailed: self._on_discovery_failed,
                           Launched: self._on_launched, LaunchFailed: self._on_launch_failed,
@@ -288,11 +287,7 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching, NodeLo
             # The driver itself was not running: that silence is not the workers'.
             gap = now - self.last_tick
             for inc in self._live():
-                inc.heard_at = None if inc.heard_at is None else inc.heard_at + gap
-                inc.own_at = None if inc.own_at is None else inc.own_at + gap
-                inc.vouched = None if inc.vouched is None else (inc.vouched[0] + gap, inc.vouched[1])
-                inc.launched_at += gap
-                inc.left_behind = None if inc.left_behind is None else inc.left_behind + gap
+                inc.postpone(gap)
             self.broken_at += gap
         self.last_tick = now
         self._expire_blacklist()
@@ -313,7 +308,7 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching, NodeLo
                 self._kill(inc, *why)
         self._check_hangs()
         self._check_stragglers()
-        self._probe_late()
+        self._probe_suspects()
 
     # ---- decisions after every event ----------------------------------------------------
     def _decide(self, grow: bool):
@@ -382,7 +377,6 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching, NodeLo
             self.leavers.pop(inc.id, None)
         inc.phase = phase
         if phase is Phase.GONE:  # a job of a million relaunches keeps what fencing needs only
-            self.probed.pop(inc.id, None)
             if inc.id not in self.world:
                 del self.workers[inc.id]
 
