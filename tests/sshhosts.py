@@ -241,6 +241,14 @@ class NamespacedNodes:
         if proc is not None:
             proc.wait(10)
 
+    def freeze(self, name: str, sig=signal.SIGSTOP) -> None:
+        """Every process of the node stopped (SIGCONT: thawed); its kernel still answers."""
+        for pid in self.node_pids(name):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
     def partition(self, name: str) -> None:
         """The node's link goes dead (a cable, a switch port): every packet into and out of its
         namespace is dropped (loopback inside it still works), so no FIN or RST reaches anyone."""

@@ -1,6 +1,7 @@
 """A lost node is known in about a second, a paused worker on a live node is waited for
 (decisions/nodeloss.py): sshd test hosts in network namespaces (tests/sshhosts.py), one of them
 cut off by a DROP of everything, so that no FIN or RST ever reaches the others."""
+import contextlib
 import os
 import queue
 import signal
@@ -133,3 +134,34 @@ def test_a_node_that_answers_nothing_is_silent_within_the_timeout():
             prober.close()
             for s in fillers:
                 s.close()
+
+
+def test_the_probed_socket_ends_with_the_worker_not_with_a_child_it_forked():
+    """A DataLoader's workers, say: forked, they live a little after the worker is killed."""
+    worker = ("import os, sys, time, types\n"
+              "from hvdlite.worker import probed\n"
+              "said = {}\n"
+              "client = types.SimpleNamespace(request=lambda method, path, timeout, query: said.update(query))\n"
+              "probed.listen(types.SimpleNamespace(local_address=lambda _: '127.0.0.1', client=client, worker='w#1'))\n"
+              "if os.fork() == 0:\n"
+              "    time.sleep(60)\n"
+              "    os._exit(0)\n"
+              "print(said['port'], flush=True)\n"
+              "time.sleep(60)\n")
+    child = subprocess.Popen([sys.executable, "-c", worker], stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    events = queue.SimpleQueue()
+    prober = Prober(events.put, 0.4)
+    try:
+        port = int(child.stdout.readline())
+        prober.route("PUT", "listening", {"worker": "w#1", "addr": "127.0.0.1", "port": str(port)}, b"")
+        time.sleep(0.6)  # the check of the address it said
+        child.kill()
+        child.wait()  # its forked child lives on
+        prober.probe("w#1")
+        assert events.get(timeout=5) == Probed("w#1", REFUSED)
+    finally:
+        prober.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)  # the forked child too
+        child.wait()

@@ -3,10 +3,13 @@
 process is stopped or starved of CPU, and refuses one once the process is gone; nothing
 answers when the node is. A thread accepts and closes what comes, so the backlog never fills.
 """
+import os
 import socket
 import threading
 
-BACKLOG = 128  # probes waiting while this process is stopped: three per suspicion
+# Connects waiting while this process is stopped: three per probe, and a suspect is probed
+# about 17 times in 10 minutes (decisions/nodeloss.py).
+BACKLOG = 128
 
 
 def listen(session) -> None:
@@ -15,6 +18,9 @@ def listen(session) -> None:
     try:
         addr = session.local_address(0)
         sock = socket.create_server((addr, 0), backlog=BACKLOG)
+        # A child the worker forks (a DataLoader's workers) would keep it listening once the
+        # worker is gone: its probes would answer until the liveness timeout.
+        os.register_at_fork(after_in_child=sock.close)
         threading.Thread(target=_drain, args=(sock,), daemon=True, name="hvdlite-probed").start()
         session.client.request("PUT", "/node/listening", timeout=5.0, query={
             "worker": session.worker, "addr": addr, "port": str(sock.getsockname()[1])})
