@@ -14,7 +14,7 @@ from hvdlite.driver.decisions.messages import (
     LISTENING, REFUSED, SILENT, Answer, EndJob, Exited, Exiting, Heartbeats, HostsFound, Launch, Launched,
     LaunchFailed, Leaving, LinkBroken, LoadFailed, Log, Probe, Probed, Publish, Ready, Stop, StopRequested,
     TemplateDied, Tick, WriteFailed, Written)
-from hvdlite.driver.decisions.nodeloss import REPROBE
+from hvdlite.driver.decisions.nodeloss import EXIT_WAIT, REPROBE
 from hvdlite.driver.probe import ATTEMPTS
 from hvdlite.worker.probed import BACKLOG
 
@@ -1048,11 +1048,22 @@ def test_a_node_lost_just_after_a_probe_found_it_listening_is_known_at_the_next(
     sim.send(Heartbeats(((a, 0), (b, 0), (c, 0))))
     assert silence(sim, c, 0.7)  # probed once: listening
     lost = sim.now
-    sim.send(LinkBroken(a, (c,)))  # its node died: a survivor's link to it broke
+    # its node died: a survivor's link to it broke, news that a probe answers at once
+    assert probes(sim.send(LinkBroken(a, (c,)))) == [c]
+    sim.send(Probed(c, REFUSED), after=0.05)
     silence(sim, c, 1.5, answer=REFUSED)
     assert not sim.core.workers[c].alive and sim.logged("worker_exit")[-1]["node"] == REFUSED
     assert sim.logged("blacklisted")[-1]["key"] == "c"
-    assert sim.now - lost <= 1.5
+    assert sim.now - lost <= 0.1 + EXIT_WAIT + 0.1  # the exit its launcher did not report
+
+
+def test_a_link_broken_while_a_probe_was_in_flight_is_probed_at_the_next_tick():
+    sim, (a, b, c) = first_world([("a", 1), ("b", 1), ("c", 1)], liveness_timeout=15.0)
+    sim.send(Heartbeats(((a, 0), (b, 0), (c, 0))))
+    assert probes(sim.send(LinkBroken(a, (c,)))) == [c]
+    assert probes(sim.send(LinkBroken(b, (c,)))) == []  # one probe at a time
+    sim.send(Probed(c, LISTENING))  # begun before b's link broke
+    assert probes(sim.send(Tick(), after=0.1)) == [c]
 
 
 def test_a_silent_probe_of_a_worker_heard_since_it_began_changes_nothing():

@@ -183,8 +183,6 @@ def test_a_lost_node_is_known_in_a_second_not_after_the_liveness_timeout(tmp_pat
     assert seconds < 5, f"re-formed after {seconds:.1f} s"
     assert [e["outcome"] for e in r.of("node_probed") if e["slot"].startswith("n4/")][-1] == \
         ("refused" if fault == "kill_node" else "silent")
-    if fault == "kill_node":  # the survivors' collectives broke on it: they named it at once
-        assert any(e["reason"].startswith("link from") for e in r.of("node_probe") if e["slot"].startswith("n4/"))
 
 
 def test_a_killed_node_costs_one_reform_long_before_slurm_notices(tmp_path, cluster, env):

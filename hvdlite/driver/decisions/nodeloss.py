@@ -37,7 +37,7 @@ class NodeLoss:
             # One back in the rendezvous is alive: its link broke because the world did.
             if inc is not None and inc.killed is None and inc.phase is Phase.TRAINING:
                 inc.link_broken_at = self._now
-                self._probe(inc, f"link from {event.worker} broke", at_once=True)
+                self._probe(inc, f"link from {event.worker} broke")
 
     def _probe_suspects(self):
         """Probe the suspects that are due, end the refused whose exit nobody reported (Tick)."""
@@ -53,15 +53,15 @@ class NodeLoss:
             elif inc.heard_at is not None and inc.heard_at < late:
                 self._probe(inc, "heartbeat late")
             elif inc.link_broken_at is not None and inc.link_broken_at >= (inc.heard_at or 0.0):
-                self._probe(inc, "link broke, not heard since")
+                self._probe(inc, "its link broke, not heard since")
 
-    def _probe(self, inc, why, at_once=False):
-        """Probe it unless a probe is in flight, or one began since it was last heard, less
-        than the interval ago (`at_once`, news of it: REPROBE)."""
+    def _probe(self, inc, why):
+        """Probe it unless a probe is in flight, or one began since it was last heard and since
+        a link to it last broke, less than the interval ago."""
         heard = inc.heard_at or inc.launched_at
-        wait = REPROBE if at_once else max(REPROBE, (self._now - heard) / 3)
-        if inc.probing or inc.probed_at is not None and inc.probed_at >= heard \
-                and self._now - inc.probed_at < wait:
+        news = max(heard, inc.link_broken_at or heard)
+        if inc.probing or inc.probed_at is not None and inc.probed_at >= news \
+                and self._now - inc.probed_at < max(REPROBE, (self._now - heard) / 3):
             return
         inc.probed_at, inc.probing = self._now, True
         self._log("node_probe", worker=inc.id, slot=inc.slot, reason=why)
