@@ -148,10 +148,11 @@ class ElasticJob(RuleBasedStateMachine):
     def lost_nodes_are_probed_on(self):
         """A worker whose node is gone, silent past probe_after, is never left unprobed for
         longer than a third of its silence (REPROBE at least), whatever an earlier probe said:
-        it is known by a probe, not after the liveness timeout."""
+        it is known by a probe, not after the liveness timeout. (A probe in flight: the
+        model answers it when it will.)"""
         for proc in self.procs.values():
             inc = self.core.workers.get(proc.worker)
-            if not proc.cut or inc is None or not inc.alive or inc.killed is not None \
+            if not proc.cut or inc is None or not inc.alive or inc.killed is not None or inc.probing \
                     or inc.exiting_since is not None or inc.phase is Phase.LEAVING or inc.heard_at is None:
                 continue
             silence = self.now - inc.heard_at
