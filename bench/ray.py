@@ -133,8 +133,9 @@ def node_loss(argv, cluster, args, workdir, root, cut):
     log = os.path.join(workdir, f"loss-{time.time():.0f}.steps")
     env = {**cluster.env, "STEP_LOG": log, "PYTHONPATH": root}
     start = time.time()
-    with open(log + ".out", "w") as out:
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(log + ".out", "w") as out:  # cwd: `-m hvdlite.cli` imports from it before PYTHONPATH
+        proc = subprocess.Popen(argv, env=env, cwd=workdir, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
     try:
         first(log, start)
         stepped = len(records(log))
