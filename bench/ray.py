@@ -88,6 +88,16 @@ def rejoin(cluster, log, event_log, templates):
     return first(log, launched, size=3) - launched
 
 
+def end(proc):
+    """TERM the job's process group, KILL it if it lingers."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
 def measure(name, argv, cluster, args, workdir, templates=None):
     """(start, join or None, node kill, node added) in seconds; `templates`: an hvdlite side,
     with or without them (None: Ray Train)."""
@@ -115,12 +125,7 @@ def measure(name, argv, cluster, args, workdir, templates=None):
         grown = first(log, added, size=3, timeout=args.grow_wait) - added
         return started, joined, recovered, grown
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        end(proc)
         out.close()
         for name_ in cluster.names:  # the next side starts on three fresh, idle nodes
             cluster.stop_node(name_)
@@ -148,12 +153,7 @@ def node_loss(argv, cluster, args, workdir, root, cut):
             cluster.kill_node("n3")
         return first(log, lost, size=2) - lost
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        end(proc)
         cluster.reset()  # n3 healed and started again, every node idle
 
 
