@@ -3,6 +3,7 @@ the same run (tests/raycluster.py: a head and three one-CPU nodes in network nam
 and hvdlite with its node templates against without (--no-preload), same run.
 
     sudo python bench/ray.py [--steps-before 20] [--grow-wait 150] [--no-ray-train] [--plain-first]
+    sudo python bench/ray.py --node-loss [--trials 3] [--baseline CHECKOUT]
 
 For each side, one elastic job of 2 to 3 workers, one per node:
 - start -> first step: from the command's start to rank 0's first finished step;
@@ -15,11 +16,18 @@ hvdlite: `hvdlite run --ray --min-np 2 --max-np 3` (bench/scripts/ray_step.py), 
 `--no-preload`. Ray Train: TorchTrainer with ScalingConfig(num_workers=(2, 3)) and
 FailureConfig(max_failures=-1), a checkpoint every 5 steps to resume from
 (bench/scripts/ray_train_job.py).
+
+--node-loss: hvdlite's side alone, a node lost two ways -> the survivors' next step (median of
+--trials): kill -9 of its every process, and its link cut (every packet dropped in its
+namespace: no FIN or RST reaches anyone). --baseline: the same trials, in the same run, with
+the hvdlite of another checkout (one without the node probe, decisions/nodeloss.py: the
+liveness timeout decides).
 """
 import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -80,6 +88,16 @@ def rejoin(cluster, log, event_log, templates):
     return first(log, launched, size=3) - launched
 
 
+def end(proc):
+    """TERM the job's process group, KILL it if it lingers."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
 def measure(name, argv, cluster, args, workdir, templates=None):
     """(start, join or None, node kill, node added) in seconds; `templates`: an hvdlite side,
     with or without them (None: Ray Train)."""
@@ -107,16 +125,54 @@ def measure(name, argv, cluster, args, workdir, templates=None):
         grown = first(log, added, size=3, timeout=args.grow_wait) - added
         return started, joined, recovered, grown
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        end(proc)
         out.close()
         for name_ in cluster.names:  # the next side starts on three fresh, idle nodes
             cluster.stop_node(name_)
             cluster.start_node(name_)
+
+
+def node_loss(argv, cluster, args, workdir, root, cut):
+    """Seconds from the loss of n3 (kill -9, or its link cut) to the survivors' next step, for
+    the hvdlite of checkout `root`."""
+    log = os.path.join(workdir, f"loss-{time.time():.0f}.steps")
+    env = {**cluster.env, "STEP_LOG": log, "PYTHONPATH": root}
+    start = time.time()
+    with open(log + ".out", "w") as out:  # cwd: `-m hvdlite.cli` imports from it before PYTHONPATH
+        proc = subprocess.Popen(argv, env=env, cwd=workdir, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        first(log, start)
+        stepped = len(records(log))
+        while len(records(log)) < stepped + args.steps_before:
+            time.sleep(0.1)
+        lost = time.time()
+        if cut:
+            cluster.partition("n3")
+        else:
+            cluster.kill_node("n3")
+        return first(log, lost, size=2) - lost
+    finally:
+        end(proc)
+        cluster.reset()  # n3 healed and started again, every node idle
+
+
+def node_losses(cluster, args, workdir, hvdlite):
+    roots = {"hvdlite": os.path.abspath(os.path.join(HERE, ".."))}
+    if args.baseline:
+        roots["baseline"] = os.path.abspath(args.baseline)
+    argv = hvdlite + [sys.executable, STEP]
+    figures = {}
+    for how in ("kill -9", "cut"):
+        for name, root in roots.items():
+            seconds = [node_loss(argv, cluster, args, workdir, root, how == "cut") for _ in range(args.trials)]
+            figures[how, name] = statistics.median(seconds)
+            print(f"node {how}, {name} ({root}): survivors' next step after "
+                  f"{', '.join(f'{x:.2f}' for x in seconds)} s", flush=True)
+    print(f"\n{'node loss -> survivors next step':34s}" + "".join(f"{n:>12s}" for n in roots))
+    for how in ("kill -9", "cut"):
+        print(f"{how:34s}" + "".join(f"{figures[how, n]:11.2f}s" for n in roots) +
+              f"   (median of {args.trials}; load {os.getloadavg()[0]:.2f})")
 
 
 def main():
@@ -125,6 +181,9 @@ def main():
     p.add_argument("--grow-wait", type=float, default=150.0, help="seconds to wait for a grow")
     p.add_argument("--no-ray-train", action="store_true", help="hvdlite's sides only")
     p.add_argument("--plain-first", action="store_true", help="run --no-preload before templates")
+    p.add_argument("--node-loss", action="store_true", help="only a node lost (kill -9, cut), hvdlite alone")
+    p.add_argument("--trials", type=int, default=3, help="--node-loss: trials of each loss")
+    p.add_argument("--baseline", help="--node-loss: also with the hvdlite of this checkout")
     args = p.parse_args()
     reason = missing()
     if reason:
@@ -147,6 +206,8 @@ def main():
         sides = {"hvdlite, --no-preload": sides.pop("hvdlite, --no-preload"), **sides}
     figures = {}
     try:
+        if args.node_loss:
+            return node_losses(cluster, args, workdir, hvdlite)
         for name, (argv, templates) in sides.items():
             slug = "".join(c if c.isalnum() else "-" for c in name)
             figures[name] = measure(slug, argv, cluster, args, workdir, templates)

@@ -1,7 +1,7 @@
 """hvdlite on a real Slurm cluster (tests/slurmcluster.py, needs root), against baselines in the
 same run:
 
-    python bench/slurm.py [--trials 3] [--kill-trials 1]
+    python bench/slurm.py [--trials 3] [--kill-trials 1] [--baseline CHECKOUT] [--loss-only]
 
 - start: 8 workers on 4 nodes (2 each), every one started on the launch pool of `hvdlite run`
   (executor.LAUNCH_THREADS), until every worker runs: as srun steps from inside an allocation
@@ -10,6 +10,11 @@ same run:
 - node kill: an elastic job on 4 nodes under --no-kill (default --liveness-timeout), one
   node's every process killed -9: seconds until hvdlite's world re-formed without it, against
   the seconds until Slurm marks the node DOWN (SlurmdTimeout=30, as the notes' cluster).
+- node cut: the same, the node's link cut instead (every packet dropped in its namespace, so
+  no FIN or RST reaches anyone), against the same Slurm detection.
+--baseline: the node kill and cut trials again, in the same run, with the hvdlite of another
+checkout (one without the node probe, decisions/nodeloss.py: the liveness timeout decides).
+--loss-only: no start trials.
 """
 import argparse
 import json
@@ -99,10 +104,12 @@ def _rounds(path):
         return []
 
 
-def kill_trial(cluster, victim="n4"):
+def kill_trial(cluster, victim="n4", cut=False, root=ROOT):
+    """(seconds to hvdlite's re-form, to Slurm's DOWN) after the node's loss, for the hvdlite
+    of checkout `root`."""
     with tempfile.TemporaryDirectory() as d:
         events = os.path.join(d, "events.jsonl")
-        env = {**cluster.env, "PYTHONPATH": ROOT, "SALLOC_NO_KILL": "", "LOG_DIR": d,
+        env = {**cluster.env, "PYTHONPATH": root, "SALLOC_NO_KILL": "", "LOG_DIR": d,
                "TOTAL_STEPS": "100000", "STEP_SLEEP": "0.1"}
         proc = subprocess.Popen(
             ["salloc", "-N4", "--no-kill", sys.executable, "-m", "hvdlite.cli", "run",
@@ -116,7 +123,10 @@ def kill_trial(cluster, victim="n4"):
                 time.sleep(0.1)
             time.sleep(2)
             killed = time.time()
-            cluster.kill_node(victim)
+            if cut:
+                cluster.partition(victim)
+            else:
+                cluster.kill_node(victim)
             while len(_rounds(events)) < 2:
                 if time.time() - killed > 120:
                     raise RuntimeError("no re-form within 120 s")
@@ -134,6 +144,9 @@ def kill_trial(cluster, victim="n4"):
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, 9)
                 proc.wait(10)
+            if cut:
+                cluster.heal(victim)
+                cluster.kill_node(victim)  # its orphaned task runs on after a heal (the notes)
             cluster.start_node(victim)
     return reformed, down
 
@@ -143,17 +156,24 @@ def main():
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--kill-trials", type=int, default=1)
     p.add_argument("--inner-srun", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--baseline", help="the loss trials also with the hvdlite of this checkout")
+    p.add_argument("--loss-only", action="store_true", help="no start trials")
     args = p.parse_args()
     if args.inner_srun:
         print(json.dumps(srun_trials(args.inner_srun)))
         return
+    roots = {"hvdlite": os.path.abspath(ROOT), **({"baseline": os.path.abspath(args.baseline)} if args.baseline else {})}
     with SlurmCluster(4, slurmd_timeout=30) as cluster:
-        start_bench(cluster, args.trials)
-        kills = [kill_trial(cluster) for _ in range(args.kill_trials)]
-    reform, down = statistics.median(k[0] for k in kills), statistics.median(k[1] for k in kills)
-    print(f"node kill -9: hvdlite re-formed in {reform:.2f} s, Slurm marked the node DOWN after "
-          f"{down:.1f} s (SlurmdTimeout=30): ratio hvdlite/slurm={reform / down:.3f} "
-          f"({args.kill_trials} trial(s); load {os.getloadavg()[0]:.2f})")
+        if not args.loss_only:
+            start_bench(cluster, args.trials)
+        losses = {(how, name): [kill_trial(cluster, cut=how == "cut", root=root) for _ in range(args.kill_trials)]
+                  for how in ("kill -9", "cut") for name, root in roots.items()}
+    for (how, name), trials in losses.items():
+        reform, down = statistics.median(k[0] for k in trials), statistics.median(k[1] for k in trials)
+        print(f"node {how}, {name} ({roots[name]}): re-formed in {reform:.2f} s "
+              f"({', '.join(f'{k[0]:.2f}' for k in trials)}), Slurm marked the node DOWN after "
+              f"{down:.1f} s (SlurmdTimeout=30): ratio hvdlite/slurm={reform / down:.3f} "
+              f"({args.kill_trials} trial(s); load {os.getloadavg()[0]:.2f})")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ HANG_FLOOR = 10.0
 STRAGGLER_FACTOR = 2.0
 TIMEOUT_SCALE = 1.0  # what the timeouts' defaults above are multiplied by (hvdlite.timeouts)
 HEARTBEAT_INTERVAL = 0.5  # seconds between a worker's heartbeats (rank 0's are faster)
+PROBE_AFTER = 0.6  # seconds of heartbeat silence after which the driver probes the worker's node
+PROBE_TIMEOUT = 0.4  # seconds a probe of a node waits for its kernel to answer a connect
 EXIT_GRACE = 30.0  # seconds a worker that said it is exiting may take before it is killed
 STOP_GRACE = 3.0  # seconds between TERM and KILL when a worker is stopped
 # Seconds a graceful stop (a signal to the driver) waits for every worker to reach a commit and

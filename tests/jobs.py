@@ -194,6 +194,16 @@ def next_world(job, fault, timeout=30):
     return reformed["time"] - start, reformed
 
 
+def frozen_until_probed(job, nodes, name, prefix, timeout=30):
+    """Stop every process of node `name` (tests/sshhosts.py) until the driver's probe of its
+    worker (slot starting with `prefix`) found it listening: a fault of the node next is known
+    only by a later probe (under load a late beat is often probed just before a node dies).
+    The caller thaws it (nodes.freeze(name, signal.SIGCONT))."""
+    nodes.freeze(name)
+    job.wait_for(lambda events: any(e["event"] == "node_probed" and e["slot"].startswith(prefix)
+                                    and e["outcome"] == "listening" for e in events), timeout)
+
+
 def slot_pid(job, slot):
     return [e["pid"] for e in job.events() if e["event"] == "worker_start" and e["slot"] == slot][-1]
 

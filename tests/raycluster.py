@@ -35,7 +35,7 @@ import tempfile
 import time
 
 from hvdlite import procstat
-from sshhosts import NamespacedNodes, free_port, NFT_PARTITION, PREFIX, Bridge, _b36, _die_with_parent, remove_stale
+from sshhosts import NamespacedNodes, free_port, PREFIX, Bridge, _b36, _die_with_parent, remove_stale
 
 _clusters = 0  # clusters started by this process (part of the names)
 NODE_RETRIES = 2  # starts of a node's raylet that may fail while it starts
@@ -184,12 +184,8 @@ class RayCluster(NamespacedNodes):
         self.kill_node(name)
 
     def partition(self, name: str) -> None:
-        """Drop every packet into and out of the node (loopback inside it still works)."""
         self._disturbed.add(name)
-        self._nft(name, ["-f", "-"], NFT_PARTITION)
-
-    def heal(self, name: str) -> None:
-        self._nft(name, ["delete", "table", "inet", "partition"], None)
+        super().partition(name)
 
     def leftovers(self, name: str):
         """Command lines of the node's processes that are not Ray's own."""
@@ -334,6 +330,3 @@ class RayCluster(NamespacedNodes):
         except OSError:
             return ""
 
-    def _nft(self, name, args, text):
-        subprocess.run(["nsenter", f"--net=/run/netns/{self.netns[name]}", "nft", *args],
-                       input=text, capture_output=True, text=True, timeout=10, check=text is not None)

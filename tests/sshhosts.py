@@ -241,6 +241,26 @@ class NamespacedNodes:
         if proc is not None:
             proc.wait(10)
 
+    def freeze(self, name: str, sig=signal.SIGSTOP) -> None:
+        """Every process of the node stopped (SIGCONT: thawed); its kernel still answers."""
+        for pid in self.node_pids(name):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def partition(self, name: str) -> None:
+        """The node's link goes dead (a cable, a switch port): every packet into and out of its
+        namespace is dropped (loopback inside it still works), so no FIN or RST reaches anyone."""
+        self._nft(name, ["-f", "-"], NFT_PARTITION)
+
+    def heal(self, name: str) -> None:
+        self._nft(name, ["delete", "table", "inet", "partition"], None)
+
+    def _nft(self, name, args, text):
+        subprocess.run(["nsenter", f"--net=/run/netns/{self.netns[name]}", "nft", *args],
+                       input=text, capture_output=True, text=True, timeout=10, check=text is not None)
+
     def release(self) -> None:
         """The last step of close(): the bridge and the cluster's folder go."""
         if self.bridge is not None:

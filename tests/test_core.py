@@ -11,8 +11,12 @@ from hvdlite.driver.decisions.core import ElasticCore
 from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.workers import Phase
 from hvdlite.driver.decisions.messages import (
-    Answer, EndJob, Exited, Exiting, Heartbeats, HostsFound, Launch, Launched, LaunchFailed,
-    Leaving, LoadFailed, Log, Publish, Ready, Stop, StopRequested, TemplateDied, Tick, WriteFailed, Written)
+    LISTENING, REFUSED, SILENT, Answer, EndJob, Exited, Exiting, Heartbeats, HostsFound, Launch, Launched,
+    LaunchFailed, Leaving, LinkBroken, LoadFailed, Log, Probe, Probed, Publish, Ready, Stop, StopRequested,
+    TemplateDied, Tick, WriteFailed, Written)
+from hvdlite.driver.decisions.nodeloss import EXIT_WAIT, REPROBE
+from hvdlite.driver.probe import ATTEMPTS
+from hvdlite.worker.probed import BACKLOG
 
 
 class Sim:
@@ -1000,3 +1004,112 @@ def test_a_sole_holder_waiting_between_worlds_that_gets_sigterm_waits_to_hand_ov
     assert answers(sim.ready(a, after=1, commit=6), a) == []
     assert answers(sim.send(Leaving(a)), a) == []  # SIGTERM while it waits: nobody else holds 6
     assert sim.logged("worker_leaving")[-1]["slot"] == "h/0"
+
+
+# ---- a lost node (decisions/nodeloss.py) ------------------------------------------------
+def probes(out):
+    return [a.worker for a in out if isinstance(a, Probe)]
+
+
+def test_a_broken_link_probes_the_peer_and_a_silent_node_ends_it_at_once():
+    sim, (a, b, c) = first_world([("a", 1), ("b", 1), ("c", 1)])
+    sim.send(Heartbeats(((a, 0), (b, 0), (c, 0))))
+    assert probes(sim.send(LinkBroken(a, (c,)))) == [c]
+    assert probes(sim.send(LinkBroken(b, (c,)))) == []  # one probe per suspicion
+    out = sim.send(Probed(c, SILENT), after=0.4)
+    assert Stop(c, 0.0) in out and not sim.core.workers[c].alive
+    assert sim.core.broken == 1 and [f["key"] for f in sim.logged("blacklisted")] == ["c"]
+    leave(sim, [a, b])
+    assert sim.core.round == 2 and sorted(sim.world()) == ["a/0", "b/0"]
+
+
+def silence(sim, quiet, seconds, answer=LISTENING):
+    """Up to `seconds` of ticks in which `quiet` is never heard (until it ends) and each probe
+    is answered `answer` at once; returns when each probe was asked for."""
+    asked = []
+    heard = tuple((w, 0) for w in sim.core.workers if w != quiet and sim.core.workers[w].alive)
+    for _ in range(round(seconds / 0.1)):
+        if not sim.core.workers[quiet].alive:
+            break
+        out = sim.send(Tick(), after=0.1)
+        sim.send(Heartbeats(heard), after=0.0)
+        asked += [sim.now] * len(probes(out))
+        for worker in probes(out):
+            sim.send(Probed(worker, answer), after=0.0)
+    return asked
+
+
+def test_a_paused_worker_whose_node_answers_is_probed_on_and_waits_for_the_liveness_timeout():
+    sim, (a, b) = first_world([("a", 1), ("b", 1)], liveness_timeout=5.0)
+    sim.send(Heartbeats(((a, 0), (b, 0))))
+    start = sim.now
+    asked = silence(sim, b, 4.5)
+    assert asked[0] - start == pytest.approx(0.7)  # probe_after 0.6, on the next tick
+    gaps = [y - x for x, y in zip(asked, asked[1:])]
+    assert len(asked) >= 4 and min(gaps) >= REPROBE - 1e-9, asked  # probed on, never faster
+    assert sim.core.workers[b].alive and not sim.core.workers[b].killed and sim.core.broken == 0
+    silence(sim, b, 1.0)
+    assert sim.core.workers[b].killed and sim.logged("worker_unresponsive")
+
+
+def test_a_worker_stopped_for_minutes_gets_few_probes():
+    """Each probe leaves its connects in the stopped worker's accept queue (worker/probed.py)."""
+    sim, (a, b) = first_world([("a", 1), ("b", 1)], liveness_timeout=600.0)
+    sim.send(Heartbeats(((a, 0), (b, 0))))
+    asked = silence(sim, b, 590)
+    assert sim.core.workers[b].alive and len(asked) * ATTEMPTS < BACKLOG / 2, len(asked)
+
+
+def test_a_node_lost_just_after_a_probe_found_it_listening_is_known_at_the_next():
+    """Under load a late beat is probed often: the node dies after such a probe, the worker is
+    never heard again (the lost-node tests of a CI run waited out the liveness timeout)."""
+    sim, (a, b, c) = first_world([("a", 1), ("b", 1), ("c", 1)], liveness_timeout=15.0)
+    sim.send(Heartbeats(((a, 0), (b, 0), (c, 0))))
+    assert silence(sim, c, 0.7)  # probed once: listening
+    lost = sim.now
+    # its node died: a survivor's link to it broke, news that a probe answers at once
+    assert probes(sim.send(LinkBroken(a, (c,)))) == [c]
+    sim.send(Probed(c, REFUSED), after=0.05)
+    silence(sim, c, 1.5, answer=REFUSED)
+    assert not sim.core.workers[c].alive and sim.logged("worker_exit")[-1]["node"] == REFUSED
+    assert sim.logged("blacklisted")[-1]["key"] == "c"
+    assert sim.now - lost <= 0.1 + EXIT_WAIT + 0.1  # the exit its launcher did not report
+
+
+def test_a_link_broken_while_a_probe_was_in_flight_is_probed_at_the_next_tick():
+    sim, (a, b, c) = first_world([("a", 1), ("b", 1), ("c", 1)], liveness_timeout=15.0)
+    sim.send(Heartbeats(((a, 0), (b, 0), (c, 0))))
+    assert probes(sim.send(LinkBroken(a, (c,)))) == [c]
+    assert probes(sim.send(LinkBroken(b, (c,)))) == []  # one probe at a time
+    sim.send(Probed(c, LISTENING))  # begun before b's link broke
+    assert probes(sim.send(Tick(), after=0.1)) == [c]
+
+
+def test_a_silent_probe_of_a_worker_heard_since_it_began_changes_nothing():
+    sim, (a, b) = first_world([("a", 1), ("b", 1)])
+    sim.send(Heartbeats(((a, 0), (b, 0))))
+    assert probes(sim.send(LinkBroken(a, (b,)))) == [b]
+    sim.send(Heartbeats(((b, 0),)))  # a dropped SYN or three, but its heartbeats come through
+    sim.send(Probed(b, SILENT))
+    assert sim.core.workers[b].alive and not sim.logged("blacklisted")
+
+
+def test_a_refused_probe_means_the_process_is_gone():
+    sim, (a, b) = first_world([("a", 1), ("b", 1)])
+    sim.send(Heartbeats(((a, 0), (b, 0))))
+    sim.send(LinkBroken(a, (b,)))
+    sim.send(Probed(b, REFUSED))
+    assert sim.core.workers[b].alive  # its launcher may still report the exit, which says why
+    sim.send(Tick(), after=0.6)
+    assert not sim.core.workers[b].alive and sim.logged("worker_exit")[-1]["node"] == REFUSED
+
+
+def test_a_refused_workers_exit_reported_meanwhile_says_why():
+    sim, (a, b) = first_world([("a", 1), ("b", 1)])
+    sim.send(Heartbeats(((a, 0), (b, 0))))
+    sim.send(LinkBroken(a, (b,)))
+    sim.send(Probed(b, REFUSED))
+    sim.send(Exited(b, 1, "ValueError: injected"), after=0.1)
+    sim.send(Tick(), after=0.6)
+    assert "node" not in sim.logged("worker_exit")[-1]
+    assert sim.core.failures == ["rank 1 on b exited with code 1 (ValueError: injected)"]

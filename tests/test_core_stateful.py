@@ -6,7 +6,8 @@ The workers are modelled just enough to behave like real ones: they wait in the 
 told, crash at any time, die with their template, fail to load a checkpoint, sit in a pygloo
 collective of a broken world (their stand-in process beating for them), lose the driver, hang in
 their own code while their peers wait in the next collective (hangs.py: named with their stack),
-straggle (stragglers.py: named, and with --straggler-policy evict failed).
+straggle (stragglers.py: named, and with --straggler-policy evict failed), are paused (SIGSTOP) on
+a node that answers probes, or lose their node (cut off: probes go silent).
 Launches start, are refused by their host, fail in the driver's own fork, time out in the
 launcher, or never start at all.
 """
@@ -25,9 +26,10 @@ from hvdlite.driver.decisions.ledger import Ledger
 from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.workers import Phase, overdue_from
 from hvdlite.driver.decisions.messages import (
-    DRIVER, HOST, LAUNCHER, Answer, AskStack, EndJob, Exited, Exiting, Heartbeats, HostsFound, Launch, Launched,
-    LaunchFailed, Leaving, LoadFailed, Log, Publish, Ready, StackDump, Stop, StopRequested, TemplateDied, Tick,
-    Written)
+    DRIVER, HOST, LAUNCHER, Answer, AskStack, EndJob, Exited, Exiting, Heartbeats, HostsFound, Launch,
+    Launched, LISTENING, REFUSED, SILENT, LaunchFailed, Leaving, LinkBroken, LoadFailed, Log, Probe,
+    Probed, Publish, Ready, StackDump, Stop, StopRequested, TemplateDied, Tick, Written)
+from hvdlite.driver.decisions.nodeloss import REPROBE
 
 UNIVERSE = [("a", 2), ("b", 1), ("c", 2), ("d", 1)]
 WHY = {HOST: "no route to host", DRIVER: "BlockingIOError: [Errno 11] Resource temporarily unavailable",
@@ -57,6 +59,8 @@ class Proc:
         self.calls = 0  # collectives entered in its current world (one a commit)
         self.waited = 0.0  # seconds it waited in them
         self.hung = False  # in its own code for good while its peers wait in the next collective
+        self.paused = False  # SIGSTOP: silent, its node answers probes for it
+        self.cut = False  # its node is gone: silent, and so are probes of it
 
 
 class ElasticJob(RuleBasedStateMachine):
@@ -79,6 +83,7 @@ class ElasticJob(RuleBasedStateMachine):
         self.counts = {}  # worker -> (round, collectives its beats said, when that last changed)
         self.asked = set()  # workers the driver asked for their stack (AskStack)
         self.straggling = set()  # workers the driver named stragglers and not recovered since
+        self.probes = []  # workers the driver asked to probe, not answered yet
         self.send(HostsFound(tuple(UNIVERSE[:2])))
 
     @initialize(evict=st.booleans())
@@ -101,6 +106,8 @@ class ElasticJob(RuleBasedStateMachine):
         inc = self.core.workers.get(getattr(event, "worker", None))
         current = inc is not None and inc.alive
         phase, killed = (inc.phase, inc.killed) if current else (None, None)
+        # Heard since its probe began: the probe's silence is old news (the model answers late).
+        heard_since = current and (inc.heard_at or 0.0) > (inc.probed_at or 0.0)
         if isinstance(event, Exited) and event.code == 0:
             if current and phase is not Phase.LEAVING and killed is None:
                 self.success_allowed = True
@@ -110,12 +117,21 @@ class ElasticJob(RuleBasedStateMachine):
         for action in actions:
             self.perform(action)
         keys = [a.fields["key"] for a in actions if isinstance(a, Log) and a.event == "blacklisted"]
-        if keys:  # no host (or slot) is blacklisted but for its own worker's failure
+        # No false alarm: a probe ends only a worker whose node or process is gone.
+        lost = [a.fields for a in actions if isinstance(a, Log) and a.event == "worker_exit" and "node" in a.fields]
+        for fields in lost:
+            proc = self.procs[fields["worker"]]
+            assert isinstance(event, (Probed, Tick)) and (proc.cut or not proc.alive), f"{proc.worker} ended on {event}"
+        if keys and isinstance(event, Tick):  # only a refused worker whose exit nobody reported
+            assert lost and set(keys) <= {f["slot"] for f in lost} | {f["slot"].split("/")[0] for f in lost}, \
+                f"{keys} blacklisted on a tick ({lost})"
+        elif keys:  # no host (or slot) is blacklisted but for its own worker's failure
             # Nobody is blamed for the driver's trouble (its fork failed, workers lost it), the
             # launcher's (a start that timed out) or the job's input (65: a checkpoint that does
             # not load).
             failed = isinstance(event, LaunchFailed) and event.whose == HOST or killed is not None or \
-                isinstance(event, Exited) and event.code not in (0, exitcodes.LOST_DRIVER, exitcodes.UNLOADABLE)
+                isinstance(event, Exited) and event.code not in (0, exitcodes.LOST_DRIVER, exitcodes.UNLOADABLE) or \
+                isinstance(event, Probed) and event.outcome == SILENT
             assert current and failed and (phase is not Phase.LEAVING or inc.overdue), \
                 f"{keys} blacklisted on {event} (worker {phase}, killed: {killed})"
             assert set(keys) <= {inc.slot, inc.host}, f"{keys} blacklisted for {inc.slot}'s failure"
@@ -124,7 +140,26 @@ class ElasticJob(RuleBasedStateMachine):
             living = [w for w, i in self.core.workers.items() if i.alive and i.host == inc.host]
             assert inc.host not in keys or len(self.core.hosts) > 1 or not living, \
                 f"host {inc.host} blacklisted on {event} while {living} live there"
+        if isinstance(event, Probed) and event.outcome == SILENT and current and killed is None and not heard_since:
+            assert not self.core.workers.get(event.worker, inc).alive, f"{event.worker} lives on after {event}"
+        if isinstance(event, Tick):
+            self.lost_nodes_are_probed_on()
         return actions
+
+    def lost_nodes_are_probed_on(self):
+        """A worker whose node is gone, silent past probe_after, is never left unprobed for
+        longer than a third of its silence (REPROBE at least), whatever an earlier probe said:
+        it is known by a probe, not after the liveness timeout. (A probe in flight: the
+        model answers it when it will.)"""
+        for proc in self.procs.values():
+            inc = self.core.workers.get(proc.worker)
+            if not proc.cut or inc is None or not inc.alive or inc.killed is not None or inc.probing \
+                    or inc.exiting_since is not None or inc.phase is Phase.LEAVING or inc.heard_at is None:
+                continue
+            silence = self.now - inc.heard_at
+            if silence > self.core.policy.probe_after:
+                assert inc.probed_at is not None and self.now - inc.probed_at < max(REPROBE, silence / 3), \
+                    f"{proc.worker} cut off, silent {silence:.2f} s, last probed at {inc.probed_at} (now {self.now:.2f})"
 
     def heard(self, event):
         """What the driver is told of the commits workers hold, and of their collectives."""
@@ -146,7 +181,9 @@ class ElasticJob(RuleBasedStateMachine):
         if isinstance(action, Log) and action.event == "blacklisted":
             host = action.fields["key"].split("/")[0]
             assert host not in self.core.drained, f"{action.fields['key']} blacklisted though drained"
-        if isinstance(action, Launch):
+        if isinstance(action, Probe):
+            self.probes.append(action.worker)
+        elif isinstance(action, Launch):
             assert action.worker not in self.procs, "an incarnation id was used twice"
             self.procs[action.worker] = Proc(action.worker)
         elif isinstance(action, Answer):
@@ -202,10 +239,11 @@ class ElasticJob(RuleBasedStateMachine):
     def members(self):
         return [p for p in self.procs.values()
                 if p.alive and p.round == self.core.round and p.waiting is None and p.exit_code is None
-                and not p.stuck]
+                and not p.stuck and not p.paused and not p.cut]
 
     def running(self):
-        return [p for p in self.procs.values() if p.started and p.alive]
+        """The processes that run and can be heard (not paused, their node not cut off)."""
+        return [p for p in self.procs.values() if p.started and p.alive and not p.paused and not p.cut]
 
     @staticmethod
     def beats(procs, stand_ins=True):
@@ -627,14 +665,71 @@ class ElasticJob(RuleBasedStateMachine):
         chosen = data.draw(st.lists(st.sampled_from(live), unique=True)) if live else []
         self.send(self.beats([self.procs[w] for w in chosen], stand_ins), dt=0.01)
 
+    @rule(data=st.data(), dice=st.integers(0, 4), told=st.booleans(), beat=st.booleans())
+    def node_is_cut_off(self, data, dice, told, beat):
+        """A host's node goes (power, a switch port): its workers fall silent, nothing answers a
+        probe, no exit is heard; a paused one's probes, LISTENING until now, go silent too. A
+        survivor in their world may name them (its link broke). `beat`: they beat last just
+        before; else a probe of a late beat may have found them listening since (under load)."""
+        hosts = sorted({p.worker.split("/")[0] for p in self.procs.values() if p.started and p.alive and not p.cut})
+        if hosts and not dice:
+            self.cut_off(data.draw(st.sampled_from(hosts)), data, told, beat)
+
+    def listening_unheard(self):
+        """Hosts of workers that a probe found listening, not heard since."""
+        return sorted({p.worker.split("/")[0] for p in self.procs.values() if p.started and p.alive and not p.cut
+                       and (inc := self.core.workers.get(p.worker)) is not None and inc.alive and not inc.probing
+                       and inc.probed_at is not None and inc.probed_at >= (inc.heard_at or 0.0)})
+
+    @precondition(lambda self: self.listening_unheard())
+    @rule(data=st.data(), told=st.booleans())
+    def node_is_lost_after_a_probe_found_it_listening(self, data, told):
+        """Under load: a late beat was probed, the node answered for its worker, then it died
+        before the worker beat again (the lost-node tests of a CI run)."""
+        self.cut_off(data.draw(st.sampled_from(self.listening_unheard())), data, told, beat=False)
+
+    def cut_off(self, host, data, told, beat):
+        lost = [p for p in self.procs.values() if p.started and p.alive and not p.cut and p.worker.split("/")[0] == host]
+        if beat or any(getattr(self.core.workers.get(p.worker), "heard_at", 0.0) is None for p in lost):
+            # a real worker beats from its start: never cut off before its first beat
+            self.send(self.beats([p for p in lost if not p.paused]), dt=0.01)
+        for p in lost:
+            p.cut = True
+        survivors = sorted(p.worker for p in self.members())
+        if told and survivors:
+            self.send(LinkBroken(data.draw(st.sampled_from(survivors)), tuple(p.worker for p in lost)), dt=0.01)
+
+    @rule(data=st.data())
+    def pauses_or_resumes(self, data):
+        """A worker is stopped (SIGSTOP, CPU starvation) on a node that still answers, or goes on."""
+        paused = sorted(p.worker for p in self.procs.values() if p.paused)
+        live = sorted(p.worker for p in self.running())
+        if paused and data.draw(st.booleans()):
+            self.procs[data.draw(st.sampled_from(paused))].paused = False
+        elif live:
+            proc = self.procs[data.draw(st.sampled_from(live))]
+            self.send(self.beats([proc]), dt=0.01)  # its last beat
+            proc.paused = True
+
+    @rule()
+    def probes_answer(self):
+        """The node's kernel answers a probe for a stopped process, refuses one for a dead one."""
+        probes, self.probes = self.probes, []
+        for worker in probes:
+            proc = self.procs[worker]
+            self.send(Probed(worker, SILENT if proc.cut else LISTENING if proc.alive else REFUSED), dt=0.01)
+
     @rule(dt=st.sampled_from([0.1, 0.5, 1.5, 1.5, 1.5, 6.0]))
     def time_passes(self, dt):
-        """Cooldowns end, silent workers are killed (5 s), slow starts time out (10 s)."""
+        """Cooldowns end, silent workers are probed (0.6 s) and killed (5 s), slow starts time
+        out (10 s)."""
+        self.probes_answer()  # within the probe's timeout (0.4 s): none is in flight at a tick ...
         self.send(Tick(), dt=dt)
         c = self.core
         if not c.ended and not c._stop_overdue():  # the tick ended no live worker that is overdue
             late = [(w, c._overdue(inc)) for w, inc in c.workers.items() if inc.alive and c._overdue(inc)]
             assert not late, f"overdue after the tick at {self.now:g}: {late}"
+        self.probes_answer()  # ... but the tick's own
 
     @precondition(lambda self: any(not p.alive for p in self.procs.values()))
     @rule(data=st.data(), kind=st.sampled_from(["exit", "ready", "beat", "vouched", "launched", "failed",
@@ -787,7 +882,10 @@ class ElasticJob(RuleBasedStateMachine):
 
     def teardown(self):
         """Let every worker cooperate: the job must end, and a success answers everyone."""
+        for proc in self.procs.values():
+            proc.paused = False
         for _ in range(400):
+            self.probes_answer()
             if self.ended is not None:
                 return
             for proc in list(self.procs.values()):
@@ -798,7 +896,7 @@ class ElasticJob(RuleBasedStateMachine):
                     self.send(Launched(proc.worker, 1), dt=0.01)
                 elif proc.exit_code is not None:
                     self.exits(proc)
-                elif proc.waiting is None and proc.round != self.core.round and not proc.stuck:
+                elif proc.waiting is None and proc.round != self.core.round and not proc.stuck and not proc.cut:
                     proc.waiting = -1 if proc.round is None else proc.round
                     self.ask(proc)
             # Every world starts with a sync from the root, a collective all members finish

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from capture import HOLD, check_the_wire, watched_job
-from jobs import (SCRIPTS, Job, _tree, check_training_continuous, effective_steps, job_env,
-                  next_world, progress, run_job, sizes, steps_log, wait_progress)
+from jobs import (SCRIPTS, Job, _tree, check_training_continuous, effective_steps, frozen_until_probed,
+                  job_env, next_world, progress, run_job, sizes, steps_log, wait_progress)
 from slurmcluster import missing, SlurmCluster
 from test_elastic import check_exactly_once_per_epoch
 from hvdlite import exitcodes
@@ -152,6 +152,37 @@ def test_an_elastic_job_without_no_kill_is_warned(tmp_path, cluster, env):
                        jenv)
     assert code == 0, out
     assert "Slurm allocation" in out and warning not in out
+
+
+@pytest.mark.parametrize("fault", ["kill_node", "partition"])
+def test_a_lost_node_is_known_in_a_second_not_after_the_liveness_timeout(tmp_path, cluster, env, fault):
+    """Every process of a node killed (srun hears nothing: slurmd died too), or its link cut
+    (no FIN), just after a probe found its frozen worker listening: the driver's next probe of
+    the node says so (decisions/nodeloss.py)."""
+    liveness = 15  # far above the probe's second
+    jenv = {**env, "SALLOC_NO_KILL": "", **job_env(tmp_path, TOTAL_STEPS=100000, STEP_SLEEP=0.1)}
+    try:
+        with Job(["--min-np", "2", "--liveness-timeout", str(liveness), *JOB], tmp_path, env=jenv,
+                 prefix=["salloc", "-N4", "--no-kill"]) as job:
+            wait_progress(job, tmp_path, 8)
+            try:
+                frozen_until_probed(job, cluster, "n4", "n4/")
+                seconds, world = next_world(job, lambda: getattr(cluster, fault)("n4"))
+            finally:
+                cluster.freeze("n4", signal.SIGCONT)
+                cluster.heal("n4")
+            wait_progress(job, tmp_path, progress(tmp_path) + 5)
+            os.kill(_tree(job.proc.pid)[1], signal.SIGTERM)  # salloc's child: the driver
+            r = job.finish(60)
+    finally:  # once the allocation is over: the node is idle again only then
+        cluster.kill_node("n4")  # a cut node's orphaned task runs on (the notes)
+        cluster.start_node("n4")
+    assert r.code == 143, r.stderr
+    assert world["size"] == 3 and not any(m.startswith("n4/") for m in world["members"])
+    # A hang guard against the liveness timeout (15 s) only; the figure: bench/slurm.py
+    assert seconds < 5, f"re-formed after {seconds:.1f} s"
+    assert [e["outcome"] for e in r.of("node_probed") if e["slot"].startswith("n4/")][-1] == \
+        ("refused" if fault == "kill_node" else "silent")
 
 
 def test_a_killed_node_costs_one_reform_long_before_slurm_notices(tmp_path, cluster, env):

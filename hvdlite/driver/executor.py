@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from hvdlite.driver.decisions.messages import (
     DRIVER, HOST, LAUNCHER, Answer, AskStack, DropScope, EndJob, Exited, Launch, Launched, LaunchFailed,
-    Log, Publish, Stop, TemplateDied)
+    Log, Probe, Publish, Stop, TemplateDied)
 from hvdlite.driver.launchers.base import StartTimedOut, TemplateGone
 from hvdlite.driver.network import ANY, advertised_address
 from hvdlite.driver.output import RankOutput
@@ -36,6 +36,7 @@ class Executor:
         self.on_forget = None  # called with (worker, its last rank label) once a worker ended
         self._stop_when_started = {}  # worker -> grace: stopped while its launch was under way
         self._remote_routes = {}  # remote host -> this machine's address on the route to it
+        self.prober = None  # an elastic job's driver/probe.Prober, which Probe actions go to
         # Warm the templates once the first world formed, if workers may join (a local one
         # started warming with the first world already).
         self._warmed = not settings.joins_possible
@@ -43,7 +44,8 @@ class Executor:
         self._pool = ThreadPoolExecutor(LAUNCH_THREADS, thread_name_prefix="hvdlite-launch")
         self._handlers = {Launch: self._launch, Stop: self._stop, Answer: self._answer,
                           Publish: self._publish, Log: self._log, DropScope: self._drop_scope,
-                          AskStack: lambda a: self.rendezvous.ask_stack(a.worker)}
+                          AskStack: lambda a: self.rendezvous.ask_stack(a.worker),
+                          Probe: lambda a: self.prober.probe(a.worker)}
 
     def apply(self, actions):
         """Perform the actions; returns the EndJob among them, if any."""
@@ -118,6 +120,8 @@ class Executor:
             self._stop_when_started.pop(worker, None)
             self._host_of.pop(worker, None)
             output = self.outputs.pop(worker, None)
+        if self.prober is not None:
+            self.prober.forget(worker)
         if output is not None:
             if self.on_forget is not None:
                 self.on_forget(worker, output.label)

@@ -31,8 +31,10 @@ from hvdlite.driver.kv.server import KVServer
 from hvdlite.driver.launchers import Launchers
 from hvdlite.driver.metrics import MetricsServer
 from hvdlite.driver.network import bind_address
+from hvdlite.driver.probe import Prober
 from hvdlite.driver.rendezvous import Rendezvous
 from hvdlite.driver.terminal import StatusKeeper, is_tty
+from hvdlite import defaults
 from hvdlite.worker import checkpointdir
 from hvdlite.worker.trace import discard_parts, merge_parts
 from hvdlite.errors import HvdliteError, JobError, Unloadable
@@ -57,6 +59,7 @@ class Job:
         self.rendezvous = Rendezvous(self.events.put)
         self.server = None
         self.executor = None
+        self.prober = None
         self.stopping = threading.Event()
 
     def start_server(self, remote_possible: bool):
@@ -83,6 +86,9 @@ class Job:
         self.executor = Executor(self.settings, self.log, self.launchers, self.server,
                                  self.rendezvous, self.secret, self.events.put, self.settings.elastic,
                                  claims=claims)
+        if self.settings.elastic:  # a lost node told from a paused worker (decisions/nodeloss.py)
+            self.prober = self.executor.prober = Prober(self.events.put, defaults.PROBE_TIMEOUT)
+            self.server.add_route("/node/", self.prober.route)
 
     def next_event(self, timeout):
         try:
@@ -250,6 +256,8 @@ class Job:
             merge_parts(self.settings.timeline_filename)
         self.launchers.close()
         self.rendezvous.close()
+        if self.prober is not None:
+            self.prober.close()
         if self.server is not None:
             self.server.stop()
 

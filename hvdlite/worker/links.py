@@ -11,7 +11,7 @@ import time
 
 from hvdlite import defaults
 from hvdlite.errors import first_line
-from hvdlite.worker import sockets
+from hvdlite.worker import probed, sockets
 
 CONNECT_POLL = 0.2  # seconds between checks whether the round being connected was given up
 CONNECT_ATTEMPTS = 3  # worlds in a row whose group failed to connect before the worker gives up
@@ -54,6 +54,9 @@ class Links:
         self._also_cut = also_cut
         self._broken_how = broken_how
         self._round, self._fds = None, []  # the fds: this object's duplicates of gloo's sockets
+        self._peers = {}  # fd -> the address of its peer
+        self._told = False  # the driver said the round broke: it knows, nothing to report
+        self._session = None
         self._lock = threading.Lock()
         self._given_up = []  # helper threads of connects given up, which gloo may still run
 
@@ -67,6 +70,7 @@ class Links:
         another reason (a firewall between hosts, say) says why on stderr, tries the next world,
         and fails after CONNECT_ATTEMPTS such worlds in a row."""
         session.on_round_broken = self.on_round_broken
+        self._session = session
         failures = 0
         while True:
             info = session.assignment(after_round, commit)
@@ -132,6 +136,7 @@ class Links:
         with self._lock:
             sockets.release(self._fds)
             self._round, self._fds = info.round, held
+            self._peers, self._told = sockets.peers(held), False
         return outcome["group"]
 
     def current(self):
@@ -141,14 +146,21 @@ class Links:
             return self._round, list(self._fds)
 
     def cut(self) -> None:
-        """Fail every pending and future collective of the group, here and on its peers."""
+        """Fail every pending and future collective of the group, here and on its peers; when
+        the group broke on connections a peer closed, tell the driver which (probed.py)."""
         with self._lock:
+            lost = set() if self._told or self._session is None or not self._session.elastic \
+                else {self._peers[fd] for fd in sockets.ended(self._fds) if fd in self._peers}
+            self._told = True
             sockets.cut(self._fds)
             self._also_cut()
+        if lost:
+            probed.report_broken(self._session, lost)
 
     def on_round_broken(self, newest_broken: int) -> None:
         with self._lock:
             if broken(self._round, newest_broken):
+                self._told = True
                 sockets.cut(self._fds, self._broken_how)
                 self._also_cut()
 
@@ -162,7 +174,7 @@ class Links:
     def forget(self) -> None:
         with self._lock:
             sockets.release(self._fds)
-            self._round, self._fds = None, []
+            self._round, self._fds, self._peers = None, [], {}
 
 
 def join_all(threads, timeout: float) -> bool:

@@ -17,7 +17,7 @@ import time
 import traceback
 
 from hvdlite import defaults, exitcodes
-from hvdlite.worker import durable, env, stopping
+from hvdlite.worker import durable, env, probed, stopping
 from hvdlite.worker.claim import job_secret
 from hvdlite.worker.errors import quiet_broken_world
 from hvdlite.worker.kvclient import Heartbeats, KVClient
@@ -76,6 +76,7 @@ class Session:
         atexit.register(self._say_goodbye)
         if self.elastic:
             stopping.install(self._tell_off_thread)
+            probed.listen(self)
 
     def tell(self, what: str, body: bytes = b"", timeout: float = 5.0, **query) -> bool:
         """PUT /rdzv/`what` for this worker (rendezvous.py lists them); whether the driver

@@ -82,6 +82,26 @@ def _is_gloo(fd, published) -> bool:
         return False
 
 
+def peers(fds) -> dict:
+    """{fd: the peer's address} of connected sockets."""
+    found = {}
+    for fd in fds:
+        try:
+            with _wrap(fd) as s:
+                found[fd] = s.getpeername()[0]
+        except OSError:
+            pass
+    return found
+
+
+def ended(fds) -> list:
+    """The sockets whose peer closed or reset the connection, found without reading."""
+    poll = select.poll()
+    for fd in fds:
+        poll.register(fd, select.POLLIN | select.POLLRDHUP)
+    return [fd for fd, events in poll.poll(0) if events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR)]
+
+
 def release(fds) -> None:
     for fd in fds:
         os.close(fd)

@@ -24,8 +24,9 @@ from hvdlite.driver.decisions.hostrule import RETRY_RANGE, HostRule
 from hvdlite.driver.decisions.ledger import Ledger
 from hvdlite.driver.decisions.messages import (
     DRIVER, HOST, LAUNCHER, Answer, DiscoveryFailed, EndJob, Exited, Exiting, Heartbeats,
-    HostsFound, Launched, LaunchFailed, Leaving, LoadFailed, Log, Publish, Ready, StackDump, Stop,
-    StopRequested, TemplateDied, Tick, WriteFailed, Written)
+    HostsFound, Launched, LaunchFailed, Leaving, LinkBroken, LoadFailed, Log, Probed, Publish, Ready,
+    StackDump, Stop, StopRequested, TemplateDied, Tick, WriteFailed, Written)
+from hvdlite.driver.decisions.nodeloss import NodeLoss
 from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.stopping import GracefulStop
 from hvdlite.driver.decisions.stragglers import Stragglers
@@ -50,10 +51,10 @@ class JobView:
     stragglers: tuple = ()  # ranks straggling now
 
 
-class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching):
+class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching, NodeLoss):
     """The job's state and its events; forming.py decides worlds, hostrule.py blacklisting,
     hostchanges.py what discovery says, stopping.py the graceful stop, watching.py hangs and
-    stragglers."""
+    stragglers, nodeloss.py a lost node."""
 
     def __init__(self, policy: Policy, rng=random.random, on_disk: int = 0):
         """on_disk: the newest commit --checkpoint-dir held when the job started."""
@@ -105,7 +106,8 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching):
                           TemplateDied: self._on_template_died, LoadFailed: self._on_load_failed,
                           WriteFailed: self._on_write_failed, Leaving: self._on_leaving,
                           Written: self._on_written, Tick: self._on_tick, StopRequested: self._on_stop,
-                          StackDump: self._on_stack}
+                          StackDump: self._on_stack, LinkBroken: self._on_link_broken,
+                          Probed: self._on_probed}
 
     # ---- entry ------------------------------------------------------------------------
     def handle(self, event, now: float) -> list:
@@ -294,11 +296,7 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching):
             # The driver itself was not running: that silence is not the workers'.
             gap = now - self.last_tick
             for inc in self._live():
-                inc.heard_at = None if inc.heard_at is None else inc.heard_at + gap
-                inc.own_at = None if inc.own_at is None else inc.own_at + gap
-                inc.vouched = None if inc.vouched is None else (inc.vouched[0] + gap, inc.vouched[1])
-                inc.launched_at += gap
-                inc.left_behind = None if inc.left_behind is None else inc.left_behind + gap
+                inc.postpone(gap)
             self.broken_at += gap
         self.last_tick = now
         self._expire_blacklist()
@@ -324,6 +322,7 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching):
             self._schedule(inc)
         self._check_hangs()
         self._check_stragglers()
+        self._probe_suspects()
 
     # ---- decisions after every event ----------------------------------------------------
     def _decide(self, grow: bool):

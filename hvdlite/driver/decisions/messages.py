@@ -197,3 +197,31 @@ class DropScope:
 class EndJob:
     code: int
     error: Optional[str] = None
+
+
+# ---- a silent worker's node (nodeloss.py) -------------------------------------------------
+# What a probe of a worker's listening socket found (driver/probe.py):
+LISTENING = "listening"  # the kernel took the connection: the process is there, maybe stopped
+REFUSED = "refused"  # the node answered, the socket is closed: the process is gone
+SILENT = "silent"  # nothing answered within the probe timeout: the node is gone or cut off
+UNPROBED = "unprobed"  # no socket of the worker's was ever reachable from the driver: no word
+
+
+@dataclass(frozen=True)
+class LinkBroken:
+    """A collective of `worker` failed on its connections to `peers` (the workers at the
+    address those connections led to)."""
+    worker: str
+    peers: tuple
+
+
+@dataclass(frozen=True)
+class Probed:
+    worker: str  # the worker whose node was probed
+    outcome: str  # LISTENING, REFUSED, SILENT or UNPROBED
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Probe the node of the worker: connect to the socket it listens on, answer with Probed."""
+    worker: str

@@ -14,6 +14,9 @@ class Policy:
     elastic_timeout: float = 600.0
     start_timeout: float = 30.0
     liveness_timeout: float = 5.0
+    # Seconds of heartbeat silence (beats come every 0.5 s) after which the worker's node is
+    # probed (nodeloss.py): a lost node is known within this and the probe's timeout.
+    probe_after: float = defaults.PROBE_AFTER
     # Seconds after a break a member of the broken world is waited for while its stand-in beats
     # for it and its own heartbeat (every 0.5 s) is silent: pygloo holds its GIL inside a
     # collective of that world, maybe a send gloo never wakes before its own 30 s timeout. A

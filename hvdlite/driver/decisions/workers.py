@@ -37,10 +37,24 @@ class Incarnation:
     overdue: bool = False  # its launch gave no process within --start-timeout: removed, yet
     # a refusal of its host that ends that launch later still counts as the host's
     leaving_since: Optional[float] = None  # when it said it got SIGTERM (it leaves once its commit is safe)
+    # Its node's probes (nodeloss.py): when the last began, whether it is in flight, when a
+    # survivor's link to it broke, when a probe found its process gone.
+    probed_at: Optional[float] = None
+    probing: bool = False
+    link_broken_at: Optional[float] = None
+    refused_at: Optional[float] = None
 
     @property
     def alive(self) -> bool:
         return self.phase is not Phase.GONE
+
+    def postpone(self, gap: float) -> None:
+        """The driver did not run for `gap` seconds: what it saw of the worker moves with it."""
+        for field in ("heard_at", "own_at", "left_behind", "probed_at", "link_broken_at", "refused_at"):
+            if getattr(self, field) is not None:
+                setattr(self, field, getattr(self, field) + gap)
+        self.vouched = None if self.vouched is None else (self.vouched[0] + gap, self.vouched[1])
+        self.launched_at += gap
 
     @property
     def name(self) -> str:
