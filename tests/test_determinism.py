@@ -14,7 +14,7 @@ import torch
 
 from hvdlite.torch import generators
 from hvdlite.worker import checkpoints
-from jobs import SCRIPTS, Job, discovery, progress, run_job, slot_pid, wait_progress
+from jobs import SCRIPTS, Job, discovery, run_job, slot_pid, wait_progress
 
 JOB = [sys.executable, os.path.join(SCRIPTS, "determinism_job.py")]
 SAME_SIZE = ["-H", "localhost:3", "-np", "2", "--min-np", "2", "--max-np", "2",
@@ -45,12 +45,22 @@ def final(log_dir):
         return json.load(f)
 
 
-def reference(tmp_path, args=SAME_SIZE, **env):
-    log_dir = tmp_path / "reference"
-    log_dir.mkdir()
-    r = run_job([*args, *JOB], log_dir, timeout=120, env={"LOG_DIR": str(log_dir), **env})
+def reference_run(folder, **env):
+    r = run_job([*SAME_SIZE, *JOB], folder, timeout=120, env={"LOG_DIR": str(folder), **env})
     assert r.code == 0, r.stderr[-3000:]
-    return final(log_dir)
+    return final(folder)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The fault-free run's final.json, by loader: run once for the tests that compare with it."""
+    runs = {}
+
+    def of(loader):
+        if loader not in runs:
+            runs[loader] = reference_run(tmp_path_factory.mktemp(f"reference-{loader}"), LOADER=loader)
+        return runs[loader]
+    return of
 
 
 def member(job, rank):
@@ -58,21 +68,34 @@ def member(job, rank):
     return next(slot for slot, r in rounds[-1].items() if r == rank)
 
 
-@pytest.mark.parametrize("loader, victim", [("elastic_sampler", 1), ("elastic_sampler", 0), ("stateful", 0)])
-def test_kill_9_replaced_at_the_same_size_is_bitwise_the_fault_free_run(tmp_path, loader, victim):
+def held(log_dir):
+    return os.path.exists(os.path.join(log_dir, "held"))
+
+
+@pytest.mark.parametrize("loader, victim, hold", [("elastic_sampler", 1, None), ("elastic_sampler", 0, None),
+                                                  ("stateful", 0, None), ("elastic_sampler", 1, "epoch1")])
+def test_kill_9_replaced_at_the_same_size_is_bitwise_the_fault_free_run(tmp_path, reference, loader, victim, hold):
     """A DataLoader with worker processes over an ElasticSampler, or torchdata's
     StatefulDataLoader held in the state (its place each rank's own); rank 0 holds the
-    durable writer and was the sync's source before ranks stayed put."""
-    env = {"LOADER": loader}
-    expected = reference(tmp_path, **env)
+    durable writer and was the sync's source before ranks stayed put. Killed mid-epoch
+    wherever it lands, or (hold) while every worker waits before epoch 1's own commit: the
+    rollback goes to step 24's, the last of the epoch, whose loop the script then re-enters
+    with nothing left in it."""
+    env = {"LOADER": loader, **({"HOLD_AT": hold} if hold else {})}
+    expected = reference(loader)
     log_dir = tmp_path / "faulty"
     log_dir.mkdir()
     with Job([*SAME_SIZE, *JOB], log_dir, {"LOG_DIR": str(log_dir), **env}) as job:
-        wait_progress(job, log_dir, 20)  # mid-epoch (12 steps an epoch): a rollback re-enters it
+        if hold:
+            job.wait_for(lambda _: held(log_dir), 60)
+        else:
+            wait_progress(job, log_dir, 20)  # mid-epoch (12 steps an epoch): a rollback re-enters it
         os.kill(slot_pid(job, member(job, victim)), signal.SIGKILL)
+        (log_dir / "go").touch()
         r = job.finish(120)
     assert r.code == 0, r.stderr[-3000:]
     assert len(r.of("round_complete")) >= 2, "the kill did not re-form the world"
+    assert not hold or r.of("round_complete")[1]["commit"] == 25, "the rollback went elsewhere"
     got = final(log_dir)
     assert got["epochs"] == [True] * 3
     assert got["hash"] == expected["hash"], "parameters or momentum differ from the fault-free run"
@@ -88,22 +111,30 @@ def test_a_resized_run_trains_every_sample_exactly_once_each_epoch(tmp_path):
     assert final(log_dir)["epochs"] == [True] * 3
 
 
-def test_graceful_stop_then_rerun_from_the_checkpoint_dir_is_bitwise_the_fault_free_run(tmp_path):
+# Commits: 12 steps an epoch, then the epoch's own commit (step 24's is commit 25, epoch 1's 26).
+@pytest.mark.parametrize("loader, point, commit", [("elastic_sampler", "20", 21), ("elastic_sampler", "24", 25),
+                                                   ("elastic_sampler", "epoch1", 26), ("stateful", "24", 25)])
+def test_graceful_stop_then_rerun_from_the_checkpoint_dir_is_bitwise_the_fault_free_run(
+        tmp_path, reference, loader, point, commit):
+    """The stop lands at the commit the test picks (every worker waits before it until it
+    heard of the stop): mid-epoch, the last step of an epoch (the rerun re-enters a loop with
+    nothing left in it, which draws a loader seed the uninterrupted run never drew), and the
+    epoch's own commit (the rerun's next loop draws one it did draw)."""
     args = [*SAME_SIZE, "--checkpoint-dir", str(tmp_path / "ckpt")]
-    expected = reference(tmp_path)
+    expected = reference(loader)
     log_dir = tmp_path / "stopped"
     log_dir.mkdir()
-    with Job([*args, *JOB], log_dir, {"LOG_DIR": str(log_dir)}) as job:
-        wait_progress(job, log_dir, 20)
+    env = {"LOG_DIR": str(log_dir), "LOADER": loader}
+    with Job([*args, *JOB], log_dir, {**env, "HOLD_AT": point}) as job:
+        job.wait_for(lambda _: held(log_dir), 60)
         job.proc.send_signal(signal.SIGTERM)
         r = job.finish(60)
     assert r.code == 75, r.stderr[-3000:]
-    assert progress(log_dir) < 36, "the job ended before the stop"
     rerun = tmp_path / "rerun"
     rerun.mkdir()
-    r = run_job([*args, *JOB], rerun, timeout=120, env={"LOG_DIR": str(log_dir)})
+    r = run_job([*args, *JOB], rerun, timeout=120, env=env)
     assert r.code == 0, r.stderr[-3000:]
-    assert "resumed from commit" in r.stderr
+    assert f"resumed from commit {commit} " in r.stderr
     assert final(log_dir)["hash"] == expected["hash"]
 
 

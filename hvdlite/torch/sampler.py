@@ -15,10 +15,13 @@ class ElasticSampler(torch.utils.data.Sampler):
     consumed the first k * size samples of the split (shares are interleaved). That lets every
     rank, and so any survivor, know what the whole world processed, including dead ranks.
 
-    A commit taken while a pass over it was under way records so; the first pass after loading
-    such a state (a rollback, a sync) puts the random generators back to the commit's once the
-    loader has made its iterator: making it drew the loader's base seed from torch's generator,
-    which the uninterrupted run drew once, before the commit (generators.put_back).
+    A commit taken once a pass over the epoch's split began records so; the first pass after
+    loading such a state (a rollback, a sync) puts the random generators back to the commit's
+    once the loader has made its iterator: making it drew the loader's base seed from torch's
+    generator, which the uninterrupted run drew once, before the commit (generators.put_back).
+    That holds for a commit after the pass's last batch too: the script's loop, re-entered,
+    makes an iterator over nothing, a draw the uninterrupted run never made. A set_epoch() to
+    another epoch ends that: its pass's draw is one the uninterrupted run made as well.
     """
 
     def __init__(self, dataset, shuffle=True, seed=0):
@@ -35,6 +38,7 @@ class ElasticSampler(torch.utils.data.Sampler):
         if epoch != self.epoch:
             self.epoch, self.processed, self.local_done = epoch, [], 0
             self.reset()
+            self._resuming = False
 
     def record_batch(self, batch_idx, batch_size):
         """Record that this rank finished batches 0..batch_idx of the current split."""
@@ -67,7 +71,7 @@ class ElasticSampler(torch.utils.data.Sampler):
 
     def state_dict(self):
         consumed = self.remaining[:self.local_done * self.size]
-        passing = self._resuming or (self._passing and self.local_done < len(self.indices))
+        passing = self._resuming or self._passing
         return {"epoch": self.epoch, "processed": self.processed + consumed, "passing": passing}
 
     def load_state_dict(self, state_dict):

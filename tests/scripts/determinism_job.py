@@ -10,7 +10,10 @@ Rank 0 writes $LOG_DIR/final.json (hash, epochs checked) and appends each commit
 world-mean loss to $LOG_DIR/losses.jsonl. Knobs (env): EPOCHS, BATCH, WORKERS (loader worker
 processes), STEP_SLEEP, DATA=digits (scikit-learn's 8x8 digits instead of synthetic data),
 LOADER=stateful (torchdata's StatefulDataLoader over its StatefulDistributedSampler, held in the
-state as `loader`, instead of a DataLoader over an ElasticSampler: a fixed world size only).
+state as `loader`, instead of a DataLoader over an ElasticSampler: a fixed world size only),
+HOLD_AT=24 (before the commit of step 24) or HOLD_AT=epoch1 (before the commit that ends epoch 1):
+every worker waits there until $LOG_DIR/go exists or it heard that the job stops, so that a test
+lands a fault at that very commit; rank 0 makes $LOG_DIR/held when it waits.
 """
 import hashlib
 import json
@@ -22,6 +25,7 @@ import numpy as np
 import torch
 
 import hvdlite.torch as hvd
+from hvdlite.worker.session import session
 from progress import write_progress
 
 LOG_DIR = os.environ["LOG_DIR"]
@@ -29,6 +33,8 @@ EPOCHS = int(os.environ.get("EPOCHS", "3"))
 BATCH = int(os.environ.get("BATCH", "4"))
 WORKERS = int(os.environ.get("WORKERS", "2"))
 SLEEP = float(os.environ.get("STEP_SLEEP", "0.02"))
+HOLD_AT = os.environ.get("HOLD_AT")
+HOLD_LIMIT = 60.0  # seconds a held worker waits for the test
 
 
 def data():
@@ -93,6 +99,20 @@ def log(name, record):
         f.write(json.dumps(record) + "\n")
 
 
+def hold(point):
+    """Wait at `point` (HOLD_AT) for the test's go or the job's stop, once in the job."""
+    go = os.path.join(LOG_DIR, "go")
+    if point != HOLD_AT or os.path.exists(go):
+        return
+    if hvd.rank() == 0:
+        open(os.path.join(LOG_DIR, "held"), "w").close()
+    deadline = time.monotonic() + HOLD_LIMIT
+    while not (os.path.exists(go) or session().stopping):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"held at {point} for {HOLD_LIMIT:g} s: the test never let go")
+        time.sleep(0.02)
+
+
 def fingerprint():
     digest = hashlib.sha256()
     for p in model.parameters():
@@ -121,6 +141,7 @@ def train(state):
             if hvd.rank() == 0:
                 log("losses.jsonl", {"step": state.step, "loss": mean, "size": hvd.size(), "epoch": epoch})
                 write_progress(LOG_DIR, state.step)
+            hold(str(state.step))
             state.commit()
             time.sleep(SLEEP)
         once = bool((state.seen == 1).all())
@@ -130,6 +151,7 @@ def train(state):
         state.checked.append(once)
         state.seen = torch.zeros(len(dataset))
         state.epoch = epoch + 1
+        hold(f"epoch{epoch}")
         state.commit()
     if hvd.rank() == 0:
         model.eval()
