@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from hvdlite.torch import generators
+from hvdlite.torch.elastic import ElasticSampler, TorchState as ElasticTorchState
 from hvdlite.worker import checkpoints
 from jobs import SCRIPTS, Job, discovery, run_job, slot_pid, wait_progress
 
@@ -38,6 +39,40 @@ def test_the_generators_come_back_from_a_checkpoint_file_and_draw_as_before(tmp_
     draws()
     generators.put(state["ranks"][0])
     assert commit == 7 and draws() == expected
+
+
+@pytest.mark.parametrize("epoch_commit", [False, True])
+def test_a_rollback_at_an_epochs_end_draws_the_next_epoch_as_before(epoch_commit):
+    """In one process, no world: the commit after an epoch's last batch (the re-entered loop's
+    loader makes an iterator over nothing, drawing a base seed), or the epoch's own commit after
+    the loop (the next epoch's iterator draws as it did), restored: the next epoch draws what
+    the run without the rollback drew."""
+    def run(rollback):
+        torch.manual_seed(0)
+        sampler = ElasticSampler(list(range(8)), seed=0)
+        loader = torch.utils.data.DataLoader(sampler.dataset, batch_size=4, sampler=sampler)
+        state = ElasticTorchState(sampler=sampler)
+
+        def epoch(number):
+            sampler.set_epoch(number)
+            draws = []
+            for batch_idx, _ in enumerate(loader):
+                sampler.record_batch(batch_idx, 4)
+                draws.append(torch.rand(1).item())  # dropout
+                state.save()  # what commit() does locally
+            return draws
+
+        epoch(0)
+        epoch(1)
+        if epoch_commit:
+            state.save()
+        if rollback:
+            state.restore()
+            if not epoch_commit:
+                epoch(1)
+        return epoch(2)
+
+    assert run(rollback=True) == run(rollback=False)
 
 
 def final(log_dir):
