@@ -15,7 +15,7 @@ def _agree_flag(value: int) -> int:
 
 BACKEND = core.Backend(init=basics.init, join=basics.join, shutdown=basics.shutdown, abort=basics.abort,
                        info=runtime.info, agree_flag=_agree_flag,
-                       broadcast_object=ops.broadcast_object)
+                       broadcast_object=ops.broadcast_object, allgather_object=ops.allgather_object)
 
 
 class State(core.State):

@@ -4,7 +4,7 @@ ElasticSampler. The reset protocol lives in hvdlite.worker.elastic; this binds i
 import torch
 import torch.distributed as dist
 
-from hvdlite.torch import basics, ops, runtime
+from hvdlite.torch import basics, generators, ops, runtime
 from hvdlite.torch.sampler import ElasticSampler  # noqa: F401
 from hvdlite.torch.statehandlers import (  # noqa: F401
     StateHandler, get_handler_registry, handler_for, register_handler, set_handler_registry)
@@ -26,7 +26,9 @@ def _gloo_failed(error: BaseException) -> bool:
 
 BACKEND = core.Backend(init=basics.init, join=basics.join, shutdown=basics.leave, abort=basics.abort,
                        info=runtime.info, agree_flag=_agree_flag,
-                       broadcast_object=ops.broadcast_object, world_broke=_gloo_failed)
+                       broadcast_object=ops.broadcast_object, world_broke=_gloo_failed,
+                       allgather_object=ops.allgather_object, capture_generators=generators.capture,
+                       put_generators=generators.put)
 
 
 class State(core.State):
@@ -65,15 +67,28 @@ class TorchState(ObjectState):
             handler.set_value(value)
         super().__setattr__(name, value)
 
+    # The generators are captured after the handlers save and put back after they restore: a
+    # StatefulDataLoader's state_dict() may make its iterator, which draws from torch's generator.
     def save(self):
-        super().save()
         for handler in self._handlers.values():
             handler.save()
+        super().save()
 
     def restore(self):
-        super().restore()
         for handler in self._handlers.values():
             handler.restore()
+        super().restore()
+
+    def _rank_now(self):
+        return {**super()._rank_now(),
+                "handlers": {name: h.current() for name, h in self._handlers.items() if h.per_rank}}
+
+    def _put_rank_saved(self, saved):
+        for name, handler in self._handlers.items():
+            if handler.per_rank:
+                handler.load_saved(saved["handlers"][name])
+                handler.restore()
+        super()._put_rank_saved(saved)
 
     def _snapshot(self):
         commit, snapshot = super()._snapshot()

@@ -7,6 +7,7 @@ Horovod, and register_handler() puts a user type in front.
 """
 import abc
 import copy
+import contextlib
 
 import torch
 import torch.distributed as dist
@@ -16,10 +17,21 @@ from torch.optim import lr_scheduler
 from hvdlite.torch import ops, runtime
 from hvdlite.torch.optimizer import broadcast_parameters, send_optimizer_state
 from hvdlite.torch.sampler import ElasticSampler
+from hvdlite.worker import generators
+
+StatefulDataLoader = None
+with contextlib.suppress(ImportError):  # torchdata is optional
+    from torchdata.stateful_dataloader import StatefulDataLoader
 
 
 class StateHandler(abc.ABC):
-    """Subclass and implement save, restore and sync for `self.value`."""
+    """Subclass and implement save, restore and sync for `self.value`.
+
+    per_rank: the value is each rank's own (a data loader's place in its rank's share), not
+    the same on every rank: sync leaves it alone, and every commit gathers every rank's
+    current(), so that a process taking a rank goes on from that rank's (TorchState)."""
+
+    per_rank = False
 
     def __init__(self, value):
         self.value = value
@@ -41,6 +53,10 @@ class StateHandler(abc.ABC):
     @abc.abstractmethod
     def sync(self):
         """Make the value equal self.root_rank's on every rank, in place (a collective)."""
+
+    def current(self):
+        """What save() would remember now, without remembering it (per_rank handlers)."""
+        raise NotImplementedError
 
     def saved(self):
         """What save() remembered, picklable, for a checkpoint: by default `self._saved`.
@@ -96,6 +112,47 @@ class SamplerStateHandler(StateDictHandler):
         self._saved = self.value.state_dict()  # fresh lists already: no deep copy needed
 
 
+class LoaderStateHandler(StateDictHandler):
+    """torchdata's StatefulDataLoader: its place and its workers' datasets' states (those that
+    keep one), each rank's own. A state loaded waits for the loop to make the next iterator
+    (after the script's set_epoch), and a save meanwhile saves it as it is: the loader's own
+    state_dict() would make that iterator at once. The first iterator made after a restore
+    drew its base seed from torch's generator, a draw the uninterrupted run made before the
+    commit: the generators are put back to the commit's right after (as ElasticSampler does)."""
+
+    per_rank = True
+
+    def __init__(self, value):
+        super().__init__(value)
+        self._pending = None  # the state loaded, until the loader makes its next iterator
+        make_iterator = value._get_iterator  # where a StatefulDataLoader draws the seed
+
+        def get_iterator():
+            iterator = make_iterator()
+            if self._pending is not None:
+                self._pending = None
+                generators.put_back()
+            return iterator
+        value._get_iterator = get_iterator
+
+    def current(self):
+        return self._pending if self._pending is not None else copy.deepcopy(self.value.state_dict())
+
+    def save(self):
+        self._saved = self.current()
+
+    def restore(self):
+        self._pending = copy.deepcopy(self._saved)
+        self.value.load_state_dict(copy.deepcopy(self._pending))
+
+    def sync(self):
+        """Each rank's own, not synced (a rank taken over gets its part of the commit); the
+        loop a reset re-enters goes on from the loader's place, not from the epoch's start."""
+        if self._pending is None:
+            self._saved = copy.deepcopy(self.value.state_dict())
+            self.restore()
+
+
 # Every scheduler of torch 2.x derives from LRScheduler (Horovod 0.28 names only the old
 # _LRScheduler and so misses them).
 _handler_registry = [
@@ -104,7 +161,7 @@ _handler_registry = [
     (torch.optim.Optimizer, OptimizerStateHandler),
     (lr_scheduler.LRScheduler, StateDictHandler),
     (ElasticSampler, SamplerStateHandler),
-]
+] + ([(StatefulDataLoader, LoaderStateHandler)] if StatefulDataLoader is not None else [])
 
 
 def get_handler_registry():

@@ -22,7 +22,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable
 
-from hvdlite.worker import durable, exitcode, stopping
+from hvdlite.worker import durable, exitcode, generators, stopping
 from hvdlite.worker.errors import HorovodInternalError, HostsUpdatedInterrupt
 from hvdlite.worker.session import session
 from hvdlite.worker.world import WorldInfo
@@ -40,6 +40,10 @@ class Backend:
     # whether an error other than HorovodInternalError says the world broke: one a library
     # raised from a collective on the world's group (DDP's backward)
     world_broke: Callable[[BaseException], bool] = lambda error: False
+    allgather_object: Callable = None  # allgather_object(obj): every rank's obj, in rank order
+    # this process's global random generators as a plain value, and putting such a value back
+    capture_generators: Callable[[], dict] = generators.capture
+    put_generators: Callable[[dict], None] = generators.put
 
 
 _STOP = 2  # check_host_updates' flag for "the job stops" (1: a host update or a leaver)
@@ -58,6 +62,7 @@ class State:
         # the root's is every rank's after a sync.
         self._lineage = durable.lineage()
         self._reset_callbacks = []
+        self._every_rank = []  # _every_rank_now() of the last commit
         # Host updates told through on_hosts_updated: the newest heard, the newest acted on.
         self._heard_update = self._acted_update = 0
 
@@ -81,7 +86,11 @@ class State:
 
     def commit(self):
         self._commits += 1
+        # Every rank's part first: a commit that fails to reach every rank is not taken (its
+        # rollback goes to the one before, whose parts every rank has).
+        every_rank = self._every_rank_now()
         self.save()
+        self._every_rank = every_rank
         session().commits = self._commits
         durable.committed(self)
         self.check_host_updates()
@@ -102,6 +111,11 @@ class State:
     def save(self):
         raise NotImplementedError
 
+    def _every_rank_now(self) -> list:
+        """A commit's collective before save(): what each rank alone has, by rank (ObjectState:
+        the ranks' random generators)."""
+        return []
+
     def restore(self):
         raise NotImplementedError
 
@@ -119,7 +133,14 @@ class State:
 
 
 class ObjectState(State):
-    """State made of plain picklable attributes: ObjectState(epoch=0, batch=0)."""
+    """State made of plain picklable attributes: ObjectState(epoch=0, batch=0).
+
+    It keeps this rank's random generators with its commits too (Python's, numpy's, the
+    backend's): a restore puts them back, so the steps after a rollback draw what they drew
+    before. Each commit gathers every rank's (a few KB a rank, one allgather), so a worker that
+    takes a rank whose holder died, or a job resumed from --checkpoint-dir, goes on with that
+    rank's generators.
+    """
 
     def __init__(self, **kwargs):
         self._names = list(kwargs)
@@ -134,21 +155,45 @@ class ObjectState(State):
     def save(self):
         self._saved = copy.deepcopy(self._values())
         self._saved_commits = self._commits
+        self._saved_generators = self.backend.capture_generators()
+        generators.saved(self.backend.put_generators, self._saved_generators)
+
+    def _rank_now(self) -> dict:
+        """What this rank's save would hold that no other rank has: its generators."""
+        return {"generators": self.backend.capture_generators()}
+
+    def _every_rank_now(self):
+        return self.backend.allgather_object(self._rank_now())
 
     def restore(self):
         for name, value in copy.deepcopy(self._saved).items():
             setattr(self, name, value)
         self._commits = self._saved_commits
+        self.backend.put_generators(self._saved_generators)
+        generators.saved(self.backend.put_generators, self._saved_generators)
+
+    def _take_rank_saved(self):
+        """Go on from this rank's part of the last commit, saved by the process that held the
+        rank then (if the commit has one: a world that grew has ranks it does not know)."""
+        if self._every_rank and self.backend.info().rank < len(self._every_rank):
+            self._put_rank_saved(self._every_rank[self.backend.info().rank])
+
+    def _put_rank_saved(self, saved):
+        self._saved_generators = saved["generators"]
+        self.backend.put_generators(saved["generators"])
 
     def sync(self):
-        values, self._commits, self._lineage = self.backend.broadcast_object(
-            (self._values(), self._commits, self._lineage), self.backend.info().root)
+        held = self._commits
+        values, self._commits, self._lineage, self._every_rank = self.backend.broadcast_object(
+            (self._values(), self._commits, self._lineage, self._every_rank), self.backend.info().root)
         for name, value in values.items():
             setattr(self, name, value)
+        if self._commits != held:  # the state came from the root: this rank's part from the commit
+            self._take_rank_saved()
         self.save()
 
     def _snapshot(self):
-        return self._saved_commits, {"values": self._saved}
+        return self._saved_commits, {"values": self._saved, "ranks": self._every_rank}
 
     def _load_snapshot(self, commit, snapshot):
         values = snapshot["values"]
@@ -156,6 +201,9 @@ class ObjectState(State):
             raise RuntimeError(f"hvdlite: the checkpoint holds the state {sorted(values)}, this "
                                f"script's state is {sorted(self._names)}")
         self._saved, self._saved_commits = values, commit
+        self._every_rank = snapshot.get("ranks", [])  # none in files written before them
+        self._saved_generators = self.backend.capture_generators()
+        self._take_rank_saved()
         self.restore()
 
 

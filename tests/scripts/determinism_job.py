@@ -1,0 +1,165 @@
+"""A Horovod-style elastic job whose result shows whether a recovery changed what it computed.
+
+Dropout, SGD with momentum, a DataLoader with worker processes over an ElasticSampler, and
+only Horovod's API: TorchState(model, optimizer, sampler=...). Two checks fail loudly:
+- every sample of an epoch trained exactly once: each step all-reduces a one-hot of its
+  batch's sample ids into a counter kept in the state (so a rollback undoes it with the
+  rest); at each epoch's end rank 0 prints `EPOCH e exactly-once` or `EPOCH e NOT exactly-once`;
+- the final parameters and momentum buffers, hashed: rank 0 prints `HASH <sha256>`.
+Rank 0 writes $LOG_DIR/final.json (hash, epochs checked) and appends each committed step's
+world-mean loss to $LOG_DIR/losses.jsonl. Knobs (env): EPOCHS, BATCH, WORKERS (loader worker
+processes), STEP_SLEEP, DATA=digits (scikit-learn's 8x8 digits instead of synthetic data),
+LOADER=stateful (torchdata's StatefulDataLoader over its StatefulDistributedSampler, held in the
+state as `loader`, instead of a DataLoader over an ElasticSampler: a fixed world size only),
+HOLD_AT=24 (before the commit of step 24) or HOLD_AT=epoch1 (before the commit that ends epoch 1):
+every worker waits there until $LOG_DIR/go exists or it heard that the job stops, so that a test
+lands a fault at that very commit; rank 0 makes $LOG_DIR/held when it waits.
+"""
+import hashlib
+import json
+import os
+import random
+import time
+
+import numpy as np
+import torch
+
+import hvdlite.torch as hvd
+from hvdlite.worker.session import session
+from progress import write_progress
+
+LOG_DIR = os.environ["LOG_DIR"]
+EPOCHS = int(os.environ.get("EPOCHS", "3"))
+BATCH = int(os.environ.get("BATCH", "4"))
+WORKERS = int(os.environ.get("WORKERS", "2"))
+SLEEP = float(os.environ.get("STEP_SLEEP", "0.02"))
+HOLD_AT = os.environ.get("HOLD_AT")
+HOLD_LIMIT = 60.0  # seconds a held worker waits for the test
+
+
+def data():
+    if os.environ.get("DATA") == "digits":
+        from sklearn.datasets import load_digits
+        digits = load_digits()
+        x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
+        return x, torch.tensor(digits.target), 10
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(96, 8, generator=g)
+    return x, (x.sum(1) > 0).long(), 2
+
+
+class Samples(torch.utils.data.Dataset):
+    """(id, x, y); x gets a little noise drawn in the loader's worker process."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        # seeded by the sample: what a worker draws does not depend on which worker it is
+        noise = torch.randn(self.x.shape[1], generator=torch.Generator().manual_seed(i)) * 0.01
+        return i, self.x[i] + noise, self.y[i]
+
+
+hvd.init()
+torch.manual_seed(0)
+random.seed(0)
+np.random.seed(0)
+x, y, classes = data()
+dataset = Samples(x, y)
+model = torch.nn.Sequential(torch.nn.Linear(x.shape[1], 32), torch.nn.ReLU(), torch.nn.Dropout(0.3),
+                            torch.nn.Linear(32, classes))
+optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                     named_parameters=model.named_parameters())
+if os.environ.get("LOADER") == "stateful":
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
+    sampler = StatefulDistributedSampler(dataset, num_replicas=hvd.size(), rank=hvd.rank(), seed=0)
+    loader = StatefulDataLoader(dataset, batch_size=BATCH, sampler=sampler, num_workers=WORKERS)
+    held = {"loader": loader}
+else:
+    sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=0)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=sampler, num_workers=WORKERS)
+    held = {"sampler": sampler}
+
+
+def not_padding(batch_idx, count):
+    """Which of the batch's samples are not the padding that evens out the split (repeats)."""
+    if not isinstance(sampler, hvd.elastic.ElasticSampler):
+        return torch.ones(count, dtype=torch.bool)  # the sizes here divide the data
+    first = batch_idx * BATCH
+    return torch.tensor([(first + i) * sampler.size + sampler.rank < len(sampler.remaining)
+                         for i in range(count)])
+
+
+def log(name, record):
+    with open(os.path.join(LOG_DIR, name), "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def hold(point):
+    """Wait at `point` (HOLD_AT) for the test's go or the job's stop, once in the job."""
+    go = os.path.join(LOG_DIR, "go")
+    if point != HOLD_AT or os.path.exists(go):
+        return
+    if hvd.rank() == 0:
+        open(os.path.join(LOG_DIR, "held"), "w").close()
+    deadline = time.monotonic() + HOLD_LIMIT
+    while not (os.path.exists(go) or session().stopping):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"held at {point} for {HOLD_LIMIT:g} s: the test never let go")
+        time.sleep(0.02)
+
+
+def fingerprint():
+    digest = hashlib.sha256()
+    for p in model.parameters():
+        digest.update(p.detach().numpy().tobytes())
+        digest.update(optimizer.state[p]["momentum_buffer"].numpy().tobytes())
+    return digest.hexdigest()
+
+
+@hvd.elastic.run
+def train(state):
+    for epoch in range(state.epoch, EPOCHS):
+        sampler.set_epoch(epoch)
+        model.train()
+        for batch_idx, (ids, inputs, targets) in enumerate(loader):
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(inputs), targets)
+            loss.backward()
+            optimizer.step()
+            seen = torch.zeros(len(dataset))
+            seen.index_add_(0, ids, not_padding(batch_idx, len(ids)).float())
+            state.seen += hvd.allreduce(seen, op=hvd.Sum)
+            if "sampler" in held:
+                sampler.record_batch(batch_idx, BATCH)
+            state.step += 1
+            mean = hvd.allreduce(loss.detach(), op=hvd.Average).item()
+            if hvd.rank() == 0:
+                log("losses.jsonl", {"step": state.step, "loss": mean, "size": hvd.size(), "epoch": epoch})
+                write_progress(LOG_DIR, state.step)
+            hold(str(state.step))
+            state.commit()
+            time.sleep(SLEEP)
+        once = bool((state.seen == 1).all())
+        if hvd.rank() == 0:
+            print(f"EPOCH {epoch} {'exactly-once' if once else 'NOT exactly-once'}"
+                  + ("" if once else f": counts {sorted(set(state.seen.int().tolist()))}"), flush=True)
+        state.checked.append(once)
+        state.seen = torch.zeros(len(dataset))
+        state.epoch = epoch + 1
+        hold(f"epoch{epoch}")
+        state.commit()
+    if hvd.rank() == 0:
+        model.eval()
+        accuracy = (model(x).argmax(1) == y).float().mean().item()
+        print(f"HASH {fingerprint()}", flush=True)
+        with open(os.path.join(LOG_DIR, "final.json"), "w") as f:
+            json.dump({"hash": fingerprint(), "epochs": state.checked, "accuracy": accuracy}, f)
+
+
+train(hvd.elastic.TorchState(model, optimizer, **held, epoch=0, step=0,
+                             seen=torch.zeros(len(dataset)), checked=[]))

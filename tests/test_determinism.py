@@ -1,0 +1,183 @@
+"""Bitwise recovery (scripts/determinism_job.py): a job whose workers are replaced at the same
+world size ends with the parameters and momentum of a run with no fault, and a resized job
+trains every sample of every epoch exactly once. Real workers, real gloo, real kill -9."""
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from hvdlite.torch import generators
+from hvdlite.torch.elastic import ElasticSampler, TorchState as ElasticTorchState
+from hvdlite.worker import checkpoints
+from jobs import SCRIPTS, Job, discovery, run_job, slot_pid, wait_progress
+
+JOB = [sys.executable, os.path.join(SCRIPTS, "determinism_job.py")]
+SAME_SIZE = ["-H", "localhost:3", "-np", "2", "--min-np", "2", "--max-np", "2",
+             "--blacklist-cooldown-range", "600", "600"]
+
+
+def draws():
+    return random.random(), float(np.random.rand()), torch.rand(3).tolist()
+
+
+def test_the_generators_come_back_from_a_checkpoint_file_and_draw_as_before(tmp_path):
+    """Through the checked unpickler as they are (no trusted class needed)."""
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    np.random.randn()  # numpy's state holds a cached gaussian now
+    captured = generators.capture()
+    expected = draws()
+    fd, direct = checkpoints.create(str(tmp_path / "c"))
+    with os.fdopen(fd, "wb"):
+        checkpoints.dump(fd, 7, "lineage", {"ranks": [captured]}, direct)
+    commit, _, state = checkpoints.load(str(tmp_path / "c"))
+    draws()
+    generators.put(state["ranks"][0])
+    assert commit == 7 and draws() == expected
+
+
+@pytest.mark.parametrize("epoch_commit", [False, True])
+def test_a_rollback_at_an_epochs_end_draws_the_next_epoch_as_before(epoch_commit):
+    """In one process, no world: the commit after an epoch's last batch (the re-entered loop's
+    loader makes an iterator over nothing, drawing a base seed), or the epoch's own commit after
+    the loop (the next epoch's iterator draws as it did), restored: the next epoch draws what
+    the run without the rollback drew."""
+    def run(rollback):
+        torch.manual_seed(0)
+        sampler = ElasticSampler(list(range(8)), seed=0)
+        loader = torch.utils.data.DataLoader(sampler.dataset, batch_size=4, sampler=sampler)
+        state = ElasticTorchState(sampler=sampler)
+
+        def epoch(number):
+            sampler.set_epoch(number)
+            draws = []
+            for batch_idx, _ in enumerate(loader):
+                sampler.record_batch(batch_idx, 4)
+                draws.append(torch.rand(1).item())  # dropout
+                state.save()  # what commit() does locally
+            return draws
+
+        epoch(0)
+        epoch(1)
+        if epoch_commit:
+            state.save()
+        if rollback:
+            state.restore()
+            if not epoch_commit:
+                epoch(1)
+        return epoch(2)
+
+    assert run(rollback=True) == run(rollback=False)
+
+
+def final(log_dir):
+    with open(os.path.join(log_dir, "final.json")) as f:
+        return json.load(f)
+
+
+def reference_run(folder, **env):
+    r = run_job([*SAME_SIZE, *JOB], folder, timeout=120, env={"LOG_DIR": str(folder), **env})
+    assert r.code == 0, r.stderr[-3000:]
+    return final(folder)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The fault-free run's final.json, by loader: run once for the tests that compare with it."""
+    runs = {}
+
+    def of(loader):
+        if loader not in runs:
+            runs[loader] = reference_run(tmp_path_factory.mktemp(f"reference-{loader}"), LOADER=loader)
+        return runs[loader]
+    return of
+
+
+def member(job, rank):
+    rounds = [e["members"] for e in job.events() if e["event"] == "round_complete"]
+    return next(slot for slot, r in rounds[-1].items() if r == rank)
+
+
+def held(log_dir):
+    return os.path.exists(os.path.join(log_dir, "held"))
+
+
+@pytest.mark.parametrize("loader, victim, hold", [("elastic_sampler", 1, None), ("elastic_sampler", 0, None),
+                                                  ("stateful", 0, None), ("elastic_sampler", 1, "epoch1")])
+def test_kill_9_replaced_at_the_same_size_is_bitwise_the_fault_free_run(tmp_path, reference, loader, victim, hold):
+    """A DataLoader with worker processes over an ElasticSampler, or torchdata's
+    StatefulDataLoader held in the state (its place each rank's own); rank 0 holds the
+    durable writer and was the sync's source before ranks stayed put. Killed mid-epoch
+    wherever it lands, or (hold) while every worker waits before epoch 1's own commit: the
+    rollback goes to step 24's, the last of the epoch, whose loop the script then re-enters
+    with nothing left in it."""
+    env = {"LOADER": loader, **({"HOLD_AT": hold} if hold else {})}
+    expected = reference(loader)
+    log_dir = tmp_path / "faulty"
+    log_dir.mkdir()
+    with Job([*SAME_SIZE, *JOB], log_dir, {"LOG_DIR": str(log_dir), **env}) as job:
+        if hold:
+            job.wait_for(lambda _: held(log_dir), 60)
+        else:
+            wait_progress(job, log_dir, 20)  # mid-epoch (12 steps an epoch): a rollback re-enters it
+        os.kill(slot_pid(job, member(job, victim)), signal.SIGKILL)
+        (log_dir / "go").touch()
+        r = job.finish(120)
+    assert r.code == 0, r.stderr[-3000:]
+    assert len(r.of("round_complete")) >= 2, "the kill did not re-form the world"
+    assert not hold or r.of("round_complete")[1]["commit"] == 25, "the rollback went elsewhere"
+    got = final(log_dir)
+    assert got["epochs"] == [True] * 3
+    assert got["hash"] == expected["hash"], "parameters or momentum differ from the fault-free run"
+
+
+def test_a_resized_run_trains_every_sample_exactly_once_each_epoch(tmp_path):
+    log_dir = tmp_path
+    schedule = [[0, ["localhost:2"]], [5, ["localhost:3"]], [14, ["localhost:1"]], [20, ["localhost:2"]]]
+    r = run_job([*discovery(tmp_path, schedule), "--min-np", "1", *JOB], log_dir, timeout=180,
+                env={"LOG_DIR": str(log_dir), "STEP_SLEEP": "0.1"})
+    assert r.code == 0, r.stderr[-3000:]
+    assert sorted({e["size"] for e in r.of("round_complete")}) == [1, 2, 3]
+    assert final(log_dir)["epochs"] == [True] * 3
+
+
+# Commits: 12 steps an epoch, then the epoch's own commit (step 24's is commit 25, epoch 1's 26).
+@pytest.mark.parametrize("loader, point, commit", [("elastic_sampler", "20", 21), ("elastic_sampler", "24", 25),
+                                                   ("elastic_sampler", "epoch1", 26), ("stateful", "24", 25)])
+def test_graceful_stop_then_rerun_from_the_checkpoint_dir_is_bitwise_the_fault_free_run(
+        tmp_path, reference, loader, point, commit):
+    """The stop lands at the commit the test picks (every worker waits before it until it
+    heard of the stop): mid-epoch, the last step of an epoch (the rerun re-enters a loop with
+    nothing left in it, which draws a loader seed the uninterrupted run never drew), and the
+    epoch's own commit (the rerun's next loop draws one it did draw)."""
+    args = [*SAME_SIZE, "--checkpoint-dir", str(tmp_path / "ckpt")]
+    expected = reference(loader)
+    log_dir = tmp_path / "stopped"
+    log_dir.mkdir()
+    env = {"LOG_DIR": str(log_dir), "LOADER": loader}
+    with Job([*args, *JOB], log_dir, {**env, "HOLD_AT": point}) as job:
+        job.wait_for(lambda _: held(log_dir), 60)
+        job.proc.send_signal(signal.SIGTERM)
+        r = job.finish(60)
+    assert r.code == 75, r.stderr[-3000:]
+    rerun = tmp_path / "rerun"
+    rerun.mkdir()
+    r = run_job([*args, *JOB], rerun, timeout=120, env=env)
+    assert r.code == 0, r.stderr[-3000:]
+    assert f"resumed from commit {commit} " in r.stderr
+    assert final(log_dir)["hash"] == expected["hash"]
+
+
+def test_bench_quick_finds_every_run_equal_and_every_epoch_exactly_once(tmp_path):
+    """bench/determinism.py --quick: one kill -9, one SIGTERM leaver, one resize with a kill."""
+    bench = os.path.join(os.path.dirname(SCRIPTS), "..", "bench", "determinism.py")
+    done = subprocess.run([sys.executable, bench, "--quick", "--dir", str(tmp_path)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    rows = {line.split()[0]: line.split()[1:] for line in done.stdout.split("epochs exactly-once")[-1].splitlines()[1:4]}
+    assert rows == {"kill": ["1", "0", "2", "0"], "term": ["1", "0", "2", "0"], "resize": ["-", "-", "2", "0"]}
