@@ -157,7 +157,7 @@ class ElasticJob(RuleBasedStateMachine):
                     or inc.exiting_since is not None or inc.phase is Phase.LEAVING or inc.heard_at is None:
                 continue
             silence = self.now - inc.heard_at
-            if silence > self.core.policy.probe_after:
+            if inc.heard_at < self.now - self.core.policy.probe_after:  # the core's sum: floats
                 assert inc.probed_at is not None and self.now - inc.probed_at < max(REPROBE, silence / 3), \
                     f"{proc.worker} cut off, silent {silence:.2f} s, last probed at {inc.probed_at} (now {self.now:.2f})"
 
