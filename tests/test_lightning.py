@@ -36,7 +36,8 @@ def test_an_elastic_fit_survives_a_kill_9_in_process(tmp_path, commit_every):
     """Slot 127.0.0.3/0 kills itself mid-epoch 1: the survivors roll back to the last commit
     (epoch 0's end, or 2 batches into epoch 1), re-form and fit on in the same processes;
     every epoch ends exactly once."""
-    with Job(["-H", "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1", "--min-np", "1", sys.executable,
+    # --start-timeout: under CI's load a third start past 30 s formed epoch 0 without it.
+    with Job(["-H", "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1", "--min-np", "1", "--start-timeout", "120", sys.executable,
               os.path.join(SCRIPTS, "lightning_elastic.py")], tmp_path,
              env={"LOG_DIR": str(tmp_path), "KILL_EPOCH": "1", "VICTIM": "127.0.0.3/0",
                   "COMMIT_EVERY": str(commit_every)}) as job:
