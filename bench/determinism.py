@@ -47,10 +47,12 @@ import sshhosts  # noqa: E402
 
 ROOT = os.path.dirname(HERE)
 JOB = [sys.executable, os.path.join(SCRIPTS, "determinism_job.py")]
-FIXED = ["-np", "2", "--min-np", "2", "--max-np", "2", "--liveness-timeout", "3", "--blacklist-cooldown-range", "1", "2"]
+FIXED = ["-np", "2", "--min-np", "2", "--max-np", "2", "--liveness-timeout", "3",
+         "--blacklist-cooldown-range", "1", "2"]
 SAME_SIZE = ["-H", "localhost:3", *FIXED]
 SAME_SIZE_KINDS = ["kill", "stop", "term", "graceful"]
 CLUSTER_KINDS = ["ssh-cut", "slurm-kill"]
+STEP_TIMEOUT = 120  # seconds a job may take to reach a fault's step or to finish
 
 
 class Clusters:
@@ -115,7 +117,6 @@ class Clusters:
         for group in (self.hosts, self.slurm):
             if group is not None:
                 group.close()
-STEP_TIMEOUT = 120  # seconds a job may take to reach a fault's step or to finish
 
 
 def members(job):
