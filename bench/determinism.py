@@ -1,6 +1,7 @@
 """Bitwise recovery, measured: randomized faults against a fault-free run of the same job.
 
-    python bench/determinism.py [--runs 5] [--kinds kill stop term graceful resize] [--seed 0] [--quick]
+    python bench/determinism.py [--runs 5] [--kinds kill stop term graceful ssh-cut slurm-kill resize]
+                                [--seed 0] [--quick]
     python bench/determinism.py --digits [--faults 20] [--plot docs/determinism.png]
 
 The job is tests/scripts/determinism_job.py (dropout, SGD momentum, a DataLoader with worker
@@ -12,10 +13,19 @@ steps on random ranks:
 - term: SIGTERM to a worker, which leaves at its next commit; the spare replaces it;
 - graceful: SIGTERM to the driver (exit 75 at a commit, --checkpoint-dir), then the same
   command again, which resumes from the folder;
+- ssh-cut: the job on three sshd test hosts in network namespaces (tests/sshhosts.py), a
+  worker's host cut off (every packet dropped, no FIN); the third host takes its place. Once
+  the world re-formed, the stranded worker is killed and the host healed (it rebooted);
+- slurm-kill: the job in `salloc -N3 --no-kill` on the Slurm test cluster
+  (tests/slurmcluster.py), every process of a worker's node killed, slurmd too; the third
+  node takes its place; the node is started again after the run;
 - resize: the hosts shrink and grow mid-epoch (discovery), kills on top: the world size
   changes, so only "every sample exactly once each epoch" is promised, not equal bytes.
-Prints per kind: runs equal / differing to the fault-free run (same size), and epochs
-exactly-once / not. --quick: one run of kill, term and resize with two epochs (CI).
+ssh-cut and slurm-kill need root and the clusters' tools: without them they are skipped with
+the reason. Every run is compared with the one fault-free run on this machine: where the ranks
+run does not change the bytes (ranks stay put, gloo sums in rank order).
+Prints per kind (--runs runs of each of --kinds): runs equal / differing to the fault-free
+run (same size), and epochs exactly-once / not. --quick: one run of kill, term and resize with two epochs (CI).
 
 --digits trains on scikit-learn's 8x8 digits (bundled, no download) with --faults faults of
 mixed kinds against the same run with none, and a resized run with faults, and draws the
@@ -31,13 +41,82 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-from jobs import SCRIPTS, Job, progress  # noqa: E402 - tests/, after the path
+from jobs import SCRIPTS, Job, progress, ssh_flags  # noqa: E402 - tests/, after the path
+import slurmcluster  # noqa: E402
+import sshhosts  # noqa: E402
 
+ROOT = os.path.dirname(HERE)
 JOB = [sys.executable, os.path.join(SCRIPTS, "determinism_job.py")]
-SAME_SIZE = ["-H", "localhost:3", "-np", "2", "--min-np", "2", "--max-np", "2", "--liveness-timeout", "3",
-             "--blacklist-cooldown-range", "1", "2"]
+FIXED = ["-np", "2", "--min-np", "2", "--max-np", "2", "--liveness-timeout", "3",
+         "--blacklist-cooldown-range", "1", "2"]
+SAME_SIZE = ["-H", "localhost:3", *FIXED]
 SAME_SIZE_KINDS = ["kill", "stop", "term", "graceful"]
+CLUSTER_KINDS = ["ssh-cut", "slurm-kill"]
 STEP_TIMEOUT = 120  # seconds a job may take to reach a fault's step or to finish
+
+
+class Clusters:
+    """The SSH test hosts and the Slurm test cluster, started on first use; the nodes a run
+    killed are started again after it."""
+
+    def __init__(self):
+        self.hosts = self.slurm = None
+        self.killed = []
+
+    def unavailable(self, kind):
+        """Why `kind` cannot run here, or None."""
+        if kind == "ssh-cut":
+            reason = sshhosts.missing_tools() or (None if os.geteuid() == 0 else "not root")
+            if reason is None and self.ssh().mode != "netns":
+                reason = f"no network namespaces: {self.hosts.fallback_reason}"
+            return reason
+        return slurmcluster.missing() if kind == "slurm-kill" else None
+
+    def ssh(self):
+        if self.hosts is None:
+            self.hosts = sshhosts.TestHosts(3)
+        return self.hosts
+
+    def cluster(self):
+        if self.slurm is None:
+            self.slurm = slurmcluster.SlurmCluster(3, slurmd_timeout=10)
+        return self.slurm
+
+    def launch(self, kind):
+        """(driver flags, the command the driver runs in, its environment) of a same-size run."""
+        if kind == "ssh-cut":
+            return [*ssh_flags(self.ssh()), "-H", "host-1:1,host-2:1,host-3:1", *FIXED], (), {"PYTHONPATH": ROOT}
+        if kind == "slurm-kill":
+            env = {"PYTHONPATH": ROOT, "SLURM_CONF": self.cluster().conf, "SALLOC_NO_KILL": ""}
+            return FIXED, ("salloc", "-N3", "--no-kill"), env
+        return SAME_SIZE, (), {}
+
+    def cut(self, job, slot):
+        """Cut the slot's host off until the world re-formed without it; then the host reboots."""
+        host = slot.rsplit("/", 1)[0]
+        self.hosts.partition(host)
+        try:
+            wait_gone(job, slot)
+        finally:
+            for pid, _, args in self.hosts.processes(host):
+                if "determinism_job.py" in args:
+                    self.hosts.run(host, ["kill", "-9", str(pid)])
+            self.hosts.heal(host)
+
+    def kill_node(self, slot):
+        node = slot.rsplit("/", 1)[0]
+        self.slurm.kill_node(node)
+        self.killed.append(node)
+
+    def restart(self):
+        """The nodes killed by the last run, once its allocation is over."""
+        while self.killed:
+            self.slurm.start_node(self.killed.pop())
+
+    def close(self):
+        for group in (self.hosts, self.slurm):
+            if group is not None:
+                group.close()
 
 
 def members(job):
@@ -53,12 +132,17 @@ def rounds(job):
     return [e for e in job.events() if e["event"] == "round_complete"]
 
 
+def wait_gone(job, slot):
+    """Until a world formed without `slot` (or the job ended)."""
+    job.wait_for(lambda _: slot not in members(job) or job.proc.poll() is not None, STEP_TIMEOUT)
+
+
 def recovered(job, log_dir, before, step):
     """A world formed after the fault and has trained beyond `step`."""
     return len(rounds(job)) > before and progress(log_dir) > step
 
 
-def inject(job, kind, rng):
+def inject(job, kind, rng, clusters):
     """One fault; returns False when the job stopped (graceful) and must be run again."""
     if kind == "graceful":
         job.proc.send_signal(signal.SIGTERM)
@@ -66,10 +150,16 @@ def inject(job, kind, rng):
     if len(members(job)) < 2:
         return True  # the last worker holds the only copy of the state: killing it loses the job
     slot = rng.choice(sorted(members(job)))
+    if kind == "ssh-cut":
+        clusters.cut(job, slot)
+        return True
+    if kind == "slurm-kill":
+        clusters.kill_node(slot)
+        return True
     pid = pid_of(job, slot)
     os.kill(pid, {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "term": signal.SIGTERM}[kind])
     if kind == "stop":  # until the world re-formed without it; then it may go
-        job.wait_for(lambda _: slot not in members(job) or job.proc.poll() is not None, STEP_TIMEOUT)
+        wait_gone(job, slot)
         try:
             os.kill(pid, signal.SIGCONT)
         except ProcessLookupError:
@@ -77,16 +167,16 @@ def inject(job, kind, rng):
     return True
 
 
-def run(log_dir, args, env, plan, rng):
-    """Run the job (again after each graceful stop) with `plan`'s faults, (step, kind) each;
-    returns (final.json, [(step, kind) injected])."""
+def run(log_dir, args, env, plan, rng, clusters=None, prefix=()):
+    """Run the job (again after each graceful stop) with `plan`'s faults, (step, kind) each,
+    the driver under `prefix` (salloc); returns (final.json, [(step, kind) injected])."""
     os.makedirs(log_dir, exist_ok=True)
     plan, injected, attempt = list(plan), [], 0
     while True:
         attempt += 1
         folder = os.path.join(log_dir, f"run{attempt}")
         os.makedirs(folder)
-        with Job([*args, *JOB], folder, {"LOG_DIR": log_dir, **env}) as job:
+        with Job([*args, *JOB], folder, {"LOG_DIR": log_dir, **env}, prefix=prefix) as job:
             stopped = False
             while plan and not stopped:
                 step, kind = plan.pop(0)
@@ -95,7 +185,7 @@ def run(log_dir, args, env, plan, rng):
                     break
                 before, at = len(rounds(job)), progress(log_dir)
                 injected.append((at, kind))
-                stopped = not inject(job, kind, rng)
+                stopped = not inject(job, kind, rng, clusters)
                 if not stopped:
                     job.wait_for(lambda _: recovered(job, log_dir, before, at) or job.proc.poll() is not None,
                                  STEP_TIMEOUT)
@@ -141,32 +231,51 @@ def trials(args, root, env):
     rng = random.Random(args.seed)
     reference, _ = run(os.path.join(root, "reference"), SAME_SIZE, env, [], rng)
     total = steps_of(env)
-    table = {}
-    for kind in args.kinds:
-        equal = differing = once = not_once = 0
-        for n in range(args.runs):
-            log_dir = os.path.join(root, f"{kind}{n}")
-            if kind == "resize":
-                flags, plan = resize_flags(log_dir, rng, total), [(rng.randrange(3, total - 3), "kill")]
-            else:
-                flags, plan = SAME_SIZE, [(rng.randrange(3, total - 3), kind)]
-            if kind == "graceful":
-                flags = [*flags, "--checkpoint-dir", os.path.join(log_dir, "ckpt")]
-            final, injected = run(log_dir, flags, env, plan, rng)
-            once += sum(final["epochs"])
-            not_once += len(final["epochs"]) - sum(final["epochs"])
-            if kind != "resize":
-                same = final["hash"] == reference["hash"]
-                equal, differing = equal + same, differing + (not same)
-            print(f"  {kind} run {n}: faults at {injected}: "
-                  + ("" if kind == "resize" else "equal, " if final["hash"] == reference["hash"] else "DIFFERENT, ")
-                  + f"epochs exactly-once {sum(final['epochs'])}/{len(final['epochs'])}", flush=True)
-        table[kind] = (equal, differing, once, not_once)
+    table, skipped, clusters = {}, {}, Clusters()
+    try:
+        for kind in args.kinds:
+            skipped[kind] = clusters.unavailable(kind)
+            if skipped[kind]:
+                print(f"  {kind}: skipped, {skipped[kind]}", flush=True)
+                continue
+            table[kind] = [0, 0, 0, 0]  # runs equal, differing, epochs exactly-once, not
+            for n in range(args.runs):
+                table[kind] = [a + b for a, b in zip(table[kind], trial(args, root, env, kind, n, rng, clusters,
+                                                                          reference, total))]
+    finally:
+        clusters.close()
     print(f"\n{'fault':10} {'runs equal':>11} {'differing':>10} {'epochs exactly-once':>20} {'not':>5}")
     for kind, (equal, differing, once, not_once) in table.items():
         same = "-" if kind == "resize" else equal
         print(f"{kind:10} {same:>11} {'-' if kind == 'resize' else differing:>10} {once:>20} {not_once:>5}")
+    for kind, reason in skipped.items():
+        if reason:
+            print(f"{kind:10} skipped: {reason}")
     return all(t[1] == 0 and t[3] == 0 for t in table.values())
+
+
+def trial(args, root, env, kind, n, rng, clusters, reference, total):
+    """Run n of `kind`: (equal, differing, epochs exactly-once, epochs not)."""
+    log_dir = os.path.join(root, f"{kind}{n}")
+    prefix, extra = (), {}
+    if kind == "resize":
+        flags, plan = resize_flags(log_dir, rng, total), [(rng.randrange(3, total - 3), "kill")]
+    else:
+        (flags, prefix, extra), plan = clusters.launch(kind), [(rng.randrange(3, total - 3), kind)]
+    if kind == "graceful":
+        flags = [*flags, "--checkpoint-dir", os.path.join(log_dir, "ckpt")]
+    try:
+        final, injected = run(log_dir, flags, {**env, **extra}, plan, rng, clusters, prefix)
+    finally:
+        if kind == "slurm-kill":
+            clusters.restart()
+    once = sum(final["epochs"])
+    same = final["hash"] == reference["hash"]
+    print(f"  {kind} run {n}: faults at {injected}: "
+          + ("" if kind == "resize" else "equal, " if same else "DIFFERENT, ")
+          + f"epochs exactly-once {once}/{len(final['epochs'])}", flush=True)
+    compared = kind != "resize"
+    return compared and same, compared and not same, once, len(final["epochs"]) - once
 
 
 def digits(args, root):
@@ -225,8 +334,8 @@ def plot(path, curves, plan, finals):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", type=int, default=5, help="runs per fault kind")
-    p.add_argument("--kinds", nargs="+", default=[*SAME_SIZE_KINDS, "resize"],
-                   choices=[*SAME_SIZE_KINDS, "resize"])
+    kinds = [*SAME_SIZE_KINDS, *CLUSTER_KINDS, "resize"]
+    p.add_argument("--kinds", nargs="+", default=kinds, choices=kinds)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="one run of kill, term and resize, two epochs (CI)")

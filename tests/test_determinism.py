@@ -12,14 +12,17 @@ import numpy as np
 import pytest
 import torch
 
+from hvdlite.driver.decisions.plan import host_of
 from hvdlite.torch import generators
 from hvdlite.torch.elastic import ElasticSampler, TorchState as ElasticTorchState
 from hvdlite.worker import checkpoints
-from jobs import SCRIPTS, Job, discovery, run_job, slot_pid, wait_progress
+from jobs import SCRIPTS, Job, discovery, run_job, skip_without_partitions, slot_pid, ssh_flags, wait_progress
+import slurmcluster
 
 JOB = [sys.executable, os.path.join(SCRIPTS, "determinism_job.py")]
-SAME_SIZE = ["-H", "localhost:3", "-np", "2", "--min-np", "2", "--max-np", "2",
-             "--blacklist-cooldown-range", "600", "600"]
+FIXED = ["-np", "2", "--min-np", "2", "--max-np", "2", "--blacklist-cooldown-range", "600", "600"]
+SAME_SIZE = ["-H", "localhost:3", *FIXED]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def draws():
@@ -134,6 +137,67 @@ def test_kill_9_replaced_at_the_same_size_is_bitwise_the_fault_free_run(tmp_path
     got = final(log_dir)
     assert got["epochs"] == [True] * 3
     assert got["hash"] == expected["hash"], "parameters or momentum differ from the fault-free run"
+
+
+def replaced_on_a_spare(log_dir, expected, start, fault, victim, spare):
+    """Start the job (`start(env)` -> Job), hold it before step 20's commit, `fault(host)` the
+    host of rank `victim`, let go: the `spare` host takes that rank and the result is the
+    fault-free run's (`expected`, the localhost one: ranks stay put and gloo sums in rank
+    order, so where the ranks run does not change a bit)."""
+    with start({"LOG_DIR": str(log_dir), "HOLD_AT": "20", "PYTHONPATH": ROOT}) as job:
+        job.wait_for(lambda _: held(log_dir), 120)
+        host = host_of(member(job, victim))
+        fault(host)
+        (log_dir / "go").touch()
+        r = job.finish(240)
+    assert r.code == 0, r.stderr[-3000:]
+    formed = r.of("round_complete")
+    assert len(formed) >= 2 and formed[1]["commit"] == 20, "the fault did not re-form the world at step 20's commit"
+    got = final(log_dir)
+    assert got["epochs"] == [True] * 3
+    assert got["hash"] == expected["hash"], "parameters or momentum differ from the fault-free run"
+    assert {host_of(slot): rank for slot, rank in formed[-1]["members"].items()}[spare] == victim
+    return host
+
+
+def test_a_partitioned_ssh_host_replaced_by_a_spare_is_bitwise_the_fault_free_run(tmp_path, reference, ssh_hosts):
+    """Rank 0's host cut off (every packet dropped, no FIN): the survivor, rank 1, holds the
+    state and rank 0's generators; the spare host becomes rank 0 from them."""
+    expected = reference("elastic_sampler")
+    hosts = ssh_hosts(3)
+    cut = []
+
+    def partition(host):
+        cut.append(host)
+        hosts.partition(host)
+    try:
+        skip_without_partitions(hosts)
+        replaced_on_a_spare(
+            tmp_path, expected,
+            lambda env: Job([*ssh_flags(hosts), "-H", "host-1:1,host-2:1,host-3:1", *FIXED, *JOB], tmp_path, env),
+            partition, victim=0, spare="host-3")
+    finally:
+        for host in cut:
+            hosts.heal(host)
+        hosts.close()  # the cut host's worker, still waiting on its peers, with the rest
+
+
+def test_a_killed_slurm_node_replaced_by_a_spare_is_bitwise_the_fault_free_run(tmp_path, reference):
+    """salloc -N3 --no-kill, two ranks: every process of rank 1's node killed (its slurmd
+    too) while the job waits before a commit; the third node takes rank 1."""
+    reason = slurmcluster.missing()
+    if reason:
+        pytest.skip(reason)
+    expected = reference("elastic_sampler")
+    cluster = slurmcluster.SlurmCluster(3, slurmd_timeout=10)
+    try:
+        replaced_on_a_spare(
+            tmp_path, expected,
+            lambda env: Job([*FIXED, *JOB], tmp_path, {**env, "SLURM_CONF": cluster.conf, "SALLOC_NO_KILL": ""},
+                            prefix=["salloc", "-N3", "--no-kill"]),
+            cluster.kill_node, victim=1, spare="n3")
+    finally:
+        cluster.close()  # the killed node's namespace and the others
 
 
 def test_a_resized_run_trains_every_sample_exactly_once_each_epoch(tmp_path):
