@@ -75,7 +75,7 @@ def gpu_cluster():
 def test_on_ray_a_worker_sees_exactly_the_gpus_reserved_for_its_actor(tmp_path, gpu_cluster):
     env = {**job_env(tmp_path), "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": gpu_cluster.address,
            "CUDA_VISIBLE_DEVICES": "7"}  # the driver's own: no Ray worker's business
-    r = run_job(["--ray", "-np", "4", "--gpus-per-slot", "1", *SCRIPT], tmp_path, timeout=180, env=env)
+    r = run_job(["--ray", "--start-timeout", "120", "-np", "4", "--gpus-per-slot", "1", *SCRIPT], tmp_path, timeout=180, env=env)
     assert r.code == 0, r.stderr
     lines = _lines(r.stdout)
     assert sorted(lines) == [0, 1, 2, 3]
@@ -85,6 +85,6 @@ def test_on_ray_a_worker_sees_exactly_the_gpus_reserved_for_its_actor(tmp_path, 
         assert said.endswith("of the 1 it sees")
     assert sorted(by_node) == ["n1", "n2"]
     assert all(sorted(ids) == ["'0'", "'1'"] for ids in by_node.values()), by_node  # one GPU each, none shared
-    r = run_job(["--ray", "-np", "2", "--cpus-per-slot", "1", *SCRIPT], tmp_path, timeout=180, env=env)
+    r = run_job(["--ray", "--start-timeout", "120", "-np", "2", "--cpus-per-slot", "1", *SCRIPT], tmp_path, timeout=180, env=env)
     assert r.code == 0, r.stderr
     assert [visible for _, visible, _ in _lines(r.stdout).values()] == ["''", "''"]  # reserved none: sees none

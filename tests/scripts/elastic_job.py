@@ -114,6 +114,8 @@ def train(state):
         if hvd.rank() == 0:
             write_progress(LOG_DIR, state.step)
         state.commit()
+        with open(os.path.join(LOG_DIR, f"committed.{SLOT.replace('/', '_')}"), "w") as f:
+            f.write(str(state.step))  # a logged step whose commit failed (a peer died) is not in it
         time.sleep(SLEEP)
     with open(os.path.join(LOG_DIR, f"final.{SLOT.replace('/', '_')}.json"), "w") as f:
         json.dump({"rank": hvd.rank(), "size": hvd.size(),
