@@ -4,8 +4,9 @@ import math
 import os
 import shutil
 import sys
+import textwrap
 
-from hvdlite import __version__, defaults, timeouts
+from hvdlite import __version__, defaults, exitcodes, timeouts
 from hvdlite.template import DEFAULT_PRELOAD
 from hvdlite.worker import backends, checkpointdir
 from hvdlite.discovery.hostspec import parse_hostfile, parse_hosts
@@ -69,7 +70,16 @@ EXAMPLES = """examples:
   hvdlite run -np 2 --event-log events.jsonl python3 train.py
   hvdlite timeline events.jsonl -o timeline.html
 
-Exit codes: 0 finished, 1 failed, 2 usage error, 130 Ctrl-C, 143 SIGTERM. Docs: docs/ (mkdocs)."""
+Docs: docs/ (mkdocs)."""
+
+
+def exit_code_help() -> str:
+    """exitcodes.TABLE as the help's last section (docs/signals.md#exit-codes shows the same)."""
+    lines = ["exit codes (docs/signals.md#exit-codes):"]
+    for code, who, meaning in exitcodes.TABLE:
+        lines += textwrap.wrap(meaning, 96, initial_indent=f"  {who:<7}{code:<7}", subsequent_indent=" " * 16,
+                               break_on_hyphens=False)
+    return "\n".join(lines)
 
 # The help's groups, in the order shown; a flag joins one with `g[NAME].add_argument(...)`.
 GROUPS = {
@@ -87,7 +97,7 @@ GROUPS = {
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="hvdlite run", usage="hvdlite run [FLAGS] COMMAND [ARGS...]",
                 description="Launch a data-parallel training job: COMMAND runs once per worker.",
-                epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                epilog=EXAMPLES + "\n\n" + exit_code_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     g = {name: p.add_argument_group(name, what) for name, what in GROUPS.items()}
     g["hosts"].add_argument("-np", "--num-proc", type=_positive(int), dest="num_proc", metavar="N",
                             help="number of worker processes (default: all slots)")
@@ -119,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a failed host or slot sits out (grows per failure); default: forever")
     e.add_argument("--elastic-timeout", **_scaled("elastic_timeout",
                                                   "seconds to wait for --min-np workers before failing"))
+    e.add_argument("--fail-on-worker-failure", action="store_true", default=None,
+                   help="exit 1, not 0, when the job finished but a worker failed on the way (for "
+                        "CI; default $HVDLITE_FAIL_ON_WORKER_FAILURE, else off: an elastic job "
+                        "succeeds when its workers finish, as Horovod's does)")
 
     r = g["remote hosts"]
     r.add_argument("-p", "--ssh-port", type=_positive(int), metavar="PORT", help="SSH port of remote hosts")
@@ -280,6 +294,7 @@ def parse_settings(argv) -> Settings:
         args.checkpoint_dir = checkpoint_dir(args.checkpoint_dir)
     elif args.fresh:
         raise UsageError("--fresh starts anew instead of resuming from --checkpoint-dir: give one")
+    fail_on_worker_failure = switch_or_env(args.fail_on_worker_failure, "HVDLITE_FAIL_ON_WORKER_FAILURE")
     keep_warm = flag_or_env(args.keep_warm, "HVDLITE_KEEP_WARM", 0.0, zero=True)
     if keep_warm and args.no_preload:
         raise UsageError("--keep-warm keeps a preloaded template: drop --no-preload")
@@ -301,7 +316,7 @@ def parse_settings(argv) -> Settings:
         discovery_interval=args.discovery_interval,
         reset_limit=args.reset_limit, blacklist=args.blacklist,
         cooldown_range=tuple(args.cooldown_range) if args.cooldown_range else None,
-        stop_timeout=args.stop_timeout,
+        stop_timeout=args.stop_timeout, fail_on_worker_failure=fail_on_worker_failure,
         preload=() if args.no_preload else tuple(_modules(args.preload)) if args.preload else DEFAULT_PRELOAD,
         preload_first=bool(args.preload), keep_warm=keep_warm, checkpoint_dir=args.checkpoint_dir,
         checkpoint_interval=args.checkpoint_interval, checkpoint_keep=args.checkpoint_keep,
@@ -377,6 +392,19 @@ def flag_or_env(flag, variable: str, default: float, zero=False) -> float:
         return _positive(float, zero=zero)(text)
     except argparse.ArgumentTypeError as e:
         raise UsageError(f"{variable}: {e}") from None
+
+
+def switch_or_env(flag, variable: str) -> bool:
+    """A store_true flag given, else the environment variable's yes (1, true, yes) or no (0,
+    false, no, empty); anything else is a usage error rather than a guess."""
+    if flag:
+        return True
+    text = os.environ.get(variable, "").strip().lower()
+    if text in ("1", "true", "yes"):
+        return True
+    if text in ("", "0", "false", "no"):
+        return False
+    raise UsageError(f"{variable}={text!r}: expected 1 or 0 (true/false, yes/no)")
 
 
 def _modules(text):

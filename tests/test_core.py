@@ -432,6 +432,37 @@ def test_the_end_of_a_job_names_every_worker_that_failed_on_the_way():
                              "rank 2 on a was killed by SIGKILL"]
 
 
+@pytest.mark.parametrize("strict", [False, True])
+def test_fail_on_worker_failure_fails_a_job_that_finished_after_a_failure(strict):
+    # Horovod's rule by default (the job finished: 0); for CI, any worker failure fails it (1).
+    sim, ids = first_world([("a", 2)], min_np=1, fail_on_worker_failure=strict)
+    sim.send(Exited(ids[1], 1, "ValueError: boom"))
+    sim.ready(ids[0], after=1, commit=3)
+    sim.send(Exited(ids[0], 0))
+    end = sim.logged("job_end")[-1]
+    assert sim.end().code == (exitcodes.FAILED if strict else exitcodes.FINISHED)
+    assert end["result"] == ("failure" if strict else "success")
+    if strict:
+        assert "1 worker failed on the way" in end["reason"] and "ValueError: boom" in end["reason"]
+
+
+def test_a_job_without_failures_finishes_under_fail_on_worker_failure():
+    sim, ids = first_world([("a", 2)], fail_on_worker_failure=True)
+    for w in ids:
+        sim.send(Exited(w, 0))
+    assert sim.end().code == exitcodes.FINISHED
+
+
+def test_a_discovery_that_lists_no_hosts_is_said_at_once_and_at_every_change():
+    sim = Sim([])
+    assert len(sim.logged("discovery_empty")) == 1  # the first read, before any wait
+    sim.send(HostsFound(()), after=1.0)
+    assert len(sim.logged("discovery_empty")) == 1  # the same empty list again: said once
+    sim.send(HostsFound((("a", 1),)), after=1.0)
+    sim.send(HostsFound(()), after=1.0)
+    assert len(sim.logged("discovery_empty")) == 2  # empty again after a change
+
+
 # ---- the training state is never thrown away while someone holds it (issue 19) -------------
 def handover_world(sim):
     """The current world's answer says it only hands the state over: members leave it right

@@ -1,9 +1,13 @@
 """The pure parts of watching a job: sentences, numbers, Prometheus text, the timeline story."""
+import ast
+import glob
+import os
 import re
 
+import hvdlite.driver
 from hvdlite.driver.decisions.core import JobView
 from hvdlite.driver.jobstats import JobStats, prometheus_text, status_line
-from hvdlite.driver.sentences import sentence
+from hvdlite.driver.sentences import SENTENCES, sentence
 from hvdlite.timeline import render, story
 
 
@@ -18,6 +22,54 @@ def test_events_read_as_sentences():
     assert sentence("something_new", {"x": 1}) == "something_new x=1"
 
 
+def logged_event_kinds():
+    """Every event kind the driver's code can log, found in its source: the first argument of
+    each _log/emit/announce call, the event of each _kill, and the events the pure rules
+    return in tuples (workers._limits, Stragglers.check)."""
+    kinds = set()
+    for path in glob.glob(os.path.join(os.path.dirname(hvdlite.driver.__file__), "**", "*.py"), recursive=True):
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                place = {"_log": 0, "emit": 0, "announce": 0, "_kill": 1}.get(node.func.attr)
+                if place is not None and len(node.args) > place and isinstance(node.args[place], ast.Constant):
+                    kinds.add(node.args[place].value)
+            if isinstance(node, ast.FunctionDef) and node.name in ("_limits", "check"):
+                for t in ast.walk(node):
+                    if isinstance(t, ast.Tuple):
+                        kinds |= {e.value for e in t.elts if isinstance(e, ast.Constant) and
+                                  isinstance(e.value, str) and re.fullmatch(r"[a-z]+(_[a-z]+)+|straggler", e.value)}
+    return kinds - {None}
+
+
+def test_every_event_the_driver_can_log_has_a_sentence():
+    # The console shows sentence(); a kind without one would show as raw `event key=value`.
+    kinds = logged_event_kinds()
+    for known in ("node_probe", "node_probed", "launch_overdue", "retry_later", "worker_unresponsive",
+                  "worker_start_timeout", "straggler", "straggler_recovered", "discovery_empty"):
+        assert known in kinds, known  # the scan finds the kinds logged in every way
+    assert sorted(kinds - SENTENCES.keys()) == []
+
+
+def test_the_events_of_a_probe_a_late_launch_and_a_retry_read_as_sentences():
+    who = {"slot": "h/1", "rank": 1, "worker": "h/1#2"}
+    assert sentence("node_probe", {**who, "reason": "heartbeat late"}) == \
+        "rank 1 on h (slot h/1) is silent (heartbeat late); probing its node"
+    assert sentence("node_probed", {**who, "outcome": "listening"}).startswith(
+        "rank 1 on h (slot h/1)'s node answered the probe: its process is there")
+    assert sentence("node_probed", {**who, "outcome": "silent"}) == \
+        "rank 1 on h (slot h/1): its node did not answer a probe"
+    assert sentence("worker_exit", {**who, "code": -9, "node": "refused"}) == \
+        "rank 1 on h (slot h/1) is taken as failed: its node answered but its process is gone"
+    assert sentence("launch_overdue", {"slot": "h/1", "worker": "h/1#2", "after": 30.0}) == \
+        "worker h/1 gave no process within --start-timeout 30 s of its launch; launching it again later"
+    assert sentence("retry_later", {"slot": "h/1", "whose": "driver", "after": "2.0s"}) == \
+        "worker h/1 is launched again in 2.0s (the driver's trouble, not its host's: nothing is blacklisted)"
+    assert sentence("discovery_empty", {"min_np": 2}) == \
+        "host discovery lists no hosts: no worker can start until it lists at least --min-np 2 slots"
+
+
 def test_sentences_count_right():
     assert sentence("round_complete", {"round": 4, "size": 1, "commit": 9}) == \
         "world 4 formed: 1 worker goes on from commit 9"
@@ -26,8 +78,9 @@ def test_sentences_count_right():
     assert sentence("hosts_changed", {"kind": "mixed", "added": ["a", "c"], "removed": [],
                                       "resized": {"a": [2, 3]}, "hosts": ["a:3", "c:1"]}) == \
         "hosts changed: a 2 -> 3 slots; added c; now a:3, c:1"
-    assert sentence("job_start", {"mode": "elastic", "np": 2, "min_np": 1, "max_np": 4}) == \
-        "starting an elastic job of 2 workers (at least 1, at most 4)"
+    # -np does not say how many workers an elastic job starts (its hosts' slots do): not named.
+    assert sentence("job_start", {"mode": "elastic", "np": 8, "min_np": 1, "max_np": 8}) == \
+        "starting an elastic job: one worker per slot of the hosts found, at least 1, at most 8"
     assert sentence("job_start", {"mode": "static", "np": 1}) == "starting a static job of 1 worker"
     assert sentence("discovery_recovered", {"failures": 1}) == "host discovery works again, after 1 failed run"
     assert sentence("launch_token_reused", {"worker": "n1/0#1", "sender": "10.0.0.9"}) == (
@@ -73,10 +126,11 @@ def test_prometheus_text_has_the_metrics_and_a_histogram():
     stats.on_view(view(2, 5, resets=2, blacklisted_slots=1), 3.0)
     text = prometheus_text(stats.summary())
     for line in ["hvdlite_world_size 2", "hvdlite_target_world_size 3", "hvdlite_resets_total 2",
-                 "hvdlite_worker_failures_total 1", "hvdlite_commits_total 5", "hvdlite_blacklisted_slots 1",
+                 "hvdlite_worker_failures_total 1", "hvdlite_newest_commit 5", "hvdlite_blacklisted_slots 1",
                  'hvdlite_recovery_seconds_bucket{le="0.1"} 1', 'hvdlite_recovery_seconds_bucket{le="5"} 2',
                  'hvdlite_recovery_seconds_bucket{le="+Inf"} 2', "hvdlite_recovery_seconds_count 2",
-                 "hvdlite_recovery_seconds_sum 3.07", "# TYPE hvdlite_steps_per_second gauge"]:
+                 "hvdlite_recovery_seconds_sum 3.07", "# TYPE hvdlite_steps_per_second gauge",
+                 "# TYPE hvdlite_newest_commit gauge"]:
         assert line in text.splitlines(), line
 
 

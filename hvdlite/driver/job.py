@@ -112,7 +112,8 @@ class Job:
             liveness_timeout=s.liveness_timeout, cooldown_range=s.cooldown_range,
             blacklist=s.blacklist, durable=bool(s.checkpoint_dir), stop_timeout=s.stop_timeout,
             hang_timeout=s.hang_timeout, hang_floor=s.hang_floor, straggler_factor=s.straggler_factor,
-            straggler_evict=s.straggler_policy == "evict"),
+            straggler_evict=s.straggler_policy == "evict",
+            fail_on_worker_failure=s.fail_on_worker_failure),
             on_disk=on_disk(s))
         event, last_tick = found(first), time.monotonic()
         while True:

@@ -117,7 +117,7 @@ def prometheus_text(s: Summary) -> str:
     metric("hvdlite_resets_total", "counter", "Times the world re-formed.", v.resets)
     metric("hvdlite_worker_failures_total", "counter",
            "Workers that exited failed or could not be launched.", s.failures)
-    metric("hvdlite_commits_total", "counter", "Newest commit (training step) the job reached.", s.commits)
+    metric("hvdlite_newest_commit", "gauge", "Newest commit (training step) the job reached.", s.commits)
     metric("hvdlite_steps_per_second", "gauge",
            f"Commits per second over the last {RATE_WINDOW:g} s.", round(s.steps_per_second, 3))
     name = "hvdlite_step_seconds"

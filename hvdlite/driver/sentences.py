@@ -1,6 +1,8 @@
 """The driver's events as sentences for people: `sentence("worker_exit", fields)` ->
 "rank 2 on host-a was killed by SIGKILL". The event log keeps the fields as they are."""
 from hvdlite import exitcodes
+from hvdlite.driver.decisions.messages import LISTENING, UNPROBED
+from hvdlite.driver.decisions.nodeloss import LOST
 from hvdlite.driver.decisions.workers import describe_exit
 from hvdlite.driver.decisions.plan import host_of
 
@@ -28,6 +30,8 @@ def _worker_exit(f):
         return f"{_who(f)} went with its drained host ({describe_exit(f.get('code', 0))})"
     if f.get("left"):
         return f"{_who(f)} left the job at a commit (SIGTERM, or the job stopping)"
+    if f.get("node") in LOST:  # the driver's probe found its node dead or its process gone
+        return f"{_who(f)} is taken as failed: {LOST[f['node']]}"
     code = f.get("code", 0)
     if code == 0:
         return f"{_who(f)} finished"
@@ -102,15 +106,28 @@ def _job_end(f):
 
 
 def _job_start(f):
-    mode = f.get("mode") or ""
-    article = "an" if mode.startswith(("a", "e", "i", "o", "u")) else "a"
-    text = f"starting {article} {mode} job of {_plural(f.get('np') or 0, 'worker')}"
-    if f.get("mode") == "elastic":
-        text += f" (at least {f.get('min_np')}, at most {f.get('max_np') or 'one per slot'})"
-    return text
+    if f.get("mode") != "elastic":
+        return f"starting a static job of {_plural(f.get('np') or 0, 'worker')}"
+    # As many workers start as the hosts have usable slots, up to --max-np: -np does not say.
+    most = f"at most {f['max_np']}" if f.get("max_np") else "no most"
+    return (f"starting an elastic job: one worker per slot of the hosts found, at least "
+            f"{f.get('min_np')}, {most}")
 
 
-_SENTENCES = {
+def _node_probed(f):
+    if f.get("outcome") == LISTENING:
+        return f"{_who(f)}'s node answered the probe: its process is there (stopped or slow); " \
+               f"it gets --liveness-timeout"
+    if f.get("outcome") == UNPROBED:
+        return f"{_who(f)}'s node could not be probed (no socket of it is reachable); " \
+               f"it gets --liveness-timeout"
+    return f"{_who(f)}: {LOST.get(f.get('outcome'), f.get('outcome'))}"
+
+
+_WHOSE = {"driver": "the driver's trouble", "launcher": "its launcher's trouble"}
+
+
+SENTENCES = {
     "job_start": _job_start,
     "worker_start": lambda f: f"{_who(f)} started (pid {f.get('pid')}, {f.get('started', 'process')})",
     "worker_exit": _worker_exit,
@@ -155,6 +172,15 @@ _SENTENCES = {
     "discovery_recovered": lambda f: f"host discovery works again, after "
                                      f"{_plural(f.get('failures', 0), 'failed run')}",
     "job_end": _job_end,
+    "discovery_empty": lambda f: f"host discovery lists no hosts: no worker can start until it "
+                                 f"lists at least --min-np {f.get('min_np')} slots",
+    "node_probe": lambda f: f"{_who(f)} is silent ({f.get('reason')}); probing its node",
+    "node_probed": _node_probed,
+    "launch_overdue": lambda f: f"worker {f.get('slot')} gave no process within --start-timeout "
+                                f"{f.get('after', 0):g} s of its launch; launching it again later",
+    "retry_later": lambda f: f"worker {f.get('slot')} is launched again in {f.get('after')} "
+                             f"({_WHOSE.get(f.get('whose'), f.get('whose'))}, not its host's: "
+                             f"nothing is blacklisted)",
     "stop_requested": lambda f: f"{f.get('signal')}: every worker stops at its next commit (within "
                                 f"{f.get('timeout'):g} s; a second signal stops them at once)",
     "worker_leaving": lambda f: f"{_who(f)} got SIGTERM: it leaves at a commit, once another worker "
@@ -167,7 +193,7 @@ _SENTENCES = {
 
 def sentence(event: str, fields: dict) -> str:
     """One line; an event without a sentence of its own is shown as `event key=value ...`."""
-    say = _SENTENCES.get(event)
+    say = SENTENCES.get(event)
     if say is not None:
         return say(fields)
     return " ".join([event, *(f"{k}={v}" for k, v in fields.items())])

@@ -32,6 +32,7 @@ class Settings:
     blacklist: str = defaults.BLACKLIST
     elastic_timeout: float = defaults.ELASTIC_TIMEOUT
     stop_timeout: float = defaults.STOP_TIMEOUT  # a graceful stop's bound (docs/signals.md)
+    fail_on_worker_failure: bool = False  # a finished job that had a failed worker exits 1
     output_dir: str = None
     verbose: bool = False
     log_level: str = "INFO"

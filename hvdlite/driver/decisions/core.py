@@ -332,10 +332,14 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching, NodeLo
             for inc in self._live():
                 if inc.phase in (Phase.STARTING, Phase.WAITING):
                     self._remove(inc)
+            if not self._any_live() and self.failures and self.policy.fail_on_worker_failure:
+                n = len(self.failures)
+                raise JobFailed(f"the job finished, but {n} worker{'' if n == 1 else 's'} failed on the "
+                                f"way (--fail-on-worker-failure): " + "; ".join(self.failures))
             if not self._any_live():
                 self._log("job_end", result="success", resets=self.resets,
                           **({"failed": list(self.failures)} if self.failures else {}))
-                self._end(0)
+                self._end(exitcodes.FINISHED)
             return
         if not self._any_live() and self.first_failure is not None and not self._resumable_from_disk():
             raise JobFailed(f"all workers failed; first: {self.first_failure}")

@@ -7,7 +7,7 @@ from hvdlite.driver.decisions.messages import DiscoveryFailed, HostsFound
 
 class HostChanges:
     def _on_hosts(self, event: HostsFound):
-        self.hosts_known = True
+        first, self.hosts_known = not self.hosts_known, True
         if self.discovery_failing:
             self._log("discovery_recovered", failures=self.discovery_failing)
             self.discovery_failing, self.discovery_error = 0, None
@@ -20,6 +20,9 @@ class HostChanges:
                 if inc.host == host and inc.killed is None:
                     self._kill(inc, "host_failed", "its host failed")
         change = diff(self.hosts, event.hosts)
+        if not event.hosts and (first or change.kind is not None):
+            # Said at once: otherwise the only line is "waiting for workers: 0 ready".
+            self._log("discovery_empty", min_np=self.policy.min_np)
         if change.kind is None:
             return
         self.hosts = reorder(self.hosts, list(event.hosts))

@@ -32,4 +32,6 @@ class Policy:
     hang_timeout: Optional[float] = None  # --hang-timeout; None: derived (hangs.py) ...
     hang_floor: float = defaults.HANG_FLOOR  # ... never below this
     straggler_factor: float = defaults.STRAGGLER_FACTOR  # stragglers.py
+    # --fail-on-worker-failure: a job that finished with a worker failed on the way fails (CI)
+    fail_on_worker_failure: bool = False
     straggler_evict: bool = False  # --straggler-policy evict: a persistent straggler is failed
