@@ -95,7 +95,8 @@ GROUPS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="hvdlite run", usage="hvdlite run [FLAGS] COMMAND [ARGS...]",
+    # allow_abbrev=False: `--elastic 5` must not pass for --elastic-timeout 5.
+    p = _Parser(prog="hvdlite run", usage="hvdlite run [FLAGS] COMMAND [ARGS...]", allow_abbrev=False,
                 description="Launch a data-parallel training job: COMMAND runs once per worker.",
                 epilog=EXAMPLES + "\n\n" + exit_code_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     g = {name: p.add_argument_group(name, what) for name, what in GROUPS.items()}
@@ -160,7 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"at most one checkpoint write per SECONDS, the newest commit winning; 0: "
                         f"every commit (default {defaults.CHECKPOINT_INTERVAL:g})")
     c.add_argument("--checkpoint-keep", type=_positive(int), metavar="K", default=defaults.CHECKPOINT_KEEP,
-                   help=f"checkpoints kept in DIR (default {defaults.CHECKPOINT_KEEP})")
+                   help=f"newest checkpoints of this training (its lineage) kept in DIR; older "
+                        f"ones of it are deleted, other lineages' files are never touched (default "
+                        f"{defaults.CHECKPOINT_KEEP})")
     c.add_argument("--fresh", action="store_true",
                    help="start training anew instead of resuming from DIR; DIR's files are kept, "
                         "and later runs resume this one")
@@ -242,10 +245,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_settings(argv) -> Settings:
-    args = build_parser().parse_args(argv)
+def parse_settings(argv, notes=None) -> Settings:
+    """The job's Settings; a UsageError for bad flags. `notes` (a list) gets the lines to say
+    about flags that are right but likely not what was meant."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if not args.command:
         raise UsageError("no training command given, e.g. `hvdlite run -np 2 python train.py`")
+    stray = flags_after_command(parser, args.command)
+    if stray and notes is not None:
+        notes.append(f"{', '.join(stray)} after the training command go{'es' if len(stray) == 1 else ''} "
+                     f"to the script, not to hvdlite: hvdlite's flags go before COMMAND")
     command = training_command(args.command)
     elastic = bool(args.discovery_script or args.min_np)
     min_np = args.min_np or args.num_proc or 1
@@ -321,6 +331,17 @@ def parse_settings(argv) -> Settings:
         preload_first=bool(args.preload), keep_warm=keep_warm, checkpoint_dir=args.checkpoint_dir,
         checkpoint_interval=args.checkpoint_interval, checkpoint_keep=args.checkpoint_keep,
         checkpoint_lineage=checkpointdir.new_lineage() if args.fresh else None, backend=args.backend)
+
+
+# hvdlite flags a script is as likely to have for its own: never named when they follow COMMAND.
+_SCRIPT_FLAGS = {"-h", "--help", "-p", "-i"}
+
+
+def flags_after_command(parser, command) -> list:
+    """hvdlite's own flags among the words after COMMAND (`hvdlite run python3 train.py -np 2`).
+    They go to the script, which may have a flag of that name itself: said, not refused."""
+    ours = {s for action in parser._actions for s in action.option_strings} - _SCRIPT_FLAGS
+    return [word for word in command[1:] if word.split("=", 1)[0] in ours]
 
 
 def timeout_seconds(args) -> dict:
@@ -445,11 +466,14 @@ def main(argv=None) -> int:
         print(f"hvdlite: error: unknown command {argv[0]!r}: the commands are run and timeline "
               f"(hvdlite --help)", file=sys.stderr)
         return 2
+    notes = []
     try:
-        settings = parse_settings(argv[1:])
+        settings = parse_settings(argv[1:], notes)
     except HvdliteError as e:
         print(f"hvdlite run: error: {e}", file=sys.stderr)
         return e.exit_code
+    for note in notes:
+        print(f"hvdlite run: note: {note}", file=sys.stderr)
     from hvdlite.driver.job import run
     return run(settings)
 

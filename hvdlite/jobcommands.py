@@ -22,11 +22,11 @@ def training_command(command) -> list:
     if os.sep in program:
         if not os.path.isfile(program):
             raise UsageError(f"training command not found: {program}")
-        if not os.access(program, os.X_OK):
-            raise UsageError(f"training command is not executable: {program}; "
-                             f"run it as `python {program}` or `chmod +x {program}`")
+        _executable(program, "training command", f"`sh {program}`, `python3 {program}`")
     elif shutil.which(program) is None:
         if os.path.isfile(program):
+            # Not executable is said first, as for ./program: writing ./program alone would not do.
+            _executable(program, "training command", f"`sh {program}`, `python3 {program}`")
             raise UsageError(f"{program} is in this folder, not on PATH: write ./{program}")
         raise UsageError(f"training command not found on PATH: {program}")
     # `python script.py`: a missing script would only fail inside every worker.
@@ -49,10 +49,14 @@ def discovery_command(script: str) -> str:
     if word.endswith(".py") and shutil.which(word) is None and os.path.isfile(word):
         # As for the training command: a .py file runs with the driver's Python.
         return f"{shlex.quote(sys.executable)} {shlex.quote(os.path.abspath(word))}{rest}"
-    if os.sep in word or shutil.which(word) is not None or not os.path.isfile(word):
+    if shutil.which(word) is not None or not os.path.isfile(word):
         return script
-    if not os.access(word, os.X_OK):
-        raise UsageError(f"host discovery script {word} is not executable: run `chmod +x {word}` "
-                         f"(it then needs a #! line), or name the interpreter: "
-                         f"--host-discovery-script 'sh {word}'")
-    return shlex.quote(os.path.abspath(word)) + rest
+    _executable(word, "host discovery script", f"--host-discovery-script 'sh {word}'")
+    return script if os.sep in word else shlex.quote(os.path.abspath(word)) + rest
+
+
+def _executable(path: str, what: str, instead: str) -> None:
+    """The one error for a file that cannot be run as it is named (`x.sh` and `./x.sh` alike)."""
+    if not os.access(path, os.X_OK):
+        raise UsageError(f"{what} {path} is not executable: run `chmod +x {path}` (it then needs a "
+                         f"#! line), or name its interpreter: {instead}")

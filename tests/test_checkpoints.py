@@ -406,3 +406,30 @@ def test_a_symlink_planted_at_a_temporary_name_is_never_followed(tmp_path, monke
     with pytest.raises(FileExistsError):
         checkpointdir.write(str(ckpt), LINEAGE, 2, {"step": 2}, keep=2)
     assert victim.read_bytes() == b"precious" and checkpointdir.files(str(ckpt)) == [(1, LINEAGE)]
+
+
+def test_load_checkpoint_reads_the_newest_commit_into_a_model_outside_a_job(tmp_path):
+    import hvdlite.torch as hvd
+    with pytest.raises(FileNotFoundError, match="no checkpoint in"):
+        hvd.load_checkpoint(str(tmp_path))
+    model, opt, _, _ = _torch_objects()
+    state = elastic.TorchState(model, opt, epoch=0)
+    for step in (1, 2):  # two commits on disk; the newest is read
+        with torch.no_grad():
+            next(model.parameters()).add_(1.0)
+        state.epoch, state._commits = step, step
+        state.save()
+        checkpointdir.write(str(tmp_path), LINEAGE, *state._snapshot(), keep=2)
+    fresh, _, _, _ = _torch_objects()
+    found = hvd.load_checkpoint(str(tmp_path), model=fresh)
+    assert (found.commit, found.lineage, found.values) == (2, LINEAGE, {"epoch": 2})
+    assert sorted(found.objects) == ["model", "optimizer"]
+    for a, b in zip(model.state_dict().values(), fresh.state_dict().values()):
+        assert torch.equal(a, b)
+    with pytest.raises(KeyError, match="holds no scheduler"):
+        hvd.load_checkpoint(str(tmp_path), scheduler=fresh)
+    # The newest does not load: said, never an older one read instead (the job's loader).
+    with open(found.path, "r+b") as f:
+        f.truncate(os.path.getsize(found.path) - 10)
+    with pytest.raises(CorruptCheckpoint):
+        hvd.load_checkpoint(str(tmp_path), model=fresh)

@@ -99,6 +99,10 @@ def test_import_numpy_backend_without_pygloo_says_what_to_do():
     last = r.stderr.strip().splitlines()[-1]
     assert r.returncode == 1 and last.startswith("ModuleNotFoundError: hvdlite.numpy needs pygloo")
     assert ("3.8-3.10 venv" if sys.version_info >= (3, 11) else "pip install pygloo") in last
+    # In a job's worker (the driver sets HVDLITE_SLOT): that line alone, no traceback per worker.
+    r = subprocess.run([sys.executable, "-c", "import hvdlite.numpy"], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "HVDLITE_SLOT": "localhost/0"})
+    assert r.returncode == 1 and r.stderr.strip() == last.split(": ", 1)[1]
 
 
 def test_every_default_is_written_once():

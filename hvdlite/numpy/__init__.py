@@ -2,7 +2,10 @@
 
 Needs no torch; pygloo has wheels for CPython 3.8-3.10 only.
 """
+import os
 import sys
+
+from hvdlite.worker import env
 
 
 def _without_pygloo() -> str:
@@ -20,6 +23,8 @@ try:
 except ModuleNotFoundError as e:
     if e.name != "pygloo":
         raise
+    if env.SLOT in os.environ:  # a worker of a job: one line, not a traceback from every worker
+        raise SystemExit(_without_pygloo()) from None
     raise ModuleNotFoundError(_without_pygloo(), name="pygloo") from None
 from hvdlite.numpy.basics import (  # noqa: F401
     abort, cross_rank, cross_size, init, is_initialized, local_rank, local_size, rank, shutdown, size,

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from hvdlite.errors import UsageError
+from hvdlite.errors import HvdliteError, UsageError
 from hvdlite.timeline import render, story
 from hvdlite.worker import trace
 
@@ -36,7 +36,7 @@ def read_events(path) -> list:
         with open(path, encoding="utf-8") as f:
             lines = f.readlines()
     except OSError as e:
-        raise UsageError(f"cannot read {path}: {e.strerror or e}") from None
+        raise HvdliteError(f"cannot read {path}: {e.strerror or e}") from None
     records = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -46,9 +46,9 @@ def read_events(path) -> list:
         except ValueError:
             if number == len(lines):
                 break  # the last line of a log still being written
-            raise UsageError(f"{path} line {number} is not JSON: is it an --event-log file?") from None
+            raise HvdliteError(f"{path} line {number} is not JSON: is it an --event-log file?") from None
         if not isinstance(record, dict):
-            raise UsageError(f"{path} line {number} is not an event: is it an --event-log file?")
+            raise HvdliteError(f"{path} line {number} is not an event: is it an --event-log file?")
         records.append(record)
     return records
 
@@ -66,13 +66,13 @@ def main(argv) -> int:
         try:
             page = render.page(story.runs(read_events(args.events)))
         except ValueError as e:
-            raise UsageError(f"{args.events}: {e}") from None
+            raise HvdliteError(f"{args.events}: {e}") from None
         try:
             with open(args.output, "w", encoding="utf-8") as f:
                 f.write(page)
         except OSError as e:
-            raise UsageError(f"cannot write {args.output}: {e.strerror or e}") from None
-    except UsageError as e:
+            raise HvdliteError(f"cannot write {args.output}: {e.strerror or e}") from None
+    except HvdliteError as e:  # input or output: 1; flags (UsageError): 2
         print(f"hvdlite timeline: error: {e}", file=sys.stderr)
         return e.exit_code
     print(f"hvdlite timeline: wrote {args.output}", file=sys.stderr)
@@ -89,6 +89,6 @@ def merge(folder, output) -> int:
     try:
         trace.merge_parts(trace_file, remove=False, out=output or trace_file)
     except (OSError, ValueError) as e:
-        raise UsageError(f"cannot merge {folder}: {e}") from None
+        raise HvdliteError(f"cannot merge {folder}: {e}") from None
     print(f"hvdlite timeline: merged {folder} into {output or trace_file}", file=sys.stderr)
     return 0

@@ -7,6 +7,7 @@ from hvdlite.torch.basics import (  # noqa: F401
 from hvdlite.torch.autograd import (  # noqa: F401
     allgather, allreduce, alltoall, broadcast, grouped_allgather, grouped_allreduce,
     grouped_reducescatter, reducescatter)
+from hvdlite.torch.checkpoint import Checkpoint, load_checkpoint  # noqa: F401
 from hvdlite.torch.compression import Compression  # noqa: F401
 from hvdlite.torch.ops import (  # noqa: F401
     Adasum, Average, Max, Min, Product, Sum, allgather_async, allgather_object, allreduce_,
