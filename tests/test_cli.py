@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from hvdlite.cli import parse_settings
+from hvdlite.errors import UsageError
 
 
 def hvdlite(*args, timeout=30):
@@ -73,8 +74,7 @@ def test_help_lists_the_commands_and_groups_the_flags():
     assert r.returncode == 0 and "--host-discovery-script" in r.stdout
     titles = [line[:-1] for line in r.stdout.splitlines() if line.endswith(":") and not line.startswith(" ")]
     assert titles == ["options", "hosts", "elastic", "remote hosts", "ray", "durable commits", "watching",
-                      "start-up", "advanced", "examples"]
-    assert r.stdout.rstrip().splitlines()[-1].startswith("Exit codes:")
+                      "start-up", "advanced", "examples", "exit codes (docs/signals.md#exit-codes)"]
     assert [line for line in r.stdout.splitlines() if line.strip().startswith("hvdlite run")]
     # Defaults are never cut inside a word (argparse wraps at spaces only).
     assert "torch, torch.optim," in " ".join(r.stdout.split())
@@ -163,3 +163,50 @@ def test_a_py_discovery_script_runs_with_the_drivers_python(tmp_path, monkeypatc
     s = parse_settings(["--host-discovery-script", "discover.py --fast", "train.py"])
     assert s.discovery_script == f"{sys.executable} {tmp_path / 'discover.py'} --fast"
     assert discover(s.discovery_script, 10) == [("localhost", 3)]
+
+
+def test_a_flag_is_never_taken_for_a_longer_one_it_begins():
+    # allow_abbrev off: `--elastic 5` once ran a static job with --elastic-timeout 5.
+    with pytest.raises(UsageError, match="unrecognized arguments: --elastic"):
+        parse_settings(["--elastic", "5", "-np", "1", "python", "-c", "pass"])
+    with pytest.raises(UsageError, match="unrecognized arguments: --checkpoint"):
+        parse_settings(["--checkpoint", "ckpt", "python", "-c", "pass"])
+
+
+def test_hvdlites_flags_after_the_training_command_are_named_and_go_to_the_script(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("pass\n")
+    notes = []
+    s = parse_settings(["python3", "train.py", "-np", "2", "--min-np=1", "--lr", "1"], notes)
+    assert s.num_proc == 1 and s.command[-5:] == ["-np", "2", "--min-np=1", "--lr", "1"]  # the script's
+    assert notes == ["-np, --min-np=1 after the training command go to the script, not to hvdlite: "
+                     "hvdlite's flags go before COMMAND"]
+    notes = []  # a script's own --help, -p or -i is no mistake worth a line; flags before COMMAND are fine
+    parse_settings(["-np", "1", "python3", "train.py", "--help", "-p", "1", "-i", "x"], notes)
+    assert notes == []
+
+
+@pytest.mark.parametrize("value, strict", [("", False), ("0", False), ("no", False), ("1", True), ("true", True)])
+def test_fail_on_worker_failure_comes_from_the_flag_or_the_environment(monkeypatch, value, strict):
+    monkeypatch.setenv("HVDLITE_FAIL_ON_WORKER_FAILURE", value)
+    assert parse_settings(["--min-np", "1", "python", "-c", "pass"]).fail_on_worker_failure is strict
+    assert parse_settings(["--fail-on-worker-failure", "--min-np", "1", "python", "-c", "pass"]).fail_on_worker_failure
+
+
+def test_fail_on_worker_failure_refuses_an_environment_value_it_cannot_read(monkeypatch):
+    monkeypatch.setenv("HVDLITE_FAIL_ON_WORKER_FAILURE", "maybe")
+    with pytest.raises(UsageError, match="HVDLITE_FAIL_ON_WORKER_FAILURE='maybe': expected 1 or 0"):
+        parse_settings(["--min-np", "1", "python", "-c", "pass"])
+
+
+def test_a_script_that_is_not_executable_gets_one_error_however_it_is_named(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "noexec.sh").write_text("echo localhost:1\n")
+    said = {}
+    for name in ("noexec.sh", "./noexec.sh"):
+        for flags in ([name], ["--min-np", "1", "--host-discovery-script", name, "true"]):
+            with pytest.raises(UsageError) as e:
+                parse_settings(flags)
+            said[name, len(flags)] = str(e.value).replace("./noexec.sh", "noexec.sh")
+    assert said["noexec.sh", 1] == said["./noexec.sh", 1] and "chmod +x noexec.sh" in said["noexec.sh", 1]
+    assert said["noexec.sh", 5] == said["./noexec.sh", 5] and "'sh noexec.sh'" in said["noexec.sh", 5]
