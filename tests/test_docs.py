@@ -1,10 +1,14 @@
 """The documentation: the README stays short and runnable, the MkDocs site builds with warnings
 as errors, and its front page renders to real content in headless Chromium."""
+import ast
+import glob
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
+import textwrap
 from collections import Counter
 
 import pytest
@@ -13,6 +17,7 @@ from pngs import png_pixels
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
+PAGES = [README] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
 TEST_COMMAND = "bash .ci/setup.sh && python3 -m pytest -q -n 3 --dist loadgroup tests"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -29,6 +34,102 @@ def test_readme_is_short_and_its_commands_are_the_ones_ci_runs():
     commands = re.search(r"```bash\n(.*?)```", text, re.S).group(1)
     assert TEST_COMMAND in commands.splitlines()
     assert TEST_COMMAND in read(os.path.join(ROOT, ".ci", "run")).splitlines()
+
+
+def test_getting_started_gives_the_readmes_test_command():
+    assert TEST_COMMAND in read(os.path.join(ROOT, "docs", "getting-started.md")).splitlines()
+
+
+def test_the_readme_claims_the_api_no_further_than_the_differences_page_allows():
+    # "one changed line" has exceptions (docs/horovod-differences.md): every page that says it
+    # links them in the same paragraph or table row.
+    for page in PAGES:
+        for paragraph in re.split(r"\n\s*\n|\n(?=[-|] )", read(page)):
+            if "one changed line" in paragraph:
+                assert "horovod-differences.md" in paragraph, (page, paragraph)
+
+
+def test_the_exit_codes_are_one_table_in_the_docs_the_help_and_the_code():
+    from hvdlite import exitcodes
+    from hvdlite.cli import build_parser
+    rows = [tuple(cell.strip() for cell in line.strip("|").split("|"))
+            for line in read(os.path.join(ROOT, "docs", "signals.md")).splitlines()
+            if re.match(r"\| [^|]+ \| (driver|worker) \|", line)]
+    assert rows == [tuple(row) for row in exitcodes.TABLE]
+    help_text = " ".join(build_parser().format_help().split())
+    for code, who, meaning in exitcodes.TABLE:
+        assert f"{who} {code} {meaning}" in help_text
+    for page in PAGES:  # one place: the other pages link to it
+        if not page.endswith("signals.md"):
+            assert not re.search(r"^\| (75|128 ?\+ ?N) \|", read(page), re.M), page
+
+
+def fenced(text):
+    """(language, code) of every fenced block."""
+    language, lines = None, []
+    for line in text.splitlines():
+        if line.strip().startswith("```"):
+            if language is None:
+                language, lines = line.strip()[3:].strip(), []
+            else:
+                yield language, "\n".join(lines)
+                language = None
+        elif language is not None:
+            lines.append(line)
+
+
+def documented_commands(program):
+    """Every `hvdlite PROGRAM ...` command of the bash blocks of the README and the docs, as
+    its words after PROGRAM (a `...` standing for more flags is left out)."""
+    for page in PAGES:
+        for language, code in fenced(read(page)):
+            if language not in ("bash", "sh"):
+                continue
+            for line in code.replace("\\\n", " ").splitlines():
+                words = shlex.split(line, comments=True)
+                command = []
+                for word in words + ["&&"]:
+                    if word not in ("&&", "||", "|", ";"):
+                        command.append(word)
+                        continue
+                    while command and (command[0] == "exec" or re.match(r"[A-Z_]+=", command[0])):
+                        command.pop(0)
+                    if command[:2] == ["hvdlite", program]:
+                        yield os.path.basename(page), [w for w in command[2:] if w != "..."]
+                    command = []
+
+
+def test_every_documented_run_command_parses_with_hvdlites_own_flags_before_the_script():
+    from hvdlite.cli import build_parser, flags_after_command
+    commands = list(documented_commands("run"))
+    assert len(commands) >= 20
+    for page, words in commands:
+        parser = build_parser()
+        args = parser.parse_args(words)
+        if not args.command:  # flags only, their `...` left out: they parse before a command
+            args = parser.parse_args(words + ["true"])
+        assert flags_after_command(parser, args.command) == [], (page, words)
+
+
+def test_every_documented_timeline_command_parses_and_its_exit_codes_are_the_documented_ones(tmp_path, capsys):
+    from hvdlite.timeline.command import build_parser, main
+    commands = list(documented_commands("timeline"))
+    assert commands
+    for page, words in commands:
+        build_parser().parse_args(words)
+    assert main([str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "t.html")]) == 1  # its input
+    (tmp_path / "bad.jsonl").write_text("not json\n{}\n")
+    assert main([str(tmp_path / "bad.jsonl"), "-o", str(tmp_path / "t.html")]) == 1
+    assert main([str(tmp_path / "missing.jsonl")]) == 2  # its flags: no -o
+    assert "hvdlite timeline exits 0, 1 when its input cannot be read or drawn" in \
+        " ".join(read(os.path.join(ROOT, "docs", "signals.md")).replace("`", "").split())
+
+
+def test_every_python_snippet_of_the_docs_is_python():
+    snippets = [(page, code) for page in PAGES for language, code in fenced(read(page)) if language == "python"]
+    assert len(snippets) >= 10
+    for page, code in snippets:
+        ast.parse(textwrap.dedent(code), filename=page)
 
 
 def test_every_file_the_readme_names_exists():
