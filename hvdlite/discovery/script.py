@@ -16,9 +16,10 @@ class DiscoveryError(HvdliteError):
     """The script failed, hung or printed something unusable; the message says which."""
 
 
-def discover(script: str, timeout: float, default_slots=None):
-    """Run `script` (a shell command line) and return its hosts as [(name, slots)]."""
-    proc = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.DEVNULL,
+def discover(script: str, timeout: float, default_slots=None, env=None):
+    """Run `script` (a shell command line; `env`: its environment, default the driver's) and
+    return its hosts as [(name, slots)]."""
+    proc = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.DEVNULL, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         out, err, code = _collect(proc, timeout)

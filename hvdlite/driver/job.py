@@ -99,7 +99,7 @@ class Job:
     # ---- elastic ---------------------------------------------------------------------
     def run_elastic(self) -> int:
         s = self.settings
-        source = host_source(s)
+        source = host_source(s, progress=lambda: {"HVDLITE_NEWEST_COMMIT": str(self.stats.summary().commits)})
         first = source.read()  # a first failure is fatal (DiscoveryError)
         self._describe(source)
         self.start_server(source.changes or any(not self.launchers.is_local(h) for h, _ in first))
