@@ -46,3 +46,16 @@ def test_hanging_script_is_killed_with_its_children(tmp_path):
             and open(f"/proc/{pid}/stat").read().split()[2] != "Z":
         time.sleep(0.05)
     assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+
+
+def test_a_script_is_told_how_far_the_job_got_and_the_demo_grows_on_it(monkeypatch):
+    # The README demo's third slot comes at a commit, not at an age of the driver: a slow machine
+    # (a cold first run) must not have it there from the start.
+    from hvdlite.discovery.sources import ScriptHosts
+    monkeypatch.delenv("HOSTS_FILE", raising=False)
+    monkeypatch.delenv("DEMO_GROW_AT", raising=False)
+    demo = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples",
+                        "discover_hosts.sh")
+    for commit, slots in ((0, 2), (29, 2), (30, 3)):
+        source = ScriptHosts(demo, 5, progress=lambda: {"HVDLITE_NEWEST_COMMIT": str(commit)})
+        assert source.read() == [("localhost", slots)]
