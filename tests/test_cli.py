@@ -210,3 +210,19 @@ def test_a_script_that_is_not_executable_gets_one_error_however_it_is_named(tmp_
             said[name, len(flags)] = str(e.value).replace("./noexec.sh", "noexec.sh")
     assert said["noexec.sh", 1] == said["./noexec.sh", 1] and "chmod +x noexec.sh" in said["noexec.sh", 1]
     assert said["noexec.sh", 5] == said["./noexec.sh", 5] and "'sh noexec.sh'" in said["noexec.sh", 5]
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_worker_failure_fails_a_finished_job_only_when_asked(strict):
+    # No torch, no template: workers that never call hvd.init(), one failing, one finishing.
+    worker = ("import os, sys, time; first = os.environ['HVDLITE_SLOT'].endswith('/0'); "
+              "time.sleep(0.5 * first); sys.exit(0 if first else 3)")
+    r = subprocess.run([sys.executable, "-m", "hvdlite.cli", "run", "-np", "2", "--min-np", "1", "--no-preload",
+                        sys.executable, "-c", worker], capture_output=True, text=True, timeout=60,
+                       stdin=subprocess.DEVNULL, env={**os.environ, "HVDLITE_FAIL_ON_WORKER_FAILURE": str(int(strict))})
+    last = r.stderr.strip().splitlines()[-1]
+    if strict:
+        assert r.returncode == 1 and last.startswith("hvdlite: error: the job finished, but 1 worker failed "
+                                                     "on the way (--fail-on-worker-failure)"), r.stderr
+    else:
+        assert r.returncode == 0 and "1 worker failed on the way" in last, r.stderr

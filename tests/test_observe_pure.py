@@ -81,6 +81,8 @@ def test_sentences_count_right():
     # -np does not say how many workers an elastic job starts (its hosts' slots do): not named.
     assert sentence("job_start", {"mode": "elastic", "np": 8, "min_np": 1, "max_np": 8}) == \
         "starting an elastic job: one worker per slot of the hosts found, at least 1, at most 8"
+    assert sentence("job_start", {"mode": "elastic", "np": 2, "min_np": 1, "max_np": None}) == \
+        "starting an elastic job: one worker per slot of the hosts found, at least 1"
     assert sentence("job_start", {"mode": "static", "np": 1}) == "starting a static job of 1 worker"
     assert sentence("discovery_recovered", {"failures": 1}) == "host discovery works again, after 1 failed run"
     assert sentence("launch_token_reused", {"worker": "n1/0#1", "sender": "10.0.0.9"}) == (

@@ -109,9 +109,8 @@ def _job_start(f):
     if f.get("mode") != "elastic":
         return f"starting a static job of {_plural(f.get('np') or 0, 'worker')}"
     # As many workers start as the hosts have usable slots, up to --max-np: -np does not say.
-    most = f"at most {f['max_np']}" if f.get("max_np") else "no most"
-    return (f"starting an elastic job: one worker per slot of the hosts found, at least "
-            f"{f.get('min_np')}, {most}")
+    most = f", at most {f['max_np']}" if f.get("max_np") else ""
+    return f"starting an elastic job: one worker per slot of the hosts found, at least {f.get('min_np')}{most}"
 
 
 def _node_probed(f):
