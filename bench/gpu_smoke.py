@@ -239,7 +239,8 @@ def stage_kill(rank, folder):
                            "--min-np", "1", "-np", "3", "--blacklist-cooldown-range", "600", "600",
                            sys.executable, script], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "KILL_MARK": os.path.join(folder, "killed")})
-    said = [line.split("recovered", 1)[1].strip() for line in done.stdout.splitlines() if "recovered" in line]
+    said = [line.split("recovered", 1)[1].strip() for line in done.stdout.splitlines()
+            if line.startswith("[0]") and "recovered" in line]  # (rank 1 survives the first kill too)
     result(f"{len(said)} of 2 recoveries: " + "; ".join(said) if said else f"no recovery said: {_tail(done.stderr)}")
     sys.exit(done.returncode or (len(said) != 2))
 

@@ -55,9 +55,9 @@ NONBLOCKING = "TORCH_NCCL_USE_COMM_NONBLOCKING"
 NONBLOCKING_TIMEOUT = "TORCH_NCCL_NONBLOCKING_TIMEOUT"
 ABORT_WAIT = 10.0  # seconds leave() waits for torch's abort of the left world's communicator
 
-# The dtypes NCCL carries (torch's ncclDataType map, 2.11 to 2.13, less the float8 ones, which
-# NCCL cannot reduce): a collective with a tensor of another (int16, unsigned, complex) goes
-# over gloo through host copies, as on a gloo world.
+# The dtypes NCCL carries (torch's ncclDataType map, 2.11 to 2.13, less float8, which NCCL
+# reduces only in part): a collective with a tensor of another (int16, the unsigned ints above
+# uint8, complex) goes over gloo through host copies, as on a gloo world.
 DTYPES = frozenset({torch.int8, torch.uint8, torch.int32, torch.int64, torch.float16, torch.float32,
                     torch.float64, torch.bfloat16, torch.bool})
 
