@@ -1,7 +1,7 @@
 """hvdlite on real CUDA tensors: 2-4 ranks sharing the machine's GPUs over gloo, the data
 staged through host memory (hvdlite.torch.devices). Skipped where torch sees no GPU: CI has
 none (tests/test_devices.py checks the staging there with host tensors taken as off the host);
-bench/gpu_check.py runs these on a GPU machine."""
+run them on a GPU machine (bench/gpu_smoke.py runs the NCCL path)."""
 import os
 
 import pytest
@@ -14,7 +14,7 @@ from hvdlite.worker import checkpoints
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="torch sees no GPU here (a CPU build, or no device): "
-                                       "run on a GPU machine, e.g. python bench/gpu_check.py")
+                                       "run on a GPU machine, python -m pytest tests/test_gpu.py")
 
 
 def _on_slot_gpu():

@@ -2,7 +2,7 @@
 whole API, and two ranks sharing one GPU on NCCL (each its own NCCL_HOSTID, the socket
 transport) recovering in process when one is killed inside an allreduce. Skipped where torch
 has no NCCL or sees no GPU: CI has neither (tests/test_backend.py checks the choice and the
-hooks there); bench/gpu_check.py runs these on a GPU machine."""
+hooks there); bench/gpu_smoke.py runs its world of one on a GPU machine."""
 import datetime
 import os
 import sys
@@ -20,7 +20,7 @@ from jobs import SCRIPTS, job_env, run_job
 
 pytestmark = pytest.mark.skipif(backend.readiness() != backends.READY,
                                 reason="torch has no NCCL or sees no GPU here (CI has neither): "
-                                       "run on a GPU machine, e.g. python bench/gpu_check.py")
+                                       "run on a GPU machine, e.g. python bench/gpu_smoke.py")
 
 
 def _take_nccl():

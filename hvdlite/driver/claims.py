@@ -32,13 +32,26 @@ class Claims:
     misuse; `lifetime` is how long a token may wait for its claim."""
 
     def __init__(self, secret: str, lifetime: float, say=None):
-        from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-        from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
         self._secret, self.lifetime, self._say = secret.encode("utf-8"), lifetime, say
-        self._private = X25519PrivateKey.generate()
-        self.public = self._private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        self._private = None  # made at the first launch that needs a claim (_keys)
+        self._key_lock = threading.Lock()
         self._tokens = {}  # token -> _Token
         self._lock = threading.Lock()  # tokens are made on launch threads, used on the server's
+
+    def _keys(self):
+        """This driver's key pair, made once: a job whose workers all start on this machine
+        never makes one, and runs where the cryptography package is missing."""
+        with self._key_lock:
+            if self._private is None:
+                from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+                from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+                self._private = X25519PrivateKey.generate()
+                self._public = self._private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+            return self._private, self._public
+
+    @property
+    def public(self) -> bytes:
+        return self._keys()[1]
 
     def sealed(self, environ: dict, worker: str, now: float) -> dict:
         """`environ` with a one-time claim for `worker` in place of the secret."""
@@ -51,7 +64,8 @@ class Claims:
 
     def answer(self, request: bytes, sender, now: float):
         """The datagram answering a claim `request` from `sender`, or None for no answer."""
-        if len(request) != claim.REQUEST_SIZE or not request.startswith(claim.REQUEST):
+        if len(request) != claim.REQUEST_SIZE or not request.startswith(claim.REQUEST) \
+                or self._private is None:  # (no claim was ever handed out)
             return None
         token, their_key = request[len(claim.REQUEST):-claim.KEY], request[-claim.KEY:]
         with self._lock:
@@ -80,7 +94,7 @@ class Claims:
     def _key(self, token: bytes, their_key: bytes):
         from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
         try:
-            shared = self._private.exchange(X25519PublicKey.from_public_bytes(their_key))
+            shared = self._keys()[0].exchange(X25519PublicKey.from_public_bytes(their_key))
         except ValueError:  # a low-order point: no shared secret
             return None
         return claim.session_key(shared, self.public, their_key, token)

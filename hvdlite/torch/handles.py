@@ -115,7 +115,7 @@ def wait_work(work) -> None:
     started = time.perf_counter()
     try:
         if type(work) is Polled:
-            _wait_polled(work.work)
+            _wait_polled(work)
         else:
             _wait_gloo(work)
     finally:  # the straggler rule's measure (driver/decisions/stragglers.py)
@@ -146,12 +146,12 @@ def _failed(why: str) -> HorovodInternalError:
 
 
 class Polled:
-    """A Work of an NCCL group (torch/backend.py), waited by polling: a timed wait on one
-    aborts its communicator and throws."""
-    __slots__ = ("work",)
+    """A Work of an NCCL group (torch/backend.py), with its group, waited by polling: a timed
+    wait on one aborts its communicator and throws."""
+    __slots__ = ("work", "group")
 
-    def __init__(self, work):
-        self.work = work
+    def __init__(self, work, group):
+        self.work, self.group = work, group
 
     def is_completed(self) -> bool:
         return self.work.is_completed()
@@ -161,18 +161,23 @@ _SPIN = 0.002  # seconds an NCCL wait polls without sleeping: a small collective
 _POLL = 0.001  # seconds between polls after that
 
 
-def _wait_polled(work) -> None:
-    """Wait for an NCCL Work; HorovodInternalError when it fails (an aborted communicator, or
-    torch's watchdog after the collective timeout), or once the driver says the world broke
-    while it still waits (the heartbeat thread aborts the communicator then: backend.abort)."""
+def _wait_polled(polled) -> None:
+    """Wait for an NCCL Work; HorovodInternalError when it fails (torch's watchdog after the
+    collective timeout), once the driver says the world broke while it still waits (the
+    heartbeat thread aborts the communicator then: backend.abort), and whenever its group was
+    aborted: torch's Work of an aborted communicator says it completed, skipping its error
+    check, and its wait() raises nothing, its buffer half reduced."""
+    work, group = polled.work, polled.group
     spin = time.perf_counter() + _SPIN
-    while not work.is_completed():
+    while not work.is_completed() and not group.aborted:
         if time.perf_counter() < spin:
             time.sleep(0)
             continue
         if _world_broke():
             raise _failed("hvdlite: the driver said this world broke while a collective waited")
         time.sleep(_POLL)
+    if group.aborted:
+        raise _failed("hvdlite: this world's NCCL communicator was aborted while a collective was pending")
     try:
         work.wait()  # (completed: this raises its error, if it has one)
     except RuntimeError as e:

@@ -1,7 +1,8 @@
-"""An elastic job on NCCL whose two slots share one GPU: each slot its own NCCL_HOSTID, and the
-socket transport (NCCL refuses two ranks of one host on one device otherwise). The first rank 1
-kills itself (-9) while rank 0 waits in an allreduce (once: KILL_MARK); rank 0 goes on in its
-process and prints 'recovered on <backend> ...' with how long the failure took to get past."""
+"""An elastic job on NCCL whose slots share one GPU: each slot its own NCCL_HOSTID, and the
+socket transport (NCCL refuses two ranks of one host on one device otherwise). At steps 5 and
+10 the world's last rank kills itself (-9) while the others wait in an allreduce (once each:
+KILL_MARK.<step>); rank 0 goes on in its process and prints 'recovered on <backend> ...' with
+how long the failure took to get past. Two slots: one kill; three (bench/gpu_smoke.py): two."""
 import os
 import signal
 import time
@@ -24,8 +25,9 @@ failed = []
 @hvd.elastic.run
 def train(state):
     while state.step < 20:
-        if hvd.size() == 2 and hvd.rank() == 1 and state.step == 5 and not os.path.exists(os.environ["KILL_MARK"]):
-            open(os.environ["KILL_MARK"], "w").close()
+        mark = f"{os.environ['KILL_MARK']}.{state.step}"
+        if hvd.size() > 1 and hvd.rank() == hvd.size() - 1 and state.step in (5, 10) and not os.path.exists(mark):
+            open(mark, "w").close()
             time.sleep(0.5)  # rank 0 is in the allreduce by now
             os.kill(os.getpid(), signal.SIGKILL)
         try:

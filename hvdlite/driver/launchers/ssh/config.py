@@ -1,11 +1,7 @@
 """What OpenSSH would use to reach a host: address, port, user, keys, known hosts."""
-import base64
 import getpass
-import hashlib
 import os
 from dataclasses import dataclass, field
-
-import paramiko
 
 from hvdlite.errors import HvdliteError
 
@@ -52,6 +48,7 @@ class HostConfig:
 def _ssh_lookup(name: str, config_path) -> dict:
     if not config_path or not os.path.isfile(config_path):
         return {}
+    import paramiko  # (here: a local job's driver, and a worker, run where paramiko is missing)
     try:
         return paramiko.SSHConfig.from_path(config_path).lookup(name)
     except Exception as e:
@@ -85,26 +82,3 @@ def host_config(name: str, settings: SSHSettings) -> HostConfig:
         user=opts.get("user") or getpass.getuser(), identity_files=identities, known_hosts=known,
         accept_unknown=settings.accept_unknown_hosts or strict in ("no", "off", "accept-new"),
         identities_only=opts.get("identitiesonly", "no").lower() == "yes")
-
-
-def _fingerprint(key) -> str:
-    digest = hashlib.sha256(key.asbytes()).digest()
-    return f"{key.get_name()} SHA256:{base64.b64encode(digest).decode().rstrip('=')}"
-
-
-class _UnknownHostKey(paramiko.SSHException):
-    pass
-
-
-class _KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
-    """RejectPolicy with a message that says what to do; or accept (in memory only)."""
-
-    def __init__(self, accept: bool):
-        self.accept = accept
-        self.accepted = None  # fingerprint of a key accepted without known_hosts
-
-    def missing_host_key(self, client, hostname, key):
-        if not self.accept:
-            raise _UnknownHostKey(hostname, _fingerprint(key))
-        self.accepted = _fingerprint(key)
-        client.get_host_keys().add(hostname, key.get_name(), key)

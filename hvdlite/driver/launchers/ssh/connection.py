@@ -26,6 +26,8 @@ Exit codes as LocalWorker.poll(): the worker's exit status; minus the signal num
 remote process died of a signal (read from the SSH exit-signal message); LOST (255, as ssh
 prints) with `error` set when the connection ended before the worker's exit was reported.
 """
+import base64
+import hashlib
 import logging
 import os
 import shlex
@@ -37,13 +39,34 @@ import time
 import paramiko
 from paramiko.common import MSG_CHANNEL_REQUEST
 
-from hvdlite.driver.launchers.ssh.config import (
-    ACCEPT_FLAG, HostConfig, SSHError, SSHSettings, _KnownHostsPolicy, _UnknownHostKey, _fingerprint,
-    host_config)
+from hvdlite.driver.launchers.ssh.config import ACCEPT_FLAG, HostConfig, SSHError, SSHSettings, host_config
 
 # paramiko logs refused channels and dead sockets at ERROR; without a handler Python's
 # last-resort handler would print them into the job's output. Our SSHError/`error` say it.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
+
+
+def _fingerprint(key) -> str:
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return f"{key.get_name()} SHA256:{base64.b64encode(digest).decode().rstrip('=')}"
+
+
+class _UnknownHostKey(paramiko.SSHException):
+    pass
+
+
+class _KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
+    """RejectPolicy with a message that says what to do; or accept (in memory only)."""
+
+    def __init__(self, accept: bool):
+        self.accept = accept
+        self.accepted = None  # fingerprint of a key accepted without known_hosts
+
+    def missing_host_key(self, client, hostname, key):
+        if not self.accept:
+            raise _UnknownHostKey(hostname, _fingerprint(key))
+        self.accepted = _fingerprint(key)
+        client.get_host_keys().add(hostname, key.get_name(), key)
 
 
 def _tcp_socket(config: HostConfig, settings: SSHSettings) -> socket.socket:
