@@ -15,7 +15,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from hvdlite.torch import gloo, handles
+from hvdlite.torch import defaultgroup, gloo, handles
 from hvdlite.torch.processsets import global_process_set
 from hvdlite.worker import backends, env
 from hvdlite.worker.links import broken
@@ -67,6 +67,7 @@ def adopt(store, rank: int, size: int, timeout=None) -> None:
     failing after `timeout` (default: the job's). begin()'s; a harness without a driver
     passes its own store and timeout (bench/allreduce.py, tests/test_gpu_nccl.py)."""
     _world[:] = [Nccl(store, rank, size, timeout or gloo.collective_timeout())]
+    defaultgroup.carry_cuda(_world[0].group)  # torch.distributed's CUDA tensors too
 
 
 def active() -> bool:

@@ -23,14 +23,14 @@ def rendezvous(url: str, timeout: timedelta = timedelta(minutes=30), **kwargs):
     rank = int(query["rank"][0] if "rank" in query else os.environ["RANK"])
     size = int(query["world_size"][0] if "world_size" in query else os.environ["WORLD_SIZE"])
     scope = f"env.{os.environ.get(env.ROUND, '0')}.{next(_calls)}"
-    _bind_where_peers_reach(session().local_address(rank))
+    bind_where_peers_reach(session().local_address(rank))
     # No `peers`: the script's dist.new_group() calls share this store with groups of other sizes.
     _stores.append(KVStore(session().client, scope, timeout))
     yield _stores[-1], rank, size
     raise RuntimeError("hvdlite: env:// has no second rendezvous; call init_process_group again")
 
 
-def _bind_where_peers_reach(address: str) -> None:
+def bind_where_peers_reach(address: str) -> None:
     """torch's gloo group binds the address its host name resolves to (often none, or a
     loopback one, on cluster nodes), or GLOO_SOCKET_IFNAME's: unless the user chose, name the
     interface of the address on the route to the driver, as hvdlite's own groups bind."""
