@@ -21,6 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from hvdlite import exitcodes
 from hvdlite.driver.decisions.core import ElasticCore
+from hvdlite.driver.decisions.hangs import ceiling
 from hvdlite.driver.decisions.stragglers import PERSIST, WINDOW
 from hvdlite.driver.decisions.ledger import Ledger
 from hvdlite.driver.decisions.policy import Policy
@@ -82,6 +83,7 @@ class ElasticJob(RuleBasedStateMachine):
         self.last_world = {}  # worker -> (slot, rank) in the last world formed
         self.counts = {}  # worker -> (round, collectives its beats said, when that last changed)
         self.asked = set()  # workers the driver asked for their stack (AskStack)
+        self.named_hung = set()  # workers the driver named hung
         self.straggling = set()  # workers the driver named stragglers and not recovered since
         self.probes = []  # workers the driver asked to probe, not answered yet
         self.send(HostsFound(tuple(UNIVERSE[:2])))
@@ -510,13 +512,38 @@ class ElasticJob(RuleBasedStateMachine):
         proc.stuck = proc.hung = True
         for p in self.members():
             p.calls += 1
-        for _ in range(int(self.core.policy.hang_floor) + 1):  # heartbeats go on, nobody moves
+        # Heartbeats go on, nobody moves: it is named before its peers' collective would time
+        # out (and blame them), whatever stalls the world got past before.
+        for _ in range(int(ceiling(self.core.policy.collective_timeout)) + 1):
             if self.ended is not None:
                 return
             self.send(self.beats(self.running()), dt=1.0)
             self.send(Tick(), dt=0.0)
+        assert self.ended is not None or proc.worker in self.named_hung, \
+            f"{proc.worker} hung {self.core.policy.collective_timeout:g} s, its peers' collective timeout, unnamed"
         if stack:  # else it is silent about it, or later (sends_its_stack)
             self.sends_its_stack(data)
+
+    @rule(data=st.data(), seconds=st.sampled_from([3, 12]))
+    def takes_long_once(self, data, seconds):
+        """A member's step takes long once (a first step that loads and compiles, a first
+        evaluation, a checkpoint write) while the others wait in the next collective: a
+        healthy rank, never named hung (check_hung), then it catches up."""
+        members = sorted(p.worker for p in self.members() if not p.handover)
+        if len(members) < 2 or self.core.broken >= self.core.round or any(p.hung for p in self.members()):
+            return
+        self.send(self.beats(self.running()), dt=0.01)
+        slow = self.procs[data.draw(st.sampled_from(members))]
+        for p in self.members():
+            p.calls += p is not slow
+        for _ in range(seconds):
+            if self.ended is not None or self.core.broken >= self.core.round:
+                return
+            self.send(self.beats(self.running()), dt=1.0)
+            self.send(Tick(), dt=0.0)
+        slow.calls += 1
+        self.send(self.beats(self.running()), dt=0.01)
+        self.send(Tick(), dt=0.0)
 
     @rule(data=st.data())
     def straggles(self, data):
@@ -568,6 +595,8 @@ class ElasticJob(RuleBasedStateMachine):
         """Named hung only while a member of its world is ahead of it, and once no member's
         count moved for the hang timeout (at least the floor): never a rank merely slower."""
         c, round_ = self.core, self.core.round
+        self.named_hung.add(worker)
+        assert self.procs[worker].hung, f"{worker} named hung though it is healthy, merely slow once"
         assert worker in c.world and c.broken < round_, f"{worker} named hung outside a sound world"
         counts = {w: self.counts[w] for w in c.world if self.counts.get(w, (None,))[0] == round_}
         assert worker in counts, f"{worker} named hung before it said its count in world {round_}"

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from hvdlite.driver.decisions.hangs import FACTOR, Progress
+from hvdlite.driver.decisions.hangs import FACTOR, ROOM, Progress, ceiling
 from jobs import SCRIPTS, run_job
 
 SCRIPT = os.path.join(SCRIPTS, "hang_job.py")
@@ -96,10 +96,39 @@ def test_the_derived_timeout_follows_the_longest_stall_the_world_got_past():
     for t in range(10):  # steps every 0.5 s
         p.heard("a", t, t * 0.5)
         p.heard("b", t, t * 0.5)
-    assert p.timeout(None, 4.0) == 4.0
+    assert p.timeout(None, 4.0, 26.0) == 4.0
     p.heard("a", 10, 4.5 + 7.0)  # a 7 s stall (an evaluation), got past
-    assert p.timeout(None, 4.0) == FACTOR * 7.0
-    assert p.timeout(5.0, 4.0) == 5.0  # --hang-timeout fixes it
+    assert p.timeout(None, 4.0, 26.0) == FACTOR * 7.0
+    assert p.timeout(5.0, 4.0, 26.0) == 5.0  # --hang-timeout fixes it
+    p.heard("a", 11, 11.5 + 10.0)  # a 10 s stall: 30 s derived would pass the collective timeout
+    assert p.timeout(None, 4.0, ceiling(30.0)) == ceiling(30.0) == 30.0 - ROOM
+
+
+def test_a_first_step_gets_the_ceiling_and_a_rank_that_kept_pace_the_timeout():
+    """b's first step in this world takes 12 s while a waits: nothing in the job predicts a
+    first step, so it is judged by the ceiling (26 s at a 30 s collective timeout), not by the
+    10 s floor. Once b was seen behind and caught up, the floor judges it."""
+    p = Progress()
+    p.new_world(0.0)
+    for t in range(1, 13):
+        p.heard("a", 4, float(t))
+        p.heard("b", 3, float(t))
+        assert p.hung(["a", "b"], float(t), 10.0, first_step=26.0) == []
+    p.heard("b", 4, 12.5)  # its first step done: it caught up
+    p.hung(["a", "b"], 12.5, 10.0, first_step=26.0)
+    p.heard("a", 5, 13.0)
+    for t in range(14, 24):  # now b stops in its own code while a waits
+        p.heard("a", 5, float(t))
+        p.heard("b", 4, float(t))
+    assert p.hung(["a", "b"], 23.0, 10.0, first_step=26.0) == [("b", 4, 5, 10.0)]
+    q = Progress()
+    q.new_world(0.0)
+    for t in range(1, 28):
+        q.heard("a", 4, float(t))
+        q.heard("b", 3, float(t))
+    assert q.hung(["a", "b"], 25.0, 10.0, first_step=26.0) == []
+    assert q.hung(["a", "b"], 27.0, 10.0, first_step=26.0) == [("b", 3, 4, 26.0)]  # before gloo's 30 s
+    assert q.hung(["a", "b"], 27.0, 10.0) == [("b", 3, 4, 10.0)]  # --hang-timeout: as given
 
 
 def test_named_only_when_behind_a_peer_and_nobody_moved():
@@ -109,7 +138,7 @@ def test_named_only_when_behind_a_peer_and_nobody_moved():
         for w, n in zip("abc", (5, 6, 6)):
             p.heard(w, n, t)
     assert p.hung(["a", "b", "c"], 4.9, 4.0) == []  # not yet
-    assert p.hung(["a", "b", "c"], 5.0, 4.0) == [("a", 5, 6)]
+    assert p.hung(["a", "b", "c"], 5.0, 4.0) == [("a", 5, 6, 4.0)]
     p.heard("c", 7, 5.0)  # somebody moved: a process set of some ranks only, say
     assert p.hung(["a", "b", "c"], 8.0, 4.0) == []
     q = Progress()
@@ -129,7 +158,7 @@ def test_a_member_held_in_pygloo_is_never_named_and_says_its_peer_is_behind():
     for t in (2.0, 4.0, 6.0):
         p.heard("b", 9, t)  # b beats on, in its own code
         p.vouched("a", t)
-    assert p.hung(["a", "b"], 6.0, 4.0) == [("b", 9, 10)]
+    assert p.hung(["a", "b"], 6.0, 4.0) == [("b", 9, 10, 4.0)]
     q = Progress()
     q.new_world(0.0)
     q.heard("a", 9, 1.0)

@@ -31,5 +31,6 @@ class Policy:
     stop_timeout: float = defaults.STOP_TIMEOUT  # seconds a graceful stop waits for commits
     hang_timeout: Optional[float] = None  # --hang-timeout; None: derived (hangs.py) ...
     hang_floor: float = defaults.HANG_FLOOR  # ... never below this
+    collective_timeout: float = defaults.COLLECTIVE_TIMEOUT  # ... and below this (hangs.ceiling)
     straggler_factor: float = defaults.STRAGGLER_FACTOR  # stragglers.py
     straggler_evict: bool = False  # --straggler-policy evict: a persistent straggler is failed
