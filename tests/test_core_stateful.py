@@ -60,6 +60,7 @@ class Proc:
         self.calls = 0  # collectives entered in its current world (one a commit)
         self.waited = 0.0  # seconds it waited in them
         self.hung = False  # in its own code for good while its peers wait in the next collective
+        self.first_step_in = None  # the round whose first step it took (first_step_takes_long)
         self.paused = False  # SIGSTOP: silent, its node answers probes for it
         self.cut = False  # its node is gone: silent, and so are probes of it
 
@@ -524,16 +525,19 @@ class ElasticJob(RuleBasedStateMachine):
         if stack:  # else it is silent about it, or later (sends_its_stack)
             self.sends_its_stack(data)
 
-    @rule(data=st.data(), seconds=st.sampled_from([3, 12]))
-    def takes_long_once(self, data, seconds):
-        """A member's step takes long once (a first step that loads and compiles, a first
-        evaluation, a checkpoint write) while the others wait in the next collective: a
-        healthy rank, never named hung (check_hung), then it catches up."""
-        members = sorted(p.worker for p in self.members() if not p.handover)
+    @rule(data=st.data(), long=st.booleans())
+    def first_step_takes_long(self, data, long):
+        """A member's first step in its world takes long (it loads and compiles) while the
+        others wait in the next collective: up to just under the hang timeout's ceiling, past
+        the floor and past what the world learned. A healthy rank, never named hung
+        (check_hung); then it catches up, and the world got past a long stall."""
+        members = sorted(p.worker for p in self.members() if not p.handover and p.first_step_in != self.core.round)
         if len(members) < 2 or self.core.broken >= self.core.round or any(p.hung for p in self.members()):
             return
+        seconds = int(ceiling(self.core.policy.collective_timeout)) - 2 if long else 3
         self.send(self.beats(self.running()), dt=0.01)
         slow = self.procs[data.draw(st.sampled_from(members))]
+        slow.first_step_in = self.core.round
         for p in self.members():
             p.calls += p is not slow
         for _ in range(seconds):
@@ -689,6 +693,30 @@ class ElasticJob(RuleBasedStateMachine):
             self.flush(proc)
             proc.alive = False
             self.send(Exited(proc.worker, 0), dt=0.01)
+
+    @rule(data=st.data())
+    def finishes_while_a_peer_is_stuck(self, data):
+        """The world broke with a member stuck in it (gets_stuck), and another member finishes
+        its training: the job ends without waiting --elastic-timeout for the stuck one, and
+        blames no slot or host for it."""
+        round_ = self.core.round
+        stuck = [p for p in self.procs.values() if p.alive and p.stuck and not p.hung and p.round == round_]
+        done = sorted(p.worker for p in self.procs.values() if p.alive and not p.stuck and p.round == round_
+                      and p.waiting is None and p.exit_code is None and not p.paused and not p.cut)
+        if not stuck or not done or self.core.broken < round_:
+            return
+        proc = self.procs[data.draw(st.sampled_from(done))]
+        self.flush(proc)
+        proc.alive = False
+        blamed = dict(self.core.blacklist.count)
+        self.send(Exited(proc.worker, 0), dt=0.01)
+        self.send(Tick(), dt=0.01)
+        for p in stuck:
+            assert not p.alive or p.exit_code is not None, f"{p.worker}, stuck in a broken world, holds a finished job"
+            if p.alive:
+                p.alive = False
+                self.send(Exited(p.worker, p.exit_code), dt=0.01)
+        assert self.core.blacklist.count == blamed, f"a finished job blamed {self.core.blacklist.count} (was {blamed})"
 
     @rule(data=st.data(), stand_ins=st.booleans())
     def heartbeats(self, data, stand_ins):
