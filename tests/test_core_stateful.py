@@ -500,16 +500,20 @@ class ElasticJob(RuleBasedStateMachine):
         if members and dice == 0 and self.core.broken >= self.core.round:
             self.procs[data.draw(st.sampled_from(members))].stuck = True
 
-    @rule(data=st.data(), stack=st.booleans())
-    def hangs_in_its_own_code(self, data, stack):
+    @rule(data=st.data(), stack=st.booleans(), after_a_stall=st.booleans())
+    def hangs_in_its_own_code(self, data, stack, after_a_stall):
         """A member of a sound world never returns from its own code (`while True: sleep`, or
         it skipped a collective) while its heartbeat goes on; the others enter the next
-        collective and wait there."""
+        collective and wait there. `after_a_stall`: one whose first step in this world took
+        long (first_step_takes_long), so the world learned a long stall."""
         members = sorted(p.worker for p in self.members() if not p.handover)
         if len(members) < 2 or self.core.broken >= self.core.round:
             return
+        candidates = [w for w in members if self.procs[w].first_step_in == self.core.round] if after_a_stall else members
+        if not candidates:
+            return
         self.send(self.beats(self.running()), dt=0.01)
-        proc = self.procs[data.draw(st.sampled_from(members))]
+        proc = self.procs[data.draw(st.sampled_from(candidates))]
         proc.stuck = proc.hung = True
         for p in self.members():
             p.calls += 1
@@ -982,3 +986,42 @@ class ElasticJob(RuleBasedStateMachine):
 
 TestElasticJob = ElasticJob.TestCase
 TestElasticJob.settings = settings(max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None)
+
+
+# ---- the hang and finish scenarios, step by step (the search above may not meet them) ------
+class Picks:
+    """A stand-in for hypothesis's data(): the draws, in order."""
+
+    def __init__(self, *picks):
+        self.picks = list(picks)
+
+    def draw(self, _strategy):
+        return self.picks.pop(0)
+
+
+def formed():
+    job = ElasticJob()
+    job.checkpoint_dir(durable=False, on_disk=0)
+    job.straggler_policy(evict=False)
+    job.launches_complete()
+    job.idle_workers_enter_rendezvous()
+    job.syncs_from_the_root(fails=set())
+    return job, sorted(p.worker for p in job.members())
+
+
+def test_a_long_first_step_then_a_hang_of_that_rank_named_before_the_collective_timeout():
+    """A 24 s first step is no hang (check_hung would say so); the world learns it, and a later
+    hang of that rank is still named before the peers' 30 s collective timeout."""
+    job, (first, *_) = formed()
+    job.first_step_takes_long(Picks(first), long=True)
+    job.hangs_in_its_own_code(Picks(first, first), stack=True, after_a_stall=True)
+    assert job.named_hung == {first}
+
+
+def test_a_finished_job_does_not_wait_for_a_member_stuck_in_the_broken_world():
+    job, (a, b, c) = formed()
+    job.crashes(Picks(c), code=1, dice=0)
+    job.gets_stuck(Picks(b), dice=0)
+    job.finishes_while_a_peer_is_stuck(Picks(a))
+    job.send(Tick(), dt=0.5)
+    assert job.ended is not None and job.ended.code == 0, job.ended

@@ -46,6 +46,18 @@ def test_a_rank_sleeping_forever_ends_a_static_job_named_with_its_stack(tmp_path
     assert [e["rank"] for e in r.of("worker_hung")] == [1]
 
 
+def test_a_torchrun_ddp_rank_sleeping_forever_is_named_before_the_collective_timeout(tmp_path):
+    """The same hang in a torchrun script (its own init_process_group, DDP's reducer calling
+    the collectives): gloo numbers every collective of the group, and the heartbeats carry that
+    count. No stall was learned: the ceiling (12 s - ROOM) judges it, before gloo's 12 s."""
+    r, _ = hang_job(tmp_path, ["-np", "2"], HANG="1:10", API="ddp")
+    assert r.code == 1, r.stderr[-3000:]
+    line, stack = stack_line(r)
+    assert line.startswith("hvdlite: rank 1 on localhost (slot localhost/1) is hung: "), line
+    assert "in hang_forever" in stack, stack
+    assert f"hang timeout {ceiling(12.0):g} s" in line, line  # (its start under load: a minute)
+
+
 def test_a_rank_that_skipped_a_collective_is_named(tmp_path):
     r, _ = hang_job(tmp_path, ["-np", "3"], SKIP="1:10", STEPS="20", POST="60")
     assert r.code == 1, r.stderr[-3000:]

@@ -74,6 +74,11 @@ def active() -> bool:
     return bool(_world)
 
 
+def entered() -> int:
+    """Collectives of the world's NCCL group so far (0 without one): see basics._entered."""
+    return _world[0].group._get_sequence_number_for_group() if _world else 0
+
+
 def takes(away, count: int, process_set) -> bool:
     """Whether a collective whose `count` tensors include `away` (those off the host) goes to
     NCCL as it is: the world took NCCL, the collective is the global set's (a process set's
