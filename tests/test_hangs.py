@@ -56,6 +56,13 @@ def test_a_torchrun_ddp_rank_sleeping_forever_is_named_before_the_collective_tim
     assert f"hang timeout {ceiling(12.0):g} s" in line, line  # (its start under load: a minute)
 
 
+def test_a_long_first_step_is_no_hang(tmp_path):
+    """Rank 1's first step takes 6 s more while rank 0 waits: past the 4 s floor, under the 8 s
+    ceiling that judges a first step; the job ends well, nobody named."""
+    r = hang_job(tmp_path, ["-np", "2"], FIRST="1:6", STEPS="5")
+    assert r.code == 0 and not r.of("worker_hung"), r.stderr[-3000:]
+
+
 def test_a_rank_that_skipped_a_collective_is_named(tmp_path):
     r = hang_job(tmp_path, ["-np", "3"], SKIP="1:10", STEPS="20", POST="60")
     assert r.code == 1, r.stderr[-3000:]

@@ -4,6 +4,7 @@ thread goes on); once per job in an elastic run (a marker file in $LOG_DIR).
 SKIP="rank:step": that rank skips that step's allreduce; after the loop every rank allreduces
 once more, then works alone for POST seconds (writing its results): the skipper gets there
 while its peers wait in a collective it never enters.
+FIRST="rank:seconds": that rank's first step takes that long more (it loads and compiles).
 EVAL="seconds,...": rank 0 evaluates alone (no collectives) for each in turn, every EVAL_EVERY steps.
 SLOW="rank:from:to": that rank sleeps SLOW_SLEEP more a step in steps [from, to) (a straggler).
 STEPS, STEP_SLEEP; ELASTIC=1: the loop runs under @hvd.elastic.run with a commit a step.
@@ -32,6 +33,7 @@ EVALS = [float(x) for x in os.environ.get("EVAL", "").split(",") if x]
 EVAL_EVERY = int(os.environ.get("EVAL_EVERY", "10"))
 POST = float(os.environ.get("POST", "0"))
 SLOW = tuple(int(x) for x in os.environ["SLOW"].split(":")) if os.environ.get("SLOW") else None
+FIRST = tuple(float(x) for x in os.environ["FIRST"].split(":")) if os.environ.get("FIRST") else None
 SLOW_SLEEP = float(os.environ.get("SLOW_SLEEP", "0.3"))
 
 
@@ -53,6 +55,8 @@ def step(k, weights):
     rank = dist.get_rank() if DDP else hvd.rank()
     if HANG == (rank, k) and first_time("hung"):
         hang_forever()
+    if FIRST and FIRST[0] == rank and k == 0:
+        time.sleep(FIRST[1])
     if DDP:
         model(torch.ones(2, 4)).sum().backward()
     elif SKIP != (rank, k):
