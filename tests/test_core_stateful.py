@@ -21,6 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from hvdlite import exitcodes
 from hvdlite.driver.decisions.core import ElasticCore
+from hvdlite.driver.decisions.hangs import ceiling
 from hvdlite.driver.decisions.stragglers import PERSIST, WINDOW
 from hvdlite.driver.decisions.ledger import Ledger
 from hvdlite.driver.decisions.policy import Policy
@@ -59,6 +60,7 @@ class Proc:
         self.calls = 0  # collectives entered in its current world (one a commit)
         self.waited = 0.0  # seconds it waited in them
         self.hung = False  # in its own code for good while its peers wait in the next collective
+        self.first_step_in = None  # the round whose first step it took (first_step_takes_long)
         self.paused = False  # SIGSTOP: silent, its node answers probes for it
         self.cut = False  # its node is gone: silent, and so are probes of it
 
@@ -82,6 +84,7 @@ class ElasticJob(RuleBasedStateMachine):
         self.last_world = {}  # worker -> (slot, rank) in the last world formed
         self.counts = {}  # worker -> (round, collectives its beats said, when that last changed)
         self.asked = set()  # workers the driver asked for their stack (AskStack)
+        self.named_hung = set()  # workers the driver named hung
         self.straggling = set()  # workers the driver named stragglers and not recovered since
         self.probes = []  # workers the driver asked to probe, not answered yet
         self.send(HostsFound(tuple(UNIVERSE[:2])))
@@ -497,26 +500,60 @@ class ElasticJob(RuleBasedStateMachine):
         if members and dice == 0 and self.core.broken >= self.core.round:
             self.procs[data.draw(st.sampled_from(members))].stuck = True
 
-    @rule(data=st.data(), stack=st.booleans())
-    def hangs_in_its_own_code(self, data, stack):
+    @rule(data=st.data(), stack=st.booleans(), after_a_stall=st.booleans())
+    def hangs_in_its_own_code(self, data, stack, after_a_stall):
         """A member of a sound world never returns from its own code (`while True: sleep`, or
         it skipped a collective) while its heartbeat goes on; the others enter the next
-        collective and wait there."""
+        collective and wait there. `after_a_stall`: one whose first step in this world took
+        long (first_step_takes_long), so the world learned a long stall."""
         members = sorted(p.worker for p in self.members() if not p.handover)
         if len(members) < 2 or self.core.broken >= self.core.round:
             return
+        candidates = [w for w in members if self.procs[w].first_step_in == self.core.round] if after_a_stall else members
+        if not candidates:
+            return
         self.send(self.beats(self.running()), dt=0.01)
-        proc = self.procs[data.draw(st.sampled_from(members))]
+        proc = self.procs[data.draw(st.sampled_from(candidates))]
         proc.stuck = proc.hung = True
         for p in self.members():
             p.calls += 1
-        for _ in range(int(self.core.policy.hang_floor) + 1):  # heartbeats go on, nobody moves
+        # (a member one commit ahead, the world having broken mid-commit, is no peer's wait)
+        behind = all(p.calls > proc.calls for p in self.members())
+        # Heartbeats go on, nobody moves: it is named before its peers' collective would time
+        # out (and blame them), whatever stalls the world got past before.
+        for _ in range(int(ceiling(self.core.policy.collective_timeout)) + 1):
             if self.ended is not None:
                 return
             self.send(self.beats(self.running()), dt=1.0)
             self.send(Tick(), dt=0.0)
+        assert not behind or self.core.broken >= self.core.round or proc.worker in self.named_hung, \
+            f"{proc.worker} hung {self.core.policy.collective_timeout:g} s, its peers' collective timeout, unnamed"
         if stack:  # else it is silent about it, or later (sends_its_stack)
             self.sends_its_stack(data)
+
+    @rule(data=st.data(), long=st.booleans())
+    def first_step_takes_long(self, data, long):
+        """A member's first step in its world takes long (it loads and compiles) while the
+        others wait in the next collective: up to just under the hang timeout's ceiling, past
+        the floor and past what the world learned. A healthy rank, never named hung
+        (check_hung); then it catches up, and the world got past a long stall."""
+        members = sorted(p.worker for p in self.members() if not p.handover and p.first_step_in != self.core.round)
+        if len(members) < 2 or self.core.broken >= self.core.round or any(p.hung for p in self.members()):
+            return
+        seconds = int(ceiling(self.core.policy.collective_timeout)) - 2 if long else 3
+        self.send(self.beats(self.running()), dt=0.01)
+        slow = self.procs[data.draw(st.sampled_from(members))]
+        slow.first_step_in = self.core.round
+        for p in self.members():
+            p.calls += p is not slow
+        for _ in range(seconds):
+            if self.ended is not None or self.core.broken >= self.core.round:
+                return
+            self.send(self.beats(self.running()), dt=1.0)
+            self.send(Tick(), dt=0.0)
+        slow.calls += 1
+        self.send(self.beats(self.running()), dt=0.01)
+        self.send(Tick(), dt=0.0)
 
     @rule(data=st.data())
     def straggles(self, data):
@@ -568,6 +605,8 @@ class ElasticJob(RuleBasedStateMachine):
         """Named hung only while a member of its world is ahead of it, and once no member's
         count moved for the hang timeout (at least the floor): never a rank merely slower."""
         c, round_ = self.core, self.core.round
+        self.named_hung.add(worker)
+        assert self.procs[worker].hung, f"{worker} named hung though it is healthy, merely slow once"
         assert worker in c.world and c.broken < round_, f"{worker} named hung outside a sound world"
         counts = {w: self.counts[w] for w in c.world if self.counts.get(w, (None,))[0] == round_}
         assert worker in counts, f"{worker} named hung before it said its count in world {round_}"
@@ -660,6 +699,30 @@ class ElasticJob(RuleBasedStateMachine):
             self.flush(proc)
             proc.alive = False
             self.send(Exited(proc.worker, 0), dt=0.01)
+
+    @rule(data=st.data())
+    def finishes_while_a_peer_is_stuck(self, data):
+        """The world broke with a member stuck in it (gets_stuck), and another member finishes
+        its training: the job ends without waiting --elastic-timeout for the stuck one, and
+        blames no slot or host for it."""
+        round_ = self.core.round
+        stuck = [p for p in self.procs.values() if p.alive and p.stuck and not p.hung and p.round == round_]
+        done = sorted(p.worker for p in self.procs.values() if p.alive and not p.stuck and p.round == round_
+                      and p.waiting is None and p.exit_code is None and not p.paused and not p.cut)
+        if not stuck or not done or self.core.broken < round_:
+            return
+        proc = self.procs[data.draw(st.sampled_from(done))]
+        self.flush(proc)
+        proc.alive = False
+        blamed = dict(self.core.blacklist.count)
+        self.send(Exited(proc.worker, 0), dt=0.01)
+        self.send(Tick(), dt=0.01)
+        for p in stuck:
+            assert not p.alive or p.exit_code is not None, f"{p.worker}, stuck in a broken world, holds a finished job"
+            if p.alive:
+                p.alive = False
+                self.send(Exited(p.worker, p.exit_code), dt=0.01)
+        assert self.core.blacklist.count == blamed, f"a finished job blamed {self.core.blacklist.count} (was {blamed})"
 
     @rule(data=st.data(), stand_ins=st.booleans())
     def heartbeats(self, data, stand_ins):
@@ -923,3 +986,42 @@ class ElasticJob(RuleBasedStateMachine):
 
 TestElasticJob = ElasticJob.TestCase
 TestElasticJob.settings = settings(max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None)
+
+
+# ---- the hang and finish scenarios, step by step (the search above may not meet them) ------
+class Picks:
+    """A stand-in for hypothesis's data(): the draws, in order."""
+
+    def __init__(self, *picks):
+        self.picks = list(picks)
+
+    def draw(self, _strategy):
+        return self.picks.pop(0)
+
+
+def formed():
+    job = ElasticJob()
+    job.checkpoint_dir(durable=False, on_disk=0)
+    job.straggler_policy(evict=False)
+    job.launches_complete()
+    job.idle_workers_enter_rendezvous()
+    job.syncs_from_the_root(fails=set())
+    return job, sorted(p.worker for p in job.members())
+
+
+def test_a_long_first_step_then_a_hang_of_that_rank_named_before_the_collective_timeout():
+    """A 24 s first step is no hang (check_hung would say so); the world learns it, and a later
+    hang of that rank is still named before the peers' 30 s collective timeout."""
+    job, (first, *_) = formed()
+    job.first_step_takes_long(Picks(first), long=True)
+    job.hangs_in_its_own_code(Picks(first, first), stack=True, after_a_stall=True)
+    assert job.named_hung == {first}
+
+
+def test_a_finished_job_does_not_wait_for_a_member_stuck_in_the_broken_world():
+    job, (a, b, c) = formed()
+    job.crashes(Picks(c), code=1, dice=0)
+    job.gets_stuck(Picks(b), dice=0)
+    job.finishes_while_a_peer_is_stuck(Picks(a))
+    job.send(Tick(), dt=0.5)
+    assert job.ended is not None and job.ended.code == 0, job.ended

@@ -48,10 +48,13 @@ def both_ways(tmp_path, hvdlite_flags):
 @pytest.mark.skipif(TORCHRUN is None, reason="torchrun is not on PATH")
 def test_a_ddp_script_computes_under_hvdlite_what_it_computes_under_torchrun(tmp_path):
     pairs = both_ways(tmp_path, [])
-    for a, b in pairs:
+    for rank, (a, b) in enumerate(pairs):
         assert {k: a["env"][k] for k in SAME} == {k: b["env"][k] for k in SAME}
         assert b["env"]["MASTER_ADDR"] and b["env"]["MASTER_PORT"] and b["env"]["TORCHELASTIC_RUN_ID"]
         assert (a["store"], b["store"]) == ("TCPStore", "KVStore")  # hvdlite's: signed, no open port
+        # the job's --gloo-timeout-seconds (default 30 s), not torch's 30 minutes, for every group made
+        groups = 2 if rank < 2 else 1
+        assert (a["timeouts"], b["timeouts"]) == ([1800.0] * groups, [30.0] * groups)
         assert a["params"] == b["params"] and a["loss"] == b["loss"]
     assert len({b["params"] for _, b in pairs}) == 1
 

@@ -16,7 +16,7 @@ from hvdlite.discovery.sources import host_source
 from hvdlite.driver.claims import Claims
 from hvdlite.driver.decisions.assignment import assign
 from hvdlite.driver.decisions.core import ElasticCore, JobView
-from hvdlite.driver.decisions.hangs import EXITED, NO_STACK, STACK_WAIT, Progress
+from hvdlite.driver.decisions.hangs import EXITED, NO_STACK, STACK_WAIT, Progress, ceiling
 from hvdlite.driver.decisions.stragglers import Stragglers
 from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.workers import cannot_load, describe_exit
@@ -111,8 +111,8 @@ class Job:
             elastic_timeout=s.elastic_timeout, start_timeout=s.start_timeout,
             liveness_timeout=s.liveness_timeout, cooldown_range=s.cooldown_range,
             blacklist=s.blacklist, durable=bool(s.checkpoint_dir), stop_timeout=s.stop_timeout,
-            hang_timeout=s.hang_timeout, hang_floor=s.hang_floor, straggler_factor=s.straggler_factor,
-            straggler_evict=s.straggler_policy == "evict",
+            hang_timeout=s.hang_timeout, hang_floor=s.hang_floor, collective_timeout=s.collective_timeout,
+            straggler_factor=s.straggler_factor, straggler_evict=s.straggler_policy == "evict",
             fail_on_worker_failure=s.fail_on_worker_failure),
             on_disk=on_disk(s))
         event, last_tick = found(first), time.monotonic()
@@ -182,10 +182,12 @@ class Job:
                                   step=round(step, 4), median=round(median, 4))
             if isinstance(event, Exiting) and event.calls is not None:
                 progress.heard(event.worker, event.calls, now)
-            timeout = progress.timeout(s.hang_timeout, s.hang_floor)
-            hung = progress.hung(started, now, timeout)  # an exited rank's peers may wait on it too
+            top = ceiling(s.collective_timeout)
+            timeout = progress.timeout(s.hang_timeout, s.hang_floor, top)
+            # (an exited rank's peers may wait on it too)
+            hung = progress.hung(started, now, timeout, top if s.hang_timeout is None else None)
             if hung:
-                self._end_hung(hung, placed, running, progress.reason(*hung[0][1:], now, timeout))
+                self._end_hung(hung, placed, running, progress.reason(*hung[0][1:], now))
             # One world of every rank: what the status of an elastic job says, for /metrics.
             members = len(started & running.keys())
             self.stats.on_view(JobView(round=1 if members else 0, world_size=members,

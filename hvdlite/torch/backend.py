@@ -21,7 +21,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from hvdlite.torch import gloo, handles
+from hvdlite.torch import defaultgroup, gloo, handles
 from hvdlite.torch.processsets import global_process_set
 from hvdlite.worker import backends, env
 from hvdlite.worker.links import broken, join_all
@@ -102,10 +102,16 @@ def adopt(store, rank: int, size: int, timeout=None) -> None:
     failing after `timeout` (default: the job's). begin()'s; a harness without a driver
     passes its own store and timeout (bench/allreduce.py, tests/test_gpu_nccl.py)."""
     _world[:] = [Nccl(store, rank, size, timeout or gloo.collective_timeout())]
+    defaultgroup.carry_cuda(_world[0].group)  # torch.distributed's CUDA tensors too
 
 
 def active() -> bool:
     return bool(_world)
+
+
+def entered() -> int:
+    """Collectives of the world's NCCL group so far (0 without one): see basics._entered."""
+    return _world[0].group._get_sequence_number_for_group() if _world else 0
 
 
 def takes(away, count: int, process_set) -> bool:

@@ -53,7 +53,7 @@ def join(after_round=None, commit=0) -> None:
         raise
     end(round=info.round, rank=info.rank, size=info.size)
     check = elastic.entry_check(_count, info.size) if session().elastic else None
-    runtime.activate(pg, info, functools.partial(_first_use, pg, info, check))
+    runtime.activate(pg, info, functools.partial(_first_use, pg, info, check), functools.partial(_entered, pg))
     defaultgroup.bind(pg, info)
 
 
@@ -62,6 +62,13 @@ def _first_use(pg, info, check) -> None:
     backend.begin(pg, info)
     if check is not None:
         check()
+
+
+def _entered(pg) -> int:
+    """Collectives this rank entered in the world of group `pg`, whoever called them (hvd.*,
+    torch.distributed, DDP's reducer, Lightning): gloo numbers every collective of a group, at no
+    cost to it; an NCCL world's data collectives are numbered on its NCCL group."""
+    return pg._get_sequence_number_for_group() + backend.entered()
 
 
 def _count(flag: int) -> int:

@@ -2,6 +2,7 @@
 notices a broken world, the collective trace's spans, and the packing of tensors into one buffer
 per dtype around a gloo call."""
 import functools
+import inspect
 import time
 import weakref
 import zlib
@@ -193,15 +194,30 @@ def _world_broke() -> bool:
 def traced(kind):
     """Record each call as a span of the collective trace, from issue to the handle's wait
     (only while hvdlite.worker.trace records), named by the caller's name= or else by its
-    kind (the wrapped function takes no name). A name= still in flight is refused first."""
+    kind (the wrapped function takes no name). A name= still in flight is refused first, and
+    a named call is issued once its ranks agree on the name (_named_issue)."""
     def wrap(issue):
+        params = list(inspect.signature(issue).parameters)
+        at = params.index("process_set") if "process_set" in params else None
+
         @functools.wraps(issue)
         def call(*args, name=None, **kwargs):
             if name is not None:
-                return _named(kind, name, lambda: _traced(kind, issue, name, args, kwargs))
+                process_set = args[at] if at is not None and at < len(args) else kwargs.get("process_set")
+                return _named(kind, name, lambda: _named_issue(kind, name, process_set, issue, args, kwargs))
             return _traced(kind, issue, name, args, kwargs)
         return call
     return wrap
+
+
+def _named_issue(kind, name, process_set, issue, args, kwargs):
+    """Issue a named collective once every rank of its set issues one of that name here: ranks
+    match collectives by order, so named ones called in another order on some rank would
+    otherwise sum one tensor with another (MismatchError on every rank instead). One small
+    gather, off the unnamed (and the optimizer's) path."""
+    pg = process_set.group() if process_set is not None else runtime.process_group()  # (None: the global set)
+    agree(pg, kind, f"name {name!r}", name=zlib.crc32(name.encode()))
+    return _traced(kind, issue, name, args, kwargs)
 
 
 def _traced(kind, issue, name, args, kwargs):

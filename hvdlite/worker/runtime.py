@@ -1,13 +1,22 @@
 """The current world of one collective backend: its group and this worker's place in it."""
+import threading
+
 from hvdlite.worker.world import WorldInfo
 
 _runtimes = []  # every backend's, for entered()
+_counters = []  # count_also()'s
 
 
 def entered() -> int:
     """Collectives this process entered in its current world(s): its heartbeats carry it, and
     the driver names a rank that stays behind its peers' count as hung (driver/decisions/hangs.py)."""
-    return sum(r.calls for r in _runtimes)
+    return sum(r.entered() for r in _runtimes) + sum(count() for count in _counters)
+
+
+def count_also(count) -> None:
+    """Count, beside the runtimes' worlds, the collectives `count()` says this process entered
+    (a group a torchrun script made itself: torch/envstore.py)."""
+    _counters.append(count)
 
 
 def waited() -> float:
@@ -28,18 +37,31 @@ class Runtime:
         self.failed = False  # a collective of this world failed (HorovodInternalError)
         self.calls = 0  # group() calls in the current world: every rank makes as many per collective
         self.waited = 0.0  # seconds its collectives waited in the current world (the backend adds)
+        self._counted = None  # what counts the world's collectives itself, where its group does
+        self._counting = threading.Lock()  # (the heartbeat thread asks it)
         _runtimes.append(self)
 
-    def activate(self, group, info: WorldInfo, first_use=None) -> None:
-        """`first_use()`, if given, runs once, before the first collective takes the group."""
+    def activate(self, group, info: WorldInfo, first_use=None, counted=None) -> None:
+        """`first_use()`, if given, runs once, before the first collective takes the group.
+        `counted()`, if given, is the count of collectives entered in this world, whoever
+        called them (else group()'s calls)."""
         self._group, self._info, self._first_use, self._next = group, info, first_use, None
         self.failed = False
         self.calls, self.waited = 0, 0.0
+        with self._counting:
+            self._counted = counted
 
     def deactivate(self):
-        """Forget the current group; returns it so the caller decides its fate."""
+        """Forget the current group; returns it so the caller decides its fate (no heartbeat
+        holds it afterwards: its destructor never runs on that thread)."""
+        with self._counting:
+            self._counted = None
         group, self._group, self._info, self._first_use, self._next = self._group, None, None, None, None
         return group
+
+    def entered(self) -> int:
+        with self._counting:
+            return self._counted() if self._counted is not None else self.calls
 
     def before_next(self, then) -> None:
         """`then()` runs once, before the next collective other than a barrier takes the group

@@ -16,6 +16,7 @@ import torch
 import hvdlite.torch as hvd
 from hvdlite.torch import adasum
 from hvdlite.worker import env
+from hvdlite.worker.errors import MismatchError
 
 SLOT = os.environ[env.SLOT]
 VICTIM = os.environ.get("VICTIM")
@@ -94,6 +95,18 @@ def check_allreduce(r, n):
     opt.step()  # rows 0..n-1 each used by one rank, row n by all: the average of the uses
     expected = torch.tensor([1.0 / n] * n + [1.0])
     assert model.weight.grad.is_sparse and torch.allclose(model.weight.grad.to_dense()[:, 0], expected)
+
+
+def check_named_out_of_order(r, n):
+    """Named collectives issued in another order on some ranks raise on every rank, never
+    return another tensor's sum (Horovod matches them by name, hvdlite by order)."""
+    mine = {"a": torch.tensor([1.0]), "b": torch.tensor([100.0])}
+    order = ["a", "b"] if r % 2 == 0 else ["b", "a"]
+    for call in (lambda k: hvd.allreduce_async(mine[k], name=f"order.{k}", op=hvd.Sum),
+                 lambda k: hvd.broadcast_async(mine[k], 0, name=f"order.{k}")):
+        for handle in [call(k) for k in order]:
+            raises(MismatchError, lambda: hvd.synchronize(handle), "name")
+    assert hvd.allreduce(torch.tensor([1.0]), name="order.a", op=hvd.Sum).item() == n  # in order: fine
 
 
 def check_join(r, n):
@@ -287,6 +300,7 @@ def check_all():
     r, n = hvd.rank(), hvd.size()
     check_queries()
     check_allreduce(r, n)
+    check_named_out_of_order(r, n)
     check_alltoall(r, n)
     check_reducescatter(r, n)
     check_allgather(r, n)

@@ -4,16 +4,25 @@ thread goes on); once per job in an elastic run (a marker file in $LOG_DIR).
 SKIP="rank:step": that rank skips that step's allreduce; after the loop every rank allreduces
 once more, then works alone for POST seconds (writing its results): the skipper gets there
 while its peers wait in a collective it never enters.
+FIRST="rank:seconds": that rank's first step takes that long more (it loads and compiles).
 EVAL="seconds,...": rank 0 evaluates alone (no collectives) for each in turn, every EVAL_EVERY steps.
 SLOW="rank:from:to": that rank sleeps SLOW_SLEEP more a step in steps [from, to) (a straggler).
 STEPS, STEP_SLEEP; ELASTIC=1: the loop runs under @hvd.elastic.run with a commit a step.
+API=ddp: a torchrun script instead (no hvdlite import: init_process_group("gloo") by env://,
+a DDP model whose backward's allreduce is the step's collective).
 Every rank appends "rank step size" to $LOG_DIR/steps.txt."""
 import os
 import time
 
 import torch
+import torch.distributed as dist
 
-import hvdlite.torch as hvd
+DDP = os.environ.get("API") == "ddp"
+if DDP:
+    dist.init_process_group("gloo")
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+else:
+    import hvdlite.torch as hvd
 
 LOG_DIR = os.environ["LOG_DIR"]
 STEPS = int(os.environ.get("STEPS", "40"))
@@ -24,6 +33,7 @@ EVALS = [float(x) for x in os.environ.get("EVAL", "").split(",") if x]
 EVAL_EVERY = int(os.environ.get("EVAL_EVERY", "10"))
 POST = float(os.environ.get("POST", "0"))
 SLOW = tuple(int(x) for x in os.environ["SLOW"].split(":")) if os.environ.get("SLOW") else None
+FIRST = tuple(float(x) for x in os.environ["FIRST"].split(":")) if os.environ.get("FIRST") else None
 SLOW_SLEEP = float(os.environ.get("SLOW_SLEEP", "0.3"))
 
 
@@ -42,10 +52,14 @@ def hang_forever():
 
 
 def step(k, weights):
-    rank = hvd.rank()
+    rank = dist.get_rank() if DDP else hvd.rank()
     if HANG == (rank, k) and first_time("hung"):
         hang_forever()
-    if SKIP != (rank, k):
+    if FIRST and FIRST[0] == rank and k == 0:
+        time.sleep(FIRST[1])
+    if DDP:
+        model(torch.ones(2, 4)).sum().backward()
+    elif SKIP != (rank, k):
         weights.add_(hvd.allreduce(torch.ones(4), name="grad"))
     if rank == 0 and EVALS and k and k % EVAL_EVERY == 0 and k // EVAL_EVERY <= len(EVALS):
         time.sleep(EVALS[k // EVAL_EVERY - 1])  # evaluating alone
@@ -53,12 +67,15 @@ def step(k, weights):
     if SLOW and SLOW[0] == rank and SLOW[1] <= k < SLOW[2]:
         time.sleep(SLOW_SLEEP)
     with open(os.path.join(LOG_DIR, "steps.txt"), "a") as f:
-        f.write(f"{rank} {k} {hvd.size()}\n")
+        f.write(f"{rank} {k} {dist.get_world_size() if DDP else hvd.size()}\n")
 
 
-hvd.init()
 weights = torch.zeros(4)
-if os.environ.get("ELASTIC") == "1":
+if DDP:
+    for k in range(STEPS):
+        step(k, weights)
+elif os.environ.get("ELASTIC") == "1":
+    hvd.init()
     state = hvd.elastic.TorchState(weights=weights, step=0)
 
     @hvd.elastic.run
@@ -70,6 +87,7 @@ if os.environ.get("ELASTIC") == "1":
 
     train(state)
 else:
+    hvd.init()
     for k in range(STEPS):
         step(k, weights)
     hvd.allreduce(torch.ones(4), name="grad")  # alike, so that only the count tells a skip

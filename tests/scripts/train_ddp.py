@@ -1,6 +1,6 @@
 """A torchrun script as people write them: env:// init, DDP, DistributedSampler, all_reduce,
 barrier. Each rank writes OUT_DIR/rank<r>.json: torchrun's variables as it saw them, the store
-env:// gave it, and a hash of the final parameters."""
+env:// gave it, its groups' collective timeouts, and a hash of the final parameters."""
 import hashlib
 import json
 import os
@@ -43,7 +43,9 @@ digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.par
 store = dist.distributed_c10d._get_default_store()
 while hasattr(store, "underlying_store"):
     store = store.underlying_store
+timeouts = [g._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+            for g in (dist.group.WORLD, pair) if g != dist.GroupMember.NON_GROUP_MEMBER]
 with open(os.path.join(os.environ["OUT_DIR"], f"rank{rank}.json"), "w") as f:
     json.dump({"env": {k: os.environ.get(k) for k in TORCHRUN}, "store": type(store).__name__,
-               "params": digest, "loss": total.item()}, f)
+               "timeouts": timeouts, "params": digest, "loss": total.item()}, f)
 dist.destroy_process_group()

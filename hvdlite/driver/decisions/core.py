@@ -330,7 +330,10 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching, NodeLo
             return self._decide_stopping()
         if self.succeeded:
             for inc in self._live():
-                if inc.phase in (Phase.STARTING, Phase.WAITING):
+                # A member of a world that broke will not train on (one stuck in its own code
+                # never leaves it): stopped now, not after --elastic-timeout, and not blamed.
+                if inc.phase in (Phase.STARTING, Phase.WAITING) or (
+                        inc.phase is Phase.TRAINING and self._broke_at(inc) is not None):
                     self._remove(inc)
             if not self._any_live() and self.failures and self.policy.fail_on_worker_failure:
                 n = len(self.failures)

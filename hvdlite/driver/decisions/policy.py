@@ -31,6 +31,7 @@ class Policy:
     stop_timeout: float = defaults.STOP_TIMEOUT  # seconds a graceful stop waits for commits
     hang_timeout: Optional[float] = None  # --hang-timeout; None: derived (hangs.py) ...
     hang_floor: float = defaults.HANG_FLOOR  # ... never below this
+    collective_timeout: float = defaults.COLLECTIVE_TIMEOUT  # ... and below this (hangs.ceiling)
     straggler_factor: float = defaults.STRAGGLER_FACTOR  # stragglers.py
     # --fail-on-worker-failure: a job that finished with a worker failed on the way fails (CI)
     fail_on_worker_failure: bool = False

@@ -2,7 +2,7 @@
 member is named, its stack asked for, and killed as failed once the stack is in or STACK_WAIT
 passed; stragglers are named, and with --straggler-policy evict a persistent one is failed. A
 mixin of ElasticCore: it reads the core's world and sets its `progress`, `stragglers`, `hung`."""
-from hvdlite.driver.decisions.hangs import NO_STACK, STACK_WAIT, Progress
+from hvdlite.driver.decisions.hangs import NO_STACK, STACK_WAIT, Progress, ceiling
 from hvdlite.driver.decisions.messages import AskStack, Heartbeats, StackDump
 from hvdlite.driver.decisions.stragglers import PERSIST
 from hvdlite.driver.decisions.workers import Phase
@@ -42,14 +42,16 @@ class Watching:
         if not self.round or self.broken >= self.round or self.disrupted is not None:
             return  # a world already re-forming: its members are leaving it, not hung
         progress = self._progress()
-        timeout = progress.timeout(p.hang_timeout, p.hang_floor)
+        top = ceiling(p.collective_timeout)
+        timeout = progress.timeout(p.hang_timeout, p.hang_floor, top)
         members = [w for w in self.staying if self.workers[w].phase is Phase.TRAINING]
-        for worker, calls, top in progress.hung(members, now, timeout):
+        first_step = top if p.hang_timeout is None else None
+        for worker, calls, waited_in, limit in progress.hung(members, now, timeout, first_step):
             inc = self.workers[worker]
             if worker not in self.hung and inc.killed is None:
                 self.hung[worker] = now
                 self._log("worker_hung", slot=inc.slot, worker=inc.id, rank=inc.rank,
-                          reason=progress.reason(calls, top, now, timeout),
+                          reason=progress.reason(calls, waited_in, limit, now),
                           action="killing it once its stack is in")
                 self._emit(AskStack(worker))
 

@@ -1,14 +1,19 @@
 """Run at startup by every worker `hvdlite run` starts (hvdlite/driver/torchrunenv.py puts this
 folder first on PYTHONPATH): once torch loads its rendezvous handlers, env:// in an hvdlite
-worker goes through hvdlite's signed rendezvous (hvdlite.torch.envstore) instead of a TCPStore.
+worker goes through hvdlite's signed rendezvous (hvdlite.torch.envstore) instead of a TCPStore;
+and once torch.distributed loads, a group made without a timeout (the script's own
+init_process_group or new_group) gets the job's --gloo-timeout-seconds, not torch's 30 minutes.
 Nothing is imported until torch is; then the sitecustomize this file hides runs, if any."""
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import datetime
 import os
 import sys
 
-_MODULE = "torch.distributed.rendezvous"
+_RENDEZVOUS = "torch.distributed.rendezvous"
+_C10D = "torch.distributed.distributed_c10d"
+_TIMEOUT = "HVDLITE_COLLECTIVE_TIMEOUT"  # (hvdlite.worker.env's name: nothing of hvdlite loads here)
 
 
 def _take_over_env(module) -> None:
@@ -24,9 +29,22 @@ def _take_over_env(module) -> None:
     module._rendezvous_handlers["env"] = env_handler
 
 
+def _job_timeout(module) -> None:
+    """torch reads these when a group is made with no timeout given."""
+    if _TIMEOUT in os.environ:
+        module.default_pg_timeout = module.default_pg_nccl_timeout = \
+            datetime.timedelta(seconds=float(os.environ[_TIMEOUT]))
+
+
+_PATCHES = {_RENDEZVOUS: _take_over_env, _C10D: _job_timeout}
+
+
 class _WhenTorchLoads(importlib.abc.MetaPathFinder):
+    def __init__(self, name):
+        self.name = name
+
     def find_spec(self, name, path, target=None):
-        if name != _MODULE:
+        if name != self.name:
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
@@ -36,7 +54,7 @@ class _WhenTorchLoads(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             load(module)
-            _take_over_env(module)
+            _PATCHES[name](module)
 
         spec.loader.exec_module = exec_module
         return spec
@@ -50,8 +68,9 @@ def _run_hidden() -> None:
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
-if _MODULE in sys.modules:
-    _take_over_env(sys.modules[_MODULE])
-else:
-    sys.meta_path.insert(0, _WhenTorchLoads())
+for _name, _patch in _PATCHES.items():
+    if _name in sys.modules:
+        _patch(sys.modules[_name])
+    else:
+        sys.meta_path.insert(0, _WhenTorchLoads(_name))
 _run_hidden()
