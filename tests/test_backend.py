@@ -90,6 +90,10 @@ class FakeNccl:
     def __init__(self, store, rank, size, timeout):
         FakeNccl.made.append(rank)
         self.aborts = 0
+        self.group = self  # what torch.distributed's CUDA tensors would take (defaultgroup.carry_cuda)
+
+    def _get_sequence_number_for_group(self):  # backend.entered()'s count: no collective here
+        return 0
 
     def abort(self):
         self.aborts += 1
