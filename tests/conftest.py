@@ -1,8 +1,8 @@
 import pytest
 
-# Modules that must not run at once in parallel workers (`-n N --dist loadgroup`): both start a
+# Modules that must not run at once in parallel workers (`-n N --dist loadgroup`): each starts a
 # Ray cluster of ~2 GB whose raylets need the CPU to register in time on a 2-core machine.
-GROUPS = {"test_ray": "ray", "test_ray_api": "ray"}
+GROUPS = {"test_ray": "ray", "test_ray_api": "ray", "test_gpu_launch": "ray"}
 
 
 # The slowest modules, slowest first: under `--dist loadgroup` a worker takes a whole module,
