@@ -10,8 +10,10 @@ import stat
 import time
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from hvdlite import exitcodes
+from hvdlite.driver.decisions.cause import CAUSE_WAIT, ECHO_WAIT, Causes
 from hvdlite.driver.decisions.messages import (
     DRIVER, HOST, LAUNCHER, Exited, HostsFound, Launch, Launched, LaunchFailed, Stop, Tick)
 from hvdlite.driver.executor import _whose
@@ -153,3 +155,54 @@ def process_state(pid) -> str:
     """R, S, Z ... as /proc says (the field after the command's name in parentheses)."""
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0]
+
+
+# ---- which failure a static job names (decisions/cause.py) ------------------------------------
+def name_after(events, running=("r2",)):
+    """Feed a static job's exits in order ("echo" marks one that said it echoes a broken world);
+    returns what is named at each event, and at the end once nobody runs."""
+    causes, named, now = Causes(), [], 0.0
+    for kind, worker, *rest in events:
+        if kind == "echo":
+            causes.echoed(worker)
+        elif kind == "exit":
+            causes.failed(worker, *rest, now)
+        else:
+            now += worker
+        named.append(causes.named(running, now))
+    return named + [causes.named((), now)]
+
+
+def test_a_peers_echo_that_comes_first_waits_for_the_rank_that_raised():
+    named = name_after([("echo", "r0"), ("exit", "r0", 1, None), ("tick", 5.0),
+                        ("exit", "r1", 1, "ValueError: boom")])
+    assert named == [None, None, None, ("r1", 1, "ValueError: boom"), ("r1", 1, "ValueError: boom")]
+
+
+def test_an_echo_alone_is_named_once_nobody_else_runs_or_after_its_wait():
+    assert name_after([("echo", "r0"), ("exit", "r0", 1, None)])[-1] == ("r0", 1, None)
+    named = name_after([("echo", "r0"), ("exit", "r0", 1, None), ("tick", ECHO_WAIT - 0.1), ("tick", 0.1)])
+    assert named[2:4] == [None, ("r0", 1, None)]
+
+
+def test_a_failure_without_a_reason_waits_a_moment_for_one_with_a_reason_then_is_named():
+    named = name_after([("exit", "r0", -9, None), ("tick", CAUSE_WAIT / 2), ("exit", "r1", 1, "ValueError: x")])
+    assert named[:3] == [None, None, ("r1", 1, "ValueError: x")]
+    named = name_after([("exit", "r0", -9, None), ("tick", CAUSE_WAIT), ("exit", "r1", 1, "ValueError: x")])
+    assert named[1] == ("r0", -9, None)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.permutations(["cause", "echo1", "echo2"]), st.lists(st.sampled_from([0.0, 0.4, 3.0]), min_size=3,
+                                                              max_size=3), st.booleans())
+def test_whatever_order_the_exits_come_in_the_rank_that_raised_is_named(order, gaps, says_why):
+    # Each echoing peer says so before its exit (its last word to the driver comes first).
+    events = []
+    for who, gap in zip(order, gaps):
+        events.append(("tick", gap))
+        if who == "cause":
+            events.append(("exit", who, 1, "ValueError: boom" if says_why else None))
+        else:
+            events += [("echo", who), ("exit", who, 1, None)]
+    named = [n for n in name_after(events) if n is not None]
+    assert named and named[0][0] == "cause"

@@ -15,6 +15,7 @@ from hvdlite.discovery.script import DiscoveryError
 from hvdlite.discovery.sources import host_source
 from hvdlite.driver.claims import Claims
 from hvdlite.driver.decisions.assignment import assign
+from hvdlite.driver.decisions.cause import Causes
 from hvdlite.driver.decisions.core import ElasticCore, JobView
 from hvdlite.driver.decisions.hangs import EXITED, NO_STACK, STACK_WAIT, Progress, ceiling
 from hvdlite.driver.decisions.stragglers import Stragglers
@@ -43,7 +44,6 @@ from hvdlite.errors import HvdliteError, JobError, Unloadable
 # a second one, or any to a static job, stops it at once with 128 + the signal's number.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 TICK = 0.1  # seconds between timer events
-CAUSE_WAIT = 1.0  # seconds a static job's first failure without a reason waits for one
 
 
 class Job:
@@ -160,6 +160,7 @@ class Job:
         running, started, commits = {}, set(), {}  # commits: worker -> newest it reported
         progress = Progress()  # every rank's collectives, for hangs (decisions/hangs.py)
         stragglers = Stragglers(s.straggler_factor)  # and their step times (decisions/stragglers.py)
+        causes = Causes()  # which failed exit to name (decisions/cause.py)
         for place in places:
             slot = f"{place.hostname}/{place.local_rank}"
             running[f"{slot}#1"] = place
@@ -182,6 +183,8 @@ class Job:
                                   step=round(step, 4), median=round(median, 4))
             if isinstance(event, Exiting) and event.calls is not None:
                 progress.heard(event.worker, event.calls, now)
+            if isinstance(event, Exiting) and event.echo:
+                causes.echoed(event.worker)
             top = ceiling(s.collective_timeout)
             timeout = progress.timeout(s.hang_timeout, s.hang_floor, top)
             # (an exited rank's peers may wait on it too)
@@ -213,10 +216,9 @@ class Job:
                 self.log.emit("worker_exit", slot=event.worker.split("#")[0], worker=event.worker,
                               rank=place.rank, code=event.code)
                 if event.code != 0:
-                    place, event = self._first_cause(place, event, running)
-                    why = f" ({event.error})" if event.error else ""
-                    raise JobError(f"rank {place.rank} on {place.hostname} {describe_exit(event.code)}"
-                                   f"{why}; stopping the job")
+                    causes.failed(event.worker, event.code, event.error, now)
+            self._end_failed(causes.named(running.keys(), now), placed)
+        self._end_failed(causes.named((), time.monotonic()), placed)
         self.log.emit("job_end", result="success")
         return 0
 
@@ -238,16 +240,14 @@ class Job:
                                                     {"missing": NO_STACK if live else EXITED}))
         raise JobError(f"rank {place.rank} on {place.hostname} is hung: {reason}; stopping the job")
 
-    def _first_cause(self, place, event, running, wait=CAUSE_WAIT):
-        """The failure to name: a peer's exit can arrive before the exit of the rank that
-        raised, so exits within `wait` seconds that say what was raised win over one that does
-        not."""
-        deadline = time.monotonic() + wait
-        while not event.error and time.monotonic() < deadline:
-            other = self.next_event(deadline - time.monotonic())
-            if isinstance(other, Exited) and other.worker in running and other.code != 0 and other.error:
-                return running[other.worker], other
-        return place, event
+    @staticmethod
+    def _end_failed(named, placed):
+        """End the static job on the failure decisions/cause.py names, if it names one."""
+        if named is not None:
+            worker, code, error = named
+            why = f" ({error})" if error else ""
+            raise JobError(f"rank {placed[worker].rank} on {placed[worker].hostname} {describe_exit(code)}"
+                           f"{why}; stopping the job")
 
     def close(self):
         self.stopping.set()

@@ -60,7 +60,8 @@ class Rendezvous:
                 calls = None if calls is None else int(calls)
             except ValueError:
                 return 400, b"expected commit and calls as integers"
-            self._post(Exiting(worker, commit, calls) if subpath == "exiting" else Written(commit, worker))
+            self._post(Exiting(worker, commit, calls, query.get("echo") == "1") if subpath == "exiting"
+                       else Written(commit, worker))
             return 200, b""
         if subpath == "leaving" and method == "PUT":
             self._post(Leaving(worker))

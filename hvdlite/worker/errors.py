@@ -22,14 +22,16 @@ class HostsUpdatedInterrupt(RuntimeError):
         self.skip_sync = skip_sync
 
 
-def quiet_broken_world() -> None:
+def quiet_broken_world(echoed) -> None:
     """In a static job a HorovodInternalError that ends the script only echoes a peer's failure
-    (which the peer and the driver report): print it as one line, not a traceback."""
+    (which the peer and the driver report): print it as one line, not a traceback, and call
+    `echoed` (the worker tells the driver as it exits, so that the driver names the peer)."""
     previous = sys.excepthook
 
     def hook(kind, error, tb):
         if not issubclass(kind, HorovodInternalError):
             return previous(kind, error, tb)
+        echoed()
         # gloo's text: "[path/pair.cc:553] Connection closed by peer [addr]:port. This is ...".
         why = re.sub(r"^\[[^\]]*\]\s*", "", (str(error).strip().splitlines() or [""])[0]).split(". ")[0]
         sys.stderr.write(f"HorovodInternalError: {why[:200]} (a peer left the job: the driver "

@@ -53,8 +53,9 @@ class Session:
         self.environ = environ
         self.worker = environ.get(env.WORKER, "")  # this launch's incarnation id
         self.elastic = environ.get(env.ELASTIC) == "1"
+        self.echo = False  # a HorovodInternalError ends the script: told as it exits
         if not self.elastic:
-            quiet_broken_world()
+            quiet_broken_world(lambda: setattr(self, "echo", True))
         self.liveness_timeout = float(environ.get(env.LIVENESS_TIMEOUT, defaults.LIVENESS_TIMEOUT))
         self.client = KVClient(self.addr, self.port, secret)
         # Signed datagrams with a short timeout: cheap for the driver at thousands of workers,
@@ -103,7 +104,8 @@ class Session:
         # seconds, silencing the heartbeat: tell the driver this is an exit, not a hang.
         try:
             self.client.request("PUT", "/rdzv/exiting", query={"worker": self.worker, "commit": str(self.commits),
-                                                               "calls": str(entered())},
+                                                               "calls": str(entered()),
+                                                               **({"echo": "1"} if self.echo else {})},
                                 timeout=2)
         except Exception:  # noqa: BLE001 - the driver may be gone; exiting regardless
             pass

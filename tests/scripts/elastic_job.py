@@ -9,6 +9,9 @@ DIE_CONNECTING=slot (that worker is killed once, right after publishing its gloo
 its second group, so that its peers are left waiting for it to connect), CONNECT_FAILS=slot
 (that worker's groups never connect), HOLD_AT=step (every worker, once, waits at that step
 until $LOG_DIR/go exists: a long step, during which a test arranges what happens around it),
+HOLD_IN_COMMIT=step (rank 0, once, waits inside the commit that ends that step, after the commit's
+collective and save, before its check for host updates: its peers wait there for it, so a test
+can kill it inside a commit),
 START_SLEEP="slot:seconds,..." (that worker, "*" every one, sleeps before hvd.init: a slow start),
 DDP=1 (the model is a DistributedDataParallel with a plain optimizer: DDP averages the gradients).
 """
@@ -35,6 +38,7 @@ DATASET = int(os.environ.get("DATASET", "64"))
 FAILS = os.environ.get("FAILS", "").split(",")
 RUN = int(os.environ.get("RUN", "0"))
 HOLD_AT = int(os.environ.get("HOLD_AT", "-1"))
+HOLD_IN_COMMIT = int(os.environ.get("HOLD_IN_COMMIT", "-1"))
 HOLD_LIMIT = 120.0  # seconds a held worker waits for the test's go
 
 
@@ -74,6 +78,17 @@ for entry in filter(None, os.environ.get("START_SLEEP", "").split(",")):
     who, seconds = entry.rsplit(":", 1)
     if who in ("*", SLOT):
         time.sleep(float(seconds))
+if HOLD_IN_COMMIT >= 0:
+    check_host_updates = hvd.elastic.TorchState.check_host_updates
+
+    def held_check(state):
+        if hvd.rank() == 0 and state.step == HOLD_IN_COMMIT and once("held_in_commit"):
+            deadline = time.monotonic() + HOLD_LIMIT
+            while not os.path.exists(os.path.join(LOG_DIR, "go")) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        check_host_updates(state)
+    hvd.elastic.TorchState.check_host_updates = held_check
+
 hvd.init()
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 1)
@@ -114,8 +129,6 @@ def train(state):
         if hvd.rank() == 0:
             write_progress(LOG_DIR, state.step)
         state.commit()
-        with open(os.path.join(LOG_DIR, f"committed.{SLOT.replace('/', '_')}"), "w") as f:
-            f.write(str(state.step))  # a logged step whose commit failed (a peer died) is not in it
         time.sleep(SLEEP)
     with open(os.path.join(LOG_DIR, f"final.{SLOT.replace('/', '_')}.json"), "w") as f:
         json.dump({"rank": hvd.rank(), "size": hvd.size(),

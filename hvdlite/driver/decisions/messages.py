@@ -94,6 +94,7 @@ class Exiting:
     worker: str
     commit: int = 0  # commits its training state holds
     calls: Optional[int] = None  # collectives it entered in its last world, its last word (hangs.py)
+    echo: bool = False  # a HorovodInternalError ended it: it echoes a peer's failure (cause.py)
 
 
 @dataclass(frozen=True)
