@@ -94,7 +94,7 @@ def test_an_elastic_trainer_at_the_same_size_and_after_a_stop_ends_bitwise_as_th
     before step 3, the spare takes its rank at step 2's commit; the job is stopped (SIGTERM)
     at step 6 with --checkpoint-dir and exits 75; its rerun resumes from the commit on disk.
     Its final parameters and losses are the fault-free run's, to the bit; trainer.save_model
-    and the Trainer's own checkpoints (every 3 steps) are written as without hvdlite."""
+    and the Trainer's own checkpoints (every 3 steps, and at the end) are written as without hvdlite."""
     fixed = ["-np", "3", "--min-np", "3", "--max-np", "3", "--start-timeout", "120"]
     env = {**OFFLINE, "TRAINER": "elastic", "COMMIT_EVERY": "2"}
     reference = tmp_path / "reference"
@@ -120,4 +120,4 @@ def test_an_elastic_trainer_at_the_same_size_and_after_a_stop_ends_bitwise_as_th
     assert [r["params"] for r in got] == [r["params"] for r in expected]
     assert got[0]["log"] == expected[0]["log"] and got[0]["steps"] == 8
     assert (tmp_path / "saved" / "model.safetensors").exists() and (tmp_path / "saved" / "config.json").exists()
-    assert sorted(p.name for p in (faulty / "trainer").glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-6"]
+    assert sorted(p.name for p in (faulty / "trainer").glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-6", "checkpoint-8"]
