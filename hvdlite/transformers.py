@@ -22,6 +22,7 @@ import torch.distributed as dist
 from accelerate.state import AcceleratorState, PartialState
 from accelerate.utils import DistributedDataParallelKwargs
 from transformers import Trainer, TrainerCallback, TrainerState
+from transformers.trainer_utils import has_length
 
 import hvdlite.torch as hvd
 from hvdlite.torch.statehandlers import StateDictHandler
@@ -138,6 +139,9 @@ class ElasticTrainer(Trainer):
                              "--checkpoint-dir), not from a Trainer checkpoint (resume_from_checkpoint)")
         if args.auto_find_batch_size:
             raise ValueError("ElasticTrainer: auto_find_batch_size is not supported in an elastic job")
+        if not has_length(self.train_dataset):
+            raise ValueError("ElasticTrainer: an elastic job splits the epoch's samples among the workers: "
+                             "train_dataset needs a length (an IterableDataset has none)")
         self.elastic_state = self._prepare_once(args, trial)
         inner = super()._inner_training_loop
 
