@@ -70,9 +70,11 @@ def test_an_unchanged_trainer_script_on_two_ssh_hosts_computes_what_torchrun_com
 def test_an_elastic_trainer_shrinks_on_a_kill_9_and_grows_in_process(tmp_path):
     """3 workers, a commit every 2 steps (4 steps an epoch). Slot 127.0.0.3/0 kills itself
     before step 4: the two survivors roll back to step 2's commit and finish epoch 0 between
-    them; discovery then adds 127.0.0.4, which joins at the commit of step 8 and trains the
-    rest of epoch 1 with them. Rank 0 stays one process; every sample is trained once an epoch."""
-    schedule = [[0, ["127.0.0.1:1", "127.0.0.2:1", "127.0.0.3:1"]], [7, ["127.0.0.1:1", "127.0.0.2:1", "127.0.0.4:1"]]]
+    them; discovery then adds two hosts, whose workers join at the commit of step 8 and train
+    the rest of epoch 1 with them (on the LR schedule of the first world, though theirs had
+    4 workers). Rank 0 stays one process; every sample is trained once an epoch."""
+    grown = ["127.0.0.1:1", "127.0.0.2:1", "127.0.0.4:1", "127.0.0.5:1"]
+    schedule = [[0, ["127.0.0.1:1", "127.0.0.2:1", "127.0.0.3:1"]], [7, grown]]
     env = {**OFFLINE, "OUT_DIR": str(tmp_path), "TRAINER": "elastic", "COMMIT_EVERY": "2", "KILL_STEP": "4",
            "VICTIM": "127.0.0.3/0", "GROW_STEP": "8"}
     with Job([*discovery(tmp_path, schedule), "--min-np", "1", "--start-timeout", "120", sys.executable, SCRIPT],
@@ -81,12 +83,13 @@ def test_an_elastic_trainer_shrinks_on_a_kill_9_and_grows_in_process(tmp_path):
     assert result.code == 0, result.stderr[-3000:]
     assert [e["slot"] for e in result.events if e["event"] == "worker_start"].count("127.0.0.1/0") == 1
     ranks = finals(tmp_path)
-    assert [r["size"] for r in ranks] == [3, 3, 3] and len({r["params"] for r in ranks}) == 1
-    assert ranks[0]["steps"] == 2 + 3 + 3 + 2  # world 3, the 2 survivors (epoch 0's rest, then 3 steps), world 3
+    assert [r["size"] for r in ranks] == [4] * 4 and len({r["params"] for r in ranks}) == 1
+    assert [r["seen_by_accelerate"] for r in ranks] == [[4, 4, rank] for rank in range(4)]  # its cache refreshed
+    assert ranks[0]["steps"] == 2 + 3 + 3 + 2  # world 3, the 2 survivors (epoch 0's rest, then 3 steps), world 4
     assert ranks[0]["epoch"] == 2.0
     assert trained_samples(tmp_path) == [list(range(SAMPLES))] * 2
     sizes = {int(line.split()[3]) for line in (tmp_path / "samples").read_text().splitlines()}
-    assert sizes == {2, 3}
+    assert sizes == {2, 3, 4}
 
 
 def test_an_elastic_trainer_at_the_same_size_and_after_a_stop_ends_bitwise_as_the_fault_free_run(tmp_path):

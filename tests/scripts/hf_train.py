@@ -127,6 +127,7 @@ if os.environ.get("SAVE_DIR"):
 rank, size = world()
 out = {"steps": trainer.state.global_step, "epoch": trainer.state.epoch,
        "log": [e.get("loss") for e in trainer.state.log_history], "rank": rank, "size": size,
+       "seen_by_accelerate": [trainer.accelerator.num_processes, trainer.args.world_size, trainer.args.process_index],
        "params": digest(model), **(accelerate_loop() if TRAINER == "plain" else {})}
 with open(os.path.join(OUT_DIR, f"rank{rank}.{os.getpid()}.json"), "w") as f:
     json.dump(out, f)
