@@ -19,6 +19,7 @@ import math
 import os
 
 import torch.distributed as dist
+from accelerate.data_loader import BatchSamplerShard
 from accelerate.state import AcceleratorState, PartialState
 from accelerate.utils import DistributedDataParallelKwargs
 from transformers import Trainer, TrainerCallback, TrainerState
@@ -49,7 +50,7 @@ def refresh_accelerate() -> None:
             shared.update(now)
 
 
-class _Commits(TrainerCallback):
+class _Progress(TrainerCallback):
     """Puts the committed loss bookkeeping back once the loop has reset it, and places each
     optimizer step in its epoch by the samples the world trained (the Trainer's own count
     starts over when a resumed epoch's loader holds only the batches left)."""
@@ -96,7 +97,7 @@ class ElasticTrainer(Trainer):
         self._batches_done = 0  # micro-batches trained since the sampler's split
         self._lr_plan = None  # the step count this process's LR scheduler was made for
         self._committed_step = None  # the global step of this process's last commit
-        self.add_callback(_Commits(self))
+        self.add_callback(_Progress(self))
 
     # -- what an elastic job changes in the Trainer's setup --------------------------------
 
@@ -120,12 +121,13 @@ class ElasticTrainer(Trainer):
             return self._loader  # the same loader on every world: its sampler re-splits itself
         loader = super().get_train_dataloader()
         if _elastic():
-            # ElasticSampler splits the data among the ranks already: Accelerate's own shard
-            # of its batches (BatchSamplerShard) must pass them all through (as the Trainer
-            # does for its rank-aware BatchRebalanceSampler).
+            # ElasticSampler splits the data among the ranks already, in equal shares: Accelerate's
+            # own shard of its batches must pass them all through (as the Trainer does for its
+            # rank-aware BatchRebalanceSampler), and not fill a short last batch from the first
+            # samples of the share (even_batches), which would train them twice in the epoch.
             shard = getattr(loader, "batch_sampler", None)
-            if shard is not None and getattr(shard, "num_processes", 1) != 1:
-                shard.num_processes, shard.process_index = 1, 0
+            if isinstance(shard, BatchSamplerShard):
+                shard.num_processes, shard.process_index, shard.even_batches = 1, 0, False
         return loader
 
     # -- the elastic loop -------------------------------------------------------------------
@@ -185,8 +187,11 @@ class ElasticTrainer(Trainer):
         a job resumed from disk on another world) made its scheduler for its own step count."""
         if self._lr_plan != state.lr_plan:
             synced, self.lr_scheduler = self.lr_scheduler, None
-            self.create_scheduler(num_training_steps=state.lr_plan)
+            rates = [group["lr"] for group in self.optimizer.param_groups]  # the synced ones
+            self.create_scheduler(num_training_steps=state.lr_plan)  # sets the rates of its step 0
             self.lr_scheduler.load_state_dict(synced.state_dict())
+            for group, rate in zip(self.optimizer.param_groups, rates):
+                group["lr"] = rate
             state.lr_scheduler, self._lr_plan = self.lr_scheduler, state.lr_plan
             self.callback_handler.lr_scheduler = self.lr_scheduler
 

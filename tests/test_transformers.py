@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from jobs import SCRIPTS, Job, discovery, run_job, ssh_flags
+from jobs import SCRIPTS, Job, discovery, run_job
 
 pytest.importorskip("transformers", reason="transformers is not installed: pip install -e '.[transformers]'")
 pytest.importorskip("accelerate", reason="accelerate is not installed: pip install -e '.[transformers]'")
@@ -40,7 +40,7 @@ def trained_samples(folder):
     return [sorted(flat[k:k + SAMPLES]) for k in range(0, len(flat), SAMPLES)]
 
 
-def torchrun_and_hvdlite(tmp_path, hvdlite_flags):
+def torchrun_and_hvdlite(tmp_path, hvdlite_flags=()):
     theirs, ours = tmp_path / "torchrun", tmp_path / "hvdlite"
     theirs.mkdir(), ours.mkdir()
     done = subprocess.run([TORCHRUN, "--nproc-per-node", "2", SCRIPT], capture_output=True, text=True,
@@ -58,13 +58,6 @@ def test_an_unchanged_trainer_script_and_accelerate_loop_compute_what_they_compu
     assert len(ours) == 2 and [r["size"] for r in ours] == [2, 2] and ours[0]["accelerate_size"] == 2
     assert theirs == ours  # parameters (Trainer's, then the Accelerate loop's), losses, steps: to the bit
     assert ours[0]["steps"] == 12  # 48 samples, 4 a batch, 2 ranks, 2 epochs: DDP, not two lone runs
-
-
-@pytest.mark.skipif(TORCHRUN is None, reason="torchrun is not on PATH")
-def test_an_unchanged_trainer_script_on_two_ssh_hosts_computes_what_torchrun_computes_on_one(tmp_path, ssh_hosts):
-    hosts = ssh_hosts(2)
-    theirs, ours = torchrun_and_hvdlite(tmp_path, [*ssh_flags(hosts), "-H", "host-1:1,host-2:1"])
-    assert theirs == ours
 
 
 def test_an_elastic_trainer_shrinks_on_a_kill_9_and_grows_in_process(tmp_path):
