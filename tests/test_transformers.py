@@ -40,21 +40,16 @@ def trained_samples(folder):
     return [sorted(flat[k:k + SAMPLES]) for k in range(0, len(flat), SAMPLES)]
 
 
-def torchrun_and_hvdlite(tmp_path, hvdlite_flags=()):
+@pytest.mark.skipif(TORCHRUN is None, reason="torchrun is not on PATH")
+def test_an_unchanged_trainer_script_and_accelerate_loop_compute_what_they_compute_under_torchrun(tmp_path):
     theirs, ours = tmp_path / "torchrun", tmp_path / "hvdlite"
     theirs.mkdir(), ours.mkdir()
     done = subprocess.run([TORCHRUN, "--nproc-per-node", "2", SCRIPT], capture_output=True, text=True,
                           env={**os.environ, **OFFLINE, "OUT_DIR": str(theirs)}, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    with Job([*hvdlite_flags, "-np", "2", sys.executable, SCRIPT], tmp_path, env={**OFFLINE, "OUT_DIR": str(ours)}) as job:
-        result = job.finish(300)
+    result = run_job(["-np", "2", sys.executable, SCRIPT], tmp_path, timeout=300, env={**OFFLINE, "OUT_DIR": str(ours)})
     assert result.code == 0, result.stderr[-3000:]
-    return finals(theirs), finals(ours)
-
-
-@pytest.mark.skipif(TORCHRUN is None, reason="torchrun is not on PATH")
-def test_an_unchanged_trainer_script_and_accelerate_loop_compute_what_they_compute_under_torchrun(tmp_path):
-    theirs, ours = torchrun_and_hvdlite(tmp_path, [])
+    theirs, ours = finals(theirs), finals(ours)
     assert len(ours) == 2 and [r["size"] for r in ours] == [2, 2] and ours[0]["accelerate_size"] == 2
     assert theirs == ours  # parameters (Trainer's, then the Accelerate loop's), losses, steps: to the bit
     assert ours[0]["steps"] == 12  # 48 samples, 4 a batch, 2 ranks, 2 epochs: DDP, not two lone runs
@@ -116,4 +111,5 @@ def test_an_elastic_trainer_at_the_same_size_and_after_a_stop_ends_bitwise_as_th
     assert [r["params"] for r in got] == [r["params"] for r in expected]
     assert got[0]["log"] == expected[0]["log"] and got[0]["steps"] == 8
     assert (tmp_path / "saved" / "model.safetensors").exists() and (tmp_path / "saved" / "config.json").exists()
-    assert sorted(p.name for p in (faulty / "trainer").glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-6", "checkpoint-8"]
+    checkpoints = sorted(p.name for p in (faulty / "trainer").glob("checkpoint-*"))
+    assert checkpoints == ["checkpoint-3", "checkpoint-6", "checkpoint-8"]
