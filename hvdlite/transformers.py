@@ -153,6 +153,8 @@ class ElasticTrainer(Trainer):
             self._take_plan(state)
             self.commit_every = state.commit_every
             self.state = TrainerState(**state.trainer_state)
+            if not self._sampler.remaining:  # committed at an epoch's end: the loop starts at the next
+                self._sampler.set_epoch(self._sampler.epoch + 1)
             return inner(batch_size, args, None, trial, ignore_keys_for_eval)
 
         try:
@@ -241,8 +243,7 @@ class ElasticTrainer(Trainer):
                                                 resume_from_checkpoint, trial)
         self.state.compute_steps(self.args, max_steps)
         self.state.init_training_references(self, max_steps, num_train_epochs, trial)
-        sampler = self._sampler
-        return sampler.epoch + (not sampler.remaining), 0  # a commit at an epoch's end: the next one
+        return self._sampler.epoch, 0
 
     def _prepare_for_training(self, max_steps, train_dataloader, resume_from_checkpoint):
         if self.elastic_state is None:

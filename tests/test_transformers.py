@@ -83,7 +83,8 @@ def test_an_elastic_trainer_shrinks_on_a_kill_9_and_grows_in_process(tmp_path):
 def test_an_elastic_trainer_at_the_same_size_and_after_a_stop_ends_bitwise_as_the_fault_free_run(tmp_path):
     """The fault-free run; then the same job with a spare slot: slot 127.0.0.3/0 kills itself
     before step 3, the spare takes its rank at step 2's commit; the job is stopped (SIGTERM)
-    at step 6 with --checkpoint-dir and exits 75; its rerun resumes from the commit on disk.
+    at step 4, the last of epoch 0, with --checkpoint-dir and exits 75; its rerun resumes from
+    that commit on disk, whose epoch has no sample left.
     Its final parameters and losses are the fault-free run's, to the bit; trainer.save_model
     and the Trainer's own checkpoints (every 3 steps, and at the end) are written as without hvdlite."""
     fixed = ["-np", "3", "--min-np", "3", "--max-np", "3", "--start-timeout", "120"]
@@ -98,7 +99,7 @@ def test_an_elastic_trainer_at_the_same_size_and_after_a_stop_ends_bitwise_as_th
     args = ["-H", "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1,127.0.0.4:1", *fixed, "--checkpoint-dir",
             str(tmp_path / "ckpt"), sys.executable, SCRIPT]
     env = {**env, "OUT_DIR": str(faulty), "SAVE_DIR": str(tmp_path / "saved"), "SAVE_STRATEGY": "steps"}
-    with Job(args, faulty, env={**env, "KILL_STEP": "3", "VICTIM": "127.0.0.3/0", "HOLD_STEP": "6"}) as job:
+    with Job(args, faulty, env={**env, "KILL_STEP": "3", "VICTIM": "127.0.0.3/0", "HOLD_STEP": "4"}) as job:
         job.wait_for(lambda _: (faulty / "held").exists(), 300)
         job.proc.send_signal(signal.SIGTERM)
         result = job.finish(120)
