@@ -32,7 +32,9 @@ def main():
     print(f"hvdlite ElasticTrainer (in-process): kill -9 -> survivors' next optimizer step: {summary(ours)}",
           flush=True)
     theirs = torchrun_trials(args.baseline_trials, env, SCRIPT, timeout=300)
-    print(f"torchrun --max-restarts (every worker restarted): kill -9 -> next optimizer step: {summary(theirs)}")
+    lost = sum(t is None for t in theirs)
+    print(f"torchrun --max-restarts (every worker restarted): kill -9 -> next optimizer step: {summary(theirs)}"
+          + (f"; {lost} of {len(theirs)} restarts took no step within 300 s" if lost else ""))
     ours, theirs = [v for v in ours if v is not None], [v for v in theirs if v is not None]
     if ours and theirs:
         print(f"recovery, torchrun median / hvdlite median: {statistics.median(theirs) / statistics.median(ours):.1f}x")
