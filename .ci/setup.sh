@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything the tests need on a fresh machine: OpenSSH and network tools for the SSH test
 # hosts, Slurm and munge for the Slurm test cluster, then hvdlite with its test dependencies
-# (torch pinned to the CPU build on disk) and Ray 2.60 for the --ray tests (tests/raycluster.py).
+# (torch pinned to the CPU build on disk), Lightning, transformers and Accelerate, and Ray 2.60 for the --ray tests (tests/raycluster.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -f .ci/install-ssh.sh ]; then bash .ci/install-ssh.sh; fi
@@ -16,7 +16,7 @@ if ! command -v chromium >/dev/null 2>&1; then
   fi
 fi
 # Re-runs skip pip while this checkout is installed with every requirement met (.ci/installed.py).
-python3 -E .ci/installed.py --extras test,ray,lightning || python3 -m pip install -q -e '.[test,ray,lightning]'
+python3 -E .ci/installed.py --extras test,ray,lightning,transformers || python3 -m pip install -q -e '.[test,ray,lightning,transformers]'
 # The numpy backend's workers run on pygloo, whose wheels exist for CPython 3.8-3.10 only:
 # a torch-free venv in .venv-pygloo/ (gitignored), when such an interpreter exists.
 pygloo_python() {

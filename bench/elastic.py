@@ -104,11 +104,11 @@ class Run:
         self.out.close()
 
 
-def start_hvdlite(n, env_extra=None):
+def start_hvdlite(n, env_extra=None, script=LOOP):
     folder = tempfile.mkdtemp(prefix="hvdlite-bench-")
     return Run([sys.executable, "-m", "hvdlite.cli", "run", "--event-log",
                 os.path.join(folder, "events.jsonl"), "-H", f"localhost:{n}", "--min-np", "1",
-                "--blacklist-cooldown-range", "1", "1", sys.executable, LOOP], env_extra, folder=folder)
+                "--blacklist-cooldown-range", "1", "1", sys.executable, script], env_extra, folder=folder)
 
 
 def members(run):
@@ -120,9 +120,10 @@ def pid_of(run, slot):
     return [e["pid"] for e in run.events() if e["event"] == "worker_start" and e["slot"] == slot][-1]
 
 
-def kill_trial(run, n, rng):
-    """Kill one member of a full world; returns (recovery, join, stall) in seconds or None."""
-    if not run.wait(lambda: (members(run) or {}).get("size") == n, 60):
+def kill_trial(run, n, rng, ready=60):
+    """Kill one member of a full world (once it formed, within `ready` seconds); returns
+    (recovery, join, stall) in seconds or None."""
+    if not run.wait(lambda: (members(run) or {}).get("size") == n, ready):
         return None
     world = members(run)
     victim = pid_of(run, rng.choice(sorted(world["members"])))
@@ -171,12 +172,12 @@ def repeat(run, trial, trials, label):
     return results
 
 
-def hvdlite_trials(n, trials, rng, env_extra=None):
-    run = start_hvdlite(n, env_extra)
-    return repeat(run, lambda: kill_trial(run, n, rng), trials, f"size {n}")
+def hvdlite_trials(n, trials, rng, env_extra=None, script=LOOP, ready=60):
+    run = start_hvdlite(n, env_extra, script)
+    return repeat(run, lambda: kill_trial(run, n, rng, ready), trials, f"size {n}")
 
 
-def torchrun_trials(trials, env_extra=None):
+def torchrun_trials(trials, env_extra=None, script=LOOP, timeout=60):
     """Recovery of torchrun on the same kill: it restarts every worker."""
     times = []
     for _ in range(trials):
@@ -185,10 +186,10 @@ def torchrun_trials(trials, env_extra=None):
             port = s.getsockname()[1]
         run = Run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
                    "--nproc-per-node", "3", "--max-restarts", "3", "--rdzv-backend", "c10d",
-                   "--rdzv-endpoint", f"127.0.0.1:{port}", "--monitor-interval", "0.1", LOOP],
+                   "--rdzv-endpoint", f"127.0.0.1:{port}", "--monitor-interval", "0.1", script],
                   {"BASELINE": "torchrun", "OMP_NUM_THREADS": "1", **(env_extra or {})})
         try:
-            if not run.wait(lambda: len([p for p, c in run.completions().items() if c]) >= 3, 60):
+            if not run.wait(lambda: len([p for p, c in run.completions().items() if c]) >= 3, timeout):
                 times.append(None)
                 continue
             time.sleep(0.3)
@@ -196,7 +197,7 @@ def torchrun_trials(trials, env_extra=None):
             killed = time.time()
             os.kill(victim, signal.SIGKILL)
             ok = run.wait(lambda: any(t > killed and r > 0 for c in run.completions().values()
-                                      for t, r, _, _ in c), 60)
+                                      for t, r, _, _ in c), timeout)
             times.append(min(t for c in run.completions().values() for t, r, _, _ in c
                              if t > killed and r > 0) - killed if ok else None)
         finally:
