@@ -1,0 +1,79 @@
+"""The gradients a TorchState's commit holds: every parameter's `.grad` (of the models and
+optimizers in the state, each parameter once) and each DistributedOptimizer's count of the
+backward passes still to accumulate before it reduces.
+
+A script that zeroes after optimizer.step(), or accumulates across a commit (no_sync, or
+backward_passes_per_step > 1), holds gradients at the commit that the next step adds to; a
+rollback that kept the failed step's (Horovod sets them to None instead) would add the next
+step's to them on the survivors and to nothing on a replacement. So the commit keeps them as
+they are, None included, and a rollback, a sync and a resume put them back in place (a DDP
+bucket view or a script's reference to a .grad stays valid).
+"""
+import torch
+
+from hvdlite.torch import ops, runtime
+from hvdlite.torch.optimizer import _DistributedOptimizer, broadcast_parameters
+
+
+def parameters(values) -> list:
+    """Every parameter of the modules and optimizers among `values`, once each, in order."""
+    seen, params = set(), []
+    for value in values:
+        if isinstance(value, torch.nn.Module):
+            found = value.parameters()
+        elif isinstance(value, torch.optim.Optimizer):
+            found = (p for group in value.param_groups for p in group["params"])
+        else:
+            continue
+        for p in found:
+            if id(p) not in seen:
+                seen.add(id(p))
+                params.append(p)
+    return params
+
+
+class Gradients:
+    def __init__(self, values):
+        self.params = parameters(values)
+        self.reducers = [v._hvd_reducer for v in values if isinstance(v, _DistributedOptimizer)]
+        self._saved = self.current()
+
+    def current(self):
+        return {"grads": [None if p.grad is None else p.grad.detach().clone() for p in self.params],
+                "pending": [list(r.pending) for r in self.reducers]}
+
+    def save(self):
+        self._saved = self.current()
+
+    def saved(self):
+        return self._saved
+
+    def load_saved(self, saved):
+        """A checkpoint's; one written before gradients were kept holds none (None: as Horovod)."""
+        self._saved = saved or {"grads": [None] * len(self.params), "pending": None}
+
+    def restore(self):
+        self._put(self._saved)
+
+    def _put(self, saved):
+        for p, grad in zip(self.params, saved["grads"]):
+            if grad is None:
+                p.grad = None
+            elif p.grad is not None and p.grad.shape == grad.shape and p.grad.dtype == grad.dtype \
+                    and p.grad.layout == grad.layout:
+                p.grad.detach().copy_(grad)
+            else:
+                p.grad = grad.clone()
+        for reducer, pending in zip(self.reducers, saved["pending"] or []):
+            reducer.put_pending(pending)
+
+    def sync(self, root):
+        """The root's gradients and counts on every rank (a collective)."""
+        mine = self.current() if runtime.info().rank == root else None
+        held, pending = ops.broadcast_object(
+            None if mine is None else ([g is not None for g in mine["grads"]], mine["pending"]), root_rank=root)
+        grads = [torch.zeros_like(p) if h else None for p, h in zip(self.params, held)]
+        if mine is not None:
+            grads = mine["grads"]
+        broadcast_parameters([g for g in grads if g is not None], root_rank=root)
+        self._put({"grads": grads, "pending": pending})
