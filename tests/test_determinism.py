@@ -84,6 +84,7 @@ def final(log_dir):
 
 
 def reference_run(folder, **env):
+    folder.mkdir(exist_ok=True)
     r = run_job([*SAME_SIZE, *JOB], folder, timeout=120, env={"LOG_DIR": str(folder), **env})
     assert r.code == 0, r.stderr[-3000:]
     return final(folder)
@@ -137,6 +138,38 @@ def test_kill_9_replaced_at_the_same_size_is_bitwise_the_fault_free_run(tmp_path
     got = final(log_dir)
     assert got["epochs"] == [True] * 3
     assert got["hash"] == expected["hash"], "parameters or momentum differ from the fault-free run"
+
+
+# Other ways to write the loop (STYLE in scripts/determinism_job.py), each with one fault here
+# (bench/determinism.py --styles runs every style with every fault).
+STYLES = {"mixed": "after,accumulate,scaler,scheduler,two-optimizers,generators",
+          "ddp": "ddp,accumulate,scaler,scheduler,generators"}
+
+
+@pytest.mark.parametrize("style, fault, point", [("mixed", signal.SIGKILL, "14"), ("ddp", signal.SIGTERM, "13")])
+def test_other_loop_styles_replaced_at_the_same_size_are_bitwise_the_fault_free_run(tmp_path, style, fault, point):
+    """Gradients zeroed after step() and accumulated across commits, a GradScaler whose scale
+    moves every step, schedulers, two optimizers, the script's own generators; DDP with
+    no_sync(). mixed: rank 1 killed before step 14's commit, so the survivor rolls back to
+    step 13's, taken between the two backward passes of a step (its gradients and the
+    optimizer's pending pass are the commit's); ddp: rank 1 leaves (SIGTERM) at step 13's
+    commit, and its replacement takes the gradients held there from the root."""
+    env = {"STYLE": STYLES[style], "EPOCHS": "2"}
+    expected = reference_run(tmp_path / "reference", **env)
+    log_dir = tmp_path / "faulty"
+    log_dir.mkdir()
+    with Job([*SAME_SIZE, *JOB], log_dir, {"LOG_DIR": str(log_dir), "HOLD_AT": point, **env}) as job:
+        job.wait_for(lambda _: held(log_dir), 60)
+        os.kill(slot_pid(job, member(job, 1)), fault)
+        (log_dir / "go").touch()
+        r = job.finish(120)
+    assert r.code == 0, r.stderr[-3000:]
+    formed = r.of("round_complete")
+    assert len(formed) >= 2 and formed[1]["commit"] == 14, "the fault did not re-form the world at step 13's commit"
+    got = final(log_dir)
+    assert got["epochs"] == [True] * 2
+    assert got["scales"] == expected["scales"] and len(set(got["scales"])) == 1, "the loss scales differ"
+    assert got["hash"] == expected["hash"], "parameters or optimizer state differ from the fault-free run"
 
 
 def replaced_on_a_spare(log_dir, expected, start, fault, victim, spare):

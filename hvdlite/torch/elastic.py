@@ -102,14 +102,23 @@ class TorchState(ObjectState):
         saved_generators.saved(put_all, self._saved_generators)
 
     def _rank_now(self):
-        return {**super()._rank_now(),
+        return {**super()._rank_now(), "gradients": self._gradients.checksum(),
                 "handlers": {name: h.current() for name, h in self._handlers.items() if h.per_rank}}
+
+    def _every_rank_now(self):
+        parts = super()._every_rank_now()
+        grads = self._gradients.every_rank([part.pop("gradients") for part in parts], self.backend.allgather_object)
+        for part, rank_grads in zip(parts, grads or []):
+            part["grads"] = rank_grads
+        return parts
 
     def _put_rank_saved(self, saved):
         for name, handler in self._handlers.items():
             if handler.per_rank:
                 handler.load_saved(saved["handlers"][name])
                 handler.restore()
+        if "grads" in saved:
+            self._gradients.put_rank_saved(saved["grads"])
         super()._put_rank_saved(saved)
         self._put_back_with_own()
 

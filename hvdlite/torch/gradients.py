@@ -8,6 +8,12 @@ rollback that kept the failed step's (Horovod sets them to None instead) would a
 step's to them on the survivors and to nothing on a replacement. So the commit keeps them as
 they are, None included, and a rollback, a sync and a resume put them back in place (a DDP
 bucket view or a script's reference to a .grad stays valid).
+
+Reduced gradients are the same on every rank, and a new process taking a rank gets the root's.
+Gradients accumulated locally and not reduced yet (a commit between backward passes) are each
+rank's own: a commit whose ranks' gradients differ (a checksum of each rank's, in the commit's
+allgather of the ranks' parts) gathers them too, so that a process taking a rank gets that
+rank's. A commit after the reduction pays only the checksum.
 """
 import torch
 
@@ -32,15 +38,36 @@ def parameters(values) -> list:
     return params
 
 
+def _checksum(grad) -> int:
+    """The sum of a gradient's bytes read as int32s (or bytes): gradients computed from other
+    data do not come out alike by chance. Exact, and at memory speed."""
+    data = grad.detach().contiguous().reshape(-1).view(torch.uint8)
+    if data.numel() % 4 == 0:
+        data = data.view(torch.int32)
+    return int(data.sum(dtype=torch.int64))
+
+
 class Gradients:
     def __init__(self, values):
         self.params = parameters(values)
         self.reducers = [v._hvd_reducer for v in values if isinstance(v, _DistributedOptimizer)]
+        self.local = False  # whether the commit being taken holds each rank's own gradients
         self._saved = self.current()
 
     def current(self):
         return {"grads": [None if p.grad is None else p.grad.detach().clone() for p in self.params],
-                "pending": [list(r.pending) for r in self.reducers]}
+                "pending": [list(r.pending) for r in self.reducers], "local": self.local}
+
+    def checksum(self) -> tuple:
+        """This rank's gradients in short, for the commit's allgather of the ranks' parts."""
+        return tuple(None if p.grad is None else _checksum(p.grad) for p in self.params)
+
+    def every_rank(self, checksums, allgather_object):
+        """Every rank's gradients, by rank, if `checksums` (every rank's) differ; else None."""
+        self.local = len(set(checksums)) > 1
+        if not self.local:
+            return None
+        return allgather_object([None if p.grad is None else p.grad.detach().clone() for p in self.params])
 
     def save(self):
         self._saved = self.current()
@@ -50,7 +77,13 @@ class Gradients:
 
     def load_saved(self, saved):
         """A checkpoint's; one written before gradients were kept holds none (None: as Horovod)."""
-        self._saved = saved or {"grads": [None] * len(self.params), "pending": None}
+        self._saved = saved or {"grads": [None] * len(self.params), "pending": None, "local": False}
+        self.local = self._saved["local"]
+
+    def put_rank_saved(self, grads):
+        """This rank's own gradients of the commit (a process taking the rank, a resume)."""
+        self._saved = {**self._saved, "grads": grads}
+        self._put({"grads": grads, "pending": None})  # the counts are the root's (sync)
 
     def restore(self):
         self._put(self._saved)
@@ -68,12 +101,16 @@ class Gradients:
             reducer.put_pending(pending)
 
     def sync(self, root):
-        """The root's gradients and counts on every rank (a collective)."""
+        """The root's counts on every rank, and its gradients where they are the same on every
+        rank; each rank's own stay (a rank taken over gets its part: TorchState). A collective."""
         mine = self.current() if runtime.info().rank == root else None
-        held, pending = ops.broadcast_object(
-            None if mine is None else ([g is not None for g in mine["grads"]], mine["pending"]), root_rank=root)
-        grads = [torch.zeros_like(p) if h else None for p, h in zip(self.params, held)]
-        if mine is not None:
-            grads = mine["grads"]
-        broadcast_parameters([g for g in grads if g is not None], root_rank=root)
+        held, pending, self.local = ops.broadcast_object(
+            None if mine is None else ([g is not None for g in mine["grads"]], mine["pending"], mine["local"]),
+            root_rank=root)
+        grads = [p.grad for p in self.params]
+        if not self.local:
+            grads = [torch.zeros_like(p) if h else None for p, h in zip(self.params, held)]
+            if mine is not None:
+                grads = mine["grads"]
+            broadcast_parameters([g for g in grads if g is not None], root_rank=root)
         self._put({"grads": grads, "pending": pending})

@@ -95,13 +95,22 @@ class ModelStateHandler(StateDictHandler):
 
 
 class DistributedModelHandler(ModelStateHandler):
-    """A DistributedDataParallel model: a new world's sync moves its reducer onto the world's
-    default group (defaultgroup.py) before syncing it; the model object stays the script's."""
+    """A DistributedDataParallel model: a new world's sync gives it a new reducer on the
+    world's default group (defaultgroup.py) before syncing it; the model object stays the
+    script's. New on every rank, as torch's unpickling makes it: a survivor's reducer has its
+    buckets rebuilt in the order its gradients came, a new process's has not yet, and the two
+    would sum each other's gradients in other places (torch's _update_process_group keeps the
+    buckets). A comm hook the script registered must be registered again (on_reset)."""
 
     def sync(self):
-        world = dist.group.WORLD
-        if self.value.process_group is not world:
-            self.value._update_process_group(world)  # torch's way to resize a DDP in place
+        model = self.value
+        if model.process_group is not dist.group.WORLD:
+            model._update_process_group(dist.group.WORLD)
+            params, expect_sparse = model._build_params_for_reducer()
+            model._ddp_init_helper(params, expect_sparse, model._build_debug_param_to_name_mapping(params),
+                                   model.static_graph)
+            if model.static_graph:
+                model.reducer._set_static_graph()
         super().sync()
 
 
