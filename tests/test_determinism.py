@@ -172,6 +172,22 @@ def test_other_loop_styles_replaced_at_the_same_size_are_bitwise_the_fault_free_
     assert got["hash"] == expected["hash"], "parameters or optimizer state differ from the fault-free run"
 
 
+def test_a_state_handler_that_syncs_from_rank_0_is_refused_when_the_commit_is_elsewhere(tmp_path):
+    """Rank 0 killed: its replacement holds nothing, the root is rank 1, and a handler written
+    for Horovod broadcasts from rank 0: the job ends with one line naming it, nothing synced
+    from the empty rank."""
+    with Job([*SAME_SIZE, *JOB], tmp_path, {"LOG_DIR": str(tmp_path), "HOLD_AT": "5", "EPOCHS": "1",
+                                            "STYLE": "rank0-handler"}) as job:
+        job.wait_for(lambda _: held(tmp_path), 60)
+        os.kill(slot_pid(job, member(job, 0)), signal.SIGKILL)
+        (tmp_path / "go").touch()
+        r = job.finish(120)
+    assert r.code != 0 and not os.path.exists(tmp_path / "final.json")
+    assert "the state handler TallyHandler of 'tally' syncs from rank 0, but the newest commit is at rank 1" \
+        in r.stderr, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+
+
 def replaced_on_a_spare(log_dir, expected, start, fault, victim, spare):
     """Start the job (`start(env)` -> Job), hold it before step 20's commit, `fault(host)` the
     host of rank `victim`, let go: the `spare` host takes that rank and the result is the

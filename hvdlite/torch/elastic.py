@@ -138,7 +138,9 @@ class TorchState(ObjectState):
         super()._load_snapshot(commit, snapshot)  # restores everything
 
     def sync(self):
-        for handler in self._handlers.values():  # the same order on every rank
-            handler.sync()
-        self._gradients.sync(self.backend.info().root)
+        root = self.backend.info().root
+        for name, handler in self._handlers.items():  # the same order on every rank
+            with ops.syncing_from(root, f"the state handler {type(handler).__name__} of {name!r}"):
+                handler.sync()
+        self._gradients.sync(root)
         super().sync()  # saves everything once synced

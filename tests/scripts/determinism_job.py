@@ -23,7 +23,8 @@ every step until it overflows (steps skipped, backoff); `scheduler` an Exponenti
 optimizer; `two-optimizers` SGD for the first layer, Adam for the last; `generators` input noise
 and a loss weight drawn from a torch.Generator (the loader's generator too), a numpy Generator
 and a random.Random of the script's; `ddp` a DistributedDataParallel model with plain
-optimizers. final.json then holds every rank's loss scale too.
+optimizers; `rank0-handler` a StateHandler of the script's that syncs from rank 0 (refused when
+the root is another rank). final.json then holds every rank's loss scale too.
 """
 import contextlib
 import hashlib
@@ -99,6 +100,21 @@ if "scheduler" in STYLE:
     own.update({f"scheduler{i}": torch.optim.lr_scheduler.ExponentialLR(o, 0.98) for i, o in enumerate(optimizers)})
 if len(optimizers) > 1:
     own["second"] = optimizers[1]
+if "rank0-handler" in STYLE:  # a handler written for Horovod, which syncs from rank 0: refused
+    class Tally:
+        n = 0
+
+    class TallyHandler(hvd.elastic.StateHandler):
+        def save(self):
+            self._saved = self.value.n
+
+        def restore(self):
+            self.value.n = self._saved
+
+        def sync(self):
+            self.value.n = hvd.broadcast_object(self.value.n, root_rank=0)
+    hvd.elastic.register_handler(Tally, TallyHandler)
+    own["tally"] = Tally()
 if "generators" in STYLE:
     own.update(noise=torch.Generator().manual_seed(5), weights=np.random.default_rng(6), pick=random.Random(7))
 if os.environ.get("LOADER") == "stateful":
