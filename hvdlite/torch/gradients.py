@@ -19,6 +19,7 @@ import torch
 
 from hvdlite.torch import ops, runtime
 from hvdlite.torch.optimizer import _DistributedOptimizer, broadcast_parameters
+from hvdlite.torch.processsets import global_process_set
 
 
 def parameters(values) -> list:
@@ -51,6 +52,8 @@ class Gradients:
     def __init__(self, values):
         self.params = parameters(values)
         self.reducers = [v._hvd_reducer for v in values if isinstance(v, _DistributedOptimizer)]
+        self._reduced = {id(p) for r in self.reducers if r.process_set is global_process_set
+                         for bucket in r.buckets for p in bucket}
         self.local = False  # whether the commit being taken holds each rank's own gradients
         self._saved = self.current()
 
@@ -59,7 +62,12 @@ class Gradients:
                 "pending": [list(r.pending) for r in self.reducers], "local": self.local}
 
     def checksum(self) -> tuple:
-        """This rank's gradients in short, for the commit's allgather of the ranks' parts."""
+        """This rank's gradients in short, for the commit's allgather of the ranks' parts; ()
+        where DistributedOptimizers reduced every gradient there is and none was added since
+        (their counts are alike on every rank, so every rank says () alike)."""
+        if all(p.grad is None or id(p) in self._reduced for p in self.params) \
+                and all(r.pending == [r.passes] * len(r.pending) for r in self.reducers):
+            return ()
         return tuple(None if p.grad is None else _checksum(p.grad) for p in self.params)
 
     def every_rank(self, checksums, allgather_object):
