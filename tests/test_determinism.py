@@ -44,6 +44,33 @@ def test_the_generators_come_back_from_a_checkpoint_file_and_draw_as_before(tmp_
     assert commit == 7 and draws() == expected
 
 
+def test_a_commit_of_gradients_and_the_scripts_generators_loads_from_a_checkpoint_file(tmp_path):
+    """What TorchState's snapshot adds (gradients, None among them; each rank's own generators
+    of every kind) goes through the checked unpickler with no trusted class."""
+    model = torch.nn.Linear(2, 1)
+    own = {"g": torch.Generator().manual_seed(1), "n": np.random.default_rng(2), "r": random.Random(3),
+           "mt": np.random.Generator(np.random.MT19937(4))}
+    state = ElasticTorchState(model, **own)
+    model(torch.ones(2)).sum().backward()
+    model.bias.grad = None
+    state.save()
+    commit, snapshot = state._snapshot()
+    snapshot["ranks"] = [state._rank_now()]
+    fd, direct = checkpoints.create(str(tmp_path / "c"))
+    with os.fdopen(fd, "wb"):
+        checkpoints.dump(fd, commit, "lineage", snapshot, direct)
+    expected = (torch.rand(1, generator=own["g"]).item(), own["n"].random(), own["r"].random(), own["mt"].random())
+    grad = model.weight.grad.clone()
+    model(torch.ones(2)).sum().backward()
+    _, _, loaded = checkpoints.load(str(tmp_path / "c"))
+    state._gradients.load_saved(loaded["gradients"])  # what _load_snapshot does, less the world
+    state._gradients.restore()
+    state._put_rank_saved(loaded["ranks"][0])
+    assert torch.equal(model.weight.grad, grad) and model.bias.grad is None
+    assert (torch.rand(1, generator=own["g"]).item(), own["n"].random(), own["r"].random(),
+            own["mt"].random()) == expected
+
+
 @pytest.mark.parametrize("epoch_commit", [False, True])
 def test_a_rollback_at_an_epochs_end_draws_the_next_epoch_as_before(epoch_commit):
     """In one process, no world: the commit after an epoch's last batch (the re-entered loop's
