@@ -170,3 +170,15 @@ def test_the_gradients_are_the_commits_after_a_restore(zeroed):
     state.restore()
     for p, grad, before in zip(model.parameters(), committed, grads):
         assert (p.grad is None) if grad is None else (torch.equal(p.grad, grad) and p.grad is before)
+
+
+def test_a_sparse_gradient_comes_back_as_the_commit_held_it():
+    """An embedding's (sparse=True): replaced, not copied into (a sparse copy_ keeps the
+    later step's rows)."""
+    embedding = torch.nn.Embedding(5, 3, sparse=True)
+    state = elastic.TorchState(embedding, torch.optim.SparseAdam(embedding.parameters()))
+    embedding(torch.tensor([1, 2])).sum().backward()
+    state.save()
+    embedding(torch.tensor([3])).sum().backward()
+    state.restore()
+    assert embedding.weight.grad.coalesce().indices().tolist() == [[1, 2]]

@@ -13,7 +13,8 @@ Reduced gradients are the same on every rank, and a new process taking a rank ge
 Gradients accumulated locally and not reduced yet (a commit between backward passes) are each
 rank's own: a commit whose ranks' gradients differ (a checksum of each rank's, in the commit's
 allgather of the ranks' parts) gathers them too, so that a process taking a rank gets that
-rank's. A commit after the reduction pays only the checksum.
+rank's. A commit after DistributedOptimizers reduced every gradient pays only the copy; one
+with gradients reduced otherwise (DDP) the checksum too.
 """
 import torch
 
@@ -42,6 +43,9 @@ def parameters(values) -> list:
 def _checksum(grad) -> int:
     """The sum of a gradient's bytes read as int32s (or bytes): gradients computed from other
     data do not come out alike by chance. Exact, and at memory speed."""
+    if grad.is_sparse:  # an embedding's (sparse=True)
+        grad = grad.detach().coalesce()
+        return _checksum(grad.indices()) + _checksum(grad.values())
     data = grad.detach().contiguous().reshape(-1).view(torch.uint8)
     if data.numel() % 4 == 0:
         data = data.view(torch.int32)
@@ -101,7 +105,7 @@ class Gradients:
             if grad is None:
                 p.grad = None
             elif p.grad is not None and p.grad.shape == grad.shape and p.grad.dtype == grad.dtype \
-                    and p.grad.layout == grad.layout:
+                    and p.grad.layout == grad.layout == torch.strided:
                 p.grad.detach().copy_(grad)
             else:
                 p.grad = grad.clone()
@@ -112,13 +116,14 @@ class Gradients:
         """The root's counts on every rank, and its gradients where they are the same on every
         rank; each rank's own stay (a rank taken over gets its part: TorchState). A collective."""
         mine = self.current() if runtime.info().rank == root else None
-        held, pending, self.local = ops.broadcast_object(
-            None if mine is None else ([g is not None for g in mine["grads"]], mine["pending"], mine["local"]),
-            root_rank=root)
+        held, sparse, pending, self.local = ops.broadcast_object(None if mine is None else (
+            [g is not None for g in mine["grads"]],
+            {i: g for i, g in enumerate(mine["grads"]) if g is not None and g.is_sparse},  # pickled
+            mine["pending"], mine["local"]), root_rank=root)
         grads = [p.grad for p in self.params]
         if not self.local:
-            grads = [torch.zeros_like(p) if h else None for p, h in zip(self.params, held)]
+            grads = [sparse.get(i, torch.zeros_like(p)) if h else None for i, (p, h) in enumerate(zip(self.params, held))]
             if mine is not None:
                 grads = mine["grads"]
-            broadcast_parameters([g for g in grads if g is not None], root_rank=root)
+            broadcast_parameters([g for g in grads if g is not None and not g.is_sparse], root_rank=root)
         self._put({"grads": grads, "pending": pending})
