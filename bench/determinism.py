@@ -3,6 +3,7 @@
     python bench/determinism.py [--runs 5] [--kinds kill stop term graceful ssh-cut slurm-kill resize]
                                 [--seed 0] [--quick]
     python bench/determinism.py --digits [--faults 20] [--plot docs/determinism.png]
+    python bench/determinism.py --styles [before after ...] [--kinds kill stop term graceful] [--runs 1]
 
 The job is tests/scripts/determinism_job.py (dropout, SGD momentum, a DataLoader with worker
 processes over an ElasticSampler, Horovod's API only), two ranks and a spare slot on this
@@ -26,6 +27,9 @@ the reason. Every run is compared with the one fault-free run on this machine: w
 run does not change the bytes (ranks stay put, gloo sums in rank order).
 Prints per kind (--runs runs of each of --kinds): runs equal / differing to the fault-free
 run (same size), and epochs exactly-once / not. --quick: one run of kill, term and resize with two epochs (CI).
+
+--styles runs that for each way of writing the loop (STYLES: the job's STYLE) and prints the
+matrix of styles by fault kinds, each cell the runs equal to that style's fault-free run.
 
 --digits trains on scikit-learn's 8x8 digits (bundled, no download) with --faults faults of
 mixed kinds against the same run with none, and a resized run with faults, and draws the
@@ -53,6 +57,10 @@ SAME_SIZE = ["-H", "localhost:3", *FIXED]
 SAME_SIZE_KINDS = ["kill", "stop", "term", "graceful"]
 CLUSTER_KINDS = ["ssh-cut", "slurm-kill"]
 STEP_TIMEOUT = 120  # seconds a job may take to reach a fault's step or to finish
+# Ways to write the loop: the job's STYLE (scripts/determinism_job.py) for each
+STYLES = {"before": "", "after": "after", "accumulate": "accumulate", "scaler": "scaler,after",
+          "scheduler": "scheduler", "two-optimizers": "two-optimizers,after", "generators": "generators",
+          "ddp": "ddp,accumulate", "all": "after,accumulate,scaler,scheduler,two-optimizers,generators"}
 
 
 class Clusters:
@@ -251,7 +259,22 @@ def trials(args, root, env):
     for kind, reason in skipped.items():
         if reason:
             print(f"{kind:10} skipped: {reason}")
-    return all(t[1] == 0 and t[3] == 0 for t in table.values())
+    return all(t[1] == 0 and t[3] == 0 for t in table.values()), table
+
+
+def matrix(args, root, env):
+    """trials() for each of --styles; prints styles by kinds, each cell `equal/runs`."""
+    cells, ok = {}, True
+    for style in args.styles:
+        print(f"style {style} (STYLE={STYLES[style]!r})", flush=True)
+        passed, cells[style] = trials(args, os.path.join(root, style), {**env, "STYLE": STYLES[style]})
+        ok = ok and passed
+    kinds = [k for k in args.kinds if k != "resize"]
+    print(f"\n{'style':15}" + "".join(f"{kind:>12}" for kind in kinds))
+    for style, table in cells.items():
+        print(f"{style:15}" + "".join(f"{f'{table[k][0]}/{table[k][0] + table[k][1]}' if k in table else '-':>12}"
+                                      for k in kinds))
+    return ok
 
 
 def trial(args, root, env, kind, n, rng, clusters, reference, total):
@@ -340,10 +363,16 @@ def main():
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="one run of kill, term and resize, two epochs (CI)")
     p.add_argument("--digits", action="store_true", help="the digits run and its plot")
+    p.add_argument("--styles", nargs="*", choices=list(STYLES),
+                   help="the matrix: these ways of writing the loop (none named: all) by --kinds")
     p.add_argument("--faults", type=int, default=20)
     p.add_argument("--plot", default=os.path.join(HERE, "..", "docs", "determinism.png"))
     p.add_argument("--dir", default=None, help="where the runs write (default: a new temporary folder)")
     args = p.parse_args()
+    if args.styles is not None:
+        args.styles = args.styles or list(STYLES)
+        if "--kinds" not in sys.argv:
+            args.kinds = SAME_SIZE_KINDS
     import tempfile
     root = args.dir or tempfile.mkdtemp(prefix="hvdlite-determinism-")
     start = time.monotonic()
@@ -352,7 +381,8 @@ def main():
     else:
         if args.quick:
             args.runs, args.kinds, args.epochs = 1, ["kill", "term", "resize"], 2
-        ok = trials(args, root, {"EPOCHS": str(args.epochs), "STEP_SLEEP": "0.02"})
+        env = {"EPOCHS": str(args.epochs), "STEP_SLEEP": "0.02"}
+        ok = matrix(args, root, env) if args.styles else trials(args, root, env)[0]
     print(f"{time.monotonic() - start:.0f} s, runs in {root}")
     raise SystemExit(0 if ok else 1)
 

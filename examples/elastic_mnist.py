@@ -80,8 +80,8 @@ def evaluate(epoch):
 
 @hvd.elastic.run
 def train(state):
-    for state.epoch in range(state.epoch, args.epochs):
-        state.train_sampler.set_epoch(state.epoch)
+    for epoch in range(state.epoch, args.epochs):
+        state.train_sampler.set_epoch(epoch)
         for batch_idx, (x, y) in enumerate(train_loader):
             optimizer.zero_grad()
             F.cross_entropy(model(x), y).backward()
@@ -90,7 +90,8 @@ def train(state):
             if batch_idx % args.batches_per_commit == 0:
                 state.commit()
         scheduler.step()
-        evaluate(state.epoch)
+        evaluate(epoch)
+        state.epoch = epoch + 1  # committed done: a rollback here does not step the scheduler again
         state.commit()
 
 

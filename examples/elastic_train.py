@@ -37,10 +37,10 @@ def on_reset():
 
 @hvd.elastic.run
 def train(state):
-    for state.epoch in range(state.epoch, EPOCHS):
-        state.sampler.set_epoch(state.epoch)
+    for epoch in range(state.epoch, EPOCHS):
+        state.sampler.set_epoch(epoch)
         for batch_idx, (x, y) in enumerate(loader):
-            if state.epoch == 1 and batch_idx == 5 and os.environ.get("DEMO_FAULTS") != "0" \
+            if epoch == 1 and batch_idx == 5 and os.environ.get("DEMO_FAULTS") != "0" \
                     and os.environ.get("HVDLITE_WORKER_ID") == "localhost/1#1":  # its first launch
                 print(f"rank {hvd.rank()}: the demo kills this worker (kill -9)", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -49,12 +49,15 @@ def train(state):
             loss.backward()
             optimizer.step()
             state.sampler.record_batch(batch_idx, BATCH)
+            state.loss = loss.item()  # in the state: a rollback to the epoch's last commit runs no batch
             state.commit()
             time.sleep(float(os.environ.get("STEP_SLEEP", "0.05")))
         if hvd.rank() == 0:
-            print(f"epoch {state.epoch} done, loss {loss.item():.4f}, world size {hvd.size()}", flush=True)
+            print(f"epoch {epoch} done, loss {state.loss:.4f}, world size {hvd.size()}", flush=True)
+        state.epoch = epoch + 1  # committed done: a rerun of a finished job trains nothing
+        state.commit()
 
 
-state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0)
+state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, loss=float("nan"))
 state.register_reset_callbacks([on_reset])
 train(state)

@@ -77,3 +77,27 @@ def test_the_readmes_first_command_shows_a_re_form_and_a_join(tmp_path):
     # Sentences only: no raw `event key=value` line reaches the console.
     raw = [line for line in r.stderr.splitlines() if re.match(r"hvdlite: [a-z_]+ [a-z_]+=", line)]
     assert not raw, raw
+
+
+def test_elastic_train_resumes_at_an_epochs_last_batch_and_a_finished_rerun_ends_at_once(tmp_path):
+    """examples/elastic_train.py with --checkpoint-dir: resumed from the commit after the
+    epoch's last batch (the epoch's own commit removed), its loop runs no batch and the epoch
+    ends as it would have; then a rerun of the finished job ends at once, one line, exit 0."""
+    folder = tmp_path / "ckpt"
+    args = ["-np", "1", "--checkpoint-dir", str(folder), "--checkpoint-interval", "0", "--checkpoint-keep", "100",
+            sys.executable, os.path.join(EXAMPLES, "elastic_train.py")]
+    env = {"EPOCHS": "1", "DEMO_FAULTS": "0", "STEP_SLEEP": "0.3"}  # the writer keeps up (it skips commits when busy)
+    for run in ("first", "at-last-batch", "finished"):
+        (tmp_path / run).mkdir()
+    r = run_job(args, tmp_path / "first", timeout=120, env=env)
+    assert r.code == 0, r.stderr
+    names = sorted(os.listdir(folder))
+    last_batch, epoch_end = names[-2:]  # commits 32 (512 samples in batches of 16) and 33
+    assert last_batch.startswith("commit-000000000032-"), names
+    os.remove(folder / epoch_end)
+    r = run_job(args, tmp_path / "at-last-batch", timeout=120, env=env)
+    assert r.code == 0 and "resumed from commit 32 " in r.stderr, r.stderr
+    assert "epoch 0 done" in r.stdout
+    r = run_job(args, tmp_path / "finished", timeout=120, env=env)
+    assert r.code == 0 and "resumed from commit 33 " in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and "epoch" not in r.stdout, r.stdout + r.stderr

@@ -44,6 +44,33 @@ def test_the_generators_come_back_from_a_checkpoint_file_and_draw_as_before(tmp_
     assert commit == 7 and draws() == expected
 
 
+def test_a_commit_of_gradients_and_the_scripts_generators_loads_from_a_checkpoint_file(tmp_path):
+    """What TorchState's snapshot adds (gradients, None among them; each rank's own generators
+    of every kind) goes through the checked unpickler with no trusted class."""
+    model = torch.nn.Linear(2, 1)
+    own = {"g": torch.Generator().manual_seed(1), "n": np.random.default_rng(2), "r": random.Random(3),
+           "mt": np.random.Generator(np.random.MT19937(4))}
+    state = ElasticTorchState(model, **own)
+    model(torch.ones(2)).sum().backward()
+    model.bias.grad = None
+    state.save()
+    commit, snapshot = state._snapshot()
+    snapshot["ranks"] = [state._rank_now()]
+    fd, direct = checkpoints.create(str(tmp_path / "c"))
+    with os.fdopen(fd, "wb"):
+        checkpoints.dump(fd, commit, "lineage", snapshot, direct)
+    expected = (torch.rand(1, generator=own["g"]).item(), own["n"].random(), own["r"].random(), own["mt"].random())
+    grad = model.weight.grad.clone()
+    model(torch.ones(2)).sum().backward()
+    _, _, loaded = checkpoints.load(str(tmp_path / "c"))
+    state._gradients.load_saved(loaded["gradients"])  # what _load_snapshot does, less the world
+    state._gradients.restore()
+    state._put_rank_saved(loaded["ranks"][0])
+    assert torch.equal(model.weight.grad, grad) and model.bias.grad is None
+    assert (torch.rand(1, generator=own["g"]).item(), own["n"].random(), own["r"].random(),
+            own["mt"].random()) == expected
+
+
 @pytest.mark.parametrize("epoch_commit", [False, True])
 def test_a_rollback_at_an_epochs_end_draws_the_next_epoch_as_before(epoch_commit):
     """In one process, no world: the commit after an epoch's last batch (the re-entered loop's
@@ -84,6 +111,7 @@ def final(log_dir):
 
 
 def reference_run(folder, **env):
+    folder.mkdir(exist_ok=True)
     r = run_job([*SAME_SIZE, *JOB], folder, timeout=120, env={"LOG_DIR": str(folder), **env})
     assert r.code == 0, r.stderr[-3000:]
     return final(folder)
@@ -137,6 +165,54 @@ def test_kill_9_replaced_at_the_same_size_is_bitwise_the_fault_free_run(tmp_path
     got = final(log_dir)
     assert got["epochs"] == [True] * 3
     assert got["hash"] == expected["hash"], "parameters or momentum differ from the fault-free run"
+
+
+# Other ways to write the loop (STYLE in scripts/determinism_job.py), each with one fault here
+# (bench/determinism.py --styles runs every style with every fault).
+STYLES = {"mixed": "after,accumulate,scaler,scheduler,two-optimizers,generators",
+          "ddp": "ddp,accumulate,scaler,scheduler,generators"}
+
+
+@pytest.mark.parametrize("style, fault, point", [("mixed", signal.SIGKILL, "14"), ("ddp", signal.SIGTERM, "13")])
+def test_other_loop_styles_replaced_at_the_same_size_are_bitwise_the_fault_free_run(tmp_path, style, fault, point):
+    """Gradients zeroed after step() and accumulated across commits, a GradScaler whose scale
+    moves every step, schedulers, two optimizers, the script's own generators; DDP with
+    no_sync(). mixed: rank 1 killed before step 14's commit, so the survivor rolls back to
+    step 13's, taken between the two backward passes of a step (its gradients and the
+    optimizer's pending pass are the commit's); ddp: rank 1 leaves (SIGTERM) at step 13's
+    commit, and its replacement takes the gradients held there from the root."""
+    env = {"STYLE": STYLES[style], "EPOCHS": "2"}
+    expected = reference_run(tmp_path / "reference", **env)
+    log_dir = tmp_path / "faulty"
+    log_dir.mkdir()
+    with Job([*SAME_SIZE, *JOB], log_dir, {"LOG_DIR": str(log_dir), "HOLD_AT": point, **env}) as job:
+        job.wait_for(lambda _: held(log_dir), 60)
+        os.kill(slot_pid(job, member(job, 1)), fault)
+        (log_dir / "go").touch()
+        r = job.finish(120)
+    assert r.code == 0, r.stderr[-3000:]
+    formed = r.of("round_complete")
+    assert len(formed) >= 2 and formed[1]["commit"] == 14, "the fault did not re-form the world at step 13's commit"
+    got = final(log_dir)
+    assert got["epochs"] == [True] * 2
+    assert got["scales"] == expected["scales"] and len(set(got["scales"])) == 1, "the loss scales differ"
+    assert got["hash"] == expected["hash"], "parameters or optimizer state differ from the fault-free run"
+
+
+def test_a_state_handler_that_syncs_from_rank_0_is_refused_when_the_commit_is_elsewhere(tmp_path):
+    """Rank 0 killed: its replacement holds nothing, the root is rank 1, and a handler written
+    for Horovod broadcasts from rank 0: the job ends with one line naming it, nothing synced
+    from the empty rank."""
+    with Job([*SAME_SIZE, *JOB], tmp_path, {"LOG_DIR": str(tmp_path), "HOLD_AT": "5", "EPOCHS": "1",
+                                            "STYLE": "rank0-handler"}) as job:
+        job.wait_for(lambda _: held(tmp_path), 60)
+        os.kill(slot_pid(job, member(job, 0)), signal.SIGKILL)
+        (tmp_path / "go").touch()
+        r = job.finish(120)
+    assert r.code != 0 and not os.path.exists(tmp_path / "final.json")
+    assert "the state handler TallyHandler of 'tally' syncs from rank 0, but the newest commit is at rank 1" \
+        in r.stderr, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
 
 
 def replaced_on_a_spare(log_dir, expected, start, fault, victim, spare):

@@ -4,11 +4,12 @@ ElasticSampler. The reset protocol lives in hvdlite.worker.elastic; this binds i
 import torch
 import torch.distributed as dist
 
-from hvdlite.torch import basics, generators, ops, runtime
+from hvdlite.torch import basics, generators, gradients, ops, runtime
 from hvdlite.torch.sampler import ElasticSampler  # noqa: F401
 from hvdlite.torch.statehandlers import (  # noqa: F401
-    StateHandler, get_handler_registry, handler_for, register_handler, set_handler_registry)
+    GeneratorHandler, StateHandler, get_handler_registry, handler_for, register_handler, set_handler_registry)
 from hvdlite.worker import elastic as core
+from hvdlite.worker import generators as saved_generators
 from hvdlite.worker.elastic import run  # noqa: F401
 from hvdlite.worker.trusted import trust  # noqa: F401
 
@@ -42,11 +43,15 @@ class ObjectState(core.ObjectState, State):
 
 
 class TorchState(ObjectState):
-    """Every keyword whose type has a state handler (models, optimizers, LR schedulers,
-    ElasticSamplers, registered types) is kept as the object given and saved, restored and
-    synced in place; the other keywords are plain values, saved by deep copy.
+    """Every keyword with a state handler is kept as the object given and saved, restored and
+    synced in place: models, optimizers, LR schedulers, ElasticSamplers, registered types, any
+    object with state_dict() and load_state_dict() (a GradScaler, a user class), and the
+    script's own generators (torch.Generator, numpy's Generator, random.Random: each rank's
+    own, like the global ones). The other keywords are plain values, saved by deep copy. The
+    gradients of the models' and optimizers' parameters are in the commit too (gradients.py).
 
-    TorchState(model=gen, optimizer=opt_g, disc=disc, opt_d=opt_d, sched=scheduler, epoch=0)
+    TorchState(model=gen, optimizer=opt_g, disc=disc, opt_d=opt_d, sched=scheduler,
+               scaler=scaler, noise=torch.Generator().manual_seed(1), epoch=0)
     """
 
     def __init__(self, model=None, optimizer=None, **kwargs):
@@ -59,6 +64,7 @@ class TorchState(ObjectState):
         self._handlers = {name: h for name, h in handlers.items() if h is not None}
         for name, handler in self._handlers.items():
             object.__setattr__(self, name, handler.value)
+        self._gradients = gradients.Gradients([h.value for h in self._handlers.values()])
         super().__init__(**{k: v for k, v in values.items() if k not in self._handlers})
 
     def __setattr__(self, name, value):
@@ -72,27 +78,54 @@ class TorchState(ObjectState):
     def save(self):
         for handler in self._handlers.values():
             handler.save()
+        self._gradients.save()
         super().save()
+        self._put_back_with_own()
 
     def restore(self):
         for handler in self._handlers.values():
             handler.restore()
+        self._gradients.restore()
         super().restore()
+        self._put_back_with_own()
+
+    def _put_back_with_own(self):
+        """A loader's iterator made after a restore may draw from a generator of the script's
+        (its generator=) as from the global ones: generators.put_back() puts both back."""
+        own = [h for h in self._handlers.values() if isinstance(h, GeneratorHandler)]
+        put = self.backend.put_generators
+
+        def put_all(states):
+            put(states)
+            for handler in own:
+                handler.restore()
+        saved_generators.saved(put_all, self._saved_generators)
 
     def _rank_now(self):
-        return {**super()._rank_now(),
+        return {**super()._rank_now(), "gradients": self._gradients.checksum(),
                 "handlers": {name: h.current() for name, h in self._handlers.items() if h.per_rank}}
+
+    def _every_rank_now(self):
+        parts = super()._every_rank_now()
+        grads = self._gradients.every_rank([part.pop("gradients") for part in parts], self.backend.allgather_object)
+        for part, rank_grads in zip(parts, grads or []):
+            part["grads"] = rank_grads
+        return parts
 
     def _put_rank_saved(self, saved):
         for name, handler in self._handlers.items():
             if handler.per_rank:
                 handler.load_saved(saved["handlers"][name])
                 handler.restore()
+        if "grads" in saved:
+            self._gradients.put_rank_saved(saved["grads"])
         super()._put_rank_saved(saved)
+        self._put_back_with_own()
 
     def _snapshot(self):
         commit, snapshot = super()._snapshot()
-        return commit, {**snapshot, "handlers": {name: h.saved() for name, h in self._handlers.items()}}
+        return commit, {**snapshot, "handlers": {name: h.saved() for name, h in self._handlers.items()},
+                        "gradients": self._gradients.saved()}
 
     def _load_snapshot(self, commit, snapshot):
         saved = snapshot.get("handlers", {})
@@ -101,9 +134,13 @@ class TorchState(ObjectState):
                                f"script's TorchState holds {sorted(self._handlers)}")
         for name, handler in self._handlers.items():
             handler.load_saved(saved[name])
+        self._gradients.load_saved(snapshot.get("gradients"))
         super()._load_snapshot(commit, snapshot)  # restores everything
 
     def sync(self):
-        for handler in self._handlers.values():  # the same order on every rank
-            handler.sync()
+        root = self.backend.info().root
+        for name, handler in self._handlers.items():  # the same order on every rank
+            with ops.syncing_from(root, f"the state handler {type(handler).__name__} of {name!r}"):
+                handler.sync()
+        self._gradients.sync(root)
         super().sync()  # saves everything once synced

@@ -23,6 +23,15 @@ def _tensor(data: bytes):
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
+def state_of(generator: torch.Generator) -> bytes:
+    """A script's own generator's state (its get_state() is on the CPU whatever its device)."""
+    return generator.get_state().numpy().tobytes()
+
+
+def put_state(generator: torch.Generator, state: bytes) -> None:
+    generator.set_state(_tensor(state))
+
+
 def put(states: dict) -> None:
     plain.put(states)
     torch.set_rng_state(_tensor(states["torch"]))

@@ -10,6 +10,8 @@ training recovers from. Ranks match collectives by their order, not by name; a n
 issued at the next collective other than a barrier, or at its wait (handles.defer), and a
 name still in flight is refused.
 """
+import contextlib
+
 import torch
 import torch.distributed as dist
 
@@ -23,6 +25,19 @@ from hvdlite.worker import objects
 from hvdlite.worker.errors import MismatchError
 from hvdlite.worker.reduceops import Adasum, Average, Max, Min, Product, Sum, shares  # noqa: F401
 
+_syncing = None  # (the world's root, who syncs) while a state handler syncs (syncing_from)
+
+
+@contextlib.contextmanager
+def syncing_from(root, who):
+    """Refuse a broadcast from any rank but `root` inside: a state handler written for Horovod
+    syncs from rank 0, which may hold nothing here (ranks stay put; the root holds the commit)."""
+    global _syncing
+    _syncing = (root, who)
+    try:
+        yield
+    finally:
+        _syncing = None
 
 
 @handles.traced("broadcast")
@@ -33,6 +48,10 @@ def _broadcast_async(tensors, result, root_rank, process_set, checked=True) -> H
     pg = process_set.group()
     if not 0 <= root_rank < runtime.info().size:
         raise ValueError(f"root_rank {root_rank} is outside the world of size {runtime.info().size}")
+    if _syncing is not None and root_rank != _syncing[0]:  # every rank alike: all refuse here
+        raise SystemExit(f"hvdlite: {_syncing[1]} syncs from rank {root_rank}, but the newest commit is at "
+                         f"rank {_syncing[0]} (ranks stay put after a failure): broadcast from the "
+                         f"handler's self.root_rank")
     if checked:
         _refuse_if_joined(pg, process_set, "broadcast")
         handles.agree(pg, "broadcast", f"root rank {root_rank}, {_described(tensors)}",

@@ -201,6 +201,16 @@ class _GradientReducer:
         self.ready = [0] * len(self.buckets)  # parameters done, per bucket
         self.started = []  # (bucket, compression contexts, handle), in bucket order
 
+    def put_pending(self, pending):
+        """Go on from a commit's count of backward passes to go, per parameter (gradients.py),
+        in this world, with nothing in flight."""
+        self.pending = list(pending)
+        self.ready = [0] * len(self.buckets)
+        for index, left in enumerate(self.pending):
+            self.ready[self.bucket_of[index]] += left == 0
+        self.started = []
+        self.world = runtime.info()
+
     def in_flight(self) -> bool:
         return bool(self.started)
 

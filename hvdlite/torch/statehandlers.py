@@ -8,20 +8,23 @@ Horovod, and register_handler() puts a user type in front.
 import abc
 import copy
 import contextlib
+import random
+import sys
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import lr_scheduler
 
-from hvdlite.torch import ops, runtime
+from hvdlite.torch import generators as torch_generators, ops, runtime
 from hvdlite.torch.optimizer import broadcast_parameters, send_optimizer_state
 from hvdlite.torch.sampler import ElasticSampler
 from hvdlite.worker import generators
 
-StatefulDataLoader = None
+StatefulDataLoader = NodesLoader = None
 with contextlib.suppress(ImportError):  # torchdata is optional
     from torchdata.stateful_dataloader import StatefulDataLoader
+    from torchdata.nodes import Loader as NodesLoader
 
 
 class StateHandler(abc.ABC):
@@ -92,13 +95,22 @@ class ModelStateHandler(StateDictHandler):
 
 
 class DistributedModelHandler(ModelStateHandler):
-    """A DistributedDataParallel model: a new world's sync moves its reducer onto the world's
-    default group (defaultgroup.py) before syncing it; the model object stays the script's."""
+    """A DistributedDataParallel model: a new world's sync gives it a new reducer on the
+    world's default group (defaultgroup.py) before syncing it; the model object stays the
+    script's. New on every rank, as torch's unpickling makes it: a survivor's reducer has its
+    buckets rebuilt in the order its gradients came, a new process's has not yet, and the two
+    would sum each other's gradients in other places (torch's _update_process_group keeps the
+    buckets). A comm hook the script registered must be registered again (on_reset)."""
 
     def sync(self):
-        world = dist.group.WORLD
-        if self.value.process_group is not world:
-            self.value._update_process_group(world)  # torch's way to resize a DDP in place
+        model = self.value
+        if model.process_group is not dist.group.WORLD:
+            model._update_process_group(dist.group.WORLD)
+            params, expect_sparse = model._build_params_for_reducer()
+            model._ddp_init_helper(params, expect_sparse, model._build_debug_param_to_name_mapping(params),
+                                   model.static_graph)
+            if model.static_graph:
+                model.reducer._set_static_graph()
         super().sync()
 
 
@@ -153,6 +165,52 @@ class LoaderStateHandler(StateDictHandler):
             self.restore()
 
 
+class RankStateDictHandler(StateDictHandler):
+    """An object with state_dict()/load_state_dict() that is each rank's own (torchdata.nodes'
+    Loader: its place in its rank's share): it travels with the commit's parts by rank."""
+
+    per_rank = True
+
+    def current(self):
+        return copy.deepcopy(self.value.state_dict())
+
+    def sync(self):
+        """Each rank's own: a rank taken over gets its part of the commit (TorchState)."""
+
+
+class GeneratorHandler(StateHandler):
+    """A generator the script made (torch.Generator on any device, numpy's Generator,
+    random.Random): each rank's own, captured with every commit like the global generators
+    and put back in place on a rollback, a sync into a rank taken over, and a resume."""
+
+    per_rank = True
+
+    def __init__(self, value):
+        super().__init__(value)
+        self._saved = self.current()
+
+    def current(self):
+        if isinstance(self.value, torch.Generator):
+            return torch_generators.state_of(self.value)
+        if isinstance(self.value, random.Random):
+            return generators.random_state(self.value)
+        return copy.deepcopy(self.value.bit_generator.state)  # numpy: a dict (arrays in some)
+
+    def save(self):
+        self._saved = self.current()
+
+    def restore(self):
+        if isinstance(self.value, torch.Generator):
+            torch_generators.put_state(self.value, self._saved)
+        elif isinstance(self.value, random.Random):
+            generators.put_random_state(self.value, self._saved)
+        else:
+            self.value.bit_generator.state = copy.deepcopy(self._saved)
+
+    def sync(self):
+        """Each rank's own, not synced."""
+
+
 # Every scheduler of torch 2.x derives from LRScheduler (Horovod 0.28 names only the old
 # _LRScheduler and so misses them).
 _handler_registry = [
@@ -161,7 +219,10 @@ _handler_registry = [
     (torch.optim.Optimizer, OptimizerStateHandler),
     (lr_scheduler.LRScheduler, StateDictHandler),
     (ElasticSampler, SamplerStateHandler),
-] + ([(StatefulDataLoader, LoaderStateHandler)] if StatefulDataLoader is not None else [])
+    (torch.Generator, GeneratorHandler),
+    (random.Random, GeneratorHandler),
+] + ([(StatefulDataLoader, LoaderStateHandler), (NodesLoader, RankStateDictHandler)]
+     if StatefulDataLoader is not None else [])
 
 
 def get_handler_registry():
@@ -180,8 +241,17 @@ def register_handler(kind, handler):
 
 
 def handler_for(value):
-    """A handler for `value`, or None if it is a plain value (deep-copied by ObjectState)."""
+    """A handler for `value`, or None if it is a plain value (deep-copied by ObjectState):
+    the registry's first match; else a generator of numpy's (numpy imported by the script);
+    else any object with state_dict() and load_state_dict() (a GradScaler, a user class),
+    kept in place and synced from the root like a scheduler."""
     for kind, handler in _handler_registry:
         if isinstance(value, kind):
             return handler(value)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(value, numpy.random.Generator):
+        return GeneratorHandler(value)
+    if not isinstance(value, type) and callable(getattr(value, "state_dict", None)) \
+            and callable(getattr(value, "load_state_dict", None)):
+        return StateDictHandler(value)
     return None

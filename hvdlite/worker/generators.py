@@ -11,9 +11,19 @@ import random
 import sys
 
 
+def random_state(rng) -> tuple:
+    """A random.Random's state (or the `random` module's)."""
+    version, internal, gauss = rng.getstate()  # 625 ints < 2**32: bytes pickle in one piece
+    return version, array.array("I", internal).tobytes(), gauss
+
+
+def put_random_state(rng, state) -> None:
+    version, internal, gauss = state
+    rng.setstate((version, tuple(array.array("I", internal)), gauss))
+
+
 def capture() -> dict:
-    version, internal, gauss = random.getstate()  # 625 ints < 2**32: bytes pickle in one piece
-    states = {"python": (version, array.array("I", internal).tobytes(), gauss)}
+    states = {"python": random_state(random)}
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         kind, keys, pos, has_gauss, gauss = numpy.random.get_state()
@@ -22,8 +32,7 @@ def capture() -> dict:
 
 
 def put(states: dict) -> None:
-    version, internal, gauss = states["python"]
-    random.setstate((version, tuple(array.array("I", internal)), gauss))
+    put_random_state(random, states["python"])
     numpy = sys.modules.get("numpy")
     if numpy is not None and "numpy" in states:
         kind, keys, pos, has_gauss, gauss = states["numpy"]

@@ -14,7 +14,19 @@ state as `loader`, instead of a DataLoader over an ElasticSampler: a fixed world
 HOLD_AT=24 (before the commit of step 24) or HOLD_AT=epoch1 (before the commit that ends epoch 1):
 every worker waits there until $LOG_DIR/go exists or it heard that the job stops, so that a test
 lands a fault at that very commit; rank 0 makes $LOG_DIR/held when it waits.
+
+STYLE (env, comma-separated; empty: zero_grad() before backward, one SGD) writes the loop as
+other scripts do, each thing it names held in the state: `after` zeroes the gradients after
+step(); `accumulate` steps every second batch (backward_passes_per_step=2, or no_sync() with
+`ddp`), committing between the two backward passes; `scaler` a GradScaler whose scale grows
+every step until it overflows (steps skipped, backoff); `scheduler` an ExponentialLR per
+optimizer; `two-optimizers` SGD for the first layer, Adam for the last; `generators` input noise
+and a loss weight drawn from a torch.Generator (the loader's generator too), a numpy Generator
+and a random.Random of the script's; `ddp` a DistributedDataParallel model with plain
+optimizers; `rank0-handler` a StateHandler of the script's that syncs from rank 0 (refused when
+the root is another rank). final.json then holds every rank's loss scale too.
 """
+import contextlib
 import hashlib
 import json
 import os
@@ -35,6 +47,7 @@ WORKERS = int(os.environ.get("WORKERS", "2"))
 SLEEP = float(os.environ.get("STEP_SLEEP", "0.02"))
 HOLD_AT = os.environ.get("HOLD_AT")
 HOLD_LIMIT = 60.0  # seconds a held worker waits for the test
+STYLE = set(filter(None, os.environ.get("STYLE", "").split(",")))
 
 
 def data():
@@ -69,10 +82,41 @@ random.seed(0)
 np.random.seed(0)
 x, y, classes = data()
 dataset = Samples(x, y)
-model = torch.nn.Sequential(torch.nn.Linear(x.shape[1], 32), torch.nn.ReLU(), torch.nn.Dropout(0.3),
-                            torch.nn.Linear(32, classes))
-optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-                                     named_parameters=model.named_parameters())
+net = torch.nn.Sequential(torch.nn.Linear(x.shape[1], 32), torch.nn.ReLU(), torch.nn.Dropout(0.3),
+                          torch.nn.Linear(32, classes))
+model = torch.nn.parallel.DistributedDataParallel(net, init_sync=False) if "ddp" in STYLE else net  # run() syncs it
+groups = [list(net[0].parameters()), list(net[3].parameters())] if "two-optimizers" in STYLE \
+    else [list(net.parameters())]
+optimizers = [torch.optim.SGD(groups[0], lr=0.05, momentum=0.9)] + [torch.optim.Adam(g, lr=0.01) for g in groups[1:]]
+if "ddp" not in STYLE:
+    optimizers = [hvd.DistributedOptimizer(
+        o, named_parameters=[(n, p) for n, p in net.named_parameters() if any(p is q for q in g)],
+        backward_passes_per_step=2 if "accumulate" in STYLE else 1) for o, g in zip(optimizers, groups)]
+optimizer = optimizers[0]
+own = {}
+if "scaler" in STYLE:
+    own["scaler"] = torch.amp.GradScaler("cpu", init_scale=2.0 ** 110, growth_interval=1)
+if "scheduler" in STYLE:
+    own.update({f"scheduler{i}": torch.optim.lr_scheduler.ExponentialLR(o, 0.98) for i, o in enumerate(optimizers)})
+if len(optimizers) > 1:
+    own["second"] = optimizers[1]
+if "rank0-handler" in STYLE:  # a handler written for Horovod, which syncs from rank 0: refused
+    class Tally:
+        n = 0
+
+    class TallyHandler(hvd.elastic.StateHandler):
+        def save(self):
+            self._saved = self.value.n
+
+        def restore(self):
+            self.value.n = self._saved
+
+        def sync(self):
+            self.value.n = hvd.broadcast_object(self.value.n, root_rank=0)
+    hvd.elastic.register_handler(Tally, TallyHandler)
+    own["tally"] = Tally()
+if "generators" in STYLE:
+    own.update(noise=torch.Generator().manual_seed(5), weights=np.random.default_rng(6), pick=random.Random(7))
 if os.environ.get("LOADER") == "stateful":
     from torchdata.stateful_dataloader import StatefulDataLoader
     from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
@@ -81,8 +125,10 @@ if os.environ.get("LOADER") == "stateful":
     held = {"loader": loader}
 else:
     sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=0)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=sampler, num_workers=WORKERS)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=sampler, num_workers=WORKERS,
+                                         generator=own.get("noise"))
     held = {"sampler": sampler}
+held.update(own)
 
 
 def not_padding(batch_idx, count):
@@ -115,22 +161,60 @@ def hold(point):
 
 def fingerprint():
     digest = hashlib.sha256()
-    for p in model.parameters():
+    for p in net.parameters():
         digest.update(p.detach().numpy().tobytes())
-        digest.update(optimizer.state[p]["momentum_buffer"].numpy().tobytes())
+    for o in optimizers:
+        for p in (p for group in o.param_groups for p in group["params"]):
+            for _, value in sorted(o.state[p].items()):
+                digest.update(value.numpy().tobytes())
     return digest.hexdigest()
+
+
+def train_step(step, inputs, targets):
+    """One batch as STYLE writes it; returns its loss."""
+    weight = 1.0
+    if "generators" in STYLE:
+        inputs = inputs + 0.01 * torch.randn(inputs.shape, generator=own["noise"])
+        weight = 1.0 + 0.1 * own["weights"].random() + 0.1 * own["pick"].random()
+    accumulate = "accumulate" in STYLE
+    last = not accumulate or step % 2 == 1  # the second backward pass steps
+    if not (accumulate or "after" in STYLE):
+        for o in optimizers:
+            o.zero_grad()
+    loss = torch.nn.functional.cross_entropy(model(inputs), targets) * weight
+    scaled = own["scaler"].scale(loss) if "scaler" in STYLE else loss
+    with model.no_sync() if "ddp" in STYLE and not last else contextlib.nullcontext():
+        scaled.backward()
+    if not last:
+        return loss
+    for o in optimizers:
+        if "scaler" not in STYLE:
+            o.step()
+        elif "ddp" in STYLE:
+            own["scaler"].step(o)
+        else:  # Horovod's way: the gradients averaged before they are unscaled
+            o.synchronize()
+            own["scaler"].unscale_(o)
+            with o.skip_synchronize():
+                own["scaler"].step(o)
+    if "scaler" in STYLE:
+        own["scaler"].update()
+    for i in range(len(optimizers)):
+        if f"scheduler{i}" in own:
+            own[f"scheduler{i}"].step()
+    if accumulate or "after" in STYLE:
+        for o in optimizers:
+            o.zero_grad()
+    return loss
 
 
 @hvd.elastic.run
 def train(state):
     for epoch in range(state.epoch, EPOCHS):
         sampler.set_epoch(epoch)
-        model.train()
+        net.train()
         for batch_idx, (ids, inputs, targets) in enumerate(loader):
-            optimizer.zero_grad()
-            loss = torch.nn.functional.cross_entropy(model(inputs), targets)
-            loss.backward()
-            optimizer.step()
+            loss = train_step(state.step, inputs, targets)
             seen = torch.zeros(len(dataset))
             seen.index_add_(0, ids, not_padding(batch_idx, len(ids)).float())
             state.seen += hvd.allreduce(seen, op=hvd.Sum)
@@ -153,12 +237,13 @@ def train(state):
         state.epoch = epoch + 1
         hold(f"epoch{epoch}")
         state.commit()
+    scales = hvd.allgather_object(own["scaler"].get_scale() if "scaler" in own else None)
     if hvd.rank() == 0:
-        model.eval()
-        accuracy = (model(x).argmax(1) == y).float().mean().item()
+        net.eval()
+        accuracy = (net(x).argmax(1) == y).float().mean().item()
         print(f"HASH {fingerprint()}", flush=True)
         with open(os.path.join(LOG_DIR, "final.json"), "w") as f:
-            json.dump({"hash": fingerprint(), "epochs": state.checked, "accuracy": accuracy}, f)
+            json.dump({"hash": fingerprint(), "epochs": state.checked, "accuracy": accuracy, "scales": scales}, f)
 
 
 train(hvd.elastic.TorchState(model, optimizer, **held, epoch=0, step=0,
