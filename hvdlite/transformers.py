@@ -26,7 +26,6 @@ from transformers import Trainer, TrainerCallback, TrainerState
 from transformers.trainer_utils import has_length
 
 import hvdlite.torch as hvd
-from hvdlite.torch.statehandlers import StateDictHandler
 from hvdlite.worker import env
 
 
@@ -176,9 +175,7 @@ class ElasticTrainer(Trainer):
                    "sampler": self._sampler}
         scaler = getattr(self.accelerator, "scaler", None)
         if scaler is not None:
-            objects["scaler"] = scaler
-            if hvd.elastic.handler_for(scaler) is None:
-                hvd.elastic.register_handler(type(scaler), StateDictHandler)
+            objects["scaler"] = scaler  # kept in place by its state_dict (statehandlers.handler_for)
         # commit_every and the LR plan are the first world's on every rank: a worker that joins
         # would compute them for its own world
         return hvd.elastic.TorchState(**objects, trainer_state=dataclasses.asdict(self.state),
