@@ -251,3 +251,19 @@ def test_a_name_in_a_checkpoint_is_looked_up_without_running_module_code(tmp_pat
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "0.ckpt"), str(tmp_path / "1.ckpt")],
                           capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
     assert done.stdout.split() == ["Untrusted", "False"] * 2, done.stdout + done.stderr[-2000:]
+
+
+def test_control_bytes_from_a_checkpoint_never_reach_the_terminal(tmp_path, capsys):
+    """A crafted name (ESC ]0;... sets a terminal's title) is quoted escaped, by the worker's
+    own line and by the driver's (which prints what a worker reports)."""
+    from hvdlite.driver.terminal import TERMINAL
+    path = tmp_path / "commit-000000000001-00000000000000000000.ckpt"
+    seal(path, name("\x1b]0;pwned\x07", "x\x9b2J"))
+    script = LOADER.replace('print("loaded")', 'print("loaded")\nexcept Exception as e:\n    durable.unloadable(sys.argv[1], e)')
+    done = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 65 and "\\x1b]0;pwned\\x07" in done.stderr, done.stderr
+    assert not any(c in done.stderr for c in "\x1b\x07\x9b"), done.stderr
+    TERMINAL.say(f"hvdlite: error: checkpoint {path} does not load: it holds \x1b]0;pwned\x07.x")
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\x07" not in err and "\\x1b]0;pwned\\x07" in err
