@@ -33,6 +33,9 @@ MAX_DEPTH = 200  # tuples in tuples; a real state's keys nest a few deep
 MEMO_ENTRY = 100  # bytes of the memo's dict per entry (its int key included)
 
 
+_SCALARS = (str, int, float, bytes, bool, type(None), complex)
+
+
 class OverBudget(Untrusted):
     """Loading the file would take more memory or work than its size allows."""
 
@@ -96,6 +99,14 @@ class Budget:
     def made_tuple(self, made: tuple) -> None:
         """Note a tuple's expanded size and depth; refuse it if nested too deep."""
         if not made:
+            return
+        shapes = self._shapes
+        for item in made:  # most tuples hold only scalars: weight() and depth() know them unnoted
+            kind = type(item)
+            if (kind is int and item.bit_length() >= 1024) or (kind not in _SCALARS and (
+                    id(item) in shapes or isinstance(item, tuple))):
+                break
+        else:
             return
         weight, depth = 1, 0
         for item in made:

@@ -146,7 +146,7 @@ class Unpickler(pickle._Unpickler):
         self.read, self.readinto, self.readline = self._unframer.read, self._unframer.readinto, self._unframer.readline
         self.metastack, self.stack, self.proto = [], [], 0
         self.append = self.stack.append
-        read, dispatch, budget, cost = self.read, self.dispatch, self.budget, _COST
+        read, dispatch, budget, cost, sizeof = self.read, self.dispatch, self.budget, _COST, sys.getsizeof
         try:
             while True:
                 key = read(1)
@@ -154,7 +154,10 @@ class Unpickler(pickle._Unpickler):
                     raise EOFError
                 dispatch[key[0]](self)
                 spend = cost[key[0]]
-                budget.memory(spend if spend >= 0 else 8 + loadbudget.size(self.stack[-1]))
+                # inline (the loop's hot path): what loadbudget.size counts of these plain values
+                budget.memory_left -= spend if spend >= 0 else 8 + sizeof(self.stack[-1])
+                if budget.memory_left < 0:
+                    budget.memory(0)
         except pickle._Stop as stop:
             return stop.value
 
