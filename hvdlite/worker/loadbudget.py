@@ -54,7 +54,8 @@ def size(obj) -> int:
 class Budget:
     def __init__(self, file_bytes: int):
         self.file_bytes = file_bytes
-        self.memory_left = MEMORY_PER_BYTE * file_bytes + ALLOWANCE
+        # the reader's own copies of the file (read, BytesIO, a frame) count against it too
+        self.memory_left = (MEMORY_PER_BYTE - 3) * file_bytes + ALLOWANCE
         self.work_left = WORK_PER_BYTE * file_bytes + ALLOWANCE
         self._shapes = {}  # id -> (tuple or frozenset, expanded size, depth), held so ids stay theirs
         self._seen = {}  # hash -> keys with that hash inserted so far
