@@ -1,7 +1,11 @@
 """Fuzz the checkpoint loader: mutated real checkpoints and random opcode streams, each sealed
-with valid checksums (so the unpickler is reached) or, some, damaged as whole files.
+with valid checksums (so the unpickler is reached) or, some, damaged as whole files; or, with
+--structured, well-formed pickles of the allowed constructors built to exhaust a reader
+(values shared and fed again and again to copying constructors, tuples holding the one before
+twice, nesting 100,000 deep, colliding keys, lengths past the file's end), which noise never
+finds.
 
-    python bench/fuzz_checkpoint.py --cases 100000 [--seed 1]
+    python bench/fuzz_checkpoint.py --cases 100000 [--seed 1] [--structured]
 
 Every case is loaded by checkpoints.load in a child process (a crash there is counted, its case
 said, and a new child goes on after it). Per case: the load returns or refuses with an
@@ -9,8 +13,10 @@ exception whose cause is one line; an accepted state is walked in full and freed
 of bad pointers crashes there); no class of the allow list, numpy's, torch's or the trusted
 one changed, nor numpy's own dtypes; the peak of traced memory stays within BOUND x the
 file's bytes + 1 MiB (the child runs under a 4 GiB address-space limit, so a bomb is a
-MemoryError, counted).
-The last line: cases, refusals, accepted, crashes, classes_changed, over_bound, peak RSS.
+MemoryError, counted); structured cases are held to the loader's own bound (loadbudget.py:
+memory, and CPU_FIXED + CPU_PER_MB seconds). Each case runs under a CPU limit (RLIMIT_CPU, set
+before it): one past it is a hang, its case said, and a new child goes on after it.
+The last line: cases, refusals, accepted, crashes, hangs, classes_changed, over_bound, peak RSS.
 """
 import argparse
 import collections
@@ -19,8 +25,10 @@ import os
 import pickle
 import random
 import resource
+import struct
 import subprocess
 import sys
+import time
 import traceback
 import tracemalloc
 
@@ -29,6 +37,10 @@ sys.path.insert(0, ROOT)
 
 BOUND = 256  # bytes of memory a load may take per byte of its file (an EMPTY_SET opcode: ~220)
 LINEAGE = "0" * 20
+# The loader's time bound, seconds on this 2-core VM under load: the budget's allowance lets even
+# a small file build 64 MiB or spend 64 Mi units of work, which took up to 2.8 s here.
+CPU_FIXED, CPU_PER_MB = 4.0, 20.0
+HANG = 30  # seconds of CPU after which a case is a hang
 
 
 class Config:  # a class the fuzzed loader trusts
@@ -160,6 +172,106 @@ def one_case(rng, reals):
     return mutated(rng, reals), False  # the whole file then damaged: the checksums must refuse
 
 
+# ---- structured cases: well-formed pickles of the allowed constructors ---------------------
+# Values are built, memoized and then shared: fed again and again to copying constructors,
+# nested in tuples that hold the one before twice, nested deep, used as keys, given big sizes.
+class _Build:
+    def __init__(self, rng):
+        self.rng, self.memo = rng, []  # memo: the kind of each memoized value
+
+    def keep(self, code: bytes, kind: str) -> bytes:
+        self.memo.append(kind)
+        return code + pickle.MEMOIZE
+
+    def ref(self, *kinds) -> bytes:
+        found = [i for i, k in enumerate(self.memo) if not kinds or k in kinds]
+        if not found:
+            return self.atom()
+        i = self.rng.choice(found)
+        return pickle.BINGET + bytes([i]) if i < 256 else pickle.LONG_BINGET + i.to_bytes(4, "little")
+
+    def atom(self) -> bytes:
+        rng, pick = self.rng, self.rng.random()
+        if pick < 0.3:
+            return _int(rng.choice([0, 7, -1, 2 ** 61 - 1 + 7, 10 ** rng.randrange(1, 400), rng.randrange(1 << 64)]))
+        if pick < 0.5:
+            raw = ("k" * rng.choice([1, 3, 40, 2000]) + str(rng.randrange(1000))).encode()
+            return pickle.BINUNICODE + len(raw).to_bytes(4, "little") + raw
+        if pick < 0.6:
+            n = rng.choice([0, 8, 64, 4096])
+            return pickle.BINBYTES + n.to_bytes(4, "little") + bytes(n)
+        if pick < 0.7:
+            return pickle.BINFLOAT + struct.pack(">d", rng.choice([0.5, float("nan"), float("inf"), 1e300]))
+        if pick < 0.8:
+            return rng.choice([pickle.NONE, pickle.NEWTRUE, pickle.NEWFALSE, pickle.EMPTY_TUPLE])
+        return self.ref()
+
+    def call(self, module: str, name: str, *args: bytes) -> bytes:
+        return _text(module) + _text(name) + pickle.STACK_GLOBAL + pickle.MARK + b"".join(args) + pickle.TUPLE \
+            + pickle.REDUCE
+
+    def value(self, depth=0) -> bytes:
+        """Code that pushes one value, memoized."""
+        rng = self.rng
+        pick = rng.random() if depth < 4 else 0.0
+        if pick < 0.15:
+            return self.keep(self.atom(), "atom")
+        if pick < 0.3:
+            items = [self.value(depth + 1) if rng.random() < 0.3 else self.ref() for _ in range(rng.randrange(0, 5))]
+            return self.keep(pickle.MARK + b"".join(items) + pickle.TUPLE, "tuple")
+        if pick < 0.38:  # a chain: each tuple holds the one before twice (hashing doubles per level)
+            code = self.keep(self.atom(), "atom")
+            for _ in range(rng.choice([2, 10, 40, 80])):
+                code += pickle.POP + self.keep(self.ref_last() * 2 + pickle.TUPLE2, "tuple")
+            return code
+        if pick < 0.43:  # deep nesting
+            return self.keep(pickle.NONE + pickle.TUPLE1 * rng.choice([10, 150, 300, 5000, 100_000]), "tuple")
+        if pick < 0.55:
+            items = b"".join(self.ref("atom", "tuple") + self.ref() for _ in range(rng.randrange(0, 8)))
+            return self.keep(pickle.EMPTY_DICT + pickle.MARK + items + pickle.SETITEMS, "dict")
+        if pick < 0.63:
+            items = b"".join(self.ref() for _ in range(rng.choice([0, 3, 50, 3000])))
+            return self.keep(pickle.EMPTY_LIST + pickle.MARK + items + pickle.APPENDS, "list")
+        if pick < 0.68:
+            items = b"".join(self.ref("atom", "tuple") for _ in range(rng.randrange(0, 6)))
+            return self.keep(pickle.MARK + items + (pickle.FROZENSET if rng.random() < 0.5 else pickle.TUPLE), "tuple")
+        if pick < 0.8:  # a copying constructor fed a shared argument, many times
+            pick = rng.random()
+            if pick < 0.3:
+                one = self.call("collections", "deque", self.ref("list", "tuple"))
+            elif pick < 0.5:
+                one = self.call("collections", "Counter", self.ref("dict"))
+            elif pick < 0.65:
+                one = self.call("hvdlite.worker.rebuild", "tensor", _text("float32"),
+                                pickle.MARK + _int(rng.choice([1, 2, 1024])) + pickle.TUPLE, pickle.NEWFALSE,
+                                self.ref("atom"))
+            elif pick < 0.75:
+                one = self.call("fractions", "Fraction", self.ref("atom"), self.ref("atom"))
+            elif pick < 0.85:
+                one = self.call("decimal", "Decimal", self.ref("atom"))
+            elif pick < 0.92:
+                one = self.call("torch", "Size", self.ref("tuple"))
+            else:
+                one = self.call("builtins", "range", self.ref("atom"))
+            return self.keep(pickle.EMPTY_LIST + pickle.MARK + one * rng.choice([1, 2, 100, 5000]) + pickle.APPENDS,
+                             "list")
+        if pick < 0.9:  # big declared sizes: a length past the file's end
+            op = rng.choice([pickle.BINUNICODE8, pickle.BINBYTES8, pickle.BYTEARRAY8])
+            return op + rng.choice([1 << 40, 1 << 20, 2 ** 64 - 1]).to_bytes(8, "little") + b"x"
+        items = b"".join(self.ref("atom", "tuple") for _ in range(rng.randrange(0, 6)))
+        return self.keep(pickle.EMPTY_SET + pickle.MARK + items + pickle.ADDITEMS, "set")
+
+    def ref_last(self) -> bytes:
+        return pickle.LONG_BINGET + (len(self.memo) - 1).to_bytes(4, "little")
+
+
+def structured_case(rng):
+    build = _Build(rng)
+    body = pickle.EMPTY_LIST + pickle.MARK + b"".join(build.value() for _ in range(rng.randrange(1, 8))) \
+        + pickle.APPENDS
+    return pickle.PROTO + b"\x05" + body + pickle.STOP, []
+
+
 def walk(obj):
     """Read every element of an accepted state (bad pointers crash here), within a budget."""
     import numpy as np
@@ -180,11 +292,11 @@ def walk(obj):
             repr(item)
 
 
-def child(start, stop, seed, progress):
+def child(start, stop, seed, progress, structured):
     resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
     import numpy
     import torch
-    from hvdlite.worker import checkpoints, durable, trusted
+    from hvdlite.worker import checkpoints, durable, loadbudget, trusted
     trusted.trust(Config)
     reals = real_states()
     classes = [list, dict, set, frozenset, tuple, bytes, bytearray, range, slice, complex, collections.Counter,
@@ -210,7 +322,7 @@ def child(start, stop, seed, progress):
     for case in range(start, stop):
         os.pwrite(progress, f"{case:12d}".encode(), 0)
         rng = random.Random(seed * 1_000_003 + case)
-        (data, buffers), sealed = one_case(rng, reals)
+        (data, buffers), sealed = (structured_case(rng), True) if structured else one_case(rng, reals)
         os.ftruncate(fd, 0)
         os.lseek(fd, 0, 0)
         checkpoints.seal(fd, 1, LINEAGE, memoryview(data), [memoryview(bytearray(b)) for b in buffers])
@@ -221,6 +333,8 @@ def child(start, stop, seed, progress):
         size = os.fstat(fd).st_size
         tracemalloc.reset_peak()
         base = tracemalloc.get_traced_memory()[0]
+        cpu = time.process_time()
+        resource.setrlimit(resource.RLIMIT_CPU, (int(cpu) + HANG, resource.RLIM_INFINITY))
         try:
             state = checkpoints.load(path)[2]
         except MemoryError:
@@ -240,8 +354,14 @@ def child(start, stop, seed, progress):
                 pass
             del state
         peak = tracemalloc.get_traced_memory()[1] - base
+        took = time.process_time() - cpu
         worst = max(worst, peak / size)
-        if peak > BOUND * size + (1 << 20):
+        counts["cpu_ms_max"] = max(counts["cpu_ms_max"], int(took * 1000))
+        limit = loadbudget.MEMORY_PER_BYTE * size + loadbudget.ALLOWANCE if structured else BOUND * size + (1 << 20)
+        if took > CPU_FIXED + CPU_PER_MB * size / 1e6:
+            counts["over_bound"] += 1
+            print(f"case {case}: {took:.1f} s of CPU for a file of {size}", flush=True)
+        if peak > limit:
             counts["over_bound"] += 1
             print(f"case {case}: peak {peak} bytes for a file of {size}", flush=True)
         if shared() != before:
@@ -257,18 +377,22 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cases", type=int, default=100_000)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--structured", action="store_true", help="well-formed pickles built to exhaust a reader")
     p.add_argument("--child", nargs=2, type=int, help=argparse.SUPPRESS)
     p.add_argument("--progress", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         progress = os.open(args.progress, os.O_WRONLY)
-        return child(*args.child, args.seed, progress)
+        return child(*args.child, args.seed, progress, args.structured)
+    import signal
     import tempfile
-    totals, crashes, start = collections.Counter(), [], 0
+    totals, crashes, hangs, start, rss = collections.Counter(), [], [], 0, 0
     with tempfile.NamedTemporaryFile() as progress:
         while start < args.cases:
             done = subprocess.run([sys.executable, __file__, "--child", str(start), str(args.cases), "--seed",
-                                   str(args.seed), "--progress", progress.name], capture_output=True, text=True)
+                                   str(args.seed), "--progress", progress.name]
+                                  + (["--structured"] if args.structured else []), capture_output=True, text=True)
+            rss = max(rss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
             lines = done.stdout.splitlines()
             for line in lines[:-1] if done.returncode == 0 else lines:
                 print(line)
@@ -276,17 +400,19 @@ def main():
                 totals.update(json.loads(lines[-1]))
                 break
             at = int(open(progress.name).read().strip() or start)
-            crashes.append(at)
+            (hangs if done.returncode == -signal.SIGXCPU else crashes).append(at)
             print(f"case {at}: the loader's process ended with {done.returncode}: {done.stderr[-500:]}", flush=True)
             start = at + 1
-    rss = totals.pop("rss_kib", 0)
+    rss = max(rss, totals.pop("rss_kib", 0))
+    cpu = totals.pop("cpu_ms_max", 0)
     ratio = totals.pop("worst_ratio_x100", 0) / 100
     kinds = ", ".join(f"{k.split()[1]} {v}" for k, v in sorted(totals.items()) if k.startswith("refused "))
-    print(f"refusals by kind: {kinds}; the worst load took {ratio:.1f} bytes of memory per byte of its file")
+    print(f"refusals by kind: {kinds}; the worst load took {ratio:.1f} bytes of memory per byte of its file "
+          f"and {cpu} ms of CPU")
     print(f"cases={args.cases} refusals={totals['refusals']} accepted={totals['accepted']} crashes={len(crashes)} "
-          f"classes_changed={totals['classes_changed']} over_bound={totals['over_bound']} "
+          f"hangs={len(hangs)} classes_changed={totals['classes_changed']} over_bound={totals['over_bound']} "
           f"peak_rss_mib={rss / 1024:.0f}")
-    return 1 if crashes or totals["classes_changed"] or totals["over_bound"] else 0
+    return 1 if crashes or hangs or totals["classes_changed"] or totals["over_bound"] else 0
 
 
 if __name__ == "__main__":

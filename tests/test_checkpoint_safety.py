@@ -161,10 +161,113 @@ def test_real_states_still_load_through_the_checked_constructors(tmp_path):
         assert back[key] == state[key] and type(back[key]) is type(state[key]), key
 
 
-def test_the_short_fuzz_run_finds_no_crash_no_changed_class_and_no_allocation_past_the_bound():
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "fuzz_checkpoint.py"), "--cases", "3000",
-                           "--seed", "1"], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": ROOT})
+@pytest.mark.parametrize("kind, cases", [("bytes", 3000), ("structured", 200)])
+def test_the_short_fuzz_run_finds_no_crash_no_changed_class_and_no_allocation_past_the_bound(kind, cases):
+    """The byte fuzzer, and the structured one (before the loader's budget its cases hung, blew
+    the memory bound, or crashed the process)."""
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "fuzz_checkpoint.py"), "--cases", str(cases),
+                           "--seed", "1"] + (["--structured"] if kind == "structured" else []),
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     summary = done.stdout.splitlines()[-1]
-    assert "crashes=0" in summary and "classes_changed=0" in summary and "over_bound=0" in summary, done.stdout
+    assert "crashes=0" in summary and "hangs=0" in summary and "classes_changed=0" in summary \
+        and "over_bound=0" in summary, done.stdout
+
+
+def memo_get(i: int) -> bytes:
+    return pickle.BINGET + bytes([i])
+
+
+def hash_chain(levels: int) -> bytes:
+    """A dict keyed by a tuple that holds the one before it twice: hashing it costs 2**levels."""
+    body = pickle.EMPTY_DICT + pickle.EMPTY_TUPLE + pickle.MEMOIZE + pickle.POP
+    for i in range(levels):
+        body += memo_get(i) + memo_get(i) + pickle.TUPLE2 + pickle.MEMOIZE + pickle.POP
+    return body + memo_get(levels) + pickle.NONE + pickle.SETITEM
+
+
+def copies(constructor: bytes, argument: bytes, times: int) -> bytes:
+    """A list of `times` calls of a copying constructor on one argument stored once."""
+    body = name(*constructor) + pickle.MEMOIZE + pickle.POP + argument + pickle.MEMOIZE + pickle.POP
+    return body + pickle.EMPTY_LIST + pickle.MARK + (memo_get(0) + memo_get(1) + pickle.TUPLE1 + pickle.REDUCE) * times \
+        + pickle.APPENDS
+
+
+EXHAUSTING = {
+    "hash-of-a-tuple-chain": hash_chain(100),  # before: hangs for good
+    "tuple-a-million-deep-as-a-key": pickle.EMPTY_DICT + pickle.NONE + pickle.TUPLE1 * 1_000_000 + pickle.NONE
+                                     + pickle.SETITEM,  # before: SIGSEGV
+    "deque-of-a-shared-list": copies(("collections", "deque"), pickle.EMPTY_LIST + pickle.MARK
+                                     + pickle.NONE * 50_000 + pickle.APPENDS, 20_000),  # before: ~8 GB
+    "counter-of-a-shared-dict": copies(("collections", "Counter"), pickle.EMPTY_DICT + pickle.MARK + b"".join(
+        big(n) + pickle.NONE for n in range(300, 20_300)) + pickle.SETITEMS, 20_000),  # before: ~20 GB
+    "colliding-int-keys": pickle.EMPTY_DICT + pickle.MARK + b"".join(
+        big(7 + n * (2 ** 61 - 1)) + pickle.NONE for n in range(60_000)) + pickle.SETITEMS,  # before: minutes
+}
+
+LOADER = r"""
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+resource.setrlimit(resource.RLIMIT_CPU, (60, 60))
+from hvdlite.worker import checkpointdir, durable
+try:
+    checkpointdir.load(sys.argv[1], 1, "0" * 20)
+    print("loaded")
+finally:
+    # VmHWM: this program's own peak (ru_maxrss keeps the forking parent's across exec)
+    print("rss_kib", [l.split()[1] for l in open("/proc/self/status") if l.startswith("VmHWM")][0], flush=True)
+"""
+
+
+@pytest.mark.parametrize("attack", list(EXHAUSTING))
+def test_a_checkpoint_built_to_exhaust_its_reader_ends_the_worker_with_one_line_naming_it(tmp_path, attack):
+    """The loader's budget (loadbudget.py): memory and work in proportion to the file; past it
+    one line naming the file and UNLOADABLE, in bounded time and memory."""
+    import time
+    from hvdlite import exitcodes
+    from hvdlite.worker import loadbudget
+    path = tmp_path / "commit-000000000001-00000000000000000000.ckpt"
+    seal(path, EXHAUSTING[attack])
+    size = os.path.getsize(path)
+    script = LOADER.replace('print("loaded")', 'print("loaded")\nexcept Exception as e:\n    durable.unloadable(sys.argv[1], e)')
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    took = time.monotonic() - started
+    assert done.returncode == exitcodes.UNLOADABLE, (done.returncode, done.stdout, done.stderr[-2000:])
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and str(path) in lines[0] and ("OverBudget" in lines[0] or "Untrusted" in lines[0]), lines
+    rss = int(done.stdout.split()[-1]) * 1024
+    assert rss < 200e6 + loadbudget.MEMORY_PER_BYTE * size + loadbudget.ALLOWANCE, (rss, size)
+    assert took < 30, took  # the bound is seconds per MB (bench/fuzz_structured.py); this file is < 1 MB
+
+
+def test_a_name_in_a_checkpoint_is_looked_up_without_running_module_code(tmp_path):
+    """torch's module __getattr__ imports torch._dynamo (hundreds of modules, seconds) when
+    asked for it: neither a name's refusal nor a tensor's dtype may ask."""
+    script = ("import sys, torch\nfrom hvdlite.worker import checkpoints\nfor path in sys.argv[1:]:\n    try:\n"
+              "        checkpoints.load(path)\n    except Exception as e:\n"
+              "        print(type(e).__name__, 'torch._dynamo' in sys.modules)\n")
+    as_dtype = call(name("hvdlite.worker.rebuild", "tensor"), text("_dynamo"), tup(), pickle.NEWFALSE,
+                    pickle.SHORT_BINBYTES + b"\x00")
+    for i, body in enumerate((name("torch", "_dynamo"), as_dtype)):
+        seal(tmp_path / f"{i}.ckpt", body)
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "0.ckpt"), str(tmp_path / "1.ckpt")],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.stdout.split() == ["Untrusted", "False"] * 2, done.stdout + done.stderr[-2000:]
+
+
+def test_control_bytes_from_a_checkpoint_never_reach_the_terminal(tmp_path, capsys):
+    """A crafted name (ESC ]0;... sets a terminal's title) is quoted escaped, by the worker's
+    own line and by the driver's (which prints what a worker reports)."""
+    from hvdlite.driver.terminal import TERMINAL
+    path = tmp_path / "commit-000000000001-00000000000000000000.ckpt"
+    seal(path, name("\x1b]0;pwned\x07", "x\x9b2J"))
+    script = LOADER.replace('print("loaded")', 'print("loaded")\nexcept Exception as e:\n    durable.unloadable(sys.argv[1], e)')
+    done = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 65 and "\\x1b]0;pwned\\x07" in done.stderr, done.stderr
+    assert not any(c in done.stderr for c in "\x1b\x07\x9b"), done.stderr
+    TERMINAL.say(f"hvdlite: error: checkpoint {path} does not load: it holds \x1b]0;pwned\x07.x")
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\x07" not in err and "\\x1b]0;pwned\\x07" in err

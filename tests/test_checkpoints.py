@@ -116,7 +116,7 @@ def test_only_the_writers_lineage_is_pruned_and_its_newest_always_kept(tmp_path)
     os.utime(stale, (old, old))
     # an earlier run's higher-numbered commit: the new run's 1, 2, 3 must not be pruned against it
     checkpointdir.write(str(tmp_path), OLD, 10, {"c": 10}, keep=2)
-    for commit in (3, 1, 5, 4):
+    for commit in (1, 3, 4, 5):  # a writer writes its newest commit: in order
         checkpointdir.write(str(tmp_path), NEW, commit, {"c": commit}, keep=2)
     assert checkpointdir.files(str(tmp_path)) == [(10, OLD), (5, NEW), (4, NEW)]
     assert not stale.exists() and fresh.exists()
@@ -128,8 +128,9 @@ def test_only_the_writers_lineage_is_pruned_and_its_newest_always_kept(tmp_path)
 
 def test_decisions():
     files = [(1, NEW), (5, NEW), (3, NEW), (4, NEW), (10, OLD)]
-    assert checkpointdir.to_prune(files, NEW, 2) == [(3, NEW), (1, NEW)]
-    assert checkpointdir.to_prune([(1, NEW), (9, OLD)], NEW, 0) == []  # the newest is never deleted
+    assert checkpointdir.to_prune(files, NEW, 2, 5) == [(3, NEW), (1, NEW)]
+    assert checkpointdir.to_prune([(1, NEW), (9, OLD)], NEW, 0, 1) == []  # the newest is never deleted
+    assert checkpointdir.to_prune([(1, NEW), (7, NEW), (8, NEW)], NEW, 1, 1) == []  # nor by higher names
     assert checkpointdir.name_of(checkpointdir.file_name(12, NEW)) == (12, NEW)
     assert checkpointdir.name_of("commit-000000000012.ckpt") == (12, "")  # before lineages
     assert checkpointdir.name_of(".commit-000000000012.ckpt.h.3.tmp") is None
@@ -433,3 +434,29 @@ def test_load_checkpoint_reads_the_newest_commit_into_a_model_outside_a_job(tmp_
         f.truncate(os.path.getsize(found.path) - 10)
     with pytest.raises(CorruptCheckpoint):
         hvd.load_checkpoint(str(tmp_path), model=fresh)
+
+
+def test_planted_names_neither_erase_the_written_checkpoint_nor_take_over_a_resume(tmp_path):
+    """Before: the writer kept the --checkpoint-keep highest names of its lineage whoever made
+    them (two planted empty names erased every real checkpoint, the one just written too), and
+    a resume took the greatest lineage id in the folder."""
+    directory = str(tmp_path)
+    for commit in (1, 2, 3):
+        checkpointdir.write(directory, NEW, commit, {"c": commit}, keep=2)
+    for commit in (100, 101):  # planted above, in our lineage
+        (tmp_path / checkpointdir.file_name(commit, NEW)).write_bytes(b"")
+    path = checkpointdir.write(directory, NEW, 4, {"c": 4}, keep=2)
+    assert os.path.exists(path) and checkpointdir.files(directory) == [(101, NEW), (100, NEW), (4, NEW), (3, NEW)]
+    planted = tmp_path / checkpointdir.file_name(7, "f" * 20)  # a lineage id above every real one
+    planted.write_bytes(b"")
+    os.utime(planted, (time.time() - 60, time.time() - 60))  # written before ours
+    assert checkpointdir.newest(directory)[1] == NEW  # the lineage written last, not the greatest id
+    if os.geteuid() == 0:  # another user's files: never resumed, never pruned, said by the driver
+        stranger = tmp_path / checkpointdir.file_name(2, NEW)
+        stranger.write_bytes(b"")
+        os.chown(stranger, 12345, 12345)
+        os.chown(planted, 12345, 12345)
+        os.utime(planted)  # written last, but not by us
+        assert checkpointdir.newest(directory)[:2] == (101, NEW)
+        checkpointdir.write(directory, NEW, 5, {"c": 5}, keep=1)
+        assert stranger.exists() and checkpointdir.others(directory) == {NEW: 12345, "f" * 20: 12345}

@@ -287,3 +287,16 @@ def test_a_symlink_planted_among_a_traces_parts_is_never_followed(tmp_path):
         trace.Recorder(other, "w/0")
     trace.discard_parts(other)
     assert (elsewhere / "mine.jsonl").exists()
+
+
+def test_the_merged_timeline_follows_the_umask(tmp_path):
+    """Before: forced to 0644 whatever the umask (the parts and checkpoints follow it)."""
+    path = str(tmp_path / "trace.json")
+    os.makedirs(trace.parts_dir(path))
+    old = os.umask(0o077)
+    try:
+        trace.Recorder(path, "w/0").close()
+        trace.merge_parts(path, remove=False)
+    finally:
+        os.umask(old)
+    assert os.stat(path).st_mode & 0o777 == 0o600

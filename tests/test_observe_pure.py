@@ -85,9 +85,10 @@ def test_sentences_count_right():
         "starting an elastic job: one worker per slot of the hosts found, at least 1"
     assert sentence("job_start", {"mode": "static", "np": 1}) == "starting a static job of 1 worker"
     assert sentence("discovery_recovered", {"failures": 1}) == "host discovery works again, after 1 failed run"
-    assert sentence("launch_token_reused", {"worker": "n1/0#1", "sender": "10.0.0.9"}) == (
-        "refused a second use of worker n1/0#1's one-time launch token, from 10.0.0.9: if that worker "
-        "fails saying its token was used, whoever read its launch holds the job's secret")
+    assert sentence("launch_token_reused", {"worker": "n1/0#1", "first": "10.0.0.9", "sender": "10.0.0.11"}) == (
+        "refused a second use of worker n1/0#1's one-time launch token, from 10.0.0.11; the first use, which "
+        "got the job's secret, came from 10.0.0.9: if that is not the worker's host, whoever read its launch "
+        "holds the job's secret")
     assert sentence("job_end", {"result": "success", "resets": 1, "failed": ["rank 1 on a exited with code 1"]}) \
         == "job finished after 1 reset; 1 worker failed on the way: rank 1 on a exited with code 1"
 

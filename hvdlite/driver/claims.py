@@ -4,10 +4,16 @@ the worker claims the secret with them, once.
 
 A token lives as long as its worker has to start (--start-timeout) and is used once. The same
 request sent again (a lost answer) gets the same answer, which only its sender can open; any
-other use of the token is refused, and the driver says so once per token: someone who read the
-launch has tried it, and if that worker then fails saying its token was used, that someone
-claimed it first and holds the secret. Unknown tokens get no answer, so a flood of them costs a
-look-up each and no key exchange.
+other use of the token is refused, and the driver says so once per token, naming where the
+first use (the one that got the secret) and the second came from: someone who read the launch
+has tried it, and if the first came from elsewhere than the worker's host, that someone holds
+the secret. Unknown tokens get no answer, and neither do a used token's misuses past
+MAX_REFUSALS, before any key exchange: a flood of either costs a look-up each.
+
+A used token refuses and goes on, rather than ending the job: the driver cannot tell which of
+two claims was the thief's, and ending the job on a second claim would let anyone who reads a
+launch end every job with one datagram. The worker whose claim is refused fails with its one
+line, and the driver's line names both addresses for the operator to judge.
 """
 import os
 import threading
@@ -19,17 +25,19 @@ MAX_REFUSALS = 8  # answers to a token's misuses; later ones go unanswered
 
 
 class _Token:
-    __slots__ = ("worker", "expires", "request", "answer", "refusals")
+    __slots__ = ("worker", "expires", "request", "answer", "sender", "refusals")
 
     def __init__(self, worker: str, expires: float):
         self.worker, self.expires = worker, expires
         self.request = self.answer = None  # the request that used it, and the answer it got
+        self.sender = None  # the address the request that used it came from
         self.refusals = 0
 
 
 class Claims:
-    """The job's secret behind one-time tokens. `say(worker, sender)` is told of a token's first
-    misuse; `lifetime` is how long a token may wait for its claim."""
+    """The job's secret behind one-time tokens. `say(worker, first, second)` is told of a token's
+    first misuse: the addresses of the claim that used it and of the misuse; `lifetime` is how
+    long a token may wait for its claim."""
 
     def __init__(self, secret: str, lifetime: float, say=None):
         self._secret, self.lifetime, self._say = secret.encode("utf-8"), lifetime, say
@@ -75,20 +83,22 @@ class Claims:
                 return None
             if held.request == request:
                 return held.answer  # sent again: its answer was lost
+            usable = held.request is None and now <= held.expires
+            if not usable and held.refusals >= MAX_REFUSALS:
+                return None  # before the key exchange: a flood of misuses costs a look-up each
             key = self._key(token, their_key)
             if key is None:
                 return None  # not a usable public key
             aad = request[len(claim.REQUEST):]
-            if held.request is None and now <= held.expires:
-                held.request, held.answer = request, claim.seal(key, aad, claim.SECRET, self._secret)
+            if usable:
+                held.request, held.sender = request, sender
+                held.answer = claim.seal(key, aad, claim.SECRET, self._secret)
                 return held.answer
-            if held.refusals >= MAX_REFUSALS:
-                return None
             held.refusals += 1
             why = "it was used already" if held.request is not None else "it expired"
             first_misuse = held.refusals == 1 and held.request is not None
         if first_misuse and self._say is not None:
-            self._say(held.worker, sender)
+            self._say(held.worker, held.sender, sender)
         return claim.seal(key, aad, claim.REFUSED, why.encode())
 
     def _key(self, token: bytes, their_key: bytes):

@@ -36,19 +36,19 @@ class EventLog:
                 listener(event, fields, record["time"])
             # A failure's end is said once, by error(): `hvdlite: error: why`.
             if on_console and not (event == "job_end" and fields.get("result") == "failure"):
-                TERMINAL.write("stderr", f"hvdlite: {sentence(event, fields)}")
+                TERMINAL.say(f"hvdlite: {sentence(event, fields)}")
 
     def error(self, message: str) -> None:
         """The one line that says why the job failed; always on the console."""
-        TERMINAL.write("stderr", f"hvdlite: error: {message}")
+        TERMINAL.say(f"hvdlite: error: {message}")
 
     def say(self, message: str) -> None:
         """A line the user should see whatever the log level (where hosts come from, ...)."""
-        TERMINAL.write("stderr", f"hvdlite: {message}")
+        TERMINAL.say(f"hvdlite: {message}")
 
     def debug(self, message: str) -> None:
         if self._verbose:
-            TERMINAL.write("stderr", f"hvdlite: {message}")
+            TERMINAL.say(f"hvdlite: {message}")
 
     def close(self) -> None:
         if self._file:

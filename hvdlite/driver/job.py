@@ -69,8 +69,8 @@ class Job:
             "descriptors_exhausted", refused=n, limit=limit))
         self.server.add_route("/rdzv/", self.rendezvous.route)
         self.server.set_heartbeat(self.rendezvous.heartbeat)
-        claims = Claims(self.secret, self.settings.start_timeout, lambda worker, sender: self.log.announce(
-            "launch_token_reused", worker=worker, sender=sender[0]))
+        claims = Claims(self.secret, self.settings.start_timeout, lambda worker, first, second: self.log.announce(
+            "launch_token_reused", worker=worker, first=first[0], sender=second[0]))
         self.server.set_claims(claims)
         self.server.start()
         self.log.debug(f"rendezvous server at {self.server.address[0]}:{self.server.address[1]}")
@@ -106,6 +106,11 @@ class Job:
         if source.changes:
             threading.Thread(target=self._poll_hosts, args=(source,), daemon=True,
                              name="hvdlite-discovery").start()
+        strangers = checkpointdir.others(s.checkpoint_dir) if s.checkpoint_dir else {}
+        if strangers:
+            named = ", ".join(f"{line or '(unnamed)'} of uid {uid}" for line, uid in sorted(strangers.items()))
+            self.log.say(f"{s.checkpoint_dir} also holds checkpoints another user wrote (lineage {named}): "
+                         f"this job never resumes nor deletes them")
         core = ElasticCore(Policy(
             min_np=s.min_np, max_np=s.max_np, reset_limit=s.reset_limit,
             elastic_timeout=s.elastic_timeout, start_timeout=s.start_timeout,

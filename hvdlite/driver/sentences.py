@@ -163,9 +163,10 @@ SENTENCES = {
                                        f"{_plural(f.get('refused', 0), 'connection')} refused or "
                                        f"dropped, the oldest not signed first; raise `ulimit -n`",
     "launch_token_reused": lambda f: f"refused a second use of worker {f.get('worker')}'s one-time "
-                                     f"launch token, from {f.get('sender')}: if that worker fails "
-                                     f"saying its token was used, whoever read its launch holds "
-                                     f"the job's secret",
+                                     f"launch token, from {f.get('sender')}; the first use, which "
+                                     f"got the job's secret, came from {f.get('first')}: if that is "
+                                     f"not the worker's host, whoever read its launch holds the "
+                                     f"job's secret",
     "discovery_failed": lambda f: f"host discovery failed: {f.get('error')}; retrying quietly "
                                   f"until it works again",
     "discovery_recovered": lambda f: f"host discovery works again, after "

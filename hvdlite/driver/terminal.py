@@ -3,6 +3,8 @@ below them (erased before a line is written, drawn again after)."""
 import sys
 import threading
 
+from hvdlite.printable import printable
+
 _ERASE = "\r\x1b[K"  # carriage return, erase to the end of the line
 
 
@@ -10,6 +12,11 @@ class Terminal:
     def __init__(self):
         self._lock = threading.Lock()
         self._status = ""  # what the status line shows now; "" when none is drawn
+
+    def say(self, text: str) -> None:
+        """The driver's own line on stderr: what it quotes (a checkpoint's cause, a worker's
+        reason, a path) reaches the terminal without its control characters."""
+        self.write("stderr", printable(text))
 
     def write(self, stream: str, text: str) -> None:
         """Write a line (or lines) to "stdout" or "stderr", under the status line."""

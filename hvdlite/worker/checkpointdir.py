@@ -5,8 +5,14 @@ A checkpoint is `DIR/commit-<N>-<lineage>.ckpt`. A lineage is one training's his
 minted when a training starts from nothing (time first, so later ids sort higher), carried by
 every sync and checkpoint that follows, and adopted by a run that resumes from its files. A
 folder may hold several lineages (a run started with --fresh beside an earlier one): a run
-resumes the newest lineage, or the one it was given, and prunes only its own files, never
-below its newest one. So another run's files are never deleted, and never mixed in.
+resumes the lineage written last, or the one it was given, and prunes only its own lineage.
+
+A name is no proof of who wrote the file: in a folder others can write, anyone can plant
+`commit-999999999999-<our lineage>.ckpt`, or a lineage whose id sorts above ours. So only files
+this user owns are resumed or pruned (others' are said once by the driver, and left alone);
+the lineage resumed is the one whose file was written last (its mtime), not the greatest id;
+and a writer prunes only what is at or below the commit it has just written, so no name above
+it can push the file it wrote out.
 
 A file is written under a temporary name, fsynced and renamed, so a crash at any point leaves
 either the complete file or none under a checkpoint's name.
@@ -43,20 +49,47 @@ def name_of(name: str):
 
 def files(directory: str) -> list:
     """(commit, lineage) of every checkpoint file in directory, the highest commit first."""
+    return sorted(((commit, line) for commit, line, _, _ in _listed(directory)), reverse=True)
+
+
+def _listed(directory: str) -> list:
+    """(commit, lineage, owner's uid, mtime) of every checkpoint file in directory."""
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
         return []
-    return sorted((found for found in map(name_of, names) if found is not None), reverse=True)
+    found = []
+    for name in names:
+        parsed = name_of(name)
+        if parsed is None:
+            continue
+        try:
+            info = os.lstat(os.path.join(directory, name))
+        except FileNotFoundError:  # pruned meanwhile
+            continue
+        found.append((*parsed, info.st_uid, info.st_mtime_ns))
+    return found
+
+
+def own(directory: str) -> list:
+    """(commit, lineage, mtime) of the checkpoint files in directory that this user owns."""
+    me = os.geteuid()
+    return [(commit, line, mtime) for commit, line, uid, mtime in _listed(directory) if uid == me]
+
+
+def others(directory: str) -> dict:
+    """{lineage: uid} of the checkpoint files in directory that another user owns."""
+    me = os.geteuid()
+    return {line: uid for _, line, uid, _ in _listed(directory) if uid != me}
 
 
 def newest(directory: str, lineage=None):
-    """(commit, lineage, path) of the newest file of `lineage` (None: of the newest lineage in
-    the folder), or None if there is none."""
-    found = files(directory)
+    """(commit, lineage, path) of this user's newest file of `lineage` (None: of the lineage
+    whose file was written last), or None if there is none."""
+    found = own(directory)
     if lineage is None and found:
-        lineage = max(line for _, line in found)
-    ours = [commit for commit, line in found if line == lineage]
+        lineage = max(found, key=lambda f: (f[2], f[1]))[1]  # a tie (a coarse clock): the id's time
+    ours = sorted((commit for commit, line, _ in found if line == lineage), reverse=True)
     if not ours:
         return None
     return ours[0], lineage, os.path.join(directory, file_name(ours[0], lineage))
@@ -72,14 +105,15 @@ def load(path: str, commit: int, lineage: str):
     return state
 
 
-def to_prune(found, lineage: str, keep: int) -> list:
-    """The (commit, lineage) files to delete so that the newest `keep` of `lineage` remain."""
-    return sorted((f for f in found if f[1] == lineage), reverse=True)[max(keep, 1):]
+def to_prune(found, lineage: str, keep: int, written: int) -> list:
+    """The (commit, lineage) files to delete so that the newest `keep` of `lineage` at or
+    below `written` (the commit just written) remain: never it, nor anything above it."""
+    return sorted((f for f in found if f[1] == lineage and f[0] <= written), reverse=True)[max(keep, 1):]
 
 
 def write(directory: str, lineage: str, commit: int, state, keep: int, pace=lambda written: None) -> str:
     """Write checkpoint `commit` of `lineage` atomically, then delete all but the newest
-    `keep` of that lineage."""
+    `keep` of that lineage at or below it (prune)."""
     os.makedirs(directory, exist_ok=True)
     final = os.path.join(directory, file_name(commit, lineage))
     # Random bits: in a folder others can write, nobody can plant a file at the name first.
@@ -97,12 +131,14 @@ def write(directory: str, lineage: str, commit: int, state, keep: int, pace=lamb
         _remove(temp)
         raise
     _fsync_dir(directory)
-    prune(directory, lineage, keep)
+    prune(directory, lineage, keep, commit)
     return final
 
 
-def prune(directory: str, lineage: str, keep: int, now=None) -> None:
-    for commit, line in to_prune(files(directory), lineage, keep):
+def prune(directory: str, lineage: str, keep: int, written: int, now=None) -> None:
+    """Delete this user's files of `lineage` but the newest `keep` at or below `written`, and
+    temporary files their writers left."""
+    for commit, line in to_prune([(c, line) for c, line, _ in own(directory)], lineage, keep, written):
         _remove(os.path.join(directory, file_name(commit, line)))
     now = time.time() if now is None else now
     for name in os.listdir(directory):

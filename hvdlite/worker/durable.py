@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from hvdlite import exitcodes
+from hvdlite.printable import printable
 from hvdlite.worker import checkpointdir, env, stopping
 
 EXIT_FLUSH = 20.0  # seconds a finishing worker waits to write its newest commit (exit grace: 30)
@@ -271,7 +272,7 @@ def unloadable(path: str, error: BaseException) -> None:
     driver is told (PUT /rdzv/load_failed, body "PATH: CAUSE") and ends the job with that one
     line, stopping the other workers; when it cannot be told, the line is said here. Exit code
     UNLOADABLE either way. Nothing in the folder is touched."""
-    cause = _cause(error)
+    cause, path = _cause(error), printable(path)
     stopping.on_exit()
     if not _told_driver("load_failed", f"{path}: {cause}"):
         _say(f"checkpoint {path} does not load: {cause}. Nothing was deleted. Fix the script so that "
@@ -295,4 +296,4 @@ def _told_driver(what: str, reason: str = "", **query) -> bool:
 
 def _cause(error: BaseException) -> str:
     """An exception on one line (torch's load_state_dict errors span several)."""
-    return " ".join(f"{type(error).__name__}: {error}".split()).rstrip(".")
+    return printable(" ".join(f"{type(error).__name__}: {error}".split()).rstrip("."))

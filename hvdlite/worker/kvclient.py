@@ -128,10 +128,10 @@ class KVClient:
                 raise KVError(status, f"KV server {self.host}:{self.port}: the answer to {method} {path} "
                                       f"({status}: {_text(data)}) does not carry this job's signature: "
                                       f"forged on the way, or not this job's driver")
-            server_time = headers.get(kvproto.TIME_HEADER.lower())
-            if status == 403 and server_time and "clock" not in retried:
-                retried.add("clock")  # our clock is off: sign with the server's time instead
-                self.offset = float(server_time) - time.time()
+            server_time = kvproto.server_time(status, data)  # in the signed body: finite, or None
+            if server_time is not None and "clock" not in retried:
+                retried.add("clock")  # our clock is off: sign with the server's time instead, once
+                self.offset = server_time - time.time()
                 continue
             if status in (401, 403) or status >= 500:
                 raise KVError(status, f"KV server {self.host}:{self.port} answered {method} {path} "

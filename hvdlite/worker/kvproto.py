@@ -23,10 +23,11 @@ import zlib
 
 AUTH_HEADER = "X-Hvdlite-Auth"
 SIG_HEADER = "X-Hvdlite-Sig"
-TIME_HEADER = "X-Hvdlite-Time"  # the server's clock, sent with a refusal for clock skew
+STALE = b"stale "  # the body of a refusal for clock skew, then the server's clock (signed)
 SKEW = 30.0  # seconds a request's time may differ from the server's clock
 MAX_BODY = 64 * 1024 * 1024
 MAX_HEAD = 16 * 1024  # request or response line plus headers
+MAX_ANSWER = 4 * MAX_BODY  # an answer's Content-Length, read before its signature can be checked
 EMPTY_SHA = hashlib.sha256(b"").hexdigest()
 
 
@@ -55,7 +56,7 @@ def auth_value(key: bytes, method: str, target: str, body: bytes, now: float, no
 def parse_auth(value: str):
     """(stamp, nonce, body_sha, signature) or None when malformed."""
     parts = value.split(":")
-    if len(parts) != 4 or not (0 < len(parts[1]) <= 64 and len(parts[2]) == 64 and len(parts[3]) == 64):
+    if not value.isascii() or len(parts) != 4 or not (0 < len(parts[1]) <= 64 and len(parts[2]) == 64 and len(parts[3]) == 64):
         return None
     try:
         if not math.isfinite(float(parts[0])):
@@ -72,6 +73,23 @@ def encode_request(key: bytes, method: str, target: str, body: bytes = b"", offs
     head = (f"{method} {target} HTTP/1.1\r\nHost: hvdlite\r\n{AUTH_HEADER}: {auth}\r\n"
             f"Content-Length: {len(body)}\r\n\r\n")
     return head.encode("utf-8") + body, auth[-64:]
+
+
+def stale(now: float) -> bytes:
+    """The body refusing a request signed at a time outside SKEW: the server's time, which
+    the answer's signature covers (a header would not be)."""
+    return STALE + f"{now:.3f}".encode()
+
+
+def server_time(status: int, body: bytes):
+    """The server's time in a signed refusal for clock skew, or None: only a finite one."""
+    if status != 403 or not body.startswith(STALE):
+        return None
+    try:
+        found = float(body[len(STALE):].decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return found if math.isfinite(found) else None
 
 
 def answer_signature(key: bytes, request_signature: str, status: int, body_sha: str) -> str:
@@ -113,7 +131,7 @@ class ResponseParser:
                 name, _, value = line.partition(":")
                 headers[name.strip().lower()] = value.strip()
             length = headers.get("content-length", "0")
-            if not length.isdigit():
+            if not length.isdigit() or len(length) > 12 or int(length) > MAX_ANSWER:
                 raise ValueError("bad Content-Length in response")
             self._head = (int(parts[1]), headers, int(length))
         status, headers, length = self._head
@@ -196,7 +214,8 @@ def decode_beat(key: bytes, datagram: bytes):
     if not hmac.compare_digest(tag, _tag(key, message)):
         return None
     mark, stamp, sender, counter, commit, vouched, calls, waited = _BEAT.unpack_from(message)
-    if mark != b"hb" or vouched < -1 or not 0 <= waited < float("inf"):
+    # a stamp that is no number would never be stale: a captured beat would replay for good
+    if mark != b"hb" or not math.isfinite(stamp) or vouched < -1 or not 0 <= waited < float("inf"):
         return None
     try:
         return (tag, stamp, sender, counter, message[_BEAT.size:].decode("utf-8"), commit,

@@ -30,7 +30,7 @@ def need(condition, why: str) -> None:
 
 def count(shape) -> int:
     """The number of elements of a shape: a tuple of at most MAX_DIMS non-negative ints."""
-    need(type(shape) is tuple and len(shape) <= MAX_DIMS and all(type(n) is int and n >= 0 for n in shape),
+    need(type(shape) is tuple and len(shape) <= MAX_DIMS and all(type(n) is int and 0 <= n < 1 << 63 for n in shape),
          "it holds an array shape that is no tuple of sizes")
     total = 1
     for n in shape:
@@ -201,7 +201,7 @@ def scalar(found, data, *rest):
 def tensor(dtype: str, shape: tuple, requires_grad: bool, data):
     """A dense CPU tensor from its raw bytes (written out of band by checkpoints._Pickler)."""
     import torch
-    kind = getattr(torch, dtype, None) if type(dtype) is str else None
+    kind = vars(torch).get(dtype) if type(dtype) is str else None  # no lazy import (getattr would)
     need(isinstance(kind, torch.dtype),
          f"it holds a tensor of the unknown dtype {dtype[:40] if type(dtype) is str else type(dtype).__name__!r}")
     view, n = _buffer(data), count(shape)
@@ -244,7 +244,7 @@ def _slot_device(kind: str):
     """This process's device of `kind` for its slot, or None where it has none."""
     import torch
     from hvdlite.worker import gpus
-    module = getattr(torch, kind, None)
+    module = vars(torch).get(kind)
     if kind == "cpu" or not getattr(module, "is_available", lambda: False)():
         return None
     count = getattr(module, "device_count", lambda: 1)()

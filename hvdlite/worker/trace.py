@@ -197,6 +197,19 @@ def _close_open(events) -> list:
             for spans in open_spans.values() for b in reversed(spans)]
 
 
+def _umask() -> int:
+    """This process's umask, read without changing it (os.umask sets it, for every thread);
+    0o077 where it cannot be read."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o077
+
+
 def merge_parts(path: str, remove: bool = True, out: str = None) -> None:
     """Write FILE (or `out`) from FILE's parts, atomically; `remove` deletes the parts afterwards."""
     if not _is_own_folder(parts_dir(path)):
@@ -206,7 +219,7 @@ def merge_parts(path: str, remove: bool = True, out: str = None) -> None:
     # mkstemp: a name nobody can plant a symlink at first (O_EXCL, random bits)
     fd, tmp = tempfile.mkstemp(prefix=os.path.basename(out) + ".", suffix=".tmp", dir=os.path.dirname(out))
     try:
-        os.fchmod(fd, 0o644)
+        os.fchmod(fd, 0o644 & ~_umask())  # as open() would have made it: never wider than the umask
         with open(fd, "w", encoding="utf-8") as f:
             json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
         os.replace(tmp, out)

@@ -79,7 +79,7 @@ class Gate:
             return (403, b"bad signature"), None
         refused = self._replays.verdict(float(stamp), nonce, time.time())
         if refused == "stale":
-            return (403, b"stale", f"{time.time():.3f}"), fields
+            return (403, kvproto.stale(time.time())), fields
         return ((403, refused.encode()) if refused else None), fields
 
     def answer_header(self, request_mac: str, status: int, body) -> str:

@@ -9,7 +9,7 @@ import socket
 import time
 from concurrent.futures import Future
 
-from hvdlite.driver.kv.parse import AUTH, MAX_HEAD, BadRequest, answer_head, body_framing, read_head
+from hvdlite.driver.kv.parse import AUTH, MAX_HEAD, BadRequest, answer_head, body_framing, internal, read_head
 from hvdlite.driver.kv.polls import Later, LongPoll
 from hvdlite.driver.kv.pump import BULK
 from hvdlite.worker import kvproto
@@ -79,7 +79,7 @@ class Connection(asyncio.BufferedProtocol):
             self._process()
         except Exception as e:  # noqa: BLE001 - a bug here must cost one connection, loudly
             if not self.closed:
-                self._fail(500, f"{type(e).__name__}: {e}".encode())
+                self._fail(*internal(e))
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -135,7 +135,7 @@ class Connection(asyncio.BufferedProtocol):
         except BadRequest as e:
             answer = 400, str(e.args[0]).encode() if len(e.args) == 1 else e.args[1]
         except Exception as e:  # noqa: BLE001 - a failing route handler answers 500
-            answer = 500, f"{type(e).__name__}: {e}".encode()
+            answer = internal(e)
         if isinstance(answer, tuple) and len(answer) in (2, 4) and isinstance(answer[0], (Future, Later)):
             future, cancel = answer[:2]
             seconds, expired = answer[2:] if len(answer) == 4 else (server.max_wait, b"no answer yet")
@@ -187,6 +187,6 @@ class Connection(asyncio.BufferedProtocol):
         self._gone()
         self.transport.close()
 
-    def _fail(self, status, reason, server_time=None):
+    def _fail(self, status, reason):
         """Answer an error and close: the rest of the stream cannot be trusted."""
-        self._write(status, reason, True, f"{kvproto.TIME_HEADER}: {server_time}\r\n" if server_time else "")
+        self._write(status, reason, True)

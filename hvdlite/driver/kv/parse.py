@@ -1,6 +1,7 @@
 """How the KV server reads HTTP/1.1: request heads, names, query strings, and the head of an
 answer. Pure functions; a request that cannot be read raises BadRequest."""
 import re
+import sys
 from urllib.parse import unquote, unquote_to_bytes
 
 from hvdlite.worker import kvproto
@@ -12,6 +13,7 @@ METHODS = ("GET", "PUT", "POST", "DELETE")
 AUTH = kvproto.AUTH_HEADER.lower()
 DIGITS = re.compile(r"[0-9]+")
 INTEGER = re.compile(r"[+-]?[0-9]+")
+INTERNAL = b"internal error of the KV server (said on the driver's stderr)"
 _PERCENT_OK = re.compile(r"(?:[^%]|%[0-9A-Fa-f]{2})*")
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
             405: "Method Not Allowed", 408: "Request Timeout", 413: "Payload Too Large",
@@ -113,3 +115,15 @@ def seconds(query) -> float:
     if not 0 <= value < float("inf"):
         raise BadRequest("wait must be a number of seconds")
     return value
+
+
+def internal(error: BaseException):
+    """The answer to a request the server failed on: 500 with no text of the error's (it may
+    quote what the client sent, and tells an outsider about the server); the error goes to the
+    driver's stderr, on one line, escaped."""
+    try:
+        print(f"hvdlite: KV server: internal error: {ascii(f'{type(error).__name__}: {error}')[1:-1]}",
+              file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+    return 500, INTERNAL

@@ -1,5 +1,6 @@
 """Long-polls: requests answered later. Waiters holds who waits for which key; LongPoll is one
 connection's request whose answer comes from a future, its timer or its connection's end."""
+from hvdlite.driver.kv.parse import internal
 
 
 class Waiters:
@@ -111,7 +112,7 @@ class LongPoll:
             answer = 503, b"the route gave up this request"
         elif future.exception() is not None:
             error = future.exception()
-            answer = 500, f"{type(error).__name__}: {error}".encode()
+            answer = internal(error)
         else:
             answer = future.result()
         self._answer(answer)
