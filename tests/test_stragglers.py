@@ -101,3 +101,23 @@ def test_tiny_steps_are_not_stragglers():
         s.heard(w, 0, 0.0, 0.0)
     feed(s, WINDOW, {"a": 0.001, "b": 0.001, "c": 0.001 + MIN_GAP / 2}, 10)
     assert s.check("abc", WINDOW) == []
+
+
+
+def test_a_rank_idle_in_join_is_neither_named_nor_the_baseline():
+    """c ran out of data: in join() it answers one allreduce a second, waiting all of that time
+    or (its loop's own overhead under load) half of it, while the others step alike."""
+    for members in ("abc", "ac"):
+        for waits in (1.0, 0.5):
+            s = Stragglers(2.0)
+            s.new_world(0.0)
+            for w in members:
+                s.heard(w, 0, 0.0, 0.0)
+            for w in members.replace("c", ""):
+                s.heard(w, 50, 0.0, WINDOW)
+            s.heard("c", 5, waits * WINDOW, WINDOW, idle=True)
+            assert s.check(members, WINDOW) == [], (members, waits)
+            s.heard("c", 55, waits * WINDOW, 2 * WINDOW)  # stepping again: measured again
+            for w in members.replace("c", ""):
+                s.heard(w, 100, 0.0, 2 * WINDOW)
+            assert s.check(members, 2 * WINDOW) == [] and set(s.steps) == set(members)
