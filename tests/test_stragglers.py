@@ -62,6 +62,18 @@ def test_evict_takes_a_persistent_straggler_out_and_the_world_goes_on_without_it
     assert ["0", "249", "2"] in steps, steps[-4:]
 
 
+def test_a_rank_out_of_data_idles_in_join_while_the_other_steps_and_nobody_is_named(tmp_path):
+    # np 2: rank 1 joins after 10 steps and idles two windows and more; rank 0 is measured
+    # against nobody (against the idle rank's nil work it would be named).
+    r = run_job([*FAST, "-np", "2", sys.executable, SCRIPT], tmp_path, timeout=90,
+                env={"LOG_DIR": str(tmp_path), "JOIN": "1:10", "STEPS": "120", "STEP_SLEEP": "0.1"})
+    assert r.code == 0, r.stderr[-3000:]
+    assert r.of("straggler") == [], r.of("straggler")
+    with open(os.path.join(tmp_path, "steps.txt")) as f:
+        ranks = [line.split()[0] for line in f]
+    assert ranks.count("0") == 120 and ranks.count("1") == 10, ranks
+
+
 def test_evict_needs_an_elastic_job(tmp_path):
     r = run_job(["-np", "2", "--straggler-policy", "evict", "true"], tmp_path, timeout=30)
     assert r.code == 2 and "--straggler-policy evict needs an elastic job" in r.stderr, r.stderr
