@@ -6,7 +6,8 @@ The workers are modelled just enough to behave like real ones: they wait in the 
 told, crash at any time, die with their template, fail to load a checkpoint, sit in a pygloo
 collective of a broken world (their stand-in process beating for them), lose the driver, hang in
 their own code while their peers wait in the next collective (hangs.py: named with their stack),
-straggle (stragglers.py: named, and with --straggler-policy evict failed), are paused (SIGSTOP) on
+straggle (stragglers.py: named, and with --straggler-policy evict failed), run out of data and
+idle in hvd.join() while the others step (never named, nor the others' baseline), are paused (SIGSTOP) on
 a node that answers probes, or lose their node (cut off: probes go silent).
 Launches start, are refused by their host, fail in the driver's own fork, time out in the
 launcher, or never start at all.
@@ -59,6 +60,7 @@ class Proc:
         self.pending = None  # rank 0: the commit its checkpoint writer has not written yet
         self.calls = 0  # collectives entered in its current world (one a commit)
         self.waited = 0.0  # seconds it waited in them
+        self.idle = False  # in hvd.join(): its data ran out, it answers the others' allreduces
         self.hung = False  # in its own code for good while its peers wait in the next collective
         self.first_step_in = None  # the round whose first step it took (first_step_takes_long)
         self.paused = False  # SIGSTOP: silent, its node answers probes for it
@@ -255,7 +257,8 @@ class ElasticJob(RuleBasedStateMachine):
         return Heartbeats(tuple((p.worker, p.commit) for p in procs if not p.held),
                           tuple((p.worker, p.round or 0) for p in procs if p.held or stand_ins),
                           tuple((p.worker, p.calls) for p in procs if not p.held),
-                          tuple((p.worker, p.waited) for p in procs if not p.held))
+                          tuple((p.worker, p.waited) for p in procs if not p.held),
+                          tuple(p.worker for p in procs if not p.held and p.idle))
 
     # ---- rules ---------------------------------------------------------------------------
     @rule(hosts=st.lists(st.sampled_from(UNIVERSE), unique=True, max_size=4),
@@ -576,11 +579,40 @@ class ElasticJob(RuleBasedStateMachine):
             self.send(self.beats(self.running()), dt=1.0)
             self.send(Tick(), dt=0.0)
 
+    @rule(data=st.data())
+    def joins_with_uneven_data(self, data):
+        """Join with uneven data: the members step alike for a window, then one runs out of data
+        and idles in hvd.join() a while, answering the others' allreduces (one a second here):
+        it waits all that time, or nearly (its loop's own work)."""
+        members = sorted(p.worker for p in self.members() if not p.handover)
+        if len(members) < 2 or self.core.broken >= self.core.round:
+            return
+        joined = self.procs[data.draw(st.sampled_from(members))]
+        waits = data.draw(st.sampled_from([1.0, 0.9]))
+        seconds = data.draw(st.sampled_from([3, int(WINDOW * 2) + 2]))
+        try:
+            for second in range(int(WINDOW) + 1 + seconds):  # a window of even steps first
+                if self.ended is not None or self.core.broken >= self.core.round:
+                    return
+                members = self.members()
+                joined.idle = second > WINDOW and joined in members
+                for p in members:
+                    self.commit_once(p)
+                    p.waited += waits if p.idle else 0.0
+                self.at_commit(members)
+                self.send(self.beats(self.running()), dt=1.0)
+                self.send(Tick(), dt=0.0)
+        finally:
+            joined.idle = False
+
     def check_straggler(self, log):
         """Named in a sound world; named recovered only after it was named; failed only with
-        --straggler-policy evict, while named, and never below --min-np."""
+        --straggler-policy evict, while named, and never below --min-np. While a member idles in
+        join() and the others step alike, nobody is named: not it, nor one measured against it."""
         c, worker = self.core, log.fields["worker"]
         assert worker in c.world, f"{log.event} for {worker}, not a member of world {c.round}"
+        idle = [p.worker for p in self.procs.values() if p.idle]
+        assert log.event == "straggler_recovered" or not idle, f"{log.event} {worker} while {idle} idle in join()"
         if log.event == "straggler":
             assert worker not in self.straggling, f"{worker} named a straggler twice"
             self.straggling.add(worker)
@@ -1025,3 +1057,11 @@ def test_a_finished_job_does_not_wait_for_a_member_stuck_in_the_broken_world():
     job.finishes_while_a_peer_is_stuck(Picks(a))
     job.send(Tick(), dt=0.5)
     assert job.ended is not None and job.ended.code == 0, job.ended
+
+
+
+def test_a_member_idle_in_join_with_less_data_is_not_named_nor_the_baseline():
+    """Two windows of join with uneven data: check_straggler says if anyone is named."""
+    job, (a, *_) = formed()
+    job.joins_with_uneven_data(Picks(a, 1.0, int(WINDOW * 2) + 2))
+    assert job.ended is None and all(not p.idle for p in job.procs.values())

@@ -103,8 +103,8 @@ def test_heartbeat_datagrams(server):
     server.set_heartbeat(handler)
     client = KVClient(*server.address, SECRET, timeout=5)
     beats = Heartbeats(client, timeout=1.0)
-    assert beats.beat("h/1#1", 7) == b"alive 1"
-    assert heard == [[("h/1#1", 7, None, (0, 0.0))]]
+    assert beats.beat("h/1#1", 7, calls=3, waited=0.5, idle=True) == b"alive 1"
+    assert heard == [[("h/1#1", 7, None, (3, 0.5, True))]]
     key = kvproto.beat_key(KEY)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
         udp.connect(server.address)
@@ -123,7 +123,7 @@ def test_heartbeat_datagrams(server):
         udp.send(fresh)
         answer = udp.recv(2048)
         assert kvproto.decode_beat_answer(key, fresh[:kvproto.BEAT_TAG], answer) == b"alive 2"
-        assert heard[-1] == [("h/2#1", 3, None, (0, 0.0))]
+        assert heard[-1] == [("h/2#1", 3, None, (0, 0.0, False))]
         # Bound to its request, and to its own bytes:
         assert kvproto.decode_beat_answer(key, replay[:kvproto.BEAT_TAG], answer) is None
         assert kvproto.decode_beat_answer(key, fresh[:kvproto.BEAT_TAG], answer[:-1] + b"3") is None
@@ -136,7 +136,7 @@ def test_heartbeat_datagrams(server):
         tags = {d[:kvproto.BEAT_TAG] for d in burst}
         assert all(any(kvproto.decode_beat_answer(key, t, a) for t in tags) for a in answers)
         got = [pair for batch in heard[before:] for pair in batch]
-        assert sorted(got) == sorted((f"h/{i}#1", i, None, (0, 0.0)) for i in range(50))
+        assert sorted(got) == sorted((f"h/{i}#1", i, None, (0, 0.0, False)) for i in range(50))
         assert len(heard) - before < 50, "the handler was called once a beat, not once a batch"
     beats.close()
 

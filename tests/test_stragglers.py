@@ -62,6 +62,18 @@ def test_evict_takes_a_persistent_straggler_out_and_the_world_goes_on_without_it
     assert ["0", "249", "2"] in steps, steps[-4:]
 
 
+def test_a_rank_out_of_data_idles_in_join_while_the_other_steps_and_nobody_is_named(tmp_path):
+    # np 2: rank 1 joins after 10 steps and idles two windows and more; rank 0 is measured
+    # against nobody (against the idle rank's nil work it would be named).
+    r = run_job([*FAST, "-np", "2", sys.executable, SCRIPT], tmp_path, timeout=90,
+                env={"LOG_DIR": str(tmp_path), "JOIN": "1:10", "STEPS": "120", "STEP_SLEEP": "0.1"})
+    assert r.code == 0, r.stderr[-3000:]
+    assert r.of("straggler") == [], r.of("straggler")
+    with open(os.path.join(tmp_path, "steps.txt")) as f:
+        ranks = [line.split()[0] for line in f]
+    assert ranks.count("0") == 120 and ranks.count("1") == 10, ranks
+
+
 def test_evict_needs_an_elastic_job(tmp_path):
     r = run_job(["-np", "2", "--straggler-policy", "evict", "true"], tmp_path, timeout=30)
     assert r.code == 2 and "--straggler-policy evict needs an elastic job" in r.stderr, r.stderr
@@ -101,3 +113,23 @@ def test_tiny_steps_are_not_stragglers():
         s.heard(w, 0, 0.0, 0.0)
     feed(s, WINDOW, {"a": 0.001, "b": 0.001, "c": 0.001 + MIN_GAP / 2}, 10)
     assert s.check("abc", WINDOW) == []
+
+
+
+def test_a_rank_idle_in_join_is_neither_named_nor_the_baseline():
+    """c ran out of data: in join() it answers one allreduce a second, waiting all of that time
+    or (its loop's own overhead under load) half of it, while the others step alike."""
+    for members in ("abc", "ac"):
+        for waits in (1.0, 0.5):
+            s = Stragglers(2.0)
+            s.new_world(0.0)
+            for w in members:
+                s.heard(w, 0, 0.0, 0.0)
+            for w in members.replace("c", ""):
+                s.heard(w, 50, 0.0, WINDOW)
+            s.heard("c", 5, waits * WINDOW, WINDOW, idle=True)
+            assert s.check(members, WINDOW) == [], (members, waits)
+            s.heard("c", 55, waits * WINDOW, 2 * WINDOW)  # stepping again: measured again
+            for w in members.replace("c", ""):
+                s.heard(w, 100, 0.0, 2 * WINDOW)
+            assert s.check(members, 2 * WINDOW) == [] and set(s.steps) == set(members)

@@ -182,7 +182,7 @@ class Job:
             for worker, _ in beats.vouched if beats is not None else ():
                 progress.vouched(worker, now)
             for (worker, calls), (_, waited) in zip(beats.calls, beats.waited) if beats is not None else ():
-                stragglers.heard(worker, calls, waited, now)
+                stragglers.heard(worker, calls, waited, now, worker in beats.idle)
             for kind, worker, step, median in stragglers.check(started & running.keys(), now):
                 self.log.announce(kind, slot=worker.split("#")[0], worker=worker, rank=placed[worker].rank,
                                   step=round(step, 4), median=round(median, 4))

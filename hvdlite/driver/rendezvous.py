@@ -40,7 +40,7 @@ class Rendezvous:
         self._waiting = {}  # worker -> Future of its pending assign request
         self._beats = {}  # worker -> commits, heard since the last drain
         self._vouched = {}  # worker -> round its stand-in holds, heard since the last drain
-        self._calls = {}  # worker -> (collectives it entered, seconds it waited), since the last drain
+        self._calls = {}  # worker -> (collectives it entered, seconds it waited, idle), since the last drain
         self._state = {"updates": 0, "broken": 0, "stop": False}
         self._published = json.dumps(self._state).encode()
 
@@ -79,7 +79,7 @@ class Rendezvous:
         return 404, b"unknown rendezvous endpoint"
 
     def heartbeat(self, beats) -> bytes:
-        """Heartbeat datagrams that came in together, (worker, commit, vouched, (calls, waited))
+        """Heartbeat datagrams that came in together, (worker, commit, vouched, (calls, waited, idle))
         each (the server checked their signatures): note them, answer at once. One lock for the
         batch, not one a beat."""
         with self._lock:
@@ -135,8 +135,9 @@ class Rendezvous:
             (beats, self._beats), (vouched, self._vouched) = (self._beats, {}), (self._vouched, {})
             calls, self._calls = self._calls, {}
         return Heartbeats(tuple(beats.items()), tuple(vouched.items()),
-                          tuple((w, n) for w, (n, _) in calls.items()),
-                          tuple((w, s) for w, (_, s) in calls.items())) if beats or vouched else None
+                          tuple((w, n) for w, (n, _, _) in calls.items()),
+                          tuple((w, s) for w, (_, s, _) in calls.items()),
+                          tuple(w for w, (_, _, idle) in calls.items() if idle)) if beats or vouched else None
 
     def close(self):
         with self._lock:

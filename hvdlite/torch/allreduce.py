@@ -247,6 +247,15 @@ def join(device=-1) -> int:
     if backend.active():
         raise RuntimeError("hvd.join() runs on gloo only: this world's CUDA allreduces take NCCL, "
                            "which carries no join state; run with --backend gloo")
+    current = runtime._current
+    current.idle = True  # idle, not slow: its heartbeats say so (worker/runtime.idle)
+    try:
+        return _answer_until_all_joined(pg)
+    finally:
+        current.idle = False
+
+
+def _answer_until_all_joined(pg) -> int:
     wire, first = joinwire.wire(), True
     while True:
         guess = wire.guess()

@@ -165,13 +165,14 @@ class Heartbeats:
         self.sock.connect((client.host, client.port))
         self.sender, self.counter = os.urandom(8), 0
 
-    def beat(self, worker: str, commit: int = 0, vouched=None, calls: int = 0, waited: float = 0.0):
+    def beat(self, worker: str, commit: int = 0, vouched=None, calls: int = 0, waited: float = 0.0,
+             idle: bool = False):
         """Tell the driver `worker` is alive, holds `commit` commits, entered `calls`
-        collectives and waited `waited` seconds in them (`vouched`: see kvproto.encode_beat); the
+        collectives and waited `waited` seconds in them, is `idle` in hvd.join() (`vouched`: see kvproto.encode_beat); the
         driver's answer (bytes), or None if none came within the timeout."""
         self.counter += 1
         datagram = kvproto.encode_beat(self.key, self.sender, self.counter, worker, commit,
-                                       time.time() + self.client.offset, vouched, calls, waited)
+                                       time.time() + self.client.offset, vouched, calls, waited, idle)
         deadline = time.monotonic() + self.timeout
         try:
             self.sock.send(datagram)

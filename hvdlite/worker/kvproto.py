@@ -175,12 +175,12 @@ def decode_snapshot(compressed: bytes) -> dict:
 # request:  tag(16) | b"hb" | time(8, double) | sender(8) | counter(8) | commit(8) | vouched(8,
 #           signed: -1 for the worker's own beat, else a stand-in's, see vouch) | calls(8: the
 #           collectives it entered in its current world, see Runtime.calls) | waited(8, double:
-#           seconds it waited in them) | worker (UTF-8)
+#           seconds it waited in them) | idle(1: in hvd.join(), see runtime.idle) | worker (UTF-8)
 # answer:   tag(16) over b"ha" + answer + the request's tag | answer
 # A sender's counter only grows, so a replayed datagram is refused without remembering nonces;
 # an answer is bound to its request, so an old one cannot be passed off as new.
 
-_BEAT = struct.Struct("!2sd8sQQqQd")
+_BEAT = struct.Struct("!2sd8sQQqQd?")
 BEAT_TAG = 16
 MAX_DATAGRAM = 1400
 
@@ -195,31 +195,32 @@ def _tag(key: bytes, message: bytes) -> bytes:
 
 
 def encode_beat(key: bytes, sender: bytes, counter: int, worker: str, commit: int, now: float,
-                vouched=None, calls: int = 0, waited: float = 0.0) -> bytes:
+                vouched=None, calls: int = 0, waited: float = 0.0, idle: bool = False) -> bytes:
     """A heartbeat of `worker` holding `commit` commits, having entered `calls` collectives in
-    its world and waited `waited` seconds in them; key is beat_key(job key). `vouched`: None for the worker's own beat; for one its
-    stand-in process sends (vouch), the round of the group it holds for the worker (0: none)."""
+    its world and waited `waited` seconds in them, `idle` in hvd.join(); key is beat_key(job
+    key). `vouched`: None for the worker's own beat; for one its stand-in process sends
+    (vouch), the round of the group it holds for the worker (0: none)."""
     message = _BEAT.pack(b"hb", now, sender, counter, commit, -1 if vouched is None else vouched, calls,
-                         waited) \
+                         waited, idle) \
         + worker.encode("utf-8")
     return _tag(key, message) + message
 
 
 def decode_beat(key: bytes, datagram: bytes):
-    """(tag, time, sender, counter, worker, commit, vouched, (calls, waited)), or None unless
+    """(tag, time, sender, counter, worker, commit, vouched, (calls, waited, idle)), or None unless
     signed with key and well-formed."""
     if not BEAT_TAG + _BEAT.size <= len(datagram) <= MAX_DATAGRAM:
         return None
     tag, message = datagram[:BEAT_TAG], datagram[BEAT_TAG:]
     if not hmac.compare_digest(tag, _tag(key, message)):
         return None
-    mark, stamp, sender, counter, commit, vouched, calls, waited = _BEAT.unpack_from(message)
+    mark, stamp, sender, counter, commit, vouched, calls, waited, idle = _BEAT.unpack_from(message)
     # a stamp that is no number would never be stale: a captured beat would replay for good
     if mark != b"hb" or not math.isfinite(stamp) or vouched < -1 or not 0 <= waited < float("inf"):
         return None
     try:
         return (tag, stamp, sender, counter, message[_BEAT.size:].decode("utf-8"), commit,
-                None if vouched == -1 else vouched, (calls, waited))
+                None if vouched == -1 else vouched, (calls, waited, idle))
     except UnicodeDecodeError:
         return None
 

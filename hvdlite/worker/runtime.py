@@ -25,6 +25,12 @@ def waited() -> float:
     return sum(r.waited for r in _runtimes)
 
 
+def idle() -> bool:
+    """This process waits in hvd.join() with no data left: its peers' steps go on without its
+    own work, so the straggler rule leaves it out (driver/decisions/stragglers.py)."""
+    return any(r.idle for r in _runtimes)
+
+
 class NotInitializedError(ValueError):
     """A collective or query was called before hvd.init() or after hvd.shutdown()."""
 
@@ -37,6 +43,7 @@ class Runtime:
         self.failed = False  # a collective of this world failed (HorovodInternalError)
         self.calls = 0  # group() calls in the current world: every rank makes as many per collective
         self.waited = 0.0  # seconds its collectives waited in the current world (the backend adds)
+        self.idle = False  # in hvd.join() (the backend sets it)
         self._counted = None  # what counts the world's collectives itself, where its group does
         self._counting = threading.Lock()  # (the heartbeat thread asks it)
         _runtimes.append(self)
@@ -47,7 +54,7 @@ class Runtime:
         called them (else group()'s calls)."""
         self._group, self._info, self._first_use, self._next = group, info, first_use, None
         self.failed = False
-        self.calls, self.waited = 0, 0.0
+        self.calls, self.waited, self.idle = 0, 0.0, False
         with self._counting:
             self._counted = counted
 

@@ -21,7 +21,7 @@ from hvdlite.worker import durable, env, probed, stopping
 from hvdlite.worker.claim import job_secret
 from hvdlite.worker.errors import quiet_broken_world
 from hvdlite.worker.kvclient import Heartbeats, KVClient
-from hvdlite.worker.runtime import entered, waited
+from hvdlite.worker.runtime import entered, idle, waited
 from hvdlite.worker.world import WorldInfo
 
 HEARTBEAT_INTERVAL = defaults.HEARTBEAT_INTERVAL
@@ -164,7 +164,7 @@ class Session:
         heartbeat thread may not have run for a while (pygloo holds the GIL while it connects)."""
         beats = Heartbeats(self.client, timeout=HEARTBEAT_TIMEOUT)
         try:
-            self._take(beats.beat(self.worker, self.commits, calls=entered(), waited=waited()))  # no answer: what was heard stands
+            self._take(beats.beat(self.worker, self.commits, calls=entered(), waited=waited(), idle=idle()))  # no answer: what was heard stands
         finally:
             beats.close()
 
@@ -189,7 +189,7 @@ class Session:
         last_contact = time.monotonic()
         while True:
             sent = time.monotonic()
-            body = self._beats.beat(self.worker, self.commits, calls=entered(), waited=waited())
+            body = self._beats.beat(self.worker, self.commits, calls=entered(), waited=waited(), idle=idle())
             starved = time.monotonic() - sent - HEARTBEAT_TIMEOUT
             if body is None and starved > STALL:  # its wait ended, then the GIL was held elsewhere
                 last_contact += starved

@@ -35,6 +35,7 @@ POST = float(os.environ.get("POST", "0"))
 SLOW = tuple(int(x) for x in os.environ["SLOW"].split(":")) if os.environ.get("SLOW") else None
 FIRST = tuple(float(x) for x in os.environ["FIRST"].split(":")) if os.environ.get("FIRST") else None
 SLOW_SLEEP = float(os.environ.get("SLOW_SLEEP", "0.3"))
+JOIN = tuple(int(x) for x in os.environ["JOIN"].split(":")) if os.environ.get("JOIN") else None  # rank:steps it has data for
 
 
 def first_time(name):
@@ -60,7 +61,7 @@ def step(k, weights):
     if DDP:
         model(torch.ones(2, 4)).sum().backward()
     elif SKIP != (rank, k):
-        weights.add_(hvd.allreduce(torch.ones(4), name="grad"))
+        weights.add_(hvd.allreduce(torch.ones(4), name=None if JOIN else "grad"))
     if rank == 0 and EVALS and k and k % EVAL_EVERY == 0 and k // EVAL_EVERY <= len(EVALS):
         time.sleep(EVALS[k // EVAL_EVERY - 1])  # evaluating alone
     time.sleep(SLEEP)
@@ -88,7 +89,9 @@ elif os.environ.get("ELASTIC") == "1":
     train(state)
 else:
     hvd.init()
-    for k in range(STEPS):
+    for k in range(JOIN[1] if JOIN and JOIN[0] == hvd.rank() else STEPS):
         step(k, weights)
+    if JOIN:
+        hvd.join()  # out of data: answers the others' allreduces until they are out too
     hvd.allreduce(torch.ones(4), name="grad")  # alike, so that only the count tells a skip
     time.sleep(POST)  # after training, alone

@@ -78,6 +78,7 @@ class Heartbeats:
     vouched: tuple = ()
     calls: tuple = ()  # ((worker, collectives it entered in its world), ...) of its own beats (hangs.py)
     waited: tuple = ()  # ((worker, seconds it waited in them), ...) (stragglers.py)
+    idle: tuple = ()  # (worker, ...) whose beat said it waits in hvd.join() (stragglers.py)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ entered. Every heartbeat carries both counts (worker/runtime.py); each WINDOW se
 takes every member's figure over the window, and names a rank whose figure is at least
 `factor` times the median of the others' (and MIN_GAP longer), once, and once more when it
 recovers. A window in which a rank entered no collective (an evaluation on rank 0 alone) says
-nothing about it. Pure: the time is passed in.
+nothing about it, nor one in which it was heard idle in hvd.join(): its data ran out, its own
+work is nil while the others step, so it is neither named nor the others' baseline. Pure: the
+time is passed in.
 """
 import statistics
 
@@ -26,22 +28,28 @@ class Stragglers:
         self.window_at = None  # when the current window started
         self.steps = {}  # worker -> its step time over the last window
         self.slow = {}  # worker -> windows in a row it straggled (while it is a straggler)
+        self.idle = set()  # workers heard idle in hvd.join() in the current window
 
     def new_world(self, now: float) -> None:
         self.start, self.latest, self.steps, self.slow, self.window_at = {}, {}, {}, {}, now
+        self.idle = set()
 
-    def heard(self, worker: str, calls: int, waited: float, now: float) -> None:
+    def heard(self, worker: str, calls: int, waited: float, now: float, idle: bool = False) -> None:
         self.latest[worker] = (now, calls, waited)
         self.start.setdefault(worker, self.latest[worker])
+        if idle:
+            self.idle.add(worker)
 
     def check(self, members, now: float) -> list:
         """At each window's end: [(event, worker, its step, the others' median)], event
         "straggler" when it became one, "straggler_recovered" when it no longer is."""
         if self.window_at is None or now - self.window_at < WINDOW:
             return []
-        self.window_at, steps = now, {}
+        self.window_at, steps, idle, self.idle = now, {}, self.idle, set()
         for w in members:
-            if w in self.start and self.latest[w][1] > self.start[w][1]:
+            if w in idle:  # (a straggler stays one until it steps again)
+                self.start[w] = self.latest[w]
+            elif w in self.start and self.latest[w][1] > self.start[w][1]:
                 (t0, c0, s0), (t1, c1, s1) = self.start[w], self.latest[w]
                 steps[w] = max(0.0, (t1 - t0) - (s1 - s0)) / (c1 - c0)
                 self.start[w] = self.latest[w]

@@ -19,14 +19,14 @@ class Watching:
 
     def _watch_beats(self, event: Heartbeats):
         """The members' collective counts and waits, from their own beats; the stand-ins'."""
-        progress, waited = self._progress(), dict(event.waited)
+        progress, waited, idle = self._progress(), dict(event.waited), set(event.idle)
         for worker, _ in event.vouched:
             progress.vouched(worker, self._now)
         for worker, n in event.calls:
             if worker in self.staying and self.workers[worker].phase is Phase.TRAINING:
                 progress.heard(worker, n, self._now)
                 if worker in waited:
-                    self.stragglers.heard(worker, n, waited[worker], self._now)
+                    self.stragglers.heard(worker, n, waited[worker], self._now, worker in idle)
 
     def _check_hangs(self):
         """A member its peers wait on that made no progress for the hang timeout is named, its
