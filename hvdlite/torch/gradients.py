@@ -49,6 +49,8 @@ def _checksum(grad) -> int:
         return _checksum(grad.indices()) + _checksum(grad.values())
     data = grad.detach().contiguous().reshape(-1).view(torch.uint8)
     if data.numel() % 8 == 0:
+        if data.storage_offset() % 8:  # a view into a bucket (DDP's, a fused one) may start mid-word
+            data = data.clone()
         data = data.view(torch.int64)
     return int(data.sum(dtype=torch.int64))
 
