@@ -200,9 +200,9 @@ def test_status_line_on_a_pseudo_terminal(tmp_path):
     args = [sys.executable, "-m", "hvdlite.cli", "run", *discovery(tmp_path, schedule), "--min-np", "1", *JOB]
     env = {**os.environ, **job_env(tmp_path, TOTAL_STEPS=30, STEP_SLEEP=0.1)}
     pid, fd = pty.fork()
-    if pid == 0:  # the child: the driver, with the pty as its terminal
+    if pid == 0:  # the child: the driver, with the pty as its terminal, 160 wide from its start
+        fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
         os.execvpe(args[0], args, env)
-    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
     output, started = b"", time.monotonic()
     deadline = started + 120
     try:
