@@ -523,8 +523,11 @@ class ElasticJob(RuleBasedStateMachine):
         # (a member one commit ahead, the world having broken mid-commit, is no peer's wait)
         behind = all(p.calls > proc.calls for p in self.members())
         # Heartbeats go on, nobody moves: it is named before its peers' collective would time
-        # out (and blame them), whatever stalls the world got past before.
-        for _ in range(int(ceiling(self.core.policy.collective_timeout)) + 1):
+        # out (and blame them), whatever stalls the world got past before. The first beat only
+        # tells the driver of the peers' move; the ceiling counts from it, and the model's clock
+        # (sums of floats) may reach it a hair short on the tick that follows, so one tick more
+        # (a second here, TICK in the driver): 28 s after the peers entered, still before 30 s.
+        for _ in range(int(ceiling(self.core.policy.collective_timeout)) + 2):
             if self.ended is not None:
                 return
             self.send(self.beats(self.running()), dt=1.0)
@@ -1048,6 +1051,23 @@ def test_a_long_first_step_then_a_hang_of_that_rank_named_before_the_collective_
     job.first_step_takes_long(Picks(first), long=True)
     job.hangs_in_its_own_code(Picks(first, first), stack=True, after_a_stall=True)
     assert job.named_hung == {first}
+
+
+def test_a_hang_in_the_first_step_is_named_at_the_ceiling_whatever_the_clock():
+    """A rank that hangs before it ever kept pace is judged by the ceiling (26 s), counted from
+    the beat that told of its peers' move; on this job's clock (three driver stops first) 26
+    one-second ticks sum to a hair under 26 s, and it is named on the next tick, before the
+    peers' 30 s timeout."""
+    job = ElasticJob()
+    job.checkpoint_dir(durable=False, on_disk=0)
+    job.straggler_policy(evict=False)
+    for _ in range(3):
+        job.driver_stops_for_a_while()
+    job.launches_complete()
+    job.idle_workers_enter_rendezvous()
+    (a, *_) = sorted(p.worker for p in job.members())
+    job.hangs_in_its_own_code(Picks(a), stack=False, after_a_stall=False)
+    assert job.named_hung == {a}
 
 
 def test_a_finished_job_does_not_wait_for_a_member_stuck_in_the_broken_world():
