@@ -155,7 +155,10 @@ class ElasticJob(RuleBasedStateMachine):
         """A worker whose node is gone, silent past probe_after, is never left unprobed for
         longer than a third of its silence (REPROBE at least), whatever an earlier probe said:
         it is known by a probe, not after the liveness timeout. (A probe in flight: the
-        model answers it when it will.)"""
+        model answers it when it will.) Once the job ended nothing is decided any more: the
+        core ignores every event, and the driver's loop returned and stops every worker."""
+        if self.core.ended:
+            return
         for proc in self.procs.values():
             inc = self.core.workers.get(proc.worker)
             if not proc.cut or inc is None or not inc.alive or inc.killed is not None or inc.probing \
@@ -1068,6 +1071,23 @@ def test_a_hang_in_the_first_step_is_named_at_the_ceiling_whatever_the_clock():
     (a, *_) = sorted(p.worker for p in job.members())
     job.hangs_in_its_own_code(Picks(a), stack=False, after_a_stall=False)
     assert job.named_hung == {a}
+
+
+def test_a_node_cut_off_after_the_job_ended_is_not_probed():
+    """The job ends with its workers alive (a checkpoint that does not load), then a node goes
+    and the driver stops a while: nobody probes it, nor needs to."""
+    job = ElasticJob()
+    job.checkpoint_dir(durable=True, on_disk=2)
+    job.straggler_policy(evict=False)
+    job.launches_complete()
+    job.idle_workers_enter_rendezvous()
+    job.heartbeats(Picks(sorted(job.procs)), stand_ins=False)
+    (a, *_) = sorted(p.worker for p in job.members())
+    job.checkpoint_fails_to_load(Picks(a), dice=0)
+    assert job.ended is not None and job.ended.code == exitcodes.UNLOADABLE, job.ended
+    job.node_is_cut_off(Picks("b"), dice=0, told=False, beat=True)
+    job.driver_stops_for_a_while()
+    assert not job.probes
 
 
 def test_a_finished_job_does_not_wait_for_a_member_stuck_in_the_broken_world():
