@@ -155,7 +155,10 @@ class ElasticJob(RuleBasedStateMachine):
         """A worker whose node is gone, silent past probe_after, is never left unprobed for
         longer than a third of its silence (REPROBE at least), whatever an earlier probe said:
         it is known by a probe, not after the liveness timeout. (A probe in flight: the
-        model answers it when it will.)"""
+        model answers it when it will.) Once the job ended nothing is decided any more: the
+        core ignores every event, and the driver's loop returned and stops every worker."""
+        if self.core.ended:
+            return
         for proc in self.procs.values():
             inc = self.core.workers.get(proc.worker)
             if not proc.cut or inc is None or not inc.alive or inc.killed is not None or inc.probing \
@@ -523,8 +526,11 @@ class ElasticJob(RuleBasedStateMachine):
         # (a member one commit ahead, the world having broken mid-commit, is no peer's wait)
         behind = all(p.calls > proc.calls for p in self.members())
         # Heartbeats go on, nobody moves: it is named before its peers' collective would time
-        # out (and blame them), whatever stalls the world got past before.
-        for _ in range(int(ceiling(self.core.policy.collective_timeout)) + 1):
+        # out (and blame them), whatever stalls the world got past before. The first beat only
+        # tells the driver of the peers' move; the ceiling counts from it, and the model's clock
+        # (sums of floats) may reach it a hair short on the tick that follows, so one tick more
+        # (a second here, TICK in the driver): 28 s after the peers entered, still before 30 s.
+        for _ in range(int(ceiling(self.core.policy.collective_timeout)) + 2):
             if self.ended is not None:
                 return
             self.send(self.beats(self.running()), dt=1.0)
@@ -1048,6 +1054,40 @@ def test_a_long_first_step_then_a_hang_of_that_rank_named_before_the_collective_
     job.first_step_takes_long(Picks(first), long=True)
     job.hangs_in_its_own_code(Picks(first, first), stack=True, after_a_stall=True)
     assert job.named_hung == {first}
+
+
+def test_a_hang_in_the_first_step_is_named_at_the_ceiling_whatever_the_clock():
+    """A rank that hangs before it ever kept pace is judged by the ceiling (26 s), counted from
+    the beat that told of its peers' move; on this job's clock (three driver stops first) 26
+    one-second ticks sum to a hair under 26 s, and it is named on the next tick, before the
+    peers' 30 s timeout."""
+    job = ElasticJob()
+    job.checkpoint_dir(durable=False, on_disk=0)
+    job.straggler_policy(evict=False)
+    for _ in range(3):
+        job.driver_stops_for_a_while()
+    job.launches_complete()
+    job.idle_workers_enter_rendezvous()
+    (a, *_) = sorted(p.worker for p in job.members())
+    job.hangs_in_its_own_code(Picks(a), stack=False, after_a_stall=False)
+    assert job.named_hung == {a}
+
+
+def test_a_node_cut_off_after_the_job_ended_is_not_probed():
+    """The job ends with its workers alive (a checkpoint that does not load), then a node goes
+    and the driver stops a while: nobody probes it, nor needs to."""
+    job = ElasticJob()
+    job.checkpoint_dir(durable=True, on_disk=2)
+    job.straggler_policy(evict=False)
+    job.launches_complete()
+    job.idle_workers_enter_rendezvous()
+    job.heartbeats(Picks(sorted(job.procs)), stand_ins=False)
+    (a, *_) = sorted(p.worker for p in job.members())
+    job.checkpoint_fails_to_load(Picks(a), dice=0)
+    assert job.ended is not None and job.ended.code == exitcodes.UNLOADABLE, job.ended
+    job.node_is_cut_off(Picks("b"), dice=0, told=False, beat=True)
+    job.driver_stops_for_a_while()
+    assert not job.probes
 
 
 def test_a_finished_job_does_not_wait_for_a_member_stuck_in_the_broken_world():
