@@ -238,22 +238,3 @@ def test_a_claim_that_fails_on_the_server_costs_no_heartbeat():
     finally:
         server.stop()
 
-
-def test_a_worker_claims_as_its_process_starts_not_at_init(driver):
-    """Before: the claim waited for hvd.init(), seconds after the process started: the window
-    in which a token read off the wire could be used first."""
-    import subprocess
-    import sys
-    import time
-    server, claims, said = driver
-    environ = worker_environ(server, claims.sealed({}, "n1/0#1", time.monotonic()))
-    script = ("import hvdlite, os, time\ndeadline = time.monotonic() + 20\n"
-              "while not os.environ.get('HVDLITE_SECRET') and time.monotonic() < deadline:\n    time.sleep(0.01)\n"
-              "print(os.environ.get('HVDLITE_SECRET') == " + repr(SECRET) + ", 'HVDLITE_CLAIM' in os.environ)\n")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
-                          env={k: v for k, v in {**os.environ, **environ, "PYTHONPATH": root}.items()
-                               if k != env.SECRET})
-    assert done.stdout.split() == ["True", "False"], done.stdout + done.stderr[-2000:]
-    (token,) = [held for held in claims._tokens.values()]
-    assert token.request is not None and not said

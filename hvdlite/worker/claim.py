@@ -10,9 +10,7 @@ the wire sees the token, the public keys and a sealed answer: nothing that opens
 presented again is refused. Every answer, refusals too, is sealed, so a forged one is ignored.
 
 The secret then lives in this process's environment, as a local launch's does: the worker's
-own children (its stand-in process, anything it starts) inherit it. The claim starts as soon as
-the process imports hvdlite (claim_at_start, in the background), not at hvd.init() seconds
-later: the less time a token read off the wire stays unused, the less a thief has to use it first.
+own children (its stand-in process, anything it starts) inherit it.
 
 request: b"hvC1" | token (16) | worker's public key (32)
 answer:  b"hvA1" | nonce (12) | sealed(kind (1) | text), the request's token and key as AAD;
@@ -32,7 +30,6 @@ REQUEST_SIZE = len(REQUEST) + TOKEN + KEY  # shorter than any heartbeat: the por
 SECRET, REFUSED = 0, 1
 RESEND = 0.5  # seconds between sends of the request while no answer came
 _lock = threading.Lock()  # one claim per process: a second one would find the token used
-_failed = None  # why the claim made at start failed: said again to whoever needs the secret
 
 
 class ClaimRefused(RuntimeError):
@@ -45,8 +42,6 @@ def job_secret(environ=os.environ) -> str:
         secret = environ.get(env.SECRET)
         if secret:
             return secret
-        if _failed is not None and environ is os.environ:
-            raise _failed
         ticket = environ.get(env.CLAIM)
         if not ticket:
             raise RuntimeError(f"hvdlite: {env.SECRET} is not set; start this script with `hvdlite run`")
@@ -60,20 +55,6 @@ def job_secret(environ=os.environ) -> str:
         environ[env.SECRET] = secret
         del environ[env.CLAIM]  # used: it is worth nothing to this process's children
         return secret
-
-
-def claim_at_start() -> None:
-    """Claim this process's secret in the background now, if its launch carries a claim."""
-    if os.environ.get(env.CLAIM) and not os.environ.get(env.SECRET):
-        threading.Thread(target=_claim_now, daemon=True, name="hvdlite-claim").start()
-
-
-def _claim_now() -> None:
-    global _failed
-    try:
-        job_secret(os.environ)
-    except (ClaimRefused, RuntimeError) as e:  # said by whatever needs the secret
-        _failed = e
 
 
 def parse_ticket(ticket: str):
