@@ -5,30 +5,12 @@ import pytest
 GROUPS = {"test_ray": "ray", "test_ray_api": "ray", "test_gpu_launch": "ray"}
 
 
-# The slowest modules, slowest first: under `--dist loadgroup` a worker takes a whole module,
-# so these start first and the short ones fill the gaps, instead of xdist's order (most tests
-# first), which left a few long modules (Lightning, 64 workers) running alone at the end.
-# Measured with --durations on a loaded 2-core machine (notes: suite-durations-before.txt);
-# a module not listed runs after them.
-SLOWEST = ("test_determinism", "test_ray", "test_ray_api", "test_durable_loads", "test_lightning", "test_elastic",
-           "test_ssh_template", "test_slurm", "test_torchrun", "test_gpu_launch", "test_durable", "test_multihost",
-           "test_checkpoint_safety", "test_ranks_stay", "test_faults", "test_growth", "test_many_workers")
-
-
-def pytest_configure(config):
-    if getattr(config.option, "dist", None) == "loadgroup":
-        config.option.loadscopereorder = False  # keep the order pytest_collection_modifyitems sets
-
-
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
 def pytest_collection_modifyitems(config, items):
     """Under `--dist loadgroup` a module stays on one worker (its module-scoped clusters and
-    servers start once), as with loadfile; modules of one GROUPS entry share a worker; the
-    SLOWEST modules come first."""
+    servers start once), as with loadfile; modules of one GROUPS entry share a worker."""
     if not getattr(config.option, "loadgroup", False):  # set by xdist, on its workers too
         return
-    rank = {module: k for k, module in enumerate(SLOWEST)}
-    items.sort(key=lambda item: rank.get(_module(item), len(rank)))  # stable: modules stay whole
     for item in items:
         if not any(item.iter_markers("xdist_group")):
             module = _module(item)

@@ -3,6 +3,7 @@ named with its stack, within the hang timeout; a static job ends, an elastic one
 Real workers (torch gloo); the timeouts at --timeout-scale 0.4: liveness 2 s, the hang
 timeout's floor 4 s, gloo's collective timeout 12 s."""
 import os
+import re
 import sys
 
 import pytest
@@ -47,13 +48,15 @@ def test_a_rank_sleeping_forever_ends_a_static_job_named_with_its_stack(tmp_path
 def test_a_torchrun_ddp_rank_sleeping_forever_is_named_before_the_collective_timeout(tmp_path):
     """The same hang in a torchrun script (its own init_process_group, DDP's reducer calling
     the collectives): gloo numbers every collective of the group, and the heartbeats carry that
-    count. No stall was learned: the ceiling (12 s - ROOM) judges it, before gloo's 12 s."""
+    count. It is named within the ceiling (12 s - ROOM), before gloo's 12 s: by the ceiling
+    itself, or sooner where the load made a stall the job learned from."""
     r = hang_job(tmp_path, ["-np", "2"], HANG="1:10", API="ddp")
     assert r.code == 1, r.stderr[-3000:]
     line, stack = stack_line(r)
     assert line.startswith("hvdlite: rank 1 on localhost (slot localhost/1) is hung: "), line
     assert "in hang_forever" in stack, stack
-    assert f"hang timeout {ceiling(12.0):g} s" in line, line  # (its start under load: a minute)
+    timeout = float(re.search(r"hang timeout ([\d.]+) s", line).group(1))
+    assert timeout <= ceiling(12.0), line  # (its start under load: a minute)
 
 
 def test_a_long_first_step_is_no_hang(tmp_path):
