@@ -1099,6 +1099,15 @@ def test_a_finished_job_does_not_wait_for_a_member_stuck_in_the_broken_world():
     assert job.ended is not None and job.ended.code == 0, job.ended
 
 
+def test_a_member_finishing_during_a_stop_does_not_wait_for_one_stuck_in_the_broken_world():
+    """The stop is asked for, a member dies while a peer sits in its pygloo send, and a third
+    finishes: the stuck peer is stopped at once, not at --stop-timeout."""
+    job, (a, b, c) = formed()
+    job.signal_to_the_driver(dice=0)
+    job.peer_dies_while_sending(Picks([a, c]), ahead=False)
+    job.finishes_while_a_peer_is_stuck(Picks(b))
+    assert job.ended is not None, job.ended
+
 
 def test_a_member_idle_in_join_with_less_data_is_not_named_nor_the_baseline():
     """Two windows of join with uneven data: check_straggler says if anyone is named."""
