@@ -89,11 +89,17 @@ class ElasticJob(RuleBasedStateMachine):
         self.named_hung = set()  # workers the driver named hung
         self.straggling = set()  # workers the driver named stragglers and not recovered since
         self.probes = []  # workers the driver asked to probe, not answered yet
+        self.failed = set()  # workers the driver blamed for their failure (their host's)
         self.send(HostsFound(tuple(UNIVERSE[:2])))
 
     @initialize(evict=st.booleans())
     def straggler_policy(self, evict):
         self.core.policy = dataclasses.replace(self.core.policy, straggler_evict=evict)
+
+    @initialize(fail=st.booleans())
+    def fail_on_worker_failure(self, fail):
+        """--fail-on-worker-failure (CI): a job that finished after a worker failed exits 1."""
+        self.core.policy = dataclasses.replace(self.core.policy, fail_on_worker_failure=fail)
 
     @initialize(durable=st.booleans(), on_disk=st.sampled_from([0, 0, 2]))
     def checkpoint_dir(self, durable, on_disk):
@@ -119,6 +125,7 @@ class ElasticJob(RuleBasedStateMachine):
         self.heard(event)
         actions = self.core.handle(event, self.now)
         self.last_actions = actions
+        self.note_failures(event, actions)
         for action in actions:
             self.perform(action)
         keys = [a.fields["key"] for a in actions if isinstance(a, Log) and a.event == "blacklisted"]
@@ -150,6 +157,35 @@ class ElasticJob(RuleBasedStateMachine):
         if isinstance(event, Tick):
             self.lost_nodes_are_probed_on()
         return actions
+
+    def note_failures(self, event, actions):
+        """The workers this event's actions blame (send() checks that each really failed): the
+        one the event is about, or on a tick those whose node was found lost."""
+        if not any(isinstance(a, Log) and a.event == "blacklisted" for a in actions):
+            return
+        if not isinstance(event, Tick):
+            self.failed.add(event.worker)
+            return
+        for a in actions:
+            if isinstance(a, Log) and a.event == "worker_exit" and "node" in a.fields and \
+                    not a.fields.get("removed") and a.fields["slot"].split("/")[0] not in self.core.drained:
+                self.failed.add(a.fields["worker"])
+
+    def check_end_code(self, end):
+        """How a job whose training finished (a worker exited 0) ends, unless a stop or a
+        checkpoint that does not load ends it first: 0, or with --fail-on-worker-failure 1 once
+        a worker failed on the way, its line counting them. Never 0 with the flag after a failure."""
+        flag, failed = self.core.policy.fail_on_worker_failure, sorted(self.failed)
+        assert not (flag and failed and end.code == exitcodes.FINISHED), \
+            f"the job exited 0 though {failed} failed on the way (--fail-on-worker-failure)"
+        if not self.success_allowed or self.stop_published or end.code == exitcodes.UNLOADABLE:
+            return
+        if flag and failed:
+            n = len(failed)
+            assert end.code == exitcodes.FAILED and f"but {n} worker{'' if n == 1 else 's'} failed" in end.error, \
+                f"the job finished after {failed} failed (--fail-on-worker-failure) and ended with {end}"
+        else:
+            assert end.code == exitcodes.FINISHED, f"the job finished ({failed} failed) and ended with {end}"
 
     def lost_nodes_are_probed_on(self):
         """A worker whose node is gone, silent past probe_after, is never left unprobed for
@@ -220,6 +256,7 @@ class ElasticJob(RuleBasedStateMachine):
                 f"a commit that does not load ended the job with {action}"
             assert self.ended is None, "the job ended twice"
             self.ended = action
+            self.check_end_code(action)
             if "is in --checkpoint-dir" in (action.error or ""):  # a failure's end names the disk's commit
                 assert action.error.endswith(f"; commit {self.disk} is in --checkpoint-dir"), (action, self.disk)
             if "training state is gone" in (action.error or ""):
