@@ -543,25 +543,38 @@ class ElasticJob(RuleBasedStateMachine):
         if members and dice == 0 and self.core.broken >= self.core.round:
             self.procs[data.draw(st.sampled_from(members))].stuck = True
 
+    def level(self) -> bool:
+        """A commit some members entered (commits: half done) completes: the others enter it
+        too before any member goes on, as in a sound world, where ranks are never a collective
+        apart once it completed; every member then checks at it whether to leave (at_commit).
+        Whether the world is still sound and has members."""
+        members = self.members()
+        top = max((p.calls for p in members), default=0)
+        behind = [p for p in members if p.calls < top]
+        for p in behind:
+            while p.calls < top:
+                self.commit_once(p)
+        if behind:
+            self.at_commit(members)
+        return self.ended is None and self.core.broken < self.core.round and bool(self.members())
+
     @rule(data=st.data(), stack=st.booleans(), after_a_stall=st.booleans())
     def hangs_in_its_own_code(self, data, stack, after_a_stall):
         """A member of a sound world never returns from its own code (`while True: sleep`, or
         it skipped a collective) while its heartbeat goes on; the others enter the next
         collective and wait there. `after_a_stall`: one whose first step in this world took
         long (first_step_takes_long), so the world learned a long stall."""
-        members = sorted(p.worker for p in self.members() if not p.handover)
-        if len(members) < 2 or self.core.broken >= self.core.round:
+        if self.core.broken >= self.core.round or not self.level():
             return
+        members = sorted(p.worker for p in self.members() if not p.handover)
         candidates = [w for w in members if self.procs[w].first_step_in == self.core.round] if after_a_stall else members
-        if not candidates:
+        if len(members) < 2 or not candidates:
             return
         self.send(self.beats(self.running()), dt=0.01)
         proc = self.procs[data.draw(st.sampled_from(candidates))]
         proc.stuck = proc.hung = True
         for p in self.members():
             p.calls += 1
-        # (a member one commit ahead, the world having broken mid-commit, is no peer's wait)
-        behind = all(p.calls > proc.calls for p in self.members())
         # Heartbeats go on, nobody moves: it is named before its peers' collective would time
         # out (and blame them), whatever stalls the world got past before. The first beat only
         # tells the driver of the peers' move; the ceiling counts from it, and the model's clock
@@ -572,7 +585,7 @@ class ElasticJob(RuleBasedStateMachine):
                 return
             self.send(self.beats(self.running()), dt=1.0)
             self.send(Tick(), dt=0.0)
-        assert not behind or self.core.broken >= self.core.round or proc.worker in self.named_hung, \
+        assert self.core.broken >= self.core.round or proc.worker in self.named_hung, \
             f"{proc.worker} hung {self.core.policy.collective_timeout:g} s, its peers' collective timeout, unnamed"
         if stack:  # else it is silent about it, or later (sends_its_stack)
             self.sends_its_stack(data)
@@ -583,8 +596,10 @@ class ElasticJob(RuleBasedStateMachine):
         others wait in the next collective: up to just under the hang timeout's ceiling, past
         the floor and past what the world learned. A healthy rank, never named hung
         (check_hung); then it catches up, and the world got past a long stall."""
+        if self.core.broken >= self.core.round or any(p.hung for p in self.members()) or not self.level():
+            return
         members = sorted(p.worker for p in self.members() if not p.handover and p.first_step_in != self.core.round)
-        if len(members) < 2 or self.core.broken >= self.core.round or any(p.hung for p in self.members()):
+        if len(members) < 2:
             return
         seconds = int(ceiling(self.core.policy.collective_timeout)) - 2 if long else 3
         self.send(self.beats(self.running()), dt=0.01)
@@ -1091,6 +1106,15 @@ def test_a_long_first_step_then_a_hang_of_that_rank_named_before_the_collective_
     job.first_step_takes_long(Picks(first), long=True)
     job.hangs_in_its_own_code(Picks(first, first), stack=True, after_a_stall=True)
     assert job.named_hung == {first}
+
+
+def test_a_hang_after_a_half_done_commit_names_the_hung_rank_only():
+    """Two members entered a commit the third had not (commits, half done) when one of them
+    hangs: the third enters that commit too (a healthy rank), so only the hung one is behind."""
+    job, (a, b, c) = formed()
+    job.commits(Picks([a, b]))
+    job.hangs_in_its_own_code(Picks(a), stack=False, after_a_stall=False)
+    assert job.named_hung == {a}
 
 
 def test_a_hang_in_the_first_step_is_named_at_the_ceiling_whatever_the_clock():
