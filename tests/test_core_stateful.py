@@ -544,10 +544,9 @@ class ElasticJob(RuleBasedStateMachine):
             self.procs[data.draw(st.sampled_from(members))].stuck = True
 
     def level(self) -> bool:
-        """A commit some members entered (commits: half done) completes: the others enter it
-        too before any member goes on, as in a sound world, where ranks are never a collective
-        apart once it completed; every member then checks at it whether to leave (at_commit).
-        Whether the world is still sound and has members."""
+        """A commit only some members entered (`commits`, half done) completes: the others enter
+        it too, as healthy ranks do before any peer can go past it; each member then checks
+        there whether to leave (at_commit). Whether the world is still sound, with members."""
         members = self.members()
         top = max((p.calls for p in members), default=0)
         behind = [p for p in members if p.calls < top]
