@@ -89,11 +89,17 @@ class ElasticJob(RuleBasedStateMachine):
         self.named_hung = set()  # workers the driver named hung
         self.straggling = set()  # workers the driver named stragglers and not recovered since
         self.probes = []  # workers the driver asked to probe, not answered yet
+        self.failed = set()  # workers the driver blamed for their failure (their host's)
         self.send(HostsFound(tuple(UNIVERSE[:2])))
 
     @initialize(evict=st.booleans())
     def straggler_policy(self, evict):
         self.core.policy = dataclasses.replace(self.core.policy, straggler_evict=evict)
+
+    @initialize(fail=st.booleans())
+    def fail_on_worker_failure(self, fail):
+        """--fail-on-worker-failure (CI): a job that finished after a worker failed exits 1."""
+        self.core.policy = dataclasses.replace(self.core.policy, fail_on_worker_failure=fail)
 
     @initialize(durable=st.booleans(), on_disk=st.sampled_from([0, 0, 2]))
     def checkpoint_dir(self, durable, on_disk):
@@ -119,6 +125,7 @@ class ElasticJob(RuleBasedStateMachine):
         self.heard(event)
         actions = self.core.handle(event, self.now)
         self.last_actions = actions
+        self.note_failures(event, actions)
         for action in actions:
             self.perform(action)
         keys = [a.fields["key"] for a in actions if isinstance(a, Log) and a.event == "blacklisted"]
@@ -150,6 +157,35 @@ class ElasticJob(RuleBasedStateMachine):
         if isinstance(event, Tick):
             self.lost_nodes_are_probed_on()
         return actions
+
+    def note_failures(self, event, actions):
+        """The workers this event's actions blame (send() checks that each really failed): the
+        one the event is about, or on a tick those whose node was found lost."""
+        if not any(isinstance(a, Log) and a.event == "blacklisted" for a in actions):
+            return
+        if not isinstance(event, Tick):
+            self.failed.add(event.worker)
+            return
+        for a in actions:
+            if isinstance(a, Log) and a.event == "worker_exit" and "node" in a.fields and \
+                    not a.fields.get("removed") and a.fields["slot"].split("/")[0] not in self.core.drained:
+                self.failed.add(a.fields["worker"])
+
+    def check_end_code(self, end):
+        """How a job whose training finished (a worker exited 0) ends, unless a stop or a
+        checkpoint that does not load ends it first: 0, or with --fail-on-worker-failure 1 once
+        a worker failed on the way, its line counting them. Never 0 with the flag after a failure."""
+        flag, failed = self.core.policy.fail_on_worker_failure, sorted(self.failed)
+        assert not (flag and failed and end.code == exitcodes.FINISHED), \
+            f"the job exited 0 though {failed} failed on the way (--fail-on-worker-failure)"
+        if not self.success_allowed or self.stop_published or end.code == exitcodes.UNLOADABLE:
+            return
+        if flag and failed:
+            n = len(failed)
+            assert end.code == exitcodes.FAILED and f"but {n} worker{'' if n == 1 else 's'} failed" in end.error, \
+                f"the job finished after {failed} failed (--fail-on-worker-failure) and ended with {end}"
+        else:
+            assert end.code == exitcodes.FINISHED, f"the job finished ({failed} failed) and ended with {end}"
 
     def lost_nodes_are_probed_on(self):
         """A worker whose node is gone, silent past probe_after, is never left unprobed for
@@ -220,6 +256,7 @@ class ElasticJob(RuleBasedStateMachine):
                 f"a commit that does not load ended the job with {action}"
             assert self.ended is None, "the job ended twice"
             self.ended = action
+            self.check_end_code(action)
             if "is in --checkpoint-dir" in (action.error or ""):  # a failure's end names the disk's commit
                 assert action.error.endswith(f"; commit {self.disk} is in --checkpoint-dir"), (action, self.disk)
             if "training state is gone" in (action.error or ""):
@@ -506,25 +543,37 @@ class ElasticJob(RuleBasedStateMachine):
         if members and dice == 0 and self.core.broken >= self.core.round:
             self.procs[data.draw(st.sampled_from(members))].stuck = True
 
+    def level(self) -> bool:
+        """A commit only some members entered (`commits`, half done) completes: the others enter
+        it too, as healthy ranks do before any peer can go past it; each member then checks
+        there whether to leave (at_commit). Whether the world is still sound, with members."""
+        members = self.members()
+        top = max((p.calls for p in members), default=0)
+        behind = [p for p in members if p.calls < top]
+        for p in behind:
+            while p.calls < top:
+                self.commit_once(p)
+        if behind:
+            self.at_commit(members)
+        return self.ended is None and self.core.broken < self.core.round and bool(self.members())
+
     @rule(data=st.data(), stack=st.booleans(), after_a_stall=st.booleans())
     def hangs_in_its_own_code(self, data, stack, after_a_stall):
         """A member of a sound world never returns from its own code (`while True: sleep`, or
         it skipped a collective) while its heartbeat goes on; the others enter the next
         collective and wait there. `after_a_stall`: one whose first step in this world took
         long (first_step_takes_long), so the world learned a long stall."""
-        members = sorted(p.worker for p in self.members() if not p.handover)
-        if len(members) < 2 or self.core.broken >= self.core.round:
+        if self.core.broken >= self.core.round or not self.level():
             return
+        members = sorted(p.worker for p in self.members() if not p.handover)
         candidates = [w for w in members if self.procs[w].first_step_in == self.core.round] if after_a_stall else members
-        if not candidates:
+        if len(members) < 2 or not candidates:
             return
         self.send(self.beats(self.running()), dt=0.01)
         proc = self.procs[data.draw(st.sampled_from(candidates))]
         proc.stuck = proc.hung = True
         for p in self.members():
             p.calls += 1
-        # (a member one commit ahead, the world having broken mid-commit, is no peer's wait)
-        behind = all(p.calls > proc.calls for p in self.members())
         # Heartbeats go on, nobody moves: it is named before its peers' collective would time
         # out (and blame them), whatever stalls the world got past before. The first beat only
         # tells the driver of the peers' move; the ceiling counts from it, and the model's clock
@@ -535,7 +584,7 @@ class ElasticJob(RuleBasedStateMachine):
                 return
             self.send(self.beats(self.running()), dt=1.0)
             self.send(Tick(), dt=0.0)
-        assert not behind or self.core.broken >= self.core.round or proc.worker in self.named_hung, \
+        assert self.core.broken >= self.core.round or proc.worker in self.named_hung, \
             f"{proc.worker} hung {self.core.policy.collective_timeout:g} s, its peers' collective timeout, unnamed"
         if stack:  # else it is silent about it, or later (sends_its_stack)
             self.sends_its_stack(data)
@@ -546,8 +595,10 @@ class ElasticJob(RuleBasedStateMachine):
         others wait in the next collective: up to just under the hang timeout's ceiling, past
         the floor and past what the world learned. A healthy rank, never named hung
         (check_hung); then it catches up, and the world got past a long stall."""
+        if self.core.broken >= self.core.round or any(p.hung for p in self.members()) or not self.level():
+            return
         members = sorted(p.worker for p in self.members() if not p.handover and p.first_step_in != self.core.round)
-        if len(members) < 2 or self.core.broken >= self.core.round or any(p.hung for p in self.members()):
+        if len(members) < 2:
             return
         seconds = int(ceiling(self.core.policy.collective_timeout)) - 2 if long else 3
         self.send(self.beats(self.running()), dt=0.01)
@@ -1056,6 +1107,15 @@ def test_a_long_first_step_then_a_hang_of_that_rank_named_before_the_collective_
     assert job.named_hung == {first}
 
 
+def test_a_hang_after_a_half_done_commit_names_the_hung_rank_only():
+    """Two members entered a commit the third had not (commits, half done) when one of them
+    hangs: the third enters that commit too (a healthy rank), so only the hung one is behind."""
+    job, (a, b, c) = formed()
+    job.commits(Picks([a, b]))
+    job.hangs_in_its_own_code(Picks(a), stack=False, after_a_stall=False)
+    assert job.named_hung == {a}
+
+
 def test_a_hang_in_the_first_step_is_named_at_the_ceiling_whatever_the_clock():
     """A rank that hangs before it ever kept pace is judged by the ceiling (26 s), counted from
     the beat that told of its peers' move; on this job's clock (three driver stops first) 26
@@ -1098,6 +1158,15 @@ def test_a_finished_job_does_not_wait_for_a_member_stuck_in_the_broken_world():
     job.send(Tick(), dt=0.5)
     assert job.ended is not None and job.ended.code == 0, job.ended
 
+
+def test_a_member_finishing_during_a_stop_does_not_wait_for_one_stuck_in_the_broken_world():
+    """The stop is asked for, a member dies while a peer sits in its pygloo send, and a third
+    finishes: the stuck peer is stopped at once, not at --stop-timeout."""
+    job, (a, b, c) = formed()
+    job.signal_to_the_driver(dice=0)
+    job.peer_dies_while_sending(Picks([a, c]), ahead=False)
+    job.finishes_while_a_peer_is_stuck(Picks(b))
+    assert job.ended is not None, job.ended
 
 
 def test_a_member_idle_in_join_with_less_data_is_not_named_nor_the_baseline():

@@ -74,6 +74,18 @@ def test_a_rank_out_of_data_idles_in_join_while_the_other_steps_and_nobody_is_na
     assert ranks.count("0") == 120 and ranks.count("1") == 10, ranks
 
 
+def test_a_slowed_rank_of_a_torchrun_ddp_script_is_named(tmp_path):
+    # No hvdlite import: DDP's reducer waits for its buckets in C++, timed by torch's DDP
+    # logger (hvdlite/torch/ddpwait.py). Untimed, both ranks' own work would read the step.
+    r = run_job([*FAST, "-np", "2", sys.executable, SCRIPT], tmp_path, timeout=90,
+                env={"LOG_DIR": str(tmp_path), "API": "ddp", "SLOW": "1:0:1000", "STEPS": "40",
+                     "STEP_SLEEP": "0.05", "SLOW_SLEEP": "0.2"})
+    assert r.code == 0, r.stderr[-3000:]
+    named = r.of("straggler")
+    assert [e["rank"] for e in named] == [1], named
+    assert named[0]["step"] >= 0.2, named  # its SLOW_SLEEP at least: the waits taken out are the peer's
+
+
 def test_evict_needs_an_elastic_job(tmp_path):
     r = run_job(["-np", "2", "--straggler-policy", "evict", "true"], tmp_path, timeout=30)
     assert r.code == 2 and "--straggler-policy evict needs an elastic job" in r.stderr, r.stderr

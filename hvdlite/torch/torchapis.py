@@ -27,6 +27,9 @@ RUNTIME = (
     "torch.distributed:is_nccl_available", "torch.distributed:Store", "torch.distributed:PrefixStore",
     "torch.distributed:DistError", "torch.distributed:DistStoreError",
     "torch.nn.parallel:DistributedDataParallel._update_process_group",
+    "torch.nn.parallel:DistributedDataParallel._ddp_init_helper",  # (the boot's DDP timing: ddpwait.py)
+    "torch.nn.parallel:DistributedDataParallel._set_ddp_runtime_logging_sample_rate",
+    "torch.nn.parallel:DistributedDataParallel._get_ddp_logging_data",
 )
 # Where torch has NCCL (a CUDA build): the group hvdlite makes, its options and its abort.
 NCCL = ("torch.distributed:ProcessGroupNCCL", "torch.distributed:ProcessGroupNCCL.Options",

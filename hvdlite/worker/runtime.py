@@ -5,6 +5,7 @@ from hvdlite.worker.world import WorldInfo
 
 _runtimes = []  # every backend's, for entered()
 _counters = []  # count_also()'s
+_waits = []  # wait_also()'s
 
 
 def entered() -> int:
@@ -21,8 +22,15 @@ def count_also(count) -> None:
 
 def waited() -> float:
     """Seconds this process waited in collectives in its current world(s): the rest of its time
-    is its own work, which the driver compares across ranks (driver/decisions/stragglers.py)."""
-    return sum(r.waited for r in _runtimes)
+    is its own work, which the driver compares across ranks (driver/decisions/stragglers.py).
+    (The driver takes differences within a world: a source that counts on across worlds does.)"""
+    return sum(r.waited for r in _runtimes) + sum(wait() for wait in _waits)
+
+
+def wait_also(wait) -> None:
+    """Count, beside the runtimes' timed waits, the seconds `wait()` says this process waited
+    in collectives whose waits run out of hvdlite's sight (DDP's reducer: torch/ddpwait.py)."""
+    _waits.append(wait)
 
 
 def idle() -> bool:

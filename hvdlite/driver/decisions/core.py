@@ -326,15 +326,17 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching, NodeLo
 
     # ---- decisions after every event ----------------------------------------------------
     def _decide(self, grow: bool):
+        if self.succeeded and not self.ended:
+            for inc in self._live():
+                # A member of a world that broke will not train on (one stuck in its own code
+                # never leaves it): stopped now, not after --elastic-timeout or --stop-timeout,
+                # and not blamed. (A stop's waiting holders stay: one may have a commit to write.)
+                if inc.phase is Phase.TRAINING and self._broke_at(inc) is not None or (
+                        self.stopping is None and inc.phase in (Phase.STARTING, Phase.WAITING)):
+                    self._remove(inc)
         if self.stopping is not None:
             return self._decide_stopping()
         if self.succeeded:
-            for inc in self._live():
-                # A member of a world that broke will not train on (one stuck in its own code
-                # never leaves it): stopped now, not after --elastic-timeout, and not blamed.
-                if inc.phase in (Phase.STARTING, Phase.WAITING) or (
-                        inc.phase is Phase.TRAINING and self._broke_at(inc) is not None):
-                    self._remove(inc)
             if not self._any_live() and self.failures and self.policy.fail_on_worker_failure:
                 n = len(self.failures)
                 raise JobFailed(f"the job finished, but {n} worker{'' if n == 1 else 's'} failed on the "

@@ -1,8 +1,9 @@
 """Run at startup by every worker `hvdlite run` starts (hvdlite/driver/torchrunenv.py puts this
 folder first on PYTHONPATH): once torch loads its rendezvous handlers, env:// in an hvdlite
 worker goes through hvdlite's signed rendezvous (hvdlite.torch.envstore) instead of a TCPStore;
-and once torch.distributed loads, a group made without a timeout (the script's own
-init_process_group or new_group) gets the job's --gloo-timeout-seconds, not torch's 30 minutes.
+once torch.distributed loads, a group made without a timeout (the script's own
+init_process_group or new_group) gets the job's --gloo-timeout-seconds, not torch's 30 minutes;
+and once DDP loads, its backward's waits are timed for the straggler rule.
 Nothing is imported until torch is; then the sitecustomize this file hides runs, if any."""
 import importlib.abc
 import importlib.machinery
@@ -13,14 +14,16 @@ import sys
 
 _RENDEZVOUS = "torch.distributed.rendezvous"
 _C10D = "torch.distributed.distributed_c10d"
-_TIMEOUT = "HVDLITE_COLLECTIVE_TIMEOUT"  # (hvdlite.worker.env's name: nothing of hvdlite loads here)
+_DDP = "torch.nn.parallel.distributed"
+_TIMEOUT = "HVDLITE_COLLECTIVE_TIMEOUT"  # (hvdlite.worker.env's names: nothing of hvdlite loads here)
+_RENDEZVOUS_ADDR = "HVDLITE_RENDEZVOUS_ADDR"
 
 
 def _take_over_env(module) -> None:
     torch_env = module._rendezvous_handlers["env"]
 
     def env_handler(url, **kwargs):
-        if "HVDLITE_RENDEZVOUS_ADDR" not in os.environ:  # a process outside hvdlite's workers
+        if _RENDEZVOUS_ADDR not in os.environ:  # a process outside hvdlite's workers
             return torch_env(url, **kwargs)
         from hvdlite.torch.envstore import rendezvous
         return rendezvous(url, **kwargs)
@@ -36,7 +39,22 @@ def _job_timeout(module) -> None:
             datetime.timedelta(seconds=float(os.environ[_TIMEOUT]))
 
 
-_PATCHES = {_RENDEZVOUS: _take_over_env, _C10D: _job_timeout}
+def _time_ddp(module) -> None:
+    """Every DDP model's reducer, made at construction or moved to an elastic world's group,
+    has its backward's waits timed for the straggler rule (hvdlite.torch.ddpwait)."""
+    cls = module.DistributedDataParallel
+    make_reducer = cls._ddp_init_helper
+
+    def _ddp_init_helper(self, *args, **kwargs):
+        make_reducer(self, *args, **kwargs)
+        if _RENDEZVOUS_ADDR in os.environ:
+            from hvdlite.torch.ddpwait import watch
+            watch(self)
+
+    cls._ddp_init_helper = _ddp_init_helper
+
+
+_PATCHES = {_RENDEZVOUS: _take_over_env, _C10D: _job_timeout, _DDP: _time_ddp}
 
 
 class _WhenTorchLoads(importlib.abc.MetaPathFinder):
