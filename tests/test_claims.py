@@ -238,3 +238,74 @@ def test_a_claim_that_fails_on_the_server_costs_no_heartbeat():
     finally:
         server.stop()
 
+
+
+BOOT = os.path.join(ROOT, "hvdlite", "torch", "boot")  # first on every worker's path (torchrunenv.py)
+# A worker that never imports hvdlite: it waits for the secret the claim puts in its environment;
+# a child it forks at once, while the claim is under way, neither hangs on it nor claims again.
+WAITS = f"""import os, sys, time
+child = os.fork()
+if child == 0:
+    import signal
+    signal.alarm(10)
+    from hvdlite.worker.claim import job_secret
+    try:
+        job_secret()
+    except RuntimeError:
+        pass
+    os._exit(0)
+deadline = time.monotonic() + 10
+while not os.environ.get('HVDLITE_SECRET') and time.monotonic() < deadline:
+    time.sleep(0.01)
+print(os.environ.get('HVDLITE_SECRET') == {SECRET!r}, 'HVDLITE_CLAIM' in os.environ, os.waitpid(child, 0)[1])
+"""
+
+
+def launched(server, claims, worker):
+    """The environment a worker launched over a readable network starts with."""
+    import time
+    environ = {**os.environ, **worker_environ(server, claims.sealed({}, worker, time.monotonic())),
+               "PYTHONPATH": os.pathsep.join([BOOT, ROOT])}
+    environ.pop(env.SECRET, None)
+    return environ
+
+
+def test_a_worker_claims_as_its_process_starts_not_at_init(driver, tmp_path):
+    """Before: the claim waited for hvd.init(), seconds after the process started: the window
+    in which a token read off the wire could be used first."""
+    server, claims, said = driver
+    done = subprocess.run([sys.executable, "-c", WAITS], capture_output=True, text=True, timeout=60,
+                          env=launched(server, claims, "n1/0#1"))
+    assert done.stdout.split() == ["True", "False", "0"], done.stdout + done.stderr[-2000:]
+    (token,) = claims._tokens.values()
+    assert token.request is not None and not said
+
+
+def test_a_worker_forked_from_its_nodes_template_claims_its_own_token(driver, tmp_path):
+    """As on a Ray node: a spawn client, started with the worker's environment, has the node's
+    template fork the worker. Before (the claim at `import hvdlite`), the spawn client claimed
+    the token and its worker was refused: 'it was used already'. A template whose environment
+    holds a claim refuses to serve, in one line."""
+    from hvdlite.driver.launchers.hosttemplates import template_argv
+    from hvdlite.driver.launchers.raytemplate import NodeTemplate
+    from hvdlite.driver.launchers.start import spawn_argv
+    from hvdlite.driver.launchers.template import template_env
+    server, claims, said = driver
+    environ = launched(server, claims, "n1/0#1")
+    keepers = [NodeTemplate(), NodeTemplate()]
+    try:
+        ready = keepers[0].start(template_argv([sys.executable], []), template_env(environ), str(tmp_path), 60)
+        assert ready["op"] == "ready", ready
+        (tmp_path / "waits.py").write_text(WAITS)
+        done = subprocess.run(spawn_argv([sys.executable, str(tmp_path / "waits.py")], ready["socket"]),
+                              env=environ, cwd=str(tmp_path), capture_output=True, text=True, timeout=60)
+        lines = done.stdout.splitlines()
+        assert lines[0].endswith(" template"), done.stdout + done.stderr[-2000:]  # forked, not plain
+        assert lines[1].split() == ["True", "False", "0"], done.stdout + done.stderr[-2000:]
+        assert not said
+        wrong = keepers[1].start(template_argv([sys.executable], []), environ, str(tmp_path), 60)
+        assert wrong == {"op": "unusable", "reason": "the template's environment holds a launch's HVDLITE_CLAIM"}
+    finally:
+        for keeper in keepers:
+            if keeper.proc is not None and keeper.proc.poll() is None:
+                keeper.proc.kill()
