@@ -99,7 +99,7 @@ class _Early(threading.Thread):
         try:
             with _lock:
                 self.environ[env.SECRET] = claim(*_driver(self.environ), self.ticket, self.timeout)
-        except (ClaimRefused, RuntimeError) as e:
+        except Exception as e:  # noqa: BLE001 - raised to whoever needs the secret (a missing package too)
             self.error = e
 
 
