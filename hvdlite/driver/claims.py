@@ -93,7 +93,8 @@ class Claims:
             if held.request == request:
                 return held.answer  # sent again: its answer was lost
             usable = held.request is None and now <= held.expires
-            astray = held.where is not None and sender[0] not in held.where
+            # (an IPv4 worker seen by a dual-stack socket: ::ffff:a.b.c.d)
+            astray = held.where is not None and sender[0].removeprefix("::ffff:") not in held.where
             if (astray or not usable) and held.refusals >= MAX_REFUSALS:
                 return None  # before the key exchange: a flood of misuses costs a look-up each
             key = self._key(token, their_key)
