@@ -5,7 +5,7 @@ with valid checksums (so the unpickler is reached) or, some, damaged as whole fi
 twice, nesting 100,000 deep, colliding keys, lengths past the file's end), which noise never
 finds.
 
-    python bench/fuzz_checkpoint.py --cases 100000 [--seed 1] [--structured]
+    python bench/fuzz_checkpoint.py --cases 100000 [--seed 1] [--start 0] [--structured]
 
 Every case is loaded by checkpoints.load in a child process (a crash there is counted, its case
 said, and a new child goes on after it). Per case: the load returns or refuses with an
@@ -377,6 +377,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cases", type=int, default=100_000)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--start", type=int, default=0, help="the first case, --cases the one after the last (a long run in parts: a case "
+                   "depends on its seed and number only)")
     p.add_argument("--structured", action="store_true", help="well-formed pickles built to exhaust a reader")
     p.add_argument("--child", nargs=2, type=int, help=argparse.SUPPRESS)
     p.add_argument("--progress", help=argparse.SUPPRESS)
@@ -386,7 +388,7 @@ def main():
         return child(*args.child, args.seed, progress, args.structured)
     import signal
     import tempfile
-    totals, crashes, hangs, start, rss = collections.Counter(), [], [], 0, 0
+    totals, crashes, hangs, start, rss = collections.Counter(), [], [], args.start, 0
     with tempfile.NamedTemporaryFile() as progress:
         while start < args.cases:
             done = subprocess.run([sys.executable, __file__, "--child", str(start), str(args.cases), "--seed",
@@ -409,7 +411,7 @@ def main():
     kinds = ", ".join(f"{k.split()[1]} {v}" for k, v in sorted(totals.items()) if k.startswith("refused "))
     print(f"refusals by kind: {kinds}; the worst load took {ratio:.1f} bytes of memory per byte of its file "
           f"and {cpu} ms of CPU")
-    print(f"cases={args.cases} refusals={totals['refusals']} accepted={totals['accepted']} crashes={len(crashes)} "
+    print(f"cases={args.cases - args.start} refusals={totals['refusals']} accepted={totals['accepted']} crashes={len(crashes)} "
           f"hangs={len(hangs)} classes_changed={totals['classes_changed']} over_bound={totals['over_bound']} "
           f"peak_rss_mib={rss / 1024:.0f}")
     return 1 if crashes or hangs or totals["classes_changed"] or totals["over_bound"] else 0

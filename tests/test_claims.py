@@ -28,8 +28,8 @@ SECRET = "claims-test-secret-0123456789abcdefghijklmnopq"
 
 
 class Said(list):
-    def __call__(self, worker, first, second):
-        self.append((worker, first, second))
+    def __call__(self, event, **fields):
+        self.append((event, fields))
 
 
 def raw(key) -> bytes:
@@ -77,7 +77,7 @@ def test_a_token_opens_once_and_a_second_use_is_refused_and_said():
     again, again_key = request_for(sealed)
     assert opened(again_key, again, claims.answer(again, ("10.0.0.99", 5001), 3.0))[0] == claim.REFUSED
     # Both addresses: the first claim's (which got the secret) and the second's.
-    assert said == [("n1/0#1", ("10.0.0.11", 4000), ("10.0.0.99", 5000))]
+    assert said == [("launch_token_reused", {"worker": "n1/0#1", "first": "10.0.0.11", "sender": "10.0.0.99"})]
     # Misuses past the cap go unanswered: a flood with a read token costs no key exchange
     # (before: one per datagram, ~160 us each on the server's thread).
     exchanges = []
@@ -150,7 +150,7 @@ def test_a_replayed_token_is_refused_in_one_line_at_the_worker(driver):
     with pytest.raises(ClaimRefused) as refused:
         job_secret(worker_environ(server, sealed))
     assert str(refused.value) == "hvdlite: the driver refused this worker's launch token: it was used already"
-    assert [worker for worker, _, _ in said] == ["n1/0#1"]
+    assert [(event, fields["worker"]) for event, fields in said] == [("launch_token_reused", "n1/0#1")]
 
 
 def test_no_answer_is_one_line_within_the_start_timeout(driver):
@@ -165,6 +165,26 @@ def test_no_answer_is_one_line_within_the_start_timeout(driver):
         job_secret(dict(environ, **{env.CLAIM: claim.ticket(bytes(32), os.urandom(claim.TOKEN))}))
     with pytest.raises(RuntimeError, match="HVDLITE_SECRET is not set"):
         job_secret({})
+
+
+def test_a_claim_from_elsewhere_than_the_workers_host_is_refused_naming_both(driver):
+    """Before: any address that held the token got the secret."""
+    import time
+    server, claims, said = driver
+    elsewhere = claims.sealed({}, "n1/0#1", time.monotonic(), frozenset({"192.0.2.7"}))
+    with pytest.raises(ClaimRefused) as refused:  # a real claim, from 127.0.0.1
+        job_secret(worker_environ(server, elsewhere))
+    assert str(refused.value) == ("hvdlite: the driver refused this worker's launch token: "
+                                  "it came from 127.0.0.1, not from the worker's host (192.0.2.7)")
+    assert said == [("launch_token_elsewhere", {"worker": "n1/0#1", "sender": "127.0.0.1", "host": "192.0.2.7"})]
+    # The token is still the worker's: its own claim, from its host, gets the secret.
+    request, key = request_for(elsewhere)
+    assert opened(key, request, claims.answer(request, ("::ffff:192.0.2.7", 4000), time.monotonic())) == \
+        (claim.SECRET, SECRET.encode())  # (as a dual-stack socket sees an IPv4 worker)
+    # Where the launcher names the host's address, its worker's claim is answered as before.
+    assert job_secret(worker_environ(server, claims.sealed({}, "n2/0#1", time.monotonic(),
+                                                           frozenset({"127.0.0.1"})))) == SECRET
+    assert len(said) == 1
 
 
 @pytest.mark.skipif(not os.path.exists(PYGLOO), reason=f"no pygloo venv at {PYGLOO} (.ci/setup.sh)")
@@ -195,7 +215,8 @@ def test_only_launches_over_a_readable_network_are_sealed(kind, private, monkeyp
     settings = Settings(command=[sys.executable, "-c", "pass"], launcher=kind)
     launchers = Launchers(settings)
     launcher = type("Stub", (), {"private": private, "is_local": lambda self, h: False,
-                                 "route_to": lambda self, h: "10.0.0.1"})()
+                                 "route_to": lambda self, h: "10.0.0.1",
+                                 "claims_from": lambda self, h: frozenset({"10.0.0.5"})})()
     monkeypatch.setattr(launchers, "for_host", lambda host: launcher)
     handed = []
 
@@ -206,12 +227,14 @@ def test_only_launches_over_a_readable_network_are_sealed(kind, private, monkeyp
     assert launchers.private("n1") is private
     server = type("Server", (), {"address": ("10.0.0.1", 4000)})()
     posted = queue.Queue()
-    executor = Executor(settings, None, launchers, server, None, SECRET, posted.put,
-                        claims=Claims(SECRET, 30.0))
+    claims = Claims(SECRET, 30.0)
+    executor = Executor(settings, None, launchers, server, None, SECRET, posted.put, claims=claims)
     executor.apply([Launch(worker="n1/0#1", slot="n1/0", host="n1", world=None, slots_on_host=1)])
     assert isinstance(posted.get(timeout=10), LaunchFailed)  # the stub's launch, once it was handed
     (got,) = handed
     assert (got.get(env.SECRET) == SECRET) is private and (env.CLAIM in got) is not private
+    # A sealed launch's token answers only claims from where the launcher says its host is.
+    assert [held.where for held in claims._tokens.values()] == ([] if private else [frozenset({"10.0.0.5"})])
 
 
 def test_a_claim_that_fails_on_the_server_costs_no_heartbeat():
@@ -238,3 +261,74 @@ def test_a_claim_that_fails_on_the_server_costs_no_heartbeat():
     finally:
         server.stop()
 
+
+
+BOOT = os.path.join(ROOT, "hvdlite", "torch", "boot")  # first on every worker's path (torchrunenv.py)
+# A worker that never imports hvdlite: it waits for the secret the claim puts in its environment;
+# a child it forks at once, while the claim is under way, neither hangs on it nor claims again.
+WAITS = f"""import os, sys, time
+child = os.fork()
+if child == 0:
+    import signal
+    signal.alarm(10)
+    from hvdlite.worker.claim import job_secret
+    try:
+        job_secret()
+    except RuntimeError:
+        pass
+    os._exit(0)
+deadline = time.monotonic() + 10
+while not os.environ.get('HVDLITE_SECRET') and time.monotonic() < deadline:
+    time.sleep(0.01)
+print(os.environ.get('HVDLITE_SECRET') == {SECRET!r}, 'HVDLITE_CLAIM' in os.environ, os.waitpid(child, 0)[1])
+"""
+
+
+def launched(server, claims, worker):
+    """The environment a worker launched over a readable network starts with."""
+    import time
+    environ = {**os.environ, **worker_environ(server, claims.sealed({}, worker, time.monotonic())),
+               "PYTHONPATH": os.pathsep.join([BOOT, ROOT])}
+    environ.pop(env.SECRET, None)
+    return environ
+
+
+def test_a_worker_claims_as_its_process_starts_not_at_init(driver, tmp_path):
+    """Before: the claim waited for hvd.init(), seconds after the process started: the window
+    in which a token read off the wire could be used first."""
+    server, claims, said = driver
+    done = subprocess.run([sys.executable, "-c", WAITS], capture_output=True, text=True, timeout=60,
+                          env=launched(server, claims, "n1/0#1"))
+    assert done.stdout.split() == ["True", "False", "0"], done.stdout + done.stderr[-2000:]
+    (token,) = claims._tokens.values()
+    assert token.request is not None and not said
+
+
+def test_a_worker_forked_from_its_nodes_template_claims_its_own_token(driver, tmp_path):
+    """As on a Ray node: a spawn client, started with the worker's environment, has the node's
+    template fork the worker. Before (the claim at `import hvdlite`), the spawn client claimed
+    the token and its worker was refused: 'it was used already'. A template whose environment
+    holds a claim refuses to serve, in one line."""
+    from hvdlite.driver.launchers.hosttemplates import template_argv
+    from hvdlite.driver.launchers.raytemplate import NodeTemplate
+    from hvdlite.driver.launchers.start import spawn_argv
+    from hvdlite.driver.launchers.template import template_env
+    server, claims, said = driver
+    environ = launched(server, claims, "n1/0#1")
+    keepers = [NodeTemplate(), NodeTemplate()]
+    try:
+        ready = keepers[0].start(template_argv([sys.executable], []), template_env(environ), str(tmp_path), 60)
+        assert ready["op"] == "ready", ready
+        (tmp_path / "waits.py").write_text(WAITS)
+        done = subprocess.run(spawn_argv([sys.executable, str(tmp_path / "waits.py")], ready["socket"]),
+                              env=environ, cwd=str(tmp_path), capture_output=True, text=True, timeout=60)
+        lines = done.stdout.splitlines()
+        assert lines[0].endswith(" template"), done.stdout + done.stderr[-2000:]  # forked, not plain
+        assert lines[1].split() == ["True", "False", "0"], done.stdout + done.stderr[-2000:]
+        assert not said
+        wrong = keepers[1].start(template_argv([sys.executable], []), environ, str(tmp_path), 60)
+        assert wrong == {"op": "unusable", "reason": "the template's environment holds a launch's HVDLITE_CLAIM"}
+    finally:
+        for keeper in keepers:
+            if keeper.proc is not None and keeper.proc.poll() is None:
+                keeper.proc.kill()

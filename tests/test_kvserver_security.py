@@ -393,3 +393,49 @@ def test_what_steers_a_clock_or_liveness_is_signed_and_finite(server):
     status, _, body = exchange(server, f"GET /kv/a/b HTTP/1.1\r\n{kvproto.AUTH_HEADER}: {auth[:-2]}\u00e9\r\n"
                                        f"Content-Length: 0\r\n\r\n".encode("utf-8"))
     assert status in (400, 401) and b"Error" not in body and b"ASCII" not in body, (status, body)
+
+
+def test_junk_datagrams_cost_the_servers_loop_next_to_nothing(monkeypatch):
+    """Before: every datagram of a flood was read and hashed on the server's loop, and one
+    process's flood of junk raised KV latency to ~200 ms (bench/kvflood.py measures it). Now
+    random bytes never reach the loop (the kernel's filter), and crafted ones, a heartbeat's
+    size and mark but no signature, are hashed MAX_PER_SOURCE times a read at most."""
+    import random
+    import sys
+    from hvdlite.driver.kv.auth import Gate
+    from hvdlite.driver.kv.beats import MAX_PER_SOURCE, Beats, bind_pair
+    tcp, udp = bind_pair("127.0.0.1", 0, 1)
+    reads, hashed, heard = [], [], []
+
+    class Counted:  # the server's socket, its reads counted
+        def recvfrom(self, size):
+            got = udp.recvfrom(size)
+            reads.append(got)
+            return got
+
+        def sendto(self, data, addr):
+            return udp.sendto(data, addr)
+    good = kvproto.encode_beat(kvproto.beat_key(KEY), b"w0000001", 1, "n1/0#1", 0, time.time())
+    tag = kvproto._tag
+    monkeypatch.setattr(kvproto, "_tag", lambda key, message: hashed.append(1) or tag(key, message))
+    beats = Beats(Counted(), Gate(SECRET))
+    beats.handler = lambda got: heard.extend(got) or b"heard"
+    rng = random.Random(1)
+    flood = [rng.randbytes(rng.randrange(1, kvproto.MAX_DATAGRAM + 1)) for _ in range(500)]
+    crafted = [rng.randbytes(kvproto.BEAT_TAG) + kvproto.BEAT_MARK + rng.randbytes(80) for _ in range(200)]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as junk, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as worker:
+        for datagram in flood + crafted:
+            junk.sendto(datagram, udp.getsockname())
+        worker.sendto(good, udp.getsockname())
+        deadline = time.monotonic() + 10
+        while not heard and time.monotonic() < deadline:
+            beats.drain()
+            time.sleep(0.01)
+        worker.settimeout(5)
+        assert worker.recv(2048) and [got[0] for got in heard] == ["n1/0#1"]
+    tcp.close()
+    udp.close()
+    if sys.platform.startswith("linux"):
+        assert len(reads) == len(crafted) + 1  # the random ones were dropped by the kernel
+    assert len(hashed) <= MAX_PER_SOURCE + 1

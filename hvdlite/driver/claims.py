@@ -10,6 +10,12 @@ has tried it, and if the first came from elsewhere than the worker's host, that 
 the secret. Unknown tokens get no answer, and neither do a used token's misuses past
 MAX_REFUSALS, before any key exchange: a flood of either costs a look-up each.
 
+Where the launcher knows the addresses its worker's host reaches the driver from (`where`:
+Slurm's NodeAddr of the node, the address Ray knows the node by), a claim from any other address
+is refused and said, once per token, naming both, and the token stays the worker's; where it
+does not, any address is accepted. A multi-homed node whose workers reach the driver from an
+address its launcher does not name is refused there, in the same line, which names both.
+
 A used token refuses and goes on, rather than ending the job: the driver cannot tell which of
 two claims was the thief's, and ending the job on a second claim would let anyone who reads a
 launch end every job with one datagram. The worker whose claim is refused fails with its one
@@ -25,19 +31,21 @@ MAX_REFUSALS = 8  # answers to a token's misuses; later ones go unanswered
 
 
 class _Token:
-    __slots__ = ("worker", "expires", "request", "answer", "sender", "refusals")
+    __slots__ = ("worker", "expires", "where", "request", "answer", "sender", "refusals", "said")
 
-    def __init__(self, worker: str, expires: float):
-        self.worker, self.expires = worker, expires
+    def __init__(self, worker: str, expires: float, where):
+        self.worker, self.expires, self.where = worker, expires, where
         self.request = self.answer = None  # the request that used it, and the answer it got
         self.sender = None  # the address the request that used it came from
         self.refusals = 0
+        self.said = set()  # the events said of it already
 
 
 class Claims:
-    """The job's secret behind one-time tokens. `say(worker, first, second)` is told of a token's
-    first misuse: the addresses of the claim that used it and of the misuse; `lifetime` is how
-    long a token may wait for its claim."""
+    """The job's secret behind one-time tokens. `say(event, **fields)` is told of a token's
+    first misuse of each kind: launch_token_reused (worker, first: the address of the claim that
+    used it, sender: the misuse's) and launch_token_elsewhere (worker, sender, host: the addresses
+    it was to come from); `lifetime` is how long a token may wait for its claim."""
 
     def __init__(self, secret: str, lifetime: float, say=None):
         self._secret, self.lifetime, self._say = secret.encode("utf-8"), lifetime, say
@@ -61,12 +69,13 @@ class Claims:
     def public(self) -> bytes:
         return self._keys()[1]
 
-    def sealed(self, environ: dict, worker: str, now: float) -> dict:
-        """`environ` with a one-time claim for `worker` in place of the secret."""
+    def sealed(self, environ: dict, worker: str, now: float, where=None) -> dict:
+        """`environ` with a one-time claim for `worker` in place of the secret; `where`: the
+        addresses its claim may come from, None for any."""
         token = os.urandom(claim.TOKEN)
         with self._lock:
             self._forget_old(now)
-            self._tokens[token] = _Token(worker, now + self.lifetime)
+            self._tokens[token] = _Token(worker, now + self.lifetime, where)
         kept = {k: v for k, v in environ.items() if k != env.SECRET}
         return {**kept, env.CLAIM: claim.ticket(self.public, token)}
 
@@ -84,21 +93,33 @@ class Claims:
             if held.request == request:
                 return held.answer  # sent again: its answer was lost
             usable = held.request is None and now <= held.expires
-            if not usable and held.refusals >= MAX_REFUSALS:
+            # (an IPv4 worker seen by a dual-stack socket: ::ffff:a.b.c.d)
+            astray = held.where is not None and sender[0].removeprefix("::ffff:") not in held.where
+            if (astray or not usable) and held.refusals >= MAX_REFUSALS:
                 return None  # before the key exchange: a flood of misuses costs a look-up each
             key = self._key(token, their_key)
             if key is None:
                 return None  # not a usable public key
             aad = request[len(claim.REQUEST):]
-            if usable:
+            if usable and not astray:
                 held.request, held.sender = request, sender
                 held.answer = claim.seal(key, aad, claim.SECRET, self._secret)
                 return held.answer
             held.refusals += 1
-            why = "it was used already" if held.request is not None else "it expired"
-            first_misuse = held.refusals == 1 and held.request is not None
-        if first_misuse and self._say is not None:
-            self._say(held.worker, held.sender, sender)
+            if usable:  # from elsewhere: the token stays the worker's
+                host = ", ".join(sorted(held.where))
+                why, event = f"it came from {sender[0]}, not from the worker's host ({host})", \
+                    ("launch_token_elsewhere", {"sender": sender[0], "host": host})
+            elif held.request is not None:
+                why, event = "it was used already", \
+                    ("launch_token_reused", {"first": held.sender[0], "sender": sender[0]})
+            else:
+                why, event = "it expired", None
+            first = event is not None and event[0] not in held.said
+            if first:
+                held.said.add(event[0])
+        if first and self._say is not None:
+            self._say(event[0], worker=held.worker, **event[1])
         return claim.seal(key, aad, claim.REFUSED, why.encode())
 
     def _key(self, token: bytes, their_key: bytes):

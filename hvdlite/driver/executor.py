@@ -75,7 +75,7 @@ class Executor:
             env = worker_env(self.settings, (addr, self.server.address[1]), self.secret,
                              a.worker, a.slot, a.slots_on_host, a.world, self.elastic)
             if not self.launchers.private(a.host):
-                env = self.claims.sealed(env, a.worker, time.monotonic())
+                env = self.claims.sealed(env, a.worker, time.monotonic(), self.launchers.claims_from(a.host))
             handle = self.launchers.launch(a.host, env, self.outputs[a.worker], a.joining, a.slots_on_host)
         except TemplateGone:  # the host answered; its template died before it forked the worker
             self._forget(a.worker)

@@ -69,8 +69,7 @@ class Job:
             "descriptors_exhausted", refused=n, limit=limit))
         self.server.add_route("/rdzv/", self.rendezvous.route)
         self.server.set_heartbeat(self.rendezvous.heartbeat)
-        claims = Claims(self.secret, self.settings.start_timeout, lambda worker, first, second: self.log.announce(
-            "launch_token_reused", worker=worker, first=first[0], sender=second[0]))
+        claims = Claims(self.secret, self.settings.start_timeout, self.log.announce)
         self.server.set_claims(claims)
         self.server.start()
         self.log.debug(f"rendezvous server at {self.server.address[0]}:{self.server.address[1]}")

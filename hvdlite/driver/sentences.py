@@ -167,6 +167,11 @@ SENTENCES = {
                                      f"got the job's secret, came from {f.get('first')}: if that is "
                                      f"not the worker's host, whoever read its launch holds the "
                                      f"job's secret",
+    "launch_token_elsewhere": lambda f: f"refused worker {f.get('worker')}'s one-time launch token "
+                                        f"from {f.get('sender')}, not its host's address "
+                                        f"({f.get('host')}): whoever read its launch tried to use it "
+                                        f"(or the host reaches this driver from an address its "
+                                        f"launcher does not name)",
     "discovery_failed": lambda f: f"host discovery failed: {f.get('error')}; retrying quietly "
                                   f"until it works again",
     "discovery_recovered": lambda f: f"host discovery works again, after "

@@ -18,6 +18,7 @@ import sys
 import tempfile
 
 from hvdlite.template import child, server, wire
+from hvdlite.worker import env
 
 
 def _listen():
@@ -73,6 +74,9 @@ def main(argv=None) -> int:
             print(f"hvdlite.template: --control {args.control}: {e.strerror}", file=sys.stderr)
             return 2
         say = lambda header: wire.send(control, header)  # noqa: E731
+    if os.environ.get(env.CLAIM):  # a launch's one-time claim: its worker's, never a template's
+        say({"op": "unusable", "reason": f"the template's environment holds a launch's {env.CLAIM}"})
+        return 1
     modules = [m for m in args.preload.split(",") if m]
     try:
         loaded, skipped = server.preload(modules)

@@ -33,6 +33,7 @@ import time
 
 from hvdlite.template import child, kept, wire
 from hvdlite.template.command import Refused, plan
+from hvdlite.worker import claim
 
 LIFELINE_SILENCE = 10.0  # seconds without a byte from the driver's SSH channel: it is gone
 
@@ -92,6 +93,7 @@ class Child:
         child.detach(self.template_pid, self.ready_fd)
         kind, target, args, unbuffered = self.planned
         child.become_worker(self.fds[0], self.fds[1], self.header["env"], self.header["cwd"], unbuffered)
+        claim.claim_now()  # the launch's, as a plain start's sitecustomize would (the template had none)
         if self.header.get("mark"):  # a remote launcher's marker: the group it signals, before any output
             os.write(1, f"{self.header['mark']} {os.getpid()} template\n".encode())
         child.run(kind, target, args, self.header["argv"][0])

@@ -12,12 +12,21 @@ presented again is refused. Every answer, refusals too, is sealed, so a forged o
 The secret then lives in this process's environment, as a local launch's does: the worker's
 own children (its stand-in process, anything it starts) inherit it.
 
+The claim starts as the worker's process starts (`at_process_start`, from the sitecustomize every
+worker runs first, hvdlite/torch/boot), in the background, not at hvd.init() seconds later: the
+less time a token read off the wire stays unused, the less a thief has to use it first. The ticket
+leaves the environment then, so nothing the worker starts meanwhile claims it again. Only the
+launched worker claims: a template's spawn client, which forwards the worker's environment to
+its host's template, never does, and a child the template forks claims as it becomes the worker
+(`claim_now`); a forked process forgets its parent's claim (a token is used once).
+
 request: b"hvC1" | token (16) | worker's public key (32)
 answer:  b"hvA1" | nonce (12) | sealed(kind (1) | text), the request's token and key as AAD;
          kind 0: the secret, 1: why the driver refused
 """
 import os
 import socket
+import sys
 import threading
 import time
 
@@ -30,6 +39,7 @@ REQUEST_SIZE = len(REQUEST) + TOKEN + KEY  # shorter than any heartbeat: the por
 SECRET, REFUSED = 0, 1
 RESEND = 0.5  # seconds between sends of the request while no answer came
 _lock = threading.Lock()  # one claim per process: a second one would find the token used
+_early = None  # the claim this process started as it began (_Early), until it is waited for
 
 
 class ClaimRefused(RuntimeError):
@@ -38,6 +48,11 @@ class ClaimRefused(RuntimeError):
 
 def job_secret(environ=os.environ) -> str:
     """The job's secret: from the environment, or claimed with its HVDLITE_CLAIM and kept there."""
+    early = _early
+    if early is not None and environ is os.environ:
+        early.join(early.timeout + RESEND)
+        if early.error is not None:
+            raise early.error
     with _lock:
         secret = environ.get(env.SECRET)
         if secret:
@@ -45,16 +60,63 @@ def job_secret(environ=os.environ) -> str:
         ticket = environ.get(env.CLAIM)
         if not ticket:
             raise RuntimeError(f"hvdlite: {env.SECRET} is not set; start this script with `hvdlite run`")
-        try:
-            addr, port = environ[env.RENDEZVOUS_ADDR], int(environ[env.RENDEZVOUS_PORT])
-        except (KeyError, ValueError):
-            raise RuntimeError(f"hvdlite: {env.RENDEZVOUS_ADDR} or {env.RENDEZVOUS_PORT} is not set; "
-                               "start this script with `hvdlite run`") from None
+        addr, port = _driver(environ)
         timeout = float(environ.get(env.START_TIMEOUT, defaults.START_TIMEOUT))
         secret = claim(addr, port, ticket, timeout)
         environ[env.SECRET] = secret
         del environ[env.CLAIM]  # used: it is worth nothing to this process's children
         return secret
+
+
+def at_process_start() -> None:
+    """The claim of a process that starts with a ticket, unless it is one of hvdlite's templates
+    (`python -m hvdlite.template...`): they forward or fork the worker, which claims itself."""
+    argv = getattr(sys, "orig_argv", ())
+    template = any(flag == "-m" and (module + ".").startswith("hvdlite.template.")
+                   for flag, module in zip(argv, argv[1:]))
+    if not template:
+        claim_now()
+
+
+def claim_now() -> None:
+    """Start claiming this process's secret in the background, if its environment holds a ticket."""
+    global _early
+    if os.environ.get(env.CLAIM) and not os.environ.get(env.SECRET):
+        _early = _Early(os.environ)
+        _early.start()
+
+
+class _Early(threading.Thread):
+    """A claim in the background; job_secret waits for it and raises what it failed with."""
+
+    def __init__(self, environ):
+        super().__init__(daemon=True, name="hvdlite-claim")
+        self.environ, self.ticket = environ, environ.pop(env.CLAIM)
+        self.timeout = float(environ.get(env.START_TIMEOUT, defaults.START_TIMEOUT))
+        self.error = None
+
+    def run(self):
+        try:
+            with _lock:
+                self.environ[env.SECRET] = claim(*_driver(self.environ), self.ticket, self.timeout)
+        except Exception as e:  # noqa: BLE001 - raised to whoever needs the secret (a missing package too)
+            self.error = e
+
+
+def _forget_in_child() -> None:
+    global _early, _lock
+    _early, _lock = None, threading.Lock()  # the parent's: its thread is not in this process
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def _driver(environ):
+    try:
+        return environ[env.RENDEZVOUS_ADDR], int(environ[env.RENDEZVOUS_PORT])
+    except (KeyError, ValueError):
+        raise RuntimeError(f"hvdlite: {env.RENDEZVOUS_ADDR} or {env.RENDEZVOUS_PORT} is not set; "
+                           "start this script with `hvdlite run`") from None
 
 
 def parse_ticket(ticket: str):

@@ -182,6 +182,8 @@ def decode_snapshot(compressed: bytes) -> dict:
 
 _BEAT = struct.Struct("!2sd8sQQqQd?")
 BEAT_TAG = 16
+BEAT_SIZE = _BEAT.size  # a heartbeat's fixed fields: the tag, these, then the worker's name
+BEAT_MARK = b"hb"  # its first field
 MAX_DATAGRAM = 1400
 
 
@@ -200,7 +202,7 @@ def encode_beat(key: bytes, sender: bytes, counter: int, worker: str, commit: in
     its world and waited `waited` seconds in them, `idle` in hvd.join(); key is beat_key(job
     key). `vouched`: None for the worker's own beat; for one its stand-in process sends
     (vouch), the round of the group it holds for the worker (0: none)."""
-    message = _BEAT.pack(b"hb", now, sender, counter, commit, -1 if vouched is None else vouched, calls,
+    message = _BEAT.pack(BEAT_MARK, now, sender, counter, commit, -1 if vouched is None else vouched, calls,
                          waited, idle) \
         + worker.encode("utf-8")
     return _tag(key, message) + message
@@ -216,7 +218,7 @@ def decode_beat(key: bytes, datagram: bytes):
         return None
     mark, stamp, sender, counter, commit, vouched, calls, waited, idle = _BEAT.unpack_from(message)
     # a stamp that is no number would never be stale: a captured beat would replay for good
-    if mark != b"hb" or not math.isfinite(stamp) or vouched < -1 or not 0 <= waited < float("inf"):
+    if mark != BEAT_MARK or not math.isfinite(stamp) or vouched < -1 or not 0 <= waited < float("inf"):
         return None
     try:
         return (tag, stamp, sender, counter, message[_BEAT.size:].decode("utf-8"), commit,

@@ -57,6 +57,9 @@ class Launchers:
     def private(self, host) -> bool:
         return self.for_host(host).private
 
+    def claims_from(self, host):
+        return self.for_host(host).claims_from(host)
+
     def launch(self, host, env: dict, output, joining: bool, local_workers: int = 1):
         """A started worker's Handle (base.py)."""
         return self.for_host(host).start(host, env, output, joining, local_workers)

@@ -56,6 +56,10 @@ class Launcher(Protocol):
     def route_to(self, host: str) -> str:
         """This machine's address that workers on `host` reach the driver at."""
 
+    def claims_from(self, host: str):
+        """(A launcher that is not private.) The addresses a claim from a worker on `host` may
+        come from, or None where this launcher cannot know them (any is accepted)."""
+
     def start(self, host: str, env: dict, output, joining: bool, local_workers: int) -> Handle:
         """Start a worker on `host` with `env`; returns once its process runs. `joining`: the
         job runs already (not its first world); `local_workers`: the slots of its host."""

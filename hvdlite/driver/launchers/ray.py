@@ -57,6 +57,12 @@ class RayLauncher:
             self._route = next(n["NodeManagerAddress"] for n in self.ray.nodes() if n["NodeID"] == me)
         return self._route
 
+    def claims_from(self, host):
+        """The address Ray knows the node by (its raylet's, the one Ray found it reaches the
+        cluster from), or None for a node Ray no longer lists."""
+        node = next((n for n in self.ray.nodes() if n["NodeID"] == host), None)
+        return frozenset({node["NodeManagerAddress"]}) if node is not None else None
+
     def start(self, host, env: dict, output, joining: bool, local_workers: int = 1):
         template = self._templates.serving(host, self.command, env, os.getcwd(),
                                            start=self._rule.template_remotely(joining)) \

@@ -21,6 +21,7 @@
 import os
 import re
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -48,20 +49,33 @@ class SrunLauncher:
         self.command = settings.command
         self.start_timeout = settings.start_timeout
         self.env = settings.env
-        self._routes = {}
+        self._nodes = {}  # host -> Slurm's NodeAddr
         self._lock = threading.Lock()
 
     def is_local(self, host) -> bool:
         return False  # every worker is a step, the driver's own node's too
 
-    def route_to(self, host) -> str:
+    def _node(self, host) -> str:
         with self._lock:
-            if host not in self._routes:
+            if host not in self._nodes:
                 try:
-                    self._routes[host] = route_address(node_address(host, self.env))
+                    self._nodes[host] = node_address(host, self.env)
                 except DiscoveryError as e:
                     raise LaunchError(str(e)) from None
-            return self._routes[host]
+            return self._nodes[host]
+
+    def route_to(self, host) -> str:
+        return route_address(self._node(host))
+
+    def claims_from(self, host):
+        """What Slurm's NodeAddr of `host` resolves to: its workers reach this driver at
+        route_to(host), this machine's address toward that NodeAddr, so from it (None where it
+        does not resolve here)."""
+        try:
+            found = socket.getaddrinfo(self._node(host), None, type=socket.SOCK_DGRAM)
+        except OSError:
+            return None
+        return frozenset(info[4][0] for info in found)
 
     def start(self, host, env: dict, output, joining: bool, local_workers: int = 1):
         return SrunWorker(host, self.command, env, output, self.start_timeout)

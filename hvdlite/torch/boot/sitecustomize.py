@@ -4,7 +4,8 @@ worker goes through hvdlite's signed rendezvous (hvdlite.torch.envstore) instead
 once torch.distributed loads, a group made without a timeout (the script's own
 init_process_group or new_group) gets the job's --gloo-timeout-seconds, not torch's 30 minutes;
 and once DDP loads, its backward's waits are timed for the straggler rule.
-Nothing is imported until torch is; then the sitecustomize this file hides runs, if any."""
+Nothing is imported until torch is, but the launch's claim of the job's secret, which starts here;
+then the sitecustomize this file hides runs, if any."""
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -86,6 +87,18 @@ def _run_hidden() -> None:
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
+def _claim() -> None:
+    """A worker launched over a readable network claims the job's secret now, in the background
+    (hvdlite/worker/claim.py): the earliest moment its process has."""
+    try:
+        from hvdlite.worker import claim
+    except ImportError:  # hvdlite is not on this interpreter: claimed where it is needed, if ever
+        return
+    claim.at_process_start()
+
+
+if "HVDLITE_CLAIM" in os.environ:
+    _claim()
 for _name, _patch in _PATCHES.items():
     if _name in sys.modules:
         _patch(sys.modules[_name])
