@@ -32,3 +32,10 @@ def exiting(pid: int) -> bool:
     descriptors)."""
     fields = stat_fields(pid)
     return fields is None or fields[0] in GONE or bool(int(fields[6]) & PF_EXITING)
+
+
+def identity(pid: int):
+    """"PID:STARTTIME" (field 22, clock ticks since boot): one process, as a pid given out
+    again is another; None when there is no such process."""
+    fields = stat_fields(pid)
+    return f"{pid}:{fields[19]}" if fields and len(fields) > 19 else None

@@ -22,6 +22,7 @@ class KVError(RuntimeError):
 
 class _Connection:
     def __init__(self, host, port, timeout):
+        self.address = (host, port)
         self.sock = socket.create_connection((host, port), timeout=timeout)
         # Without it Nagle + delayed ACK add ~44 ms to every request.
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -107,6 +108,9 @@ class KVClient:
         retried = set()
         while True:
             conn = getattr(self._local, "conn", None)
+            if conn is not None and conn.address != (self.host, self.port):  # another driver took over
+                self.close()
+                conn = None
             reused = conn is not None and conn.used
             try:
                 if conn is None:
