@@ -4,6 +4,7 @@ The decision thread (this one) takes one event at a time from a queue, hands it 
 elastic core (decisions/core.py) and has the executor perform the actions it returns. HTTP
 handler threads, launch threads and the discovery thread only post events.
 """
+import os
 import queue
 import secrets
 import shutil
@@ -132,8 +133,7 @@ class Job:
             straggler_factor=s.straggler_factor, straggler_evict=s.straggler_policy == "evict",
             fail_on_worker_failure=s.fail_on_worker_failure),
             on_disk=on_disk(s))
-        if saved is not None:
-            self._adopt(core, saved)
+        unheard = self._adopt(core, saved) if saved is not None else set()
         if self.leader is not None:
             self.leader.publish(*self.server.address)  # workers between drivers come here
         event, last_tick, journaled = found(first), time.monotonic(), None
@@ -145,6 +145,8 @@ class Job:
             beats = self.rendezvous.drain_heartbeats()
             if beats is not None:
                 actions += core.handle(beats, now)
+                if unheard:
+                    self._heard_adopted(unheard, beats)
             ticked = now - last_tick >= TICK
             if ticked:
                 last_tick = now
@@ -196,6 +198,13 @@ class Job:
                                 str(inc.rank) if inc.rank is not None else inc.slot)
         self.rendezvous.publish(core.updates, core.broken)
         self.log.announce("job_adopted", lease=self.leader.epoch, **adoption.summary(core))
+        return {inc.id for inc in core._live()}
+
+    def _heard_adopted(self, unheard, beats):
+        """Say once when every worker taken over has beaten here: the take-over's time."""
+        unheard.difference_update(w for w, _ in beats.beats)
+        if not unheard:
+            self.log.announce("job_readopted", after=round(procstat.age(os.getpid()), 3))
 
     def _poll_hosts(self, source):
         # Never dies: a failing, hanging or crashing discovery run is reported and retried.

@@ -38,6 +38,7 @@ RANK0_HEARTBEAT_INTERVAL = 0.1
 HEARTBEAT_TIMEOUT = 2.0  # seconds for one heartbeat, connecting included
 STALL = 1.0  # seconds of oversleeping that mean this process was not running
 BEACON_POLL = 0.05  # seconds between looks at the beacon while no driver answers
+GAP_BEAT_TIMEOUT = 0.5  # seconds a heartbeat waits for its answer while the last one got none
 
 
 class Removed(SystemExit):
@@ -212,15 +213,20 @@ class Session:
         return True
 
     def _beat(self):
-        last_contact = time.monotonic()
+        last_contact, answered = time.monotonic(), True
         lost = None  # when the driver stopped answering, while it does not
         while True:
             sent = time.monotonic()
-            body = self._beats.beat(self.worker, self.commits, calls=entered(), waited=waited(), idle=idle())
-            starved = time.monotonic() - sent - HEARTBEAT_TIMEOUT
+            # Between drivers a beat waits less, so that the beacon is looked at often even when
+            # the old driver's host swallows datagrams (a partition, a stopped driver).
+            timeout = GAP_BEAT_TIMEOUT if self.grace and not answered else HEARTBEAT_TIMEOUT
+            body = self._beats.beat(self.worker, self.commits, calls=entered(), waited=waited(), idle=idle(),
+                                    timeout=timeout)
+            starved = time.monotonic() - sent - timeout
             if body is None and starved > STALL:  # its wait ended, then the GIL was held elsewhere
                 last_contact += starved
-            if self._take(body):  # else no contact this time; the liveness timeout decides
+            answered = self._take(body)
+            if answered:  # else no contact this time; the liveness timeout decides
                 last_contact, lost = time.monotonic(), None
             elif self.grace:
                 rescue.check()  # a dead driver's pipes: the output goes on into files
@@ -236,7 +242,7 @@ class Session:
                 finally:
                     os._exit(exitcodes.LOST_DRIVER)
             asleep, interval = time.monotonic(), self.interval
-            self._wait(interval, body is None)
+            self._wait(interval, not answered)
             overslept = time.monotonic() - asleep - interval
             if overslept > STALL:  # this process was starved, not its link: don't count it
                 last_contact += overslept
