@@ -47,7 +47,7 @@ from hvdlite.errors import HvdliteError, JobError, Unloadable
 # a second one, or any to a static job, stops it at once with 128 + the signal's number.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 TICK = 0.1  # seconds between timer events
-JOURNAL_EVERY = 1.0  # seconds between journal writes, but at once for a new world or the job's end
+JOURNAL_EVERY = 1.0  # seconds between journal writes (the commits the ledger names move on)
 
 
 class Job:
@@ -154,10 +154,13 @@ class Job:
             end = self.executor.apply(actions)
             if ticked or end is not None:
                 self.stats.on_view(core.view(), time.time())
+            # At once when a world formed or broke or a worker came or went, else each second.
+            changed = (core.round, core.broken, len(core.workers))
             if self.leader is not None and end is None and (
-                    journaled is None or journaled[0] != core.round or now - journaled[1] >= JOURNAL_EVERY):
-                journaled = (core.round, now)
-                self.leader.record({**adoption.journal(core, now), "procs": self.executor.identities()})
+                    journaled is None or journaled[0] != changed or now - journaled[1] >= JOURNAL_EVERY):
+                journaled = (changed, now)
+                self.leader.record({**adoption.journal(core, now), "procs": self.executor.identities(),
+                                    "written_at": time.time()})
             if end is not None:
                 if end.error:
                     self.log.error(end.error)  # the core logged job_end already
@@ -177,9 +180,15 @@ class Job:
         if saved is not None and saved.get("adoptable"):
             procs = saved.get("procs", {})
             live = [w for w in saved["workers"] if w["phase"] != "gone"]
-            if any(not self.launchers.is_local(w["host"]) or w["id"] not in procs for w in live):
-                self.log.say("the last driver's workers were not all on this machine: they are not "
-                             "taken over (only local workers are, docs/failover.md)")
+            remote = sorted({w["host"] for w in live if not self.launchers.is_local(w["host"])})
+            until = saved.get("written_at", 0.0) + s.driver_grace
+            if remote and time.time() < until:
+                # Only local workers are taken over yet: a fresh start now would race the others.
+                raise JobError(f"the last driver of this job left workers on {', '.join(remote)}, which train "
+                               f"on until about {time.strftime('%H:%M:%S', time.localtime(until))} "
+                               f"(--driver-grace); only workers on this machine are taken over "
+                               f"(docs/failover.md): run this again after that, or stop them first")
+            if remote or any(w["id"] not in procs for w in live):
                 saved = None
             elif not any(procstat.identity(w["pid"]) == procs[w["id"]] for w in live):
                 saved = None  # every one of them ended (its grace ran out): a plain resume from disk
