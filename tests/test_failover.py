@@ -127,6 +127,7 @@ def test_a_driver_whose_lease_was_taken_decides_nothing_and_workers_refuse_it(tm
     old = Leadership.take(str(tmp_path), ttl=2.0, now=0.0, store=store)
     old.take_secret(adopting=False)
     old.record({"round": 1})
+    assert old.flush()
     with pytest.raises(NotLeader, match="another driver runs the job"):
         Leadership.take(str(tmp_path), ttl=2.0, now=0.0, store=store)  # its owner (this process) lives
     clock[0] += 3.0  # the old driver did not renew: its lease lapsed
@@ -134,8 +135,11 @@ def test_a_driver_whose_lease_was_taken_decides_nothing_and_workers_refuse_it(tm
     assert new.epoch == old.epoch + 1 and new.journal() == {"round": 1}
     with pytest.raises(NotLeader):
         old.keep(10.0)
+    old.record({"round": 2})  # a journal write of the fenced driver: refused by the store
+    assert old.flush()
     with pytest.raises(NotLeader):
-        old.record({"round": 2})
+        old.keep(10.1)
+    assert new.journal() == {"round": 1}
     assert not adoption.may_decide(False, 9.0, 10.0, 2.0) and not adoption.accepts(old.epoch, new.epoch)
 
     worker = Session.__new__(Session)
