@@ -38,7 +38,7 @@ from hvdlite.driver.network import bind_address
 from hvdlite.driver.probe import Prober
 from hvdlite.driver.rendezvous import Rendezvous
 from hvdlite.driver.terminal import StatusKeeper, is_tty
-from hvdlite import defaults, procstat
+from hvdlite import defaults, exitcodes, procstat
 from hvdlite.worker import checkpointdir
 from hvdlite.worker.trace import discard_parts, merge_parts
 from hvdlite.errors import HvdliteError, JobError, Unloadable
@@ -155,7 +155,7 @@ class Job:
             if ticked or end is not None:
                 self.stats.on_view(core.view(), time.time())
             # At once when a world formed or broke or a worker came or went, else each second.
-            changed = (core.round, core.broken, len(core.workers))
+            changed = (core.round, core.broken, len(core.workers), len(self.executor.handles))
             if self.leader is not None and end is None and (
                     journaled is None or journaled[0] != changed or now - journaled[1] >= JOURNAL_EVERY):
                 journaled = (changed, now)
@@ -188,9 +188,8 @@ class Job:
                                f"on until about {time.strftime('%H:%M:%S', time.localtime(until))} "
                                f"(--driver-grace); only workers on this machine are taken over "
                                f"(docs/failover.md): run this again after that, or stop them first")
-            if remote or any(w["id"] not in procs for w in live):
-                saved = None
-            elif not any(procstat.identity(w["pid"]) == procs[w["id"]] for w in live):
+            if remote or not any(procstat.identity(int(procs[w["id"]].split(":")[0])) == procs[w["id"]]
+                                 for w in live if w["id"] in procs):
                 saved = None  # every one of them ended (its grace ran out): a plain resume from disk
         else:
             saved = None
@@ -202,12 +201,19 @@ class Job:
         now = time.monotonic()
         adoption.adopt(core, saved, now)
         procs = saved.get("procs", {})
+        unseen = []
         for inc in core._live():
+            if inc.id not in procs:  # launched as the last driver died: nobody knows its process
+                unseen.append(inc.id)
+                continue
+            inc.pid = int(procs[inc.id].split(":")[0])
             self.executor.adopt(inc.id, inc.slot, inc.host, inc.pid, procs[inc.id],
                                 str(inc.rank) if inc.rank is not None else inc.slot)
+        for worker in unseen:  # as a worker that lost its driver: its slot is launched again, unblamed
+            self.events.put(Exited(worker, exitcodes.LOST_DRIVER))
         self.rendezvous.publish(core.updates, core.broken)
         self.log.announce("job_adopted", lease=self.leader.epoch, **adoption.summary(core))
-        return {inc.id for inc in core._live()}
+        return {inc.id for inc in core._live()} - set(unseen)
 
     def _heard_adopted(self, unheard, beats):
         """Say once when every worker taken over has beaten here: the take-over's time."""
