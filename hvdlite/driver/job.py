@@ -146,7 +146,7 @@ class Job:
             if beats is not None:
                 actions += core.handle(beats, now)
                 if unheard:
-                    self._heard_adopted(unheard, beats)
+                    self._heard_adopted(unheard, beats, core)
             ticked = now - last_tick >= TICK
             if ticked:
                 last_tick = now
@@ -215,9 +215,9 @@ class Job:
         self.log.announce("job_adopted", lease=self.leader.epoch, **adoption.summary(core))
         return {inc.id for inc in core._live()} - set(unseen)
 
-    def _heard_adopted(self, unheard, beats):
-        """Say once when every worker taken over has beaten here: the take-over's time."""
-        unheard.difference_update(w for w, _ in beats.beats)
+    def _heard_adopted(self, unheard, beats, core):
+        """Say once when every worker taken over that lives has beaten here: the take-over's time."""
+        unheard.difference_update([w for w, _ in beats.beats] + [w for w in unheard if core._current(w) is None])
         if not unheard:
             self.log.announce("job_readopted", after=round(procstat.age(os.getpid()), 3))
 
