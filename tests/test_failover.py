@@ -7,8 +7,10 @@ run. The rest are decisions and one small torch-free worker: in-process where th
 """
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -22,6 +24,7 @@ from hvdlite.driver.decisions.workers import Phase
 from hvdlite.driver.leadership import Leadership, NotLeader
 from hvdlite.driver.store.filestore import FileStore
 from hvdlite.worker import beacon, env
+from hvdlite.worker.kvclient import KVClient
 from hvdlite.worker.session import Session
 from jobs import SCRIPTS, Job, progress, run_job, wait_until
 from test_core import first_world
@@ -161,3 +164,30 @@ def test_the_secret_stays_in_a_0600_file_and_a_planted_beacon_is_refused(tmp_pat
     assert beacon.Watch(str(tmp_path), secret).newer(0) == (lead.epoch, "127.0.0.1", 1234)
     beacon.publish(str(tmp_path), "not the job's secret", 99, "10.0.0.9", 1)
     assert beacon.Watch(str(tmp_path), secret).newer(0) is None
+
+
+def test_a_request_waiting_on_a_stopped_driver_goes_to_the_new_one_at_once():
+    """A survivor waits in the rendezvous (a long-poll) on a driver that is stopped, not dead:
+    its connection is open and silent. The switch cuts it and asks the new address."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()
+    client = KVClient("127.0.0.1", silent.getsockname()[1], "s" * 32)
+    failed = []
+
+    def ask():
+        try:
+            client.request("GET", "/rdzv/assign", timeout=60)
+        except ConnectionError as e:
+            failed.append(str(e))
+    waiting = threading.Thread(target=ask, daemon=True)
+    waiting.start()
+    time.sleep(0.2)
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+    free.close()  # nobody listens there: the new address refuses at once
+    client.move("127.0.0.1", port)
+    waiting.join(5)
+    silent.close()
+    assert failed and f"127.0.0.1:{port}" in failed[0], failed

@@ -266,7 +266,7 @@ class Session:
         """Go over to the driver holding lease `epoch` at addr:port (on the heartbeat thread;
         every KV connection reconnects there at its next request)."""
         self.epoch, self.addr, self.port = epoch, addr, port
-        self.client.host, self.client.port = addr, port
+        self.client.move(addr, port)
         self._beats.close()
         self._beats = Heartbeats(self.client, timeout=HEARTBEAT_TIMEOUT)
         _say(f"the driver at {addr}:{port} (lease {epoch}) takes this worker over")
