@@ -212,7 +212,8 @@ class Job:
         for worker in unseen:  # as a worker that lost its driver: its slot is launched again, unblamed
             self.events.put(Exited(worker, exitcodes.LOST_DRIVER))
         self.rendezvous.publish(core.updates, core.broken)
-        self.log.announce("job_adopted", lease=self.leader.epoch, **adoption.summary(core))
+        self.log.announce("job_adopted", lease=self.leader.epoch, after=round(procstat.age(os.getpid()), 3),
+                          **adoption.summary(core))
         return {inc.id for inc in core._live()} - set(unseen)
 
     def _heard_adopted(self, unheard, beats, core):
