@@ -38,19 +38,16 @@ def test_kill_9_of_the_driver_then_the_same_command_takes_the_live_workers_over(
     """What no restart can give: the same worker processes before and after, steps taken while
     no driver ran, nothing lost, every line they printed meanwhile relayed, and the final
     parameters of a run with no fault (ranks stay, so gloo sums in the same order)."""
-    reference = tmp_path / "reference"
-    reference.mkdir()
-    r = run_job([*ARGS, *JOB], reference, timeout=120, env={"LOG_DIR": str(reference), **KNOBS, "STEP_SLEEP": "0"})
-    assert r.code == 0, r.stderr[-3000:]
-    expected = json.loads((reference / "final.json").read_text())
-
-    log_dir, first, second, third = (tmp_path / name for name in ("log", "first", "second", "third"))
-    for folder in (log_dir, first, second, third):
+    log_dir, reference, first, second, third = (tmp_path / name for name in ("log", "reference", "first", "second",
+                                                                            "third"))
+    for folder in (log_dir, reference, first, second, third):
         folder.mkdir()
     args = [*ARGS, "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval", "0", *JOB]
     # The last epoch's own commit waits for the test's go: the job outlives the take-over.
     knobs = {"LOG_DIR": str(log_dir), **KNOBS, "STEP_SLEEP": "0.05", "HOLD_AT": "epoch2"}
-    with Job(args, first, knobs) as a:
+    # The fault-free run beside it (its imports overlap the other's).
+    with Job([*ARGS, *JOB], reference, {"LOG_DIR": str(reference), **KNOBS, "STEP_SLEEP": "0"}) as fault_free, \
+            Job(args, first, knobs) as a:
         a.wait_for(lambda _: progress(log_dir) >= 5, 90)
         # A second driver of the same folder while the first runs: refused, the job untouched.
         beside = run_job(args, second, timeout=60, env=knobs)
@@ -66,6 +63,9 @@ def test_kill_9_of_the_driver_then_the_same_command_takes_the_live_workers_over(
             b.wait_for(lambda events: any(e["event"] == "job_readopted" for e in events), 60)
             (log_dir / "go").touch()
             r = b.finish(120)
+        done = fault_free.finish(120)
+    assert done.code == 0, done.stderr[-3000:]
+    expected = json.loads((reference / "final.json").read_text())
     assert r.code == 0, r.stderr[-3000:]
     assert r.of("job_adopted")[0]["pids"] == pids, "not the same worker processes"
     assert not r.of("worker_start") and not r.of("round_complete"), "a worker was started, or the world re-formed"
