@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from hvdlite import exitcodes
+from hvdlite import exitcodes, procstat
 from hvdlite.driver.decisions import adoption
 from hvdlite.driver.decisions.core import ElasticCore
 from hvdlite.driver.decisions.messages import Heartbeats, Log, Ready
@@ -191,3 +191,15 @@ def test_a_request_waiting_on_a_stopped_driver_goes_to_the_new_one_at_once():
     waiting.join(5)
     silent.close()
     assert failed and f"127.0.0.1:{port}" in failed[0], failed
+
+
+def test_a_lease_left_by_a_dead_driver_of_this_host_is_taken_at_once(tmp_path):
+    """kill -9 leaves the lease live for its time to live; its owner, a process of this host
+    that no longer runs (pid and start time), can never renew it: the rerun need not wait."""
+    gone = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    owner = f"{socket.gethostname()}:{procstat.identity(gone.pid)}"
+    gone.kill()
+    gone.wait()
+    store = FileStore(str(tmp_path / "store"))
+    assert store.acquire(owner, ttl=600.0).epoch == 1
+    assert Leadership.take(str(tmp_path), ttl=600.0, now=0.0, store=store).epoch == 2
