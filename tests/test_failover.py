@@ -143,7 +143,7 @@ def test_a_driver_whose_lease_was_taken_decides_nothing_and_workers_refuse_it(tm
     with pytest.raises(NotLeader):
         old.keep(10.1)
     assert new.journal() == {"round": 1}
-    assert not adoption.may_decide(False, 9.0, 10.0, 2.0) and not adoption.accepts(old.epoch, new.epoch)
+    assert not adoption.may_decide(False, 9.0, 10.0, 2.0) and not beacon.accepts(old.epoch, new.epoch)
 
     worker = Session.__new__(Session)
     worker.epoch, worker.broken, worker.worker, worker.stack_asked, worker.on_round_broken = new.epoch, 0, "w", False, None

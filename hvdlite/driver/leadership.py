@@ -17,6 +17,7 @@ import threading
 from typing import Optional
 
 from hvdlite import exitcodes, procstat
+from hvdlite.driver.decisions.adoption import may_decide
 from hvdlite.driver.store import Fenced, Lease, Store
 from hvdlite.driver.store.filestore import FileStore
 from hvdlite.errors import JobError
@@ -118,9 +119,8 @@ class Leadership:
         self.tried = now
         try:
             held = self.store.renew(self.lease, self.ttl)
-        except Exception:  # noqa: BLE001 - the store unreachable: the lease decides
-            held = now - self.renewed < self.ttl
-            if not held:
+        except Exception:  # noqa: BLE001 - the store unreachable: its time to live decides
+            if not may_decide(True, self.renewed, now, self.ttl):
                 raise NotLeader(f"this driver could not renew its lease {self.epoch} for {self.ttl:g} s; "
                                 f"it stops deciding (another driver may take the job over)") from None
             return

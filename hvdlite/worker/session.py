@@ -171,7 +171,7 @@ class Session:
                 continue
             if status == 200:
                 answer = json.loads(body)
-                if answer.get("epoch", 0) < self.epoch:
+                if not beacon.accepts(answer.get("epoch", 0), self.epoch):
                     continue  # a driver that lost its lease: ask the one that holds it
                 if answer.get("removed"):
                     raise Removed()
@@ -198,7 +198,7 @@ class Session:
             if body is None:
                 return False
             answer = json.loads(body)
-            if answer.get("epoch", 0) < self.epoch:
+            if not beacon.accepts(answer.get("epoch", 0), self.epoch):
                 return False  # a driver that lost its lease decides nothing for this worker
             self.epoch = answer.get("epoch", 0)
             self.updates, self.broken = answer["updates"], max(self.broken, answer["broken"])
