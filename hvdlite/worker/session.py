@@ -86,6 +86,7 @@ class Session:
         self.kept = False  # it left its last world at a commit, keeping its state (no rollback)
         self.stack_asked = False  # the driver asked for the main thread's stack and got it
         self.on_round_broken = None  # callback(round), called on every heartbeat answer
+        self.probed = None  # (addr, port) the driver probes this worker's node at (probed.py)
         self._joins = {}  # round -> times this process was given a place in it
         durable.install(self.tell)  # its checkpoints' word to the driver goes through here
         self._heartbeat = threading.Thread(target=self._beat, daemon=True, name="hvdlite-heartbeat")
@@ -270,6 +271,7 @@ class Session:
         self._beats.close()
         self._beats = Heartbeats(self.client, timeout=HEARTBEAT_TIMEOUT)
         _say(f"the driver at {addr}:{port} (lease {epoch}) takes this worker over")
+        probed.announce(self)  # where it probes this worker's node
 
 
 def _say(line: str) -> None:
