@@ -153,8 +153,12 @@ def test_a_driver_whose_lease_was_taken_decides_nothing_and_workers_refuse_it(tm
 
 
 def test_the_secret_stays_in_a_0600_file_and_a_planted_beacon_is_refused(tmp_path):
+    earlier = beacon.output_path(str(tmp_path), "localhost/0#1", "stdout")
+    os.makedirs(os.path.dirname(earlier))
+    open(earlier, "w").close()  # an earlier job's: a new job's worker of that id must not append to it
     lead = Leadership.take(str(tmp_path), ttl=2.0, now=0.0)
     secret = lead.take_secret(adopting=False)
+    assert not os.path.exists(earlier)
     lead.publish("127.0.0.1", 1234)
     folder = beacon.folder(str(tmp_path))
     assert os.stat(folder).st_mode & 0o777 == 0o700

@@ -12,6 +12,7 @@ once (it can never renew again). Any other live lease means a driver runs this j
 """
 import os
 import secrets
+import shutil
 import socket
 import threading
 from typing import Optional
@@ -90,11 +91,13 @@ class Leadership:
         return beacon.opened(secret, JOURNAL, raw)
 
     def take_secret(self, adopting: bool) -> str:
-        """The job's secret: the last driver's when adopting its workers, else a new one."""
+        """The job's secret: the last driver's when adopting its workers, else a new one (and
+        an earlier job's output files go: its worker ids come again)."""
         secret = self._read_secret() if adopting else None
         if secret is None:
             secret = secrets.token_urlsafe(32)
             beacon.write_private(os.path.join(self.folder, beacon.SECRET), secret.encode())
+            shutil.rmtree(os.path.join(self.folder, beacon.OUTPUT), ignore_errors=True)
         self.secret = secret
         return secret
 
