@@ -108,7 +108,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--pairs", type=int, default=2)
     p.add_argument("--gap", type=float, default=3.0, help="seconds between the kill and the rerun (default 3)")
-    p.add_argument("--epochs", type=int, default=4, help="of 12 steps each (default 4)")
+    p.add_argument("--epochs", type=int, default=10, help="of 12 steps each (default 10)")
     p.add_argument("--timeout", type=float, default=180.0)
     args = p.parse_args()
     knobs = {"EPOCHS": str(args.epochs), "WORKERS": "0", "STEP_SLEEP": "0.05"}

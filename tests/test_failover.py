@@ -102,6 +102,13 @@ def test_a_worker_trains_on_without_a_driver_for_the_grace_then_exits_75(tmp_pat
     assert done.returncode == exitcodes.LOST_DRIVER, done.stderr
     assert "training on without it for up to 3 s" in done.stderr and "for 3 s; exiting" in done.stderr
     assert took >= 3 and done.stdout.count("step") > 60, (took, done.stdout.count("step"))
+    # Its code is left for a driver that takes the job over, as is that of one that finished.
+    word = beacon.output_path(str(tmp_path), "localhost/0#1", "exit")
+    assert open(word).read() == str(exitcodes.LOST_DRIVER)
+    finished = subprocess.run([sys.executable, "-c", "from hvdlite.worker.session import session; session()"],
+                              env={**environ, env.WORKER: "localhost/1#1"}, timeout=60)
+    assert finished.returncode == 0
+    assert open(beacon.output_path(str(tmp_path), "localhost/1#1", "exit")).read() == "0"
 
 
 # ---- the journal and the take-over, in-process ----------------------------------------------

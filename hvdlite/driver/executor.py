@@ -105,7 +105,8 @@ class Executor:
         output = self.outputs[worker] = RankOutput(label, self.settings.output_dir, "slot." + slot.replace("/", "."))
         files = {stream: beacon.output_path(self.settings.checkpoint_dir, worker, stream)
                  for stream in ("stdout", "stderr")}
-        handle = AdoptedWorker(pid, identity, lambda: self.rendezvous.said_code(worker), output, files)
+        word = beacon.output_path(self.settings.checkpoint_dir, worker, "exit")  # its code, said while no driver ran
+        handle = AdoptedWorker(pid, identity, lambda: _said(self.rendezvous.said_code(worker), word), output, files)
         with self._lock:
             self._host_of[worker] = host
             self.handles[worker] = handle
@@ -211,6 +212,17 @@ class Executor:
 
     def _drop_scope(self, a: DropScope):
         self.server.delete_scope(a.scope)
+
+
+def _said(told, path):
+    """The exit code a taken-over worker told this driver, or left in its file, or None."""
+    if told is not None:
+        return told
+    try:
+        with open(path) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
 
 
 def _whose(error: Exception) -> str:

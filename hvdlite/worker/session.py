@@ -125,7 +125,18 @@ class Session:
                                                                **({"echo": "1"} if self.echo else {})},
                                 timeout=2)
         except Exception:  # noqa: BLE001 - the driver may be gone; exiting regardless
-            pass
+            self._leave_word(exitcode.own())
+
+    def _leave_word(self, code: int) -> None:
+        """No driver hears this exit: its code goes into the driver folder, for the driver that
+        takes the job over (a worker that finished its training while none ran is no failure)."""
+        if self.grace:
+            path = beacon.output_path(durable.config(self.environ).directory, self.worker, "exit")
+            try:
+                os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+                beacon.write_private(path, str(code).encode())
+            except OSError:
+                pass
 
     def local_address(self, rank: int) -> str:
         """The address peers reach this worker, `rank` of its group, at: the one the driver
@@ -240,6 +251,7 @@ class Session:
                      f"{max(self.liveness_timeout, self.grace):g} s; exiting")
                 try:
                     durable.finish()  # rank 0's newest commit reaches the disk first
+                    self._leave_word(exitcodes.LOST_DRIVER)
                 finally:
                     os._exit(exitcodes.LOST_DRIVER)
             asleep, interval = time.monotonic(), self.interval
