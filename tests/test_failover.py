@@ -214,3 +214,23 @@ def test_a_lease_left_by_a_dead_driver_of_this_host_is_taken_at_once(tmp_path):
     store = FileStore(str(tmp_path / "store"))
     assert store.acquire(owner, ttl=600.0).epoch == 1
     assert Leadership.take(str(tmp_path), ttl=600.0, now=0.0, store=store).epoch == 2
+
+
+def test_a_rerun_refuses_while_the_last_drivers_workers_on_other_hosts_may_train(tmp_path):
+    """Only this machine's workers are taken over: a fresh start beside the others would race
+    them (two generations writing one folder), so the rerun says so and ends until their grace
+    is over."""
+    from hvdlite.driver.eventlog import EventLog
+    from hvdlite.driver.job import Job as Driver
+    from hvdlite.driver.settings import Settings
+    from hvdlite.errors import JobError
+    last = Leadership.take(str(tmp_path), ttl=2.0, now=0.0)
+    last.take_secret(adopting=False)
+    last.record({"adoptable": True, "written_at": time.time(), "procs": {},
+                 "workers": [{"id": "far/0#1", "host": "far", "phase": "training"}]})
+    assert last.flush()
+    last.store.release(last.lease)
+    rerun = Driver(Settings(command=["true"], elastic=True, checkpoint_dir=str(tmp_path), driver_grace=60.0),
+                   EventLog(on_console=False))
+    with pytest.raises(JobError, match="left workers on far, which train on until about"):
+        rerun._lead(None)
