@@ -4,6 +4,7 @@ The decision thread (this one) takes one event at a time from a queue, hands it 
 elastic core (decisions/core.py) and has the executor perform the actions it returns. HTTP
 handler threads, launch threads and the discovery thread only post events.
 """
+import os
 import queue
 import secrets
 import shutil
@@ -14,6 +15,7 @@ import time
 from hvdlite.discovery.script import DiscoveryError
 from hvdlite.discovery.sources import host_source
 from hvdlite.driver.claims import Claims
+from hvdlite.driver.decisions import adoption
 from hvdlite.driver.decisions.assignment import assign
 from hvdlite.driver.decisions.cause import Causes
 from hvdlite.driver.decisions.core import ElasticCore, JobView
@@ -30,13 +32,14 @@ from hvdlite.driver.executor import Executor
 from hvdlite.driver.jobstats import JobStats, status_line
 from hvdlite.driver.kv.server import KVServer
 from hvdlite.driver.launchers import Launchers
+from hvdlite.driver.leadership import Leadership, NotLeader
 from hvdlite.driver.metrics import MetricsServer
 from hvdlite.driver.network import bind_address
 from hvdlite.driver.probe import Prober
 from hvdlite.driver.rendezvous import Rendezvous
 from hvdlite.driver.terminal import StatusKeeper, is_tty
-from hvdlite import defaults
-from hvdlite.worker import checkpointdir
+from hvdlite import defaults, exitcodes, procstat
+from hvdlite.worker import beacon, checkpointdir
 from hvdlite.worker.trace import discard_parts, merge_parts
 from hvdlite.errors import HvdliteError, JobError, Unloadable
 
@@ -44,6 +47,7 @@ from hvdlite.errors import HvdliteError, JobError, Unloadable
 # a second one, or any to a static job, stops it at once with 128 + the signal's number.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 TICK = 0.1  # seconds between timer events
+JOURNAL_EVERY = 1.0  # seconds between journal writes (the commits the ledger names move on)
 
 
 class Job:
@@ -60,6 +64,8 @@ class Job:
         self.server = None
         self.executor = None
         self.prober = None
+        self.leader = None  # with --checkpoint-dir: this driver's lease and journal (leadership.py)
+        self.not_leader = False  # another driver took the job over: its workers are left alone
         self.stopping = threading.Event()
 
     def start_server(self, remote_possible: bool):
@@ -96,12 +102,19 @@ class Job:
             return None
 
     # ---- elastic ---------------------------------------------------------------------
-    def run_elastic(self) -> int:
+    def run_elastic(self, store=None) -> int:
+        """Run the job; with --checkpoint-dir as its leader, taking the job over from the
+        journal in `store` (default: the FileStore in --checkpoint-dir) when the last driver
+        left live workers behind."""
         s = self.settings
         source = host_source(s, progress=lambda: {"HVDLITE_NEWEST_COMMIT": str(self.stats.summary().commits)})
         first = source.read()  # a first failure is fatal (DiscoveryError)
         self._describe(source)
+        saved = self._lead(store) if s.checkpoint_dir else None
         self.start_server(source.changes or any(not self.launchers.is_local(h) for h, _ in first))
+        if self.leader is not None:
+            self.rendezvous.set_epoch(self.leader.epoch)
+            self.executor.epoch = self.leader.epoch
         if source.changes:
             threading.Thread(target=self._poll_hosts, args=(source,), daemon=True,
                              name="hvdlite-discovery").start()
@@ -119,13 +132,20 @@ class Job:
             straggler_factor=s.straggler_factor, straggler_evict=s.straggler_policy == "evict",
             fail_on_worker_failure=s.fail_on_worker_failure),
             on_disk=on_disk(s))
-        event, last_tick = found(first), time.monotonic()
+        unheard = self._adopt(core, saved) if saved is not None else set()
+        if self.leader is not None:
+            self.leader.publish(*self.server.address)  # workers between drivers come here
+        event, last_tick, journaled = found(first), time.monotonic(), None
         while True:
             now = time.monotonic()
+            if self.leader is not None:
+                self.leader.keep(now)  # before any decision: a driver that lost its lease makes none
             actions = core.handle(event, now) if event is not None else []
             beats = self.rendezvous.drain_heartbeats()
             if beats is not None:
                 actions += core.handle(beats, now)
+                if unheard:
+                    self._heard_adopted(unheard, beats, core)
             ticked = now - last_tick >= TICK
             if ticked:
                 last_tick = now
@@ -133,11 +153,77 @@ class Job:
             end = self.executor.apply(actions)
             if ticked or end is not None:
                 self.stats.on_view(core.view(), time.time())
+            # At once when a world formed or broke or a worker came or went, else each second.
+            changed = (core.round, core.broken, len(core.workers), len(self.executor.handles))
+            if self.leader is not None and end is None and (
+                    journaled is None or journaled[0] != changed or now - journaled[1] >= JOURNAL_EVERY):
+                journaled = (changed, now)
+                self.leader.record({**adoption.journal(core, now), "procs": self.executor.identities(),
+                                    "written_at": time.time()})
             if end is not None:
                 if end.error:
                     self.log.error(end.error)  # the core logged job_end already
                 return end.code
             event = self.next_event(TICK)
+
+    def _lead(self, store):
+        """Take the job's lease; the last driver's journal when its workers live on, else None.
+        The job's secret is that driver's when its workers are taken over, else a new one."""
+        s = self.settings
+        try:
+            self.leader = Leadership.take(s.checkpoint_dir, s.liveness_timeout, time.monotonic(), store)
+        except NotLeader:
+            self.not_leader = True
+            raise
+        saved = self.leader.journal()
+        if saved is not None and saved.get("adoptable"):
+            procs = saved.get("procs", {})
+            live = [w for w in saved["workers"] if w["phase"] != "gone"]
+            remote = sorted({w["host"] for w in live if not self.launchers.is_local(w["host"])})
+            until = saved.get("written_at", 0.0) + s.driver_grace
+            if remote and time.time() < until:
+                # Only local workers are taken over yet: a fresh start now would race the others.
+                raise JobError(f"the last driver of this job left workers on {', '.join(remote)}, which train "
+                               f"on until about {time.strftime('%H:%M:%S', time.localtime(until))} "
+                               f"(--driver-grace); only workers on this machine are taken over "
+                               f"(docs/failover.md): run this again after that, or stop them first")
+            if remote or not any(procstat.identity(int(procs[w["id"]].split(":")[0])) == procs[w["id"]]
+                                 for w in live if w["id"] in procs):
+                saved = None  # every one of them ended (its grace ran out): a plain resume from disk
+        else:
+            saved = None
+        self.secret = self.leader.take_secret(adopting=saved is not None)
+        return saved
+
+    def _adopt(self, core, saved):
+        """Make `core` the journal's job and take its live workers over."""
+        now = time.monotonic()
+        adoption.adopt(core, saved, now)
+        procs = saved.get("procs", {})
+        unseen = []
+        for inc in core._live():
+            if inc.id not in procs:  # launched as the last driver died: nobody knows its process
+                unseen.append(inc.id)
+                continue
+            inc.pid = int(procs[inc.id].split(":")[0])
+            self.executor.adopt(inc.id, inc.slot, inc.host, inc.pid, procs[inc.id],
+                                str(inc.rank) if inc.rank is not None else inc.slot)
+            if os.path.exists(beacon.output_path(self.settings.checkpoint_dir, inc.id, "exit")):
+                # It began to exit while no driver ran (its training finished, say): it gets the
+                # exit's grace, not the liveness timeout, to end.
+                self.events.put(Exiting(inc.id, 0, None))
+        for worker in unseen:  # as a worker that lost its driver: its slot is launched again, unblamed
+            self.events.put(Exited(worker, exitcodes.LOST_DRIVER))
+        self.rendezvous.publish(core.updates, core.broken)
+        self.log.announce("job_adopted", lease=self.leader.epoch, after=round(procstat.age(os.getpid()), 3),
+                          **adoption.summary(core))
+        return {inc.id for inc in core._live()} - set(unseen)
+
+    def _heard_adopted(self, unheard, beats, core):
+        """Say once when every worker taken over that lives has beaten here: the take-over's time."""
+        unheard.difference_update([w for w, _ in beats.beats] + [w for w in unheard if core._current(w) is None])
+        if not unheard:
+            self.log.announce("job_readopted", after=round(procstat.age(os.getpid()), 3))
 
     def _poll_hosts(self, source):
         # Never dies: a failing, hanging or crashing discovery run is reported and retried.
@@ -255,8 +341,15 @@ class Job:
 
     def close(self):
         self.stopping.set()
+        if self.not_leader:  # the workers are the leading driver's
+            self.launchers.close()
+            if self.server is not None:
+                self.server.stop()
+            return
         if self.executor is not None:
             self.executor.stop_all()
+        if self.leader is not None:
+            self.leader.end()
         if self.metrics is not None:
             self.metrics.stop()
         if self.settings.timeline_filename:
@@ -321,6 +414,7 @@ def run(settings) -> int:
         log.announce("job_end", result="interrupted", signal=signal.Signals(e.signum).name)
         return 128 + e.signum
     except HvdliteError as e:
+        job.not_leader = job.not_leader or isinstance(e, NotLeader)
         log.emit("job_end", result="failure", reason=str(e))
         log.error(str(e))
         return e.exit_code
