@@ -93,8 +93,8 @@ class Claims:
             if held.request == request:
                 return held.answer  # sent again: its answer was lost
             usable = held.request is None and now <= held.expires
-            # (an IPv4 worker seen by a dual-stack socket: ::ffff:a.b.c.d)
-            astray = held.where is not None and sender[0].removeprefix("::ffff:") not in held.where
+            host = sender[0][len("::ffff:"):] if sender[0].startswith("::ffff:") else sender[0]
+            astray = held.where is not None and host not in held.where  # (::ffff: a dual-stack socket's IPv4)
             if (astray or not usable) and held.refusals >= MAX_REFUSALS:
                 return None  # before the key exchange: a flood of misuses costs a look-up each
             key = self._key(token, their_key)
