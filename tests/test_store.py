@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from hvdlite.driver.store import Fenced
-from hvdlite.driver.store.etcd import EtcdStore, endpoints
+from hvdlite.driver.store.etcd import EtcdStore, parse
 from hvdlite.driver.store.filestore import FileStore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -96,11 +96,14 @@ def test_a_lease_that_expired_with_nobody_after_it_is_still_the_newest(stores):
 
 
 def test_etcd_urls():
-    assert endpoints("etcd://h1:2379,h2,10.0.0.3:32379") == [
-        "http://h1:2379", "http://h2:2379", "http://10.0.0.3:32379"]
-    for bad in ("h1:2379", "etcd://", "etcd://h1:x", "etcd://h1:0", "etcd://h1/p", "etcd://:2379"):
+    assert parse("etcd://h1:2379,h2,10.0.0.3:32379") == (
+        ["http://h1:2379", "http://h2:2379", "http://10.0.0.3:32379"], None)
+    assert parse("etcd://h1/jobs/7/") == (["http://h1:2379"], "/jobs/7")
+    assert EtcdStore("etcd://h1/jobs/7", "/default").prefix == "/jobs/7/"
+    assert EtcdStore("etcd://h1/", "/default").prefix == "/default/"
+    for bad in ("h1:2379", "etcd://", "etcd://h1:x", "etcd://h1:0", "etcd://h1,/p", "etcd://:2379"):
         with pytest.raises(ValueError):
-            endpoints(bad)
+            parse(bad)
 
 
 def test_with_a_member_killed_the_store_still_works(etcd_cluster, request):

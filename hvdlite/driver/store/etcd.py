@@ -43,24 +43,27 @@ def _value(kv: dict) -> bytes:
     return base64.b64decode(kv.get("value", ""))
 
 
-def endpoints(url: str) -> list:
-    """`etcd://h1:2379,h2:2379` -> ['http://h1:2379', 'http://h2:2379'] (port 2379 when
-    left out); ValueError for anything else."""
-    if not url.startswith(SCHEME) or not url[len(SCHEME):].strip(","):
-        raise ValueError(f"expected {SCHEME}HOST[:PORT][,HOST[:PORT]...], got {url!r}")
+def parse(url: str):
+    """`etcd://h1:2379,h2/PREFIX` -> (['http://h1:2379', 'http://h2:2379'], '/PREFIX'): the
+    members (port 2379 when left out) and the keys' prefix, None when the URL names none.
+    ValueError for anything else."""
+    if not url.startswith(SCHEME):
+        raise ValueError(f"expected {SCHEME}HOST[:PORT][,HOST[:PORT]...][/PREFIX], got {url!r}")
+    members, slash, prefix = url[len(SCHEME):].partition("/")
     out = []
-    for member in url[len(SCHEME):].split(","):
+    for member in members.split(","):
         host, _, port = member.strip().rpartition(":") if ":" in member else (member.strip(), "", "2379")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536 or "/" in host:
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"{url!r}: {member!r} is not HOST[:PORT]")
         out.append(f"http://{host}:{port}")
-    return out
+    return out, ("/" + prefix.strip("/") if prefix.strip("/") else None)
 
 
 class EtcdStore(Store):
-    def __init__(self, url: str, prefix: str, timeout: float = 2.0):
-        self.members = endpoints(url)
-        self.prefix = prefix.rstrip("/") + "/"
+    def __init__(self, url: str, prefix: str = None, timeout: float = 2.0):
+        """The members of `url` (parse); the job's keys under the URL's prefix, else `prefix`."""
+        self.members, named = parse(url)
+        self.prefix = (named or prefix).rstrip("/") + "/"
         self.timeout = timeout
         self._next = 0  # the member that answered last: asked first
 
