@@ -246,6 +246,10 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--liveness-timeout", **_scaled(
         "liveness_timeout", "seconds of heartbeat silence after which a worker is killed as "
                             "hung, and a worker that cannot reach the driver exits"))
+    a.add_argument("--driver-grace", **_scaled(
+        "driver_grace", "with --checkpoint-dir: seconds workers train on without a driver (it died, "
+                        "or cannot be reached) for the same command, run again, to take them over; "
+                        "then they exit 75 with the newest commit on disk (docs/failover.md)"))
     a.add_argument("--stop-timeout", **_seconds(
         defaults.STOP_TIMEOUT, "seconds a graceful stop (SIGTERM, SIGUSR1 or Ctrl-C to the driver) "
                                "waits for every worker to reach a commit before killing them"))

@@ -8,6 +8,13 @@ COLLECTIVE_TIMEOUT = 30.0  # seconds a gloo collective waits for a peer (gloo's 
 # Seconds a rank its peers wait on may make no progress before it is named hung, at least
 # (driver/decisions/hangs.py derives the timeout from the job's stalls above it).
 HANG_FLOOR = 10.0
+# Seconds workers of a --checkpoint-dir job train on without a driver, from their last contact,
+# before they exit (75) as a job without one does at --liveness-timeout: time for a supervisor
+# or a person to run the same command again, which takes them over (docs/failover.md). Little is
+# at stake in a long grace: rank 0 writes its commits all along, and the newest reaches the disk
+# before the workers exit; what it costs is machines held by a job nobody drives, a failed peer
+# held that long, and a hang no driver names.
+DRIVER_GRACE = 60.0
 # A rank whose own work per collective is this many times the others' median is a straggler.
 STRAGGLER_FACTOR = 2.0
 TIMEOUT_SCALE = 1.0  # what the timeouts' defaults above are multiplied by (hvdlite.timeouts)

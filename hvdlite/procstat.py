@@ -5,6 +5,8 @@ actor (its node's template). Standard library only: it runs on every side.
 The command name (field 2) is in parentheses and may hold spaces or ")", so the fields are read
 after the last ")".
 """
+import os
+
 GONE = ("Z", "X")  # zombie or dead: exited, whether or not anybody reaped it
 STOPPED = ("T", "t")  # stopped by a signal or traced
 PF_EXITING = 0x4  # in the flags (field 9): set as the process starts to exit
@@ -32,3 +34,18 @@ def exiting(pid: int) -> bool:
     descriptors)."""
     fields = stat_fields(pid)
     return fields is None or fields[0] in GONE or bool(int(fields[6]) & PF_EXITING)
+
+
+def identity(pid: int):
+    """"PID:STARTTIME" (field 22, clock ticks since boot): one process, as a pid given out
+    again is another; None when there is no such process."""
+    fields = stat_fields(pid)
+    return f"{pid}:{fields[19]}" if fields and len(fields) > 19 else None
+
+
+def age(pid: int) -> float:
+    """Seconds since the process started (its start time and the uptime both count from boot;
+    10 ms steps)."""
+    with open("/proc/uptime") as f:
+        uptime = float(f.read().split()[0])
+    return uptime - int(stat_fields(pid)[19]) / os.sysconf("SC_CLK_TCK")

@@ -14,6 +14,7 @@ SCALED = {
     "collective_timeout": ("--gloo-timeout-seconds", defaults.COLLECTIVE_TIMEOUT),
     "elastic_timeout": ("--elastic-timeout", defaults.ELASTIC_TIMEOUT),
     "discovery_timeout": ("--discovery-timeout", defaults.DISCOVERY_TIMEOUT),
+    "driver_grace": ("--driver-grace", defaults.DRIVER_GRACE),
 }
 # --hang-timeout has no fixed default: the job's stalls set it (driver/decisions/hangs.py),
 # never below this floor, which scales with the others, nor below twice the liveness timeout
@@ -47,6 +48,9 @@ def check(seconds: dict, given=(), scale: float = defaults.TIMEOUT_SCALE) -> Non
         raise UsageError(f"{named('liveness_timeout')} must be shorter than "
                          f"{named('collective_timeout')}: the survivors of a lost worker would give "
                          f"up their collective before the driver knows which worker is gone")
+    if seconds["driver_grace"] < seconds["liveness_timeout"]:
+        raise UsageError(f"{named('driver_grace')} must not be shorter than {named('liveness_timeout')}: "
+                         f"a worker gives up a silent driver after the liveness timeout anyway")
     hang = seconds["hang_timeout"]
     if hang is None:
         return

@@ -10,11 +10,14 @@ from concurrent.futures import ThreadPoolExecutor
 from hvdlite.driver.decisions.messages import (
     DRIVER, HOST, LAUNCHER, Answer, AskStack, DropScope, EndJob, Exited, Launch, Launched, LaunchFailed,
     Log, Probe, Publish, Stop, TemplateDied)
+from hvdlite import procstat
+from hvdlite.driver.launchers.adopted import AdoptedWorker
 from hvdlite.driver.launchers.base import StartTimedOut, TemplateGone
 from hvdlite.driver.network import ANY, advertised_address
 from hvdlite.driver.output import RankOutput
 from hvdlite.driver.workerenv import worker_env
 from hvdlite.errors import first_line
+from hvdlite.worker import beacon, env as worker_vars
 
 LAUNCH_THREADS = 32  # workers being started at once
 # This process could not fork or open a pipe: the driver's trouble, whatever host it was for.
@@ -37,6 +40,8 @@ class Executor:
         self._stop_when_started = {}  # worker -> grace: stopped while its launch was under way
         self._remote_routes = {}  # remote host -> this machine's address on the route to it
         self.prober = None  # an elastic job's driver/probe.Prober, which Probe actions go to
+        self._identities = {}  # worker -> its process's identity, read once (identities)
+        self.epoch = 0  # the lease this driver holds (--checkpoint-dir), told to the workers it launches
         # Warm the templates once the first world formed, if workers may join (a local one
         # started warming with the first world already).
         self._warmed = not settings.joins_possible
@@ -74,6 +79,8 @@ class Executor:
                     self._remote_routes[a.host] = addr
             env = worker_env(self.settings, (addr, self.server.address[1]), self.secret,
                              a.worker, a.slot, a.slots_on_host, a.world, self.elastic)
+            if self.epoch:
+                env[worker_vars.DRIVER_EPOCH] = str(self.epoch)
             if not self.launchers.private(a.host):
                 env = self.claims.sealed(env, a.worker, time.monotonic())
             handle = self.launchers.launch(a.host, env, self.outputs[a.worker], a.joining, a.slots_on_host)
@@ -91,6 +98,30 @@ class Executor:
         self.post(Launched(a.worker, handle.pid, handle.started))
         threading.Thread(target=self._wait, args=(a.worker, handle, grace), daemon=True,
                          name=f"hvdlite-wait-{a.worker}").start()
+
+    def adopt(self, worker, slot, host, pid, identity, label):
+        """Take over a worker an earlier driver of the job launched (job.py): its exit, stop and
+        output go through here as a launched one's do."""
+        output = self.outputs[worker] = RankOutput(label, self.settings.output_dir, "slot." + slot.replace("/", "."))
+        files = {stream: beacon.output_path(self.settings.checkpoint_dir, worker, stream)
+                 for stream in ("stdout", "stderr")}
+        handle = AdoptedWorker(pid, identity, lambda: self.rendezvous.said_code(worker), output, files)
+        with self._lock:
+            self._host_of[worker] = host
+            self.handles[worker] = handle
+        threading.Thread(target=self._wait, args=(worker, handle, None), daemon=True,
+                         name=f"hvdlite-wait-{worker}").start()
+
+    def identities(self) -> dict:
+        """worker -> "pid:starttime" of each running worker of this machine (the journal's)."""
+        with self._lock:
+            running = [(w, h.pid) for w, h in self.handles.items() if self.launchers.is_local(self._host_of.get(w, ""))]
+        known, self._identities = self._identities, {}
+        for w, pid in running:
+            identity = known.get(w) or procstat.identity(pid)
+            if identity is not None:
+                self._identities[w] = identity
+        return dict(self._identities)
 
     def _wait(self, worker, handle, grace):
         if grace is not None:

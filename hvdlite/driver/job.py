@@ -4,6 +4,7 @@ The decision thread (this one) takes one event at a time from a queue, hands it 
 elastic core (decisions/core.py) and has the executor perform the actions it returns. HTTP
 handler threads, launch threads and the discovery thread only post events.
 """
+import os
 import queue
 import secrets
 import shutil
@@ -14,6 +15,7 @@ import time
 from hvdlite.discovery.script import DiscoveryError
 from hvdlite.discovery.sources import host_source
 from hvdlite.driver.claims import Claims
+from hvdlite.driver.decisions import adoption
 from hvdlite.driver.decisions.assignment import assign
 from hvdlite.driver.decisions.cause import Causes
 from hvdlite.driver.decisions.core import ElasticCore, JobView
@@ -30,12 +32,13 @@ from hvdlite.driver.executor import Executor
 from hvdlite.driver.jobstats import JobStats, status_line
 from hvdlite.driver.kv.server import KVServer
 from hvdlite.driver.launchers import Launchers
+from hvdlite.driver.leadership import Leadership, NotLeader
 from hvdlite.driver.metrics import MetricsServer
 from hvdlite.driver.network import bind_address
 from hvdlite.driver.probe import Prober
 from hvdlite.driver.rendezvous import Rendezvous
 from hvdlite.driver.terminal import StatusKeeper, is_tty
-from hvdlite import defaults
+from hvdlite import defaults, procstat
 from hvdlite.worker import checkpointdir
 from hvdlite.worker.trace import discard_parts, merge_parts
 from hvdlite.errors import HvdliteError, JobError, Unloadable
@@ -44,6 +47,7 @@ from hvdlite.errors import HvdliteError, JobError, Unloadable
 # a second one, or any to a static job, stops it at once with 128 + the signal's number.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 TICK = 0.1  # seconds between timer events
+JOURNAL_EVERY = 1.0  # seconds between journal writes, but at once for a new world or the job's end
 
 
 class Job:
@@ -60,6 +64,8 @@ class Job:
         self.server = None
         self.executor = None
         self.prober = None
+        self.leader = None  # with --checkpoint-dir: this driver's lease and journal (leadership.py)
+        self.not_leader = False  # another driver took the job over: its workers are left alone
         self.stopping = threading.Event()
 
     def start_server(self, remote_possible: bool):
@@ -97,12 +103,19 @@ class Job:
             return None
 
     # ---- elastic ---------------------------------------------------------------------
-    def run_elastic(self) -> int:
+    def run_elastic(self, store=None) -> int:
+        """Run the job; with --checkpoint-dir as its leader, taking the job over from the
+        journal in `store` (default: the FileStore in --checkpoint-dir) when the last driver
+        left live workers behind."""
         s = self.settings
         source = host_source(s, progress=lambda: {"HVDLITE_NEWEST_COMMIT": str(self.stats.summary().commits)})
         first = source.read()  # a first failure is fatal (DiscoveryError)
         self._describe(source)
+        saved = self._lead(store) if s.checkpoint_dir else None
         self.start_server(source.changes or any(not self.launchers.is_local(h) for h, _ in first))
+        if self.leader is not None:
+            self.rendezvous.set_epoch(self.leader.epoch)
+            self.executor.epoch = self.leader.epoch
         if source.changes:
             threading.Thread(target=self._poll_hosts, args=(source,), daemon=True,
                              name="hvdlite-discovery").start()
@@ -120,13 +133,20 @@ class Job:
             straggler_factor=s.straggler_factor, straggler_evict=s.straggler_policy == "evict",
             fail_on_worker_failure=s.fail_on_worker_failure),
             on_disk=on_disk(s))
-        event, last_tick = found(first), time.monotonic()
+        unheard = self._adopt(core, saved) if saved is not None else set()
+        if self.leader is not None:
+            self.leader.publish(*self.server.address)  # workers between drivers come here
+        event, last_tick, journaled = found(first), time.monotonic(), None
         while True:
             now = time.monotonic()
+            if self.leader is not None:
+                self.leader.keep(now)  # before any decision: a driver that lost its lease makes none
             actions = core.handle(event, now) if event is not None else []
             beats = self.rendezvous.drain_heartbeats()
             if beats is not None:
                 actions += core.handle(beats, now)
+                if unheard:
+                    self._heard_adopted(unheard, beats)
             ticked = now - last_tick >= TICK
             if ticked:
                 last_tick = now
@@ -134,11 +154,57 @@ class Job:
             end = self.executor.apply(actions)
             if ticked or end is not None:
                 self.stats.on_view(core.view(), time.time())
+            if self.leader is not None and end is None and (
+                    journaled is None or journaled[0] != core.round or now - journaled[1] >= JOURNAL_EVERY):
+                journaled = (core.round, now)
+                self.leader.record({**adoption.journal(core, now), "procs": self.executor.identities()})
             if end is not None:
                 if end.error:
                     self.log.error(end.error)  # the core logged job_end already
                 return end.code
             event = self.next_event(TICK)
+
+    def _lead(self, store):
+        """Take the job's lease; the last driver's journal when its workers live on, else None.
+        The job's secret is that driver's when its workers are taken over, else a new one."""
+        s = self.settings
+        try:
+            self.leader = Leadership.take(s.checkpoint_dir, s.liveness_timeout, time.monotonic(), store)
+        except NotLeader:
+            self.not_leader = True
+            raise
+        saved = self.leader.journal()
+        if saved is not None and saved.get("adoptable"):
+            procs = saved.get("procs", {})
+            live = [w for w in saved["workers"] if w["phase"] != "gone"]
+            if any(not self.launchers.is_local(w["host"]) or w["id"] not in procs for w in live):
+                self.log.say("the last driver's workers were not all on this machine: they are not "
+                             "taken over (only local workers are, docs/failover.md)")
+                saved = None
+            elif not any(procstat.identity(w["pid"]) == procs[w["id"]] for w in live):
+                saved = None  # every one of them ended (its grace ran out): a plain resume from disk
+        else:
+            saved = None
+        self.secret = self.leader.take_secret(adopting=saved is not None)
+        return saved
+
+    def _adopt(self, core, saved):
+        """Make `core` the journal's job and take its live workers over."""
+        now = time.monotonic()
+        adoption.adopt(core, saved, now)
+        procs = saved.get("procs", {})
+        for inc in core._live():
+            self.executor.adopt(inc.id, inc.slot, inc.host, inc.pid, procs[inc.id],
+                                str(inc.rank) if inc.rank is not None else inc.slot)
+        self.rendezvous.publish(core.updates, core.broken)
+        self.log.announce("job_adopted", lease=self.leader.epoch, **adoption.summary(core))
+        return {inc.id for inc in core._live()}
+
+    def _heard_adopted(self, unheard, beats):
+        """Say once when every worker taken over has beaten here: the take-over's time."""
+        unheard.difference_update(w for w, _ in beats.beats)
+        if not unheard:
+            self.log.announce("job_readopted", after=round(procstat.age(os.getpid()), 3))
 
     def _poll_hosts(self, source):
         # Never dies: a failing, hanging or crashing discovery run is reported and retried.
@@ -256,8 +322,15 @@ class Job:
 
     def close(self):
         self.stopping.set()
+        if self.not_leader:  # the workers are the leading driver's
+            self.launchers.close()
+            if self.server is not None:
+                self.server.stop()
+            return
         if self.executor is not None:
             self.executor.stop_all()
+        if self.leader is not None:
+            self.leader.end()
         if self.metrics is not None:
             self.metrics.stop()
         if self.settings.timeline_filename:
@@ -322,6 +395,7 @@ def run(settings) -> int:
         log.announce("job_end", result="interrupted", signal=signal.Signals(e.signum).name)
         return 128 + e.signum
     except HvdliteError as e:
+        job.not_leader = job.not_leader or isinstance(e, NotLeader)
         log.emit("job_end", result="failure", reason=str(e))
         log.error(str(e))
         return e.exit_code

@@ -7,8 +7,9 @@
   answered at once with what the core published (host updates announced, newest broken round).
   Heartbeats reach the core in batches, not one event each; a worker's own beats apart from
   those its stand-in process sends for it (vouched: the round it holds, see worker/vouch.py).
-- PUT /rdzv/exiting?worker=ID&commit=C&calls=N: the worker is exiting, having entered N
-  collectives in its world; becomes an Exiting event.
+- PUT /rdzv/exiting?worker=ID&commit=C&calls=N&code=X: the worker is exiting, having entered N
+  collectives in its world, with code X as far as it knows; becomes an Exiting event (the code is
+  kept for a worker this driver took over and cannot wait for: said_code).
 - PUT /rdzv/leaving?worker=ID: the worker got SIGTERM while holding training state; becomes a
   Leaving event.
 - PUT /rdzv/written?worker=ID&commit=C: rank 0's writer renamed commit C into --checkpoint-dir;
@@ -41,7 +42,8 @@ class Rendezvous:
         self._beats = {}  # worker -> commits, heard since the last drain
         self._vouched = {}  # worker -> round its stand-in holds, heard since the last drain
         self._calls = {}  # worker -> (collectives it entered, seconds it waited, idle), since the last drain
-        self._state = {"updates": 0, "broken": 0, "stop": False}
+        self._state = {"updates": 0, "broken": 0, "stop": False, "epoch": 0}
+        self._codes = {}  # worker -> the exit code it said as it exited
         self._published = json.dumps(self._state).encode()
 
     def route(self, method, subpath, query, body):
@@ -60,6 +62,9 @@ class Rendezvous:
                 calls = None if calls is None else int(calls)
             except ValueError:
                 return 400, b"expected commit and calls as integers"
+            if subpath == "exiting" and query.get("code", "").lstrip("-").isdigit():
+                with self._lock:
+                    self._codes[worker] = int(query["code"])
             self._post(Exiting(worker, commit, calls, query.get("echo") == "1") if subpath == "exiting"
                        else Written(commit, worker))
             return 200, b""
@@ -107,6 +112,18 @@ class Rendezvous:
             if self._waiting.get(worker) is answer:
                 del self._waiting[worker]
 
+    def said_code(self, worker):
+        """The exit code `worker` said it exits with, or None."""
+        with self._lock:
+            return self._codes.get(worker)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The lease this driver holds: in every answer, so that a worker that went over to a
+        newer driver refuses this one's (worker/session.py)."""
+        with self._lock:
+            self._state["epoch"] = epoch
+            self._published = json.dumps(self._state).encode()
+
     def waiting(self) -> int:
         with self._lock:
             return len(self._waiting)  # the server answers when it is settled, or 408 at its long-poll cap
@@ -116,7 +133,7 @@ class Rendezvous:
         with self._lock:
             pending = self._waiting.pop(worker, None)
         if pending is not None:
-            _settle(pending, (status, json.dumps(body).encode()))
+            _settle(pending, (status, json.dumps({**body, "epoch": self._state["epoch"]}).encode()))
 
     def publish(self, updates, broken, stop=False):
         with self._lock:

@@ -187,6 +187,11 @@ SENTENCES = {
                                 f"or the disk holds its commit",
     "writing_before_the_end": lambda f: f"the job ends ({f.get('reason')}); first its newest commit is "
                                         f"written to --checkpoint-dir (within {f.get('timeout'):g} s)",
+    "job_adopted": lambda f: f"took the job over from its last driver (lease {f.get('lease')}): world "
+                             f"{f.get('round')}, {_plural(f.get('workers', 0), 'live worker')}, ranks "
+                             f"{_names(f'{s}={r}' for s, r in sorted((f.get('members') or {}).items()))}",
+    "job_readopted": lambda f: f"every taken-over worker answered, {f.get('after', 0):.2f} s after this "
+                               f"driver started",
     "worker_stop_timeout": lambda f: f"{_who(f)} reached no commit in time ({f.get('reason')}); killing it",
 }
 

@@ -14,6 +14,7 @@ class Settings:
     hosts: list = None  # [(name, slots)] in order; None with a discovery script
     start_timeout: float = defaults.START_TIMEOUT
     liveness_timeout: float = defaults.LIVENESS_TIMEOUT
+    driver_grace: float = defaults.DRIVER_GRACE  # with checkpoint_dir: workers train on without a driver
     collective_timeout: float = defaults.COLLECTIVE_TIMEOUT
     hang_timeout: float = None  # None: derived from the job's stalls (decisions/hangs.py) ...
     hang_floor: float = defaults.HANG_FLOOR  # ... never below this

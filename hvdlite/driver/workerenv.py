@@ -25,6 +25,7 @@ def worker_env(settings, rendezvous: tuple, secret: str, worker: str, slot: str,
                env.CHECKPOINT_INTERVAL: str(settings.checkpoint_interval),
                env.CHECKPOINT_KEEP: str(settings.checkpoint_keep),
                **({env.CHECKPOINT_LINEAGE: settings.checkpoint_lineage} if settings.checkpoint_lineage else {}),
+               env.DRIVER_GRACE: str(settings.driver_grace),
                } if settings.checkpoint_dir else {}
     return {
         **base, **torchrun_env(rendezvous, base), **threads, **(world.env() if world is not None else {}), **mode, **durable,

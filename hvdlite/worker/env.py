@@ -23,6 +23,8 @@ CHECKPOINT_INTERVAL = "HVDLITE_CHECKPOINT_INTERVAL"  # seconds between checkpoin
 CHECKPOINT_KEEP = "HVDLITE_CHECKPOINT_KEEP"  # checkpoints kept
 CHECKPOINT_LINEAGE = "HVDLITE_CHECKPOINT_LINEAGE"  # --fresh: the new lineage; unset: resume the newest
 TIMELINE = "HVDLITE_TIMELINE"  # collective trace file (--timeline-filename); unset: none
+DRIVER_GRACE = "HVDLITE_DRIVER_GRACE"  # seconds to train on without a driver (--driver-grace)
+DRIVER_EPOCH = "HVDLITE_DRIVER_EPOCH"  # the launching driver's lease epoch (worker/beacon.py)
 
 # Horovod's names for the same facts, for scripts written for horovodrun.
 HOROVOD = {RANK: "HOROVOD_RANK", SIZE: "HOROVOD_SIZE", LOCAL_RANK: "HOROVOD_LOCAL_RANK",
@@ -39,5 +41,6 @@ TORCHRUN = ("MASTER_ADDR", "MASTER_PORT", "ROLE_NAME", "TORCHELASTIC_RESTART_COU
 # Who a worker is and where its driver listens: never inherited from an enclosing job.
 IDENTITY = (RANK, SIZE, LOCAL_RANK, LOCAL_SIZE, CROSS_RANK, CROSS_SIZE, HOSTNAME, RENDEZVOUS_ADDR,
             RENDEZVOUS_PORT, SECRET, CLAIM, ROUND, SLOT, WORKER, ELASTIC, HOROVOD_ELASTIC,
-            CHECKPOINT_DIR, CHECKPOINT_INTERVAL, CHECKPOINT_KEEP, CHECKPOINT_LINEAGE, TIMELINE, *HOROVOD.values(),
+            CHECKPOINT_DIR, CHECKPOINT_INTERVAL, CHECKPOINT_KEEP, CHECKPOINT_LINEAGE, TIMELINE, DRIVER_GRACE,
+            DRIVER_EPOCH, *HOROVOD.values(),
             *TORCH, *TORCHRUN)

@@ -22,6 +22,7 @@ class KVError(RuntimeError):
 
 class _Connection:
     def __init__(self, host, port, timeout):
+        self.address = (host, port)
         self.sock = socket.create_connection((host, port), timeout=timeout)
         # Without it Nagle + delayed ACK add ~44 ms to every request.
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -107,6 +108,9 @@ class KVClient:
         retried = set()
         while True:
             conn = getattr(self._local, "conn", None)
+            if conn is not None and conn.address != (self.host, self.port):  # another driver took over
+                self.close()
+                conn = None
             reused = conn is not None and conn.used
             try:
                 if conn is None:
@@ -166,14 +170,14 @@ class Heartbeats:
         self.sender, self.counter = os.urandom(8), 0
 
     def beat(self, worker: str, commit: int = 0, vouched=None, calls: int = 0, waited: float = 0.0,
-             idle: bool = False):
+             idle: bool = False, timeout: float = None):
         """Tell the driver `worker` is alive, holds `commit` commits, entered `calls`
         collectives and waited `waited` seconds in them, is `idle` in hvd.join() (`vouched`: see kvproto.encode_beat); the
-        driver's answer (bytes), or None if none came within the timeout."""
+        driver's answer (bytes), or None if none came within the timeout (`timeout`, else the one given at creation)."""
         self.counter += 1
         datagram = kvproto.encode_beat(self.key, self.sender, self.counter, worker, commit,
                                        time.time() + self.client.offset, vouched, calls, waited, idle)
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         try:
             self.sock.send(datagram)
             while True:

@@ -4,6 +4,12 @@ Every worker heartbeats to the driver. The answer tells it how many host updates
 has announced and the newest round the driver saw fall apart; a worker that cannot reach the
 driver for the liveness timeout exits, so a dead driver or a partition never leaves workers
 behind.
+
+With --checkpoint-dir it trains on without a driver for --driver-grace instead (rank 0 writing
+its commits), polling the beacon (beacon.py) for a driver that takes the job over; it goes over
+to one whose lease epoch is greater than any it accepted, and refuses answers from a driver
+with a smaller one (an old driver back from a pause or a partition). A change of world in the
+gap (a peer died) waits for the new driver. When the grace ends with none, it exits as above.
 """
 import atexit
 import dataclasses
@@ -17,7 +23,7 @@ import time
 import traceback
 
 from hvdlite import defaults, exitcodes
-from hvdlite.worker import durable, env, probed, stopping
+from hvdlite.worker import beacon, durable, env, exitcode, probed, rescue, stopping
 from hvdlite.worker.claim import job_secret
 from hvdlite.worker.errors import quiet_broken_world
 from hvdlite.worker.kvclient import Heartbeats, KVClient
@@ -31,6 +37,8 @@ HEARTBEAT_INTERVAL = defaults.HEARTBEAT_INTERVAL
 RANK0_HEARTBEAT_INTERVAL = 0.1
 HEARTBEAT_TIMEOUT = 2.0  # seconds for one heartbeat, connecting included
 STALL = 1.0  # seconds of oversleeping that mean this process was not running
+BEACON_POLL = 0.05  # seconds between looks at the beacon while no driver answers
+GAP_BEAT_TIMEOUT = 0.5  # seconds a heartbeat waits for its answer while the last one got none
 
 
 class Removed(SystemExit):
@@ -57,6 +65,14 @@ class Session:
         if not self.elastic:
             quiet_broken_world(lambda: setattr(self, "echo", True))
         self.liveness_timeout = float(environ.get(env.LIVENESS_TIMEOUT, defaults.LIVENESS_TIMEOUT))
+        self.epoch = int(environ.get(env.DRIVER_EPOCH, "0"))  # the greatest driver lease accepted
+        # Seconds to train on without a driver: a successor finds the live workers through the
+        # beacon in --checkpoint-dir (0: exit after the liveness timeout, as without one).
+        cfg = durable.config(environ)
+        self.grace = float(environ.get(env.DRIVER_GRACE, "0")) if cfg is not None and self.elastic else 0.0
+        self._watch = beacon.Watch(cfg.directory, secret) if self.grace else None
+        if self.grace:
+            rescue.install(cfg.directory, self.worker)
         self.client = KVClient(self.addr, self.port, secret)
         # Signed datagrams with a short timeout: cheap for the driver at thousands of workers,
         # and a partition is noticed within the liveness timeout.
@@ -104,7 +120,7 @@ class Session:
         # seconds, silencing the heartbeat: tell the driver this is an exit, not a hang.
         try:
             self.client.request("PUT", "/rdzv/exiting", query={"worker": self.worker, "commit": str(self.commits),
-                                                               "calls": str(entered()),
+                                                               "calls": str(entered()), "code": str(exitcode.own()),
                                                                **({"echo": "1"} if self.echo else {})},
                                 timeout=2)
         except Exception:  # noqa: BLE001 - the driver may be gone; exiting regardless
@@ -146,9 +162,17 @@ class Session:
         query = {"worker": self.worker, "after": str(-1 if after_round is None else after_round),
                  "commit": str(commit), "kept": str(int(self.kept))}
         while True:  # each request is a long-poll the server answers 408 at its cap
-            status, body = self.client.request("GET", "/rdzv/assign", query=query, timeout=70)
+            try:
+                status, body = self.client.request("GET", "/rdzv/assign", query=query, timeout=70)
+            except ConnectionError:
+                if not self.grace:
+                    raise
+                time.sleep(BEACON_POLL)  # no driver: held until one takes over (or the grace ends: _beat)
+                continue
             if status == 200:
                 answer = json.loads(body)
+                if answer.get("epoch", 0) < self.epoch:
+                    continue  # a driver that lost its lease: ask the one that holds it
                 if answer.get("removed"):
                     raise Removed()
                 info = WorldInfo(**answer["world"])
@@ -174,6 +198,9 @@ class Session:
             if body is None:
                 return False
             answer = json.loads(body)
+            if answer.get("epoch", 0) < self.epoch:
+                return False  # a driver that lost its lease decides nothing for this worker
+            self.epoch = answer.get("epoch", 0)
             self.updates, self.broken = answer["updates"], max(self.broken, answer["broken"])
             self.stopping = bool(answer.get("stop"))
             asked = self.worker in answer.get("stacks", ())
@@ -186,31 +213,71 @@ class Session:
         return True
 
     def _beat(self):
-        last_contact = time.monotonic()
+        last_contact, answered = time.monotonic(), True
+        lost = None  # when the driver stopped answering, while it does not
         while True:
             sent = time.monotonic()
-            body = self._beats.beat(self.worker, self.commits, calls=entered(), waited=waited(), idle=idle())
-            starved = time.monotonic() - sent - HEARTBEAT_TIMEOUT
+            # Between drivers a beat waits less, so that the beacon is looked at often even when
+            # the old driver's host swallows datagrams (a partition, a stopped driver).
+            timeout = GAP_BEAT_TIMEOUT if self.grace and not answered else HEARTBEAT_TIMEOUT
+            body = self._beats.beat(self.worker, self.commits, calls=entered(), waited=waited(), idle=idle(),
+                                    timeout=timeout)
+            starved = time.monotonic() - sent - timeout
             if body is None and starved > STALL:  # its wait ended, then the GIL was held elsewhere
                 last_contact += starved
-            if self._take(body):  # else no contact this time; the liveness timeout decides
-                last_contact = time.monotonic()
-            if time.monotonic() - last_contact > self.liveness_timeout:
-                try:  # stderr is often a pipe to the dead driver
-                    sys.stderr.write(f"hvdlite: lost contact with the driver at {self.addr}:"
-                                     f"{self.port} for {self.liveness_timeout:g} s; exiting\n")
-                    sys.stderr.flush()
-                except (OSError, ValueError):
-                    pass
+            answered = self._take(body)
+            if answered:  # else no contact this time; the liveness timeout decides
+                last_contact, lost = time.monotonic(), None
+            elif self.grace:
+                rescue.check()  # a dead driver's pipes: the output goes on into files
+                if lost is None and time.monotonic() - last_contact > self.liveness_timeout:
+                    lost = last_contact
+                    _say(f"lost contact with the driver at {self.addr}:{self.port}; training on without "
+                         f"it for up to {self.grace:g} s (--driver-grace) until a driver takes the job over")
+            if time.monotonic() - last_contact > max(self.liveness_timeout, self.grace):
+                _say(f"lost contact with the driver at {self.addr}:{self.port} for "
+                     f"{max(self.liveness_timeout, self.grace):g} s; exiting")
                 try:
                     durable.finish()  # rank 0's newest commit reaches the disk first
                 finally:
                     os._exit(exitcodes.LOST_DRIVER)
             asleep, interval = time.monotonic(), self.interval
-            time.sleep(interval)
+            self._wait(interval, not answered)
             overslept = time.monotonic() - asleep - interval
             if overslept > STALL:  # this process was starved, not its link: don't count it
                 last_contact += overslept
+
+    def _wait(self, interval: float, unanswered: bool):
+        """Sleep until the next heartbeat; while the driver does not answer, look at the
+        beacon meanwhile, and go over to a newer driver at once."""
+        if self._watch is None or not unanswered:
+            return time.sleep(interval)
+        end = time.monotonic() + interval
+        while True:
+            newer = self._watch.newer(self.epoch)
+            if newer is not None:
+                return self._switch(*newer)
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(BEACON_POLL, left))
+
+    def _switch(self, epoch: int, addr: str, port: int):
+        """Go over to the driver holding lease `epoch` at addr:port (on the heartbeat thread;
+        every KV connection reconnects there at its next request)."""
+        self.epoch, self.addr, self.port = epoch, addr, port
+        self.client.host, self.client.port = addr, port
+        self._beats.close()
+        self._beats = Heartbeats(self.client, timeout=HEARTBEAT_TIMEOUT)
+        _say(f"the driver at {addr}:{port} (lease {epoch}) takes this worker over")
+
+
+def _say(line: str) -> None:
+    try:  # stderr may be a pipe to a dead driver
+        sys.stderr.write(f"hvdlite: {line}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def loopback_by_rank(address: str, rank: int) -> str:

@@ -1,0 +1,139 @@
+"""The driver that leads a --checkpoint-dir job: its lease, journal, secret and beacon.
+
+One driver decides at a time: the one holding the store's lease (store/). It renews the lease on
+its loop (`keep`) and writes its journal under it (`record`, decisions/adoption.py says what is
+in it), signed with a key derived from the job's secret; the secret itself lives only in the
+driver folder of --checkpoint-dir (0600), where the next driver reads it. A renewal refused, or
+a write fenced, raises NotLeader: this driver decides nothing more.
+
+A new driver of the same job takes a new lease (a greater epoch) once the last one lapsed or
+was released; a lease whose owner is a process of this host that no longer runs is released at
+once (it can never renew again). Any other live lease means a driver runs this job: NotLeader.
+"""
+import os
+import secrets
+import socket
+from typing import Optional
+
+from hvdlite import exitcodes, procstat
+from hvdlite.driver.store import Fenced, Lease, Store
+from hvdlite.driver.store.filestore import FileStore
+from hvdlite.errors import JobError
+from hvdlite.worker import beacon
+
+JOURNAL = "journal"
+
+
+class NotLeader(JobError):
+    """Another driver holds the job's lease."""
+    exit_code = exitcodes.NOT_LEADER
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{procstat.identity(os.getpid())}"
+
+
+def _gone(owner: str) -> bool:
+    """The lease's owner is a process of this host that no longer runs."""
+    host, _, proc = owner.partition(":")
+    return host == socket.gethostname() and proc.count(":") == 1 and procstat.identity(int(proc.split(":")[0])) != proc
+
+
+class Leadership:
+    def __init__(self, checkpoint_dir: str, store: Store, lease: Lease, ttl: float, now: float):
+        self.checkpoint_dir, self.store, self.lease, self.ttl = checkpoint_dir, store, lease, ttl
+        self.folder = beacon.folder(checkpoint_dir)
+        self.renewed = self.tried = now
+        self.secret = None
+        self._written = None
+
+    @classmethod
+    def take(cls, checkpoint_dir: str, ttl: float, now: float, store: Store = None) -> "Leadership":
+        """The job's lease for this process, or NotLeader naming the driver that holds it."""
+        folder = beacon.folder(checkpoint_dir)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        os.chmod(folder, 0o700)
+        store = store or FileStore(folder)
+        owner = _owner()
+        lease = store.acquire(owner, ttl)
+        if lease is None:
+            held = store.holder()
+            if held is not None and _gone(held.owner):
+                store.release(held)  # its process ended: it cannot renew, nor decide, again
+                lease = store.acquire(owner, ttl)
+        if lease is None:
+            held = store.holder()
+            who = f"{held.owner}, lease {held.epoch}" if held else "a driver"
+            raise NotLeader(f"another driver runs the job of --checkpoint-dir {checkpoint_dir} ({who}); "
+                            f"stop it first, or let it end: its lease lapses {ttl:g} s after it stops")
+        return cls(checkpoint_dir, store, lease, ttl, now)
+
+    @property
+    def epoch(self) -> int:
+        return self.lease.epoch
+
+    def journal(self) -> Optional[dict]:
+        """The last driver's journal, if the secret that signed it is here and it verifies."""
+        secret = self._read_secret()
+        raw = self.store.get(JOURNAL)
+        if secret is None or raw is None:
+            return None
+        return beacon.opened(secret, JOURNAL, raw)
+
+    def take_secret(self, adopting: bool) -> str:
+        """The job's secret: the last driver's when adopting its workers, else a new one."""
+        secret = self._read_secret() if adopting else None
+        if secret is None:
+            secret = secrets.token_urlsafe(32)
+            beacon.write_private(os.path.join(self.folder, beacon.SECRET), secret.encode())
+        self.secret = secret
+        return secret
+
+    def _read_secret(self) -> Optional[str]:
+        try:
+            with open(os.path.join(self.folder, beacon.SECRET), "rb") as f:
+                return f.read().decode().strip() or None
+        except OSError:
+            return None
+
+    def publish(self, addr: str, port: int) -> None:
+        """The beacon: where this driver listens, for workers that lost theirs."""
+        beacon.publish(self.checkpoint_dir, self.secret, self.epoch, addr, port)
+
+    def keep(self, now: float) -> None:
+        """Renew the lease when a quarter of its time to live passed: before any decision is
+        acted on after a pause (the loop calls this first). NotLeader once it is lost."""
+        if now - self.tried < self.ttl / 4:
+            return
+        self.tried = now
+        try:
+            held = self.store.renew(self.lease, self.ttl)
+        except Exception:  # noqa: BLE001 - the store unreachable: the lease decides
+            held = now - self.renewed < self.ttl
+            if not held:
+                raise NotLeader(f"this driver could not renew its lease {self.epoch} for {self.ttl:g} s; "
+                                f"it stops deciding (another driver may take the job over)") from None
+            return
+        if not held:
+            raise NotLeader(f"this driver lost its lease {self.epoch}: another driver took the job over; "
+                            f"it stops deciding")
+        self.renewed = now
+
+    def record(self, journal: dict) -> None:
+        """Write the journal if it changed; NotLeader when a newer lease fenced the write."""
+        if journal == self._written:
+            return
+        try:
+            self.store.put(self.lease, JOURNAL, beacon.signed(self.secret, JOURNAL, journal))
+        except Fenced:
+            raise NotLeader(f"this driver lost its lease {self.epoch}: another driver took the job over; "
+                            f"it stops deciding") from None
+        self._written = journal
+
+    def end(self) -> None:
+        """The job ended: nobody is to take it over; the lease is free at once."""
+        try:
+            self.record({"version": 1, "adoptable": False})
+            self.store.release(self.lease)
+        except NotLeader:
+            pass
