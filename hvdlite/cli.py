@@ -317,9 +317,9 @@ def parse_settings(argv, notes=None) -> Settings:
     elif args.fresh:
         raise UsageError("--fresh starts anew instead of resuming from --checkpoint-dir: give one")
     for flag in ("driver_store", "standby"):
-        if getattr(args, flag) and args.checkpoint_dir is None:
-            raise UsageError(f"--{flag.replace('_', '-')} is for a --checkpoint-dir job, whose "
-                             f"drivers share its lease: give one")
+        if getattr(args, flag) and (args.checkpoint_dir is None or not elastic):
+            raise UsageError(f"--{flag.replace('_', '-')} is for an elastic --checkpoint-dir job "
+                             f"(--min-np or --host-discovery-script), whose drivers share its lease")
     fail_on_worker_failure = switch_or_env(args.fail_on_worker_failure, "HVDLITE_FAIL_ON_WORKER_FAILURE")
     keep_warm = flag_or_env(args.keep_warm, "HVDLITE_KEEP_WARM", 0.0, zero=True)
     if keep_warm and args.no_preload:

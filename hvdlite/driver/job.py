@@ -33,6 +33,8 @@ from hvdlite.driver.jobstats import JobStats, status_line
 from hvdlite.driver.kv.server import KVServer
 from hvdlite.driver.launchers import Launchers
 from hvdlite.driver.leadership import Leadership, NotLeader
+from hvdlite.driver import standby
+from hvdlite.driver.store import choice
 from hvdlite.driver.metrics import MetricsServer
 from hvdlite.driver.network import bind_address
 from hvdlite.driver.probe import Prober
@@ -168,11 +170,19 @@ class Job:
         """Take the job's lease; the last driver's journal when its workers live on, else None.
         The job's secret is that driver's when its workers are taken over, else a new one."""
         s = self.settings
+        store = store or choice.open_store(s.driver_store, s.checkpoint_dir)
+
+        def take():
+            return Leadership.take(s.checkpoint_dir, s.liveness_timeout, time.monotonic(), store)
+
         try:
-            self.leader = Leadership.take(s.checkpoint_dir, s.liveness_timeout, time.monotonic(), store)
+            self.leader = standby.lead(take, store, self.log.say, stopped=lambda: not self.events.empty()) \
+                if s.standby else take()
         except NotLeader:
             self.not_leader = True
             raise
+        if self.leader is None:  # a standby asked to stop while it waited
+            raise _Signalled(self.events.get().signum)
         saved = self.leader.journal()
         if saved is not None and saved.get("adoptable"):
             procs = saved.get("procs", {})

@@ -1,32 +1,45 @@
 """A standby driver: `hvdlite run --standby`, the job's own command, on another host.
 
 While another driver holds the job's lease the standby starts nothing and decides nothing: it
-asks the store who holds the lease every POLL seconds and says so in one line whenever that
-changes. Once no live lease is left (the active driver's process or host was lost and its lease
-lapsed, the ttl it renews, or that driver ended and released it) it goes on as a second run of
-the same command does: it takes the lease and, from the journal, the live workers.
+tries to take the lease every POLL seconds and says who holds it in one line whenever that
+changes. Once a try succeeds (the active driver's process or host was lost and its lease lapsed,
+the ttl it renews, or that driver ended and released it) it goes on as a second run of the same
+command does: from the journal it takes the live workers over (job.py, leadership.py).
 """
 import time
 
-POLL = 0.25  # seconds between looks at the lease: a take-over starts this soon after it lapsed
+from hvdlite.driver.leadership import NotLeader
+
+POLL = 0.25  # seconds between tries: a take-over starts this soon after the lease lapsed
 
 
-def wait_for_lease(store, say, stopped=lambda: False, poll: float = POLL) -> None:
-    """Return once no live lease holds the job in `store`, saying what the standby waits for;
-    `stopped()` true (the driver was asked to stop) ends the wait early, too."""
+def lead(take, store, say, stopped=lambda: False, poll: float = POLL):
+    """What `take()` returns (leadership.Leadership.take) once it does not raise NotLeader;
+    None when `stopped()` (the driver was asked to stop while it waited). A store that does not
+    answer (OSError: etcd unreachable) is waited out too."""
     seen = None
     while not stopped():
         try:
-            held = store.holder()
-        except OSError as e:  # etcd unreachable (a FileStore's disk error): nothing to take yet
+            leader = take()
+        except NotLeader:
+            held = _holder(store)
+        except OSError as e:
             held = e
-        if held is None:
+        else:
             if seen is not None:
                 say("standby: the lease lapsed; this driver takes the job over")
-            return
-        if repr(held) != repr(seen):
+            return leader
+        if held is not None and repr(held) != repr(seen):
             say(f"standby: the store does not answer ({held}); waiting" if isinstance(held, OSError)
                 else f"standby: {held.owner} leads the job (lease {held.epoch}); this driver takes "
                      f"it over when that lease lapses")
             seen = held
         time.sleep(poll)
+    return None
+
+
+def _holder(store):
+    try:
+        return store.holder()
+    except OSError as e:
+        return e

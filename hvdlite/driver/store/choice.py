@@ -9,8 +9,10 @@ the same job.
 from typing import Optional
 
 from hvdlite.driver.store import Store
-from hvdlite.driver.store.etcd import SCHEME, EtcdStore, parse
+from hvdlite.driver.store.etcd import EtcdStore, parse
+from hvdlite.driver.store.filestore import FileStore
 from hvdlite.errors import UsageError
+from hvdlite.worker import beacon
 
 
 def check(url: str) -> str:
@@ -22,9 +24,9 @@ def check(url: str) -> str:
     return url
 
 
-def open_store(url: Optional[str], checkpoint_dir: str) -> Optional[Store]:
-    """The store `url` names; None for the default (the FileStore in --checkpoint-dir)."""
+def open_store(url: Optional[str], checkpoint_dir: str) -> Store:
+    """The store `url` names (check() let it through); None: the FileStore in the driver
+    folder of --checkpoint-dir."""
     if url is None:
-        return None
-    assert url.startswith(SCHEME), url  # check() let it through
+        return FileStore(beacon.folder(checkpoint_dir))
     return EtcdStore(url, prefix="/hvdlite" + checkpoint_dir)
