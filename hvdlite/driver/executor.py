@@ -105,7 +105,9 @@ class Executor:
         output = self.outputs[worker] = RankOutput(label, self.settings.output_dir, "slot." + slot.replace("/", "."))
         files = {stream: beacon.output_path(self.settings.checkpoint_dir, worker, stream)
                  for stream in ("stdout", "stderr")}
-        handle = AdoptedWorker(pid, identity, lambda: self.rendezvous.said_code(worker), output, files)
+        said = lambda: self.rendezvous.said_code(worker)  # noqa: E731
+        handle = AdoptedWorker(pid, identity, said, output, files) if self.launchers.is_local(host) \
+            else self.launchers.for_host(host).adopt(host, pid, said, output, files)  # an SSH host's
         with self._lock:
             self._host_of[worker] = host
             self.handles[worker] = handle

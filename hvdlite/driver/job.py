@@ -187,11 +187,13 @@ class Job:
         if saved is not None and saved.get("adoptable"):
             procs = saved.get("procs", {})
             live = [w for w in saved["workers"] if w["phase"] != "gone"]
-            if any(not self.launchers.is_local(w["host"]) or w["id"] not in procs for w in live):
-                self.log.say("the last driver's workers were not all on this machine: they are not "
-                             "taken over (only local workers are, docs/failover.md)")
+            local = [w for w in live if self.launchers.is_local(w["host"])]
+            if any(w["id"] not in procs for w in local) or \
+                    any(not hasattr(self.launchers.for_host(w["host"]), "adopt") for w in live if w not in local):
+                self.log.say("the last driver's workers were not all on this machine or SSH hosts: they "
+                             "are not taken over (docs/failover.md)")
                 saved = None
-            elif not any(procstat.identity(w["pid"]) == procs[w["id"]] for w in live):
+            elif live == local and not any(procstat.identity(w["pid"]) == procs[w["id"]] for w in live):
                 saved = None  # every one of them ended (its grace ran out): a plain resume from disk
         else:
             saved = None
@@ -204,7 +206,7 @@ class Job:
         adoption.adopt(core, saved, now)
         procs = saved.get("procs", {})
         for inc in core._live():
-            self.executor.adopt(inc.id, inc.slot, inc.host, inc.pid, procs[inc.id],
+            self.executor.adopt(inc.id, inc.slot, inc.host, inc.pid, procs.get(inc.id),
                                 str(inc.rank) if inc.rank is not None else inc.slot)
         self.rendezvous.publish(core.updates, core.broken)
         self.log.announce("job_adopted", lease=self.leader.epoch, **adoption.summary(core))
