@@ -12,6 +12,8 @@ import pytest
 
 from hvdlite import exitcodes, procstat
 from hvdlite.cli import parse_settings
+from hvdlite.driver.launchers.ssh.adopted import AdoptedSSHWorker
+from hvdlite.driver.launchers.ssh.connection import SSHError
 from hvdlite.driver.leadership import NotLeader
 from hvdlite.driver.standby import lead
 from hvdlite.driver.store import Lease
@@ -48,6 +50,35 @@ def test_a_waiting_standby_ends_on_sigterm(tmp_path):
         standby.proc.send_signal(signal.SIGTERM)
         r = standby.finish(10)
     assert r.code == 128 + signal.SIGTERM and r.stderr.strip().splitlines()[-1] == "hvdlite: job interrupted by SIGTERM", r.stderr
+
+
+class Host:
+    """An SSHHost that records the scripts it was asked to run; `cut`: it cannot be reached."""
+
+    def __init__(self, cut=False):
+        self.scripts, self.cut = [], cut
+
+    def run(self, script, timeout=None):
+        self.scripts.append(script)
+        if self.cut:
+            raise SSHError("host-1: remote command timed out after 10 s")
+        return 0, "", ""
+
+
+def test_a_taken_over_worker_on_an_ssh_host_ends_when_it_says_so_or_once_killed():
+    said = []
+    worker = AdoptedSSHWorker(Host(), 42, lambda: said[0] if said else None, output=None, files={})
+    assert worker.poll() is None and worker.pid == 42
+    said.append(79)
+    assert worker.poll() == 79 and worker.wait(1) == 79
+    host = Host()
+    worker = AdoptedSSHWorker(host, 42, lambda: None, output=None, files={})
+    worker.stop(grace=0.1)  # it says nothing: TERM, then KILL, and it is counted ended
+    assert worker.poll() == -signal.SIGKILL
+    assert [s.split(" 2>")[0] for s in host.scripts] == ["kill -s TERM -- -42", "kill -s KILL -- -42"]
+    cut = AdoptedSSHWorker(Host(cut=True), 42, lambda: None, output=None, files={})
+    cut.signal(signal.SIGKILL)  # its host cannot be reached: judged gone all the same
+    assert cut.poll() == -signal.SIGKILL
 
 
 def taker(store, owner):
