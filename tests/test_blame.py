@@ -124,12 +124,14 @@ def test_an_srun_step_that_does_not_start_in_time_is_the_launchers_trouble(tmp_p
 
 
 def test_a_driver_stopped_past_the_liveness_timeout_blames_nobody_and_resumes(tmp_path):
-    # Ctrl-Z, then fg: both workers lose the driver and exit 75 meanwhile. They held the
-    # training state; the relaunched workers read it from --checkpoint-dir.
+    # Ctrl-Z, then fg: both workers lose the driver and exit 75 meanwhile (a --driver-grace as
+    # short as the liveness timeout: the default one would keep them training for the driver).
+    # They held the training state; the relaunched workers read it from --checkpoint-dir.
     from jobs import Job, job_env, wait_progress
     from test_durable import JOB, newest_written
     ckpt = tmp_path / "ckpt"
-    with Job(["-H", "localhost:2", "--min-np", "1", "--liveness-timeout", "2", "--checkpoint-dir", str(ckpt),
+    with Job(["-H", "localhost:2", "--min-np", "1", "--liveness-timeout", "2", "--driver-grace", "2",
+              "--checkpoint-dir", str(ckpt),
               "--checkpoint-interval", "0", *JOB], tmp_path,
              env=job_env(tmp_path, TOTAL_STEPS=40, STEP_SLEEP=0.05)) as job:
         wait_progress(job, tmp_path, 10)

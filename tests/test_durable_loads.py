@@ -280,11 +280,12 @@ def wait_exited(pid, timeout):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_drivers_kill_9_still_gets_rank_0s_last_commit_to_disk(tmp_path, backend):
     # The interval holds every write back but the first: only the flush at exit writes more.
+    # --driver-grace as short as the liveness timeout: the workers give the driver up then.
     # One worker: with more, a peer's exit breaks the world and rank 0 ends by an exception
     # (its rendezvous refused), not by losing the driver's heartbeat answers.
     python = NUMPY_PYTHON if backend == "numpy" else sys.executable
     flags = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval", "600",
-             "--liveness-timeout", "2", "-H", "localhost:1", "--min-np", "1", python, SCRIPT]
+             "--liveness-timeout", "2", "--driver-grace", "2", "-H", "localhost:1", "--min-np", "1", python, SCRIPT]
     with Job(flags, tmp_path, env=job_env(tmp_path, BACKEND=backend, TOTAL_STEPS=10_000, STEP_SLEEP=0.1)) as job:
         wait_progress(job, tmp_path, 8)
         workers = job.worker_pids()

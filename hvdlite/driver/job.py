@@ -40,7 +40,7 @@ from hvdlite.driver.network import bind_address
 from hvdlite.driver.probe import Prober
 from hvdlite.driver.rendezvous import Rendezvous
 from hvdlite.driver.terminal import StatusKeeper, is_tty
-from hvdlite import defaults, procstat
+from hvdlite import defaults, exitcodes, procstat
 from hvdlite.worker import checkpointdir
 from hvdlite.worker.trace import discard_parts, merge_parts
 from hvdlite.errors import HvdliteError, JobError, Unloadable
@@ -49,7 +49,7 @@ from hvdlite.errors import HvdliteError, JobError, Unloadable
 # a second one, or any to a static job, stops it at once with 128 + the signal's number.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 TICK = 0.1  # seconds between timer events
-JOURNAL_EVERY = 1.0  # seconds between journal writes, but at once for a new world or the job's end
+JOURNAL_EVERY = 1.0  # seconds between journal writes (the commits the ledger names move on)
 
 
 class Job:
@@ -148,7 +148,7 @@ class Job:
             if beats is not None:
                 actions += core.handle(beats, now)
                 if unheard:
-                    self._heard_adopted(unheard, beats)
+                    self._heard_adopted(unheard, beats, core)
             ticked = now - last_tick >= TICK
             if ticked:
                 last_tick = now
@@ -156,10 +156,13 @@ class Job:
             end = self.executor.apply(actions)
             if ticked or end is not None:
                 self.stats.on_view(core.view(), time.time())
+            # At once when a world formed or broke or a worker came or went, else each second.
+            changed = (core.round, core.broken, len(core.workers), len(self.executor.handles))
             if self.leader is not None and end is None and (
-                    journaled is None or journaled[0] != core.round or now - journaled[1] >= JOURNAL_EVERY):
-                journaled = (core.round, now)
-                self.leader.record({**adoption.journal(core, now), "procs": self.executor.identities()})
+                    journaled is None or journaled[0] != changed or now - journaled[1] >= JOURNAL_EVERY):
+                journaled = (changed, now)
+                self.leader.record({**adoption.journal(core, now), "procs": self.executor.identities(),
+                                    "written_at": time.time()})
             if end is not None:
                 if end.error:
                     self.log.error(end.error)  # the core logged job_end already
@@ -187,13 +190,19 @@ class Job:
         if saved is not None and saved.get("adoptable"):
             procs = saved.get("procs", {})
             live = [w for w in saved["workers"] if w["phase"] != "gone"]
-            local = [w for w in live if self.launchers.is_local(w["host"])]
-            if any(w["id"] not in procs for w in local) or \
-                    any(not hasattr(self.launchers.for_host(w["host"]), "adopt") for w in live if w not in local):
-                self.log.say("the last driver's workers were not all on this machine or SSH hosts: they "
-                             "are not taken over (docs/failover.md)")
-                saved = None
-            elif live == local and not any(procstat.identity(w["pid"]) == procs[w["id"]] for w in live):
+            remote = sorted({w["host"] for w in live if not self.launchers.is_local(w["host"])})
+            # Workers on SSH hosts are taken over too; those of other launchers (srun, Ray) not yet.
+            others = [h for h in remote if not hasattr(self.launchers.for_host(h), "adopt")]
+            until = saved.get("written_at", 0.0) + s.driver_grace
+            graced = time.time() < until  # the workers it left may still train
+            if others and graced:  # a fresh start now would race them
+                raise JobError(f"the last driver of this job left workers on {', '.join(others)}, which train "
+                               f"on until about {time.strftime('%H:%M:%S', time.localtime(until))} "
+                               f"(--driver-grace); only workers on this machine and on SSH hosts are taken "
+                               f"over (docs/failover.md): run this again after that, or stop them first")
+            if others or remote and not graced or not remote and not any(
+                    procstat.identity(int(procs[w["id"]].split(":")[0])) == procs[w["id"]]
+                    for w in live if w["id"] in procs):
                 saved = None  # every one of them ended (its grace ran out): a plain resume from disk
         else:
             saved = None
@@ -205,16 +214,25 @@ class Job:
         now = time.monotonic()
         adoption.adopt(core, saved, now)
         procs = saved.get("procs", {})
+        unseen = []
         for inc in core._live():
+            local = self.launchers.is_local(inc.host)
+            if not (inc.id in procs if local else inc.pid is not None):
+                unseen.append(inc.id)  # launched as the last driver died: nobody knows its process
+                continue
+            if local:
+                inc.pid = int(procs[inc.id].split(":")[0])
             self.executor.adopt(inc.id, inc.slot, inc.host, inc.pid, procs.get(inc.id),
                                 str(inc.rank) if inc.rank is not None else inc.slot)
+        for worker in unseen:  # as a worker that lost its driver: its slot is launched again, unblamed
+            self.events.put(Exited(worker, exitcodes.LOST_DRIVER))
         self.rendezvous.publish(core.updates, core.broken)
         self.log.announce("job_adopted", lease=self.leader.epoch, **adoption.summary(core))
-        return {inc.id for inc in core._live()}
+        return {inc.id for inc in core._live()} - set(unseen)
 
-    def _heard_adopted(self, unheard, beats):
-        """Say once when every worker taken over has beaten here: the take-over's time."""
-        unheard.difference_update(w for w, _ in beats.beats)
+    def _heard_adopted(self, unheard, beats, core):
+        """Say once when every worker taken over that lives has beaten here: the take-over's time."""
+        unheard.difference_update([w for w, _ in beats.beats] + [w for w in unheard if core._current(w) is None])
         if not unheard:
             self.log.announce("job_readopted", after=round(procstat.age(os.getpid()), 3))
 

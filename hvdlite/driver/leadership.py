@@ -13,6 +13,7 @@ once (it can never renew again). Any other live lease means a driver runs this j
 import os
 import secrets
 import socket
+import threading
 from typing import Optional
 
 from hvdlite import exitcodes, procstat
@@ -46,6 +47,13 @@ class Leadership:
         self.renewed = self.tried = now
         self.secret = None
         self._written = None
+        # The journal goes to the store on a thread of its own: a write (an fsync, a round trip
+        # to etcd) never holds up a decision. The newest journal wins over one not written yet.
+        self._cond = threading.Condition()
+        self._pending = None
+        self._busy = False
+        self._lost = None  # why a write was refused: the next keep() stops the driver
+        threading.Thread(target=self._write, daemon=True, name="hvdlite-journal").start()
 
     @classmethod
     def take(cls, checkpoint_dir: str, ttl: float, now: float, store: Store = None) -> "Leadership":
@@ -103,6 +111,8 @@ class Leadership:
     def keep(self, now: float) -> None:
         """Renew the lease when a quarter of its time to live passed: before any decision is
         acted on after a pause (the loop calls this first). NotLeader once it is lost."""
+        if self._lost is not None:
+            raise NotLeader(self._lost)
         if now - self.tried < self.ttl / 4:
             return
         self.tried = now
@@ -120,20 +130,41 @@ class Leadership:
         self.renewed = now
 
     def record(self, journal: dict) -> None:
-        """Write the journal if it changed; NotLeader when a newer lease fenced the write."""
-        if journal == self._written:
-            return
-        try:
-            self.store.put(self.lease, JOURNAL, beacon.signed(self.secret, JOURNAL, journal))
-        except Fenced:
-            raise NotLeader(f"this driver lost its lease {self.epoch}: another driver took the job over; "
-                            f"it stops deciding") from None
-        self._written = journal
+        """Have the journal written if it changed (in the background); a write a newer lease
+        fenced makes the next keep() raise NotLeader."""
+        with self._cond:
+            if journal != self._written:
+                self._pending = journal
+                self._cond.notify_all()
+
+    def _write(self):
+        while True:
+            with self._cond:
+                while self._pending is None:
+                    self._cond.wait()
+                journal, self._pending, self._busy = self._pending, None, True
+            try:
+                self.store.put(self.lease, JOURNAL, beacon.signed(self.secret, JOURNAL, journal))
+                written = journal
+            except Fenced:
+                self._lost = (f"this driver lost its lease {self.epoch}: another driver took the job over; "
+                              f"it stops deciding")
+                written = None
+            except Exception:  # noqa: BLE001 - the store unreachable: the next journal tries again
+                written = None
+            with self._cond:
+                self._written = written if written is not None else self._written
+                self._busy = False
+                self._cond.notify_all()
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until the journal recorded last is written (or refused)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._pending is None and not self._busy, timeout)
 
     def end(self) -> None:
         """The job ended: nobody is to take it over; the lease is free at once."""
-        try:
-            self.record({"version": 1, "adoptable": False})
+        self.record({"version": 1, "adoptable": False})
+        self.flush()
+        if self._lost is None:
             self.store.release(self.lease)
-        except NotLeader:
-            pass
