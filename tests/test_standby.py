@@ -154,7 +154,7 @@ def test_a_standby_takes_the_job_over_when_the_drivers_host_is_cut_off(etcd_clus
     for folder in (log_dir, first, second):
         folder.mkdir()
     flags = ["-np", "2", "--min-np", "2", "--max-np", "2", "-H", "host-1:1,host-2:1", "--ssh-config",
-             hosts.ssh_config, "--network-interfaces", "eth0", "--checkpoint-dir", str(ckpt),
+             hosts.ssh_config, "--checkpoint-dir", str(ckpt),
              "--checkpoint-interval", "0", "--driver-store", etcd_cluster.url]
     knobs = {"LOG_DIR": str(log_dir), "EPOCHS": "4", "WORKERS": "0", "STEP_SLEEP": "0.2"}
 

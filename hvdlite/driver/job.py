@@ -36,7 +36,7 @@ from hvdlite.driver.leadership import Leadership, NotLeader
 from hvdlite.driver import standby
 from hvdlite.driver.store import choice
 from hvdlite.driver.metrics import MetricsServer
-from hvdlite.driver.network import bind_address
+from hvdlite.driver.network import advertised_address, bind_address
 from hvdlite.driver.probe import Prober
 from hvdlite.driver.rendezvous import Rendezvous
 from hvdlite.driver.terminal import StatusKeeper, is_tty
@@ -136,8 +136,8 @@ class Job:
             fail_on_worker_failure=s.fail_on_worker_failure),
             on_disk=on_disk(s))
         unheard = self._adopt(core, saved) if saved is not None else set()
-        if self.leader is not None:
-            self.leader.publish(*self.server.address)  # workers between drivers come here
+        if self.leader is not None:  # workers between drivers come here
+            self.leader.publish(self._reachable(first), self.server.address[1])
         event, last_tick, journaled = found(first), time.monotonic(), None
         while True:
             now = time.monotonic()
@@ -168,6 +168,13 @@ class Job:
                     self.log.error(end.error)  # the core logged job_end already
                 return end.code
             event = self.next_event(TICK)
+
+    def _reachable(self, hosts) -> str:
+        """The server's address as the workers on `hosts` reach it: bound to every interface,
+        this machine's address on the route to the first remote host (this machine's own
+        workers reach it too), else loopback."""
+        remote = [h for h, _ in hosts if not self.launchers.is_local(h)]
+        return advertised_address(self.server.address[0], not remote, lambda: self.launchers.route_to(remote[0]))
 
     def _lead(self, store):
         """Take the job's lease; the last driver's journal when its workers live on, else None.
