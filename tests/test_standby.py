@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from hvdlite import exitcodes, procstat
+from hvdlite import exitcodes
 from hvdlite.cli import parse_settings
 from hvdlite.driver.launchers.ssh.adopted import AdoptedSSHWorker
 from hvdlite.driver.launchers.ssh.connection import SSHError
