@@ -86,6 +86,7 @@ def trial(args, mode, knobs):
                  "the take-over")
             result["back"] = time.monotonic() - began
             result["after_start"] = next(e["after"] for e in events(folder, "second") if e["event"] == "job_readopted")
+            result["adopted"] = next(e["after"] for e in events(folder, "second") if e["event"] == "job_adopted")
         else:
             mark = os.path.getmtime(os.path.join(log, "progress"))
             wait(lambda: os.path.getmtime(os.path.join(log, "progress")) > mark, args.timeout, "a resumed step")
@@ -107,7 +108,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--pairs", type=int, default=2)
     p.add_argument("--gap", type=float, default=3.0, help="seconds between the kill and the rerun (default 3)")
-    p.add_argument("--epochs", type=int, default=4, help="of 12 steps each (default 4)")
+    p.add_argument("--epochs", type=int, default=10, help="of 12 steps each (default 10)")
     p.add_argument("--timeout", type=float, default=180.0)
     args = p.parse_args()
     knobs = {"EPOCHS": str(args.epochs), "WORKERS": "0", "STEP_SLEEP": "0.05"}
@@ -126,7 +127,8 @@ def main():
     for mode, results in runs.items():
         print(f"{mode}: " + "; ".join(
             f"{r['gap_steps']} steps while no driver ran, back {r['back']:.2f} s after the rerun's start"
-            + (f" (every worker beat to it {r['after_start']:.2f} s after its process started)" if 'after_start' in r else "")
+            + (f" (its process started -> journal read and workers taken over {r['adopted']:.2f} s -> every "
+               f"worker beat to it {r['after_start']:.2f} s)" if 'after_start' in r else "")
             + f", kill -> end {r['end']:.1f} s, parameters {'equal' if r['hash'] == expected else 'DIFFER'}"
             for r in results))
     med = {mode: {k: statistics.median(r[k] for r in results) for k in ("back", "end", "gap_steps")}

@@ -37,6 +37,7 @@ from hvdlite.driver.decisions.messages import (
     Launched, LISTENING, REFUSED, SILENT, LaunchFailed, Leaving, LinkBroken, LoadFailed, Log, Probe,
     Probed, Publish, Ready, StackDump, Stop, StopRequested, TemplateDied, Tick, Written)
 from hvdlite.driver.decisions.nodeloss import REPROBE
+from hvdlite.worker import beacon
 
 UNIVERSE = [("a", 2), ("b", 1), ("c", 2), ("d", 1)]
 WHY = {HOST: "no route to host", DRIVER: "BlockingIOError: [Errno 11] Resource temporarily unavailable",
@@ -360,7 +361,7 @@ class ElasticJob(RuleBasedStateMachine):
         deciding = [e for e, renewed in self.drivers if adoption.may_decide(e == self.epoch, renewed, self.now, ttl)
                     or e == self.epoch]
         assert len(deciding) == 1, f"drivers of leases {deciding} decide at once"
-        assert all(not adoption.accepts(e, self.accepted) for e, _ in self.drivers if e != self.epoch)
+        assert all(not beacon.accepts(e, self.accepted) for e, _ in self.drivers if e != self.epoch)
 
     @rule(data=st.data())
     def enters_rendezvous(self, data):

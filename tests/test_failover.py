@@ -7,13 +7,15 @@ run. The rest are decisions and one small torch-free worker: in-process where th
 """
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
-from hvdlite import exitcodes
+from hvdlite import exitcodes, procstat
 from hvdlite.driver.decisions import adoption
 from hvdlite.driver.decisions.core import ElasticCore
 from hvdlite.driver.decisions.messages import Heartbeats, Log, Ready
@@ -22,6 +24,7 @@ from hvdlite.driver.decisions.workers import Phase
 from hvdlite.driver.leadership import Leadership, NotLeader
 from hvdlite.driver.store.filestore import FileStore
 from hvdlite.worker import beacon, env
+from hvdlite.worker.kvclient import KVClient
 from hvdlite.worker.session import Session
 from jobs import SCRIPTS, Job, progress, run_job, wait_until
 from test_core import first_world
@@ -35,19 +38,16 @@ def test_kill_9_of_the_driver_then_the_same_command_takes_the_live_workers_over(
     """What no restart can give: the same worker processes before and after, steps taken while
     no driver ran, nothing lost, every line they printed meanwhile relayed, and the final
     parameters of a run with no fault (ranks stay, so gloo sums in the same order)."""
-    reference = tmp_path / "reference"
-    reference.mkdir()
-    r = run_job([*ARGS, *JOB], reference, timeout=120, env={"LOG_DIR": str(reference), **KNOBS, "STEP_SLEEP": "0"})
-    assert r.code == 0, r.stderr[-3000:]
-    expected = json.loads((reference / "final.json").read_text())
-
-    log_dir, first, second, third = (tmp_path / name for name in ("log", "first", "second", "third"))
-    for folder in (log_dir, first, second, third):
+    log_dir, reference, first, second, third = (tmp_path / name for name in ("log", "reference", "first", "second",
+                                                                            "third"))
+    for folder in (log_dir, reference, first, second, third):
         folder.mkdir()
     args = [*ARGS, "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval", "0", *JOB]
     # The last epoch's own commit waits for the test's go: the job outlives the take-over.
     knobs = {"LOG_DIR": str(log_dir), **KNOBS, "STEP_SLEEP": "0.05", "HOLD_AT": "epoch2"}
-    with Job(args, first, knobs) as a:
+    # The fault-free run beside it (its imports overlap the other's).
+    with Job([*ARGS, *JOB], reference, {"LOG_DIR": str(reference), **KNOBS, "STEP_SLEEP": "0"}) as fault_free, \
+            Job(args, first, knobs) as a:
         a.wait_for(lambda _: progress(log_dir) >= 5, 90)
         # A second driver of the same folder while the first runs: refused, the job untouched.
         beside = run_job(args, second, timeout=60, env=knobs)
@@ -63,6 +63,9 @@ def test_kill_9_of_the_driver_then_the_same_command_takes_the_live_workers_over(
             b.wait_for(lambda events: any(e["event"] == "job_readopted" for e in events), 60)
             (log_dir / "go").touch()
             r = b.finish(120)
+        done = fault_free.finish(120)
+    assert done.code == 0, done.stderr[-3000:]
+    expected = json.loads((reference / "final.json").read_text())
     assert r.code == 0, r.stderr[-3000:]
     assert r.of("job_adopted")[0]["pids"] == pids, "not the same worker processes"
     assert not r.of("worker_start") and not r.of("round_complete"), "a worker was started, or the world re-formed"
@@ -99,6 +102,13 @@ def test_a_worker_trains_on_without_a_driver_for_the_grace_then_exits_75(tmp_pat
     assert done.returncode == exitcodes.LOST_DRIVER, done.stderr
     assert "training on without it for up to 3 s" in done.stderr and "for 3 s; exiting" in done.stderr
     assert took >= 3 and done.stdout.count("step") > 60, (took, done.stdout.count("step"))
+    # Its code is left for a driver that takes the job over, as is that of one that finished.
+    word = beacon.output_path(str(tmp_path), "localhost/0#1", "exit")
+    assert open(word).read() == str(exitcodes.LOST_DRIVER)
+    finished = subprocess.run([sys.executable, "-c", "from hvdlite.worker.session import session; session()"],
+                              env={**environ, env.WORKER: "localhost/1#1"}, timeout=60)
+    assert finished.returncode == 0
+    assert open(beacon.output_path(str(tmp_path), "localhost/1#1", "exit")).read() == "0"
 
 
 # ---- the journal and the take-over, in-process ----------------------------------------------
@@ -140,7 +150,7 @@ def test_a_driver_whose_lease_was_taken_decides_nothing_and_workers_refuse_it(tm
     with pytest.raises(NotLeader):
         old.keep(10.1)
     assert new.journal() == {"round": 1}
-    assert not adoption.may_decide(False, 9.0, 10.0, 2.0) and not adoption.accepts(old.epoch, new.epoch)
+    assert not adoption.may_decide(False, 9.0, 10.0, 2.0) and not beacon.accepts(old.epoch, new.epoch)
 
     worker = Session.__new__(Session)
     worker.epoch, worker.broken, worker.worker, worker.stack_asked, worker.on_round_broken = new.epoch, 0, "w", False, None
@@ -150,8 +160,12 @@ def test_a_driver_whose_lease_was_taken_decides_nothing_and_workers_refuse_it(tm
 
 
 def test_the_secret_stays_in_a_0600_file_and_a_planted_beacon_is_refused(tmp_path):
+    earlier = beacon.output_path(str(tmp_path), "localhost/0#1", "stdout")
+    os.makedirs(os.path.dirname(earlier))
+    open(earlier, "w").close()  # an earlier job's: a new job's worker of that id must not append to it
     lead = Leadership.take(str(tmp_path), ttl=2.0, now=0.0)
     secret = lead.take_secret(adopting=False)
+    assert not os.path.exists(earlier)
     lead.publish("127.0.0.1", 1234)
     folder = beacon.folder(str(tmp_path))
     assert os.stat(folder).st_mode & 0o777 == 0o700
@@ -161,3 +175,42 @@ def test_the_secret_stays_in_a_0600_file_and_a_planted_beacon_is_refused(tmp_pat
     assert beacon.Watch(str(tmp_path), secret).newer(0) == (lead.epoch, "127.0.0.1", 1234)
     beacon.publish(str(tmp_path), "not the job's secret", 99, "10.0.0.9", 1)
     assert beacon.Watch(str(tmp_path), secret).newer(0) is None
+
+
+def test_a_request_waiting_on_a_stopped_driver_goes_to_the_new_one_at_once():
+    """A survivor waits in the rendezvous (a long-poll) on a driver that is stopped, not dead:
+    its connection is open and silent. The switch cuts it and asks the new address."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()
+    client = KVClient("127.0.0.1", silent.getsockname()[1], "s" * 32)
+    failed = []
+
+    def ask():
+        try:
+            client.request("GET", "/rdzv/assign", timeout=60)
+        except ConnectionError as e:
+            failed.append(str(e))
+    waiting = threading.Thread(target=ask, daemon=True)
+    waiting.start()
+    time.sleep(0.2)
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+    free.close()  # nobody listens there: the new address refuses at once
+    client.move("127.0.0.1", port)
+    waiting.join(5)
+    silent.close()
+    assert failed and f"127.0.0.1:{port}" in failed[0], failed
+
+
+def test_a_lease_left_by_a_dead_driver_of_this_host_is_taken_at_once(tmp_path):
+    """kill -9 leaves the lease live for its time to live; its owner, a process of this host
+    that no longer runs (pid and start time), can never renew it: the rerun need not wait."""
+    gone = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    owner = f"{socket.gethostname()}:{procstat.identity(gone.pid)}"
+    gone.kill()
+    gone.wait()
+    store = FileStore(str(tmp_path / "store"))
+    assert store.acquire(owner, ttl=600.0).epoch == 1
+    assert Leadership.take(str(tmp_path), ttl=600.0, now=0.0, store=store).epoch == 2

@@ -105,7 +105,8 @@ class Executor:
         output = self.outputs[worker] = RankOutput(label, self.settings.output_dir, "slot." + slot.replace("/", "."))
         files = {stream: beacon.output_path(self.settings.checkpoint_dir, worker, stream)
                  for stream in ("stdout", "stderr")}
-        said = lambda: self.rendezvous.said_code(worker)  # noqa: E731
+        word = beacon.output_path(self.settings.checkpoint_dir, worker, "exit")  # its code, said while no driver ran
+        said = lambda: _said(self.rendezvous.said_code(worker), word)  # noqa: E731
         handle = AdoptedWorker(pid, identity, said, output, files) if self.launchers.is_local(host) \
             else self.launchers.for_host(host).adopt(host, pid, said, output, files)  # an SSH host's
         with self._lock:
@@ -213,6 +214,17 @@ class Executor:
 
     def _drop_scope(self, a: DropScope):
         self.server.delete_scope(a.scope)
+
+
+def _said(told, path):
+    """The exit code a taken-over worker told this driver, or left in its file, or None."""
+    if told is not None:
+        return told
+    try:
+        with open(path) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
 
 
 def _whose(error: Exception) -> str:

@@ -41,7 +41,7 @@ from hvdlite.driver.probe import Prober
 from hvdlite.driver.rendezvous import Rendezvous
 from hvdlite.driver.terminal import StatusKeeper, is_tty
 from hvdlite import defaults, exitcodes, procstat
-from hvdlite.worker import checkpointdir
+from hvdlite.worker import beacon, checkpointdir
 from hvdlite.worker.trace import discard_parts, merge_parts
 from hvdlite.errors import HvdliteError, JobError, Unloadable
 
@@ -231,10 +231,15 @@ class Job:
                 inc.pid = int(procs[inc.id].split(":")[0])
             self.executor.adopt(inc.id, inc.slot, inc.host, inc.pid, procs.get(inc.id),
                                 str(inc.rank) if inc.rank is not None else inc.slot)
+            if os.path.exists(beacon.output_path(self.settings.checkpoint_dir, inc.id, "exit")):
+                # It began to exit while no driver ran (its training finished, say): it gets the
+                # exit's grace, not the liveness timeout, to end.
+                self.events.put(Exiting(inc.id, 0, None))
         for worker in unseen:  # as a worker that lost its driver: its slot is launched again, unblamed
             self.events.put(Exited(worker, exitcodes.LOST_DRIVER))
         self.rendezvous.publish(core.updates, core.broken)
-        self.log.announce("job_adopted", lease=self.leader.epoch, **adoption.summary(core))
+        self.log.announce("job_adopted", lease=self.leader.epoch, after=round(procstat.age(os.getpid()), 3),
+                          **adoption.summary(core))
         return {inc.id for inc in core._live()} - set(unseen)
 
     def _heard_adopted(self, unheard, beats, core):

@@ -12,11 +12,13 @@ once (it can never renew again). Any other live lease means a driver runs this j
 """
 import os
 import secrets
+import shutil
 import socket
 import threading
 from typing import Optional
 
 from hvdlite import exitcodes, procstat
+from hvdlite.driver.decisions.adoption import may_decide
 from hvdlite.driver.store import Fenced, Lease, Store
 from hvdlite.driver.store.filestore import FileStore
 from hvdlite.errors import JobError
@@ -89,11 +91,13 @@ class Leadership:
         return beacon.opened(secret, JOURNAL, raw)
 
     def take_secret(self, adopting: bool) -> str:
-        """The job's secret: the last driver's when adopting its workers, else a new one."""
+        """The job's secret: the last driver's when adopting its workers, else a new one (and
+        an earlier job's output files go: its worker ids come again)."""
         secret = self._read_secret() if adopting else None
         if secret is None:
             secret = secrets.token_urlsafe(32)
             beacon.write_private(os.path.join(self.folder, beacon.SECRET), secret.encode())
+            shutil.rmtree(os.path.join(self.folder, beacon.OUTPUT), ignore_errors=True)
         self.secret = secret
         return secret
 
@@ -118,9 +122,8 @@ class Leadership:
         self.tried = now
         try:
             held = self.store.renew(self.lease, self.ttl)
-        except Exception:  # noqa: BLE001 - the store unreachable: the lease decides
-            held = now - self.renewed < self.ttl
-            if not held:
+        except Exception:  # noqa: BLE001 - the store unreachable: its time to live decides
+            if not may_decide(True, self.renewed, now, self.ttl):
                 raise NotLeader(f"this driver could not renew its lease {self.epoch} for {self.ttl:g} s; "
                                 f"it stops deciding (another driver may take the job over)") from None
             return

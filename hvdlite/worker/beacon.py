@@ -48,6 +48,12 @@ def opened(secret: str, purpose: str, raw: Optional[bytes]) -> Optional[dict]:
     return None
 
 
+def accepts(epoch: int, greatest: int) -> bool:
+    """Whether a worker that accepted a driver of lease `greatest` takes an answer of one of
+    lease `epoch`: never from an older driver (back from a pause or a partition)."""
+    return epoch >= greatest
+
+
 def write_private(path: str, data: bytes) -> None:
     """Replace the file at `path` with `data` at once, readable by this user only."""
     tmp = f"{path}.{os.getpid()}.tmp"
@@ -84,7 +90,8 @@ class Watch:
         except OSError:
             return None
         self._seen = (info.st_mtime_ns, info.st_size, info.st_ino)
-        if record is None or not isinstance(record.get("epoch"), int) or record["epoch"] <= epoch:
+        if record is None or not isinstance(record.get("epoch"), int) or record["epoch"] == epoch \
+                or not accepts(record["epoch"], epoch):
             return None
         return record["epoch"], str(record["addr"]), int(record["port"])
 

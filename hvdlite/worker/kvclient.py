@@ -4,6 +4,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from urllib.parse import quote, urlencode
 
 from hvdlite.worker import kvproto
@@ -52,6 +53,20 @@ class KVClient:
         self.key = kvproto.job_key(secret)
         self.offset = 0.0  # the server's clock minus ours, learnt when it refused our time
         self._local = threading.local()
+        self._open = weakref.WeakSet()  # every thread's connection (gone with its thread), for move()
+        self._lock = threading.Lock()
+
+    def move(self, host: str, port: int) -> None:
+        """Talk to the server at host:port from now on (another driver took the job over): a
+        request waiting on the old one (a long-poll) is cut and made again there."""
+        self.host, self.port = host, port
+        with self._lock:
+            conns = list(self._open)
+        for conn in conns:
+            try:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def put(self, scope: str, key: str, value: bytes) -> None:
         self._expect(("PUT", scope, key), self.request("PUT", _kv_path(scope, key), value), 200)
@@ -115,12 +130,16 @@ class KVClient:
             try:
                 if conn is None:
                     conn = self._local.conn = _Connection(self.host, self.port, self.timeout)
+                    with self._lock:
+                        self._open.add(conn)
                 request, signed = kvproto.encode_request(self.key, method, target, body, self.offset)
                 status, headers, data = conn.exchange(request, self.timeout if timeout is None else timeout)
             except (OSError, ValueError) as e:
+                moved = conn is not None and conn.address != (self.host, self.port)
                 self.close()
                 # A kept-alive connection the server closed while idle: the request never ran.
-                if reused and "reconnect" not in retried and isinstance(e, ConnectionError):
+                # Or move() cut it: the new server is asked.
+                if moved or reused and "reconnect" not in retried and isinstance(e, ConnectionError):
                     retried.add("reconnect")
                     continue
                 raise ConnectionError(f"KV server {self.host}:{self.port}: {method} {path} failed: "
@@ -147,6 +166,8 @@ class KVClient:
         conn = getattr(self._local, "conn", None)
         if conn is not None:
             self._local.conn = None
+            with self._lock:
+                self._open.discard(conn)
             conn.close()
 
     def _expect(self, what, answer, *statuses):

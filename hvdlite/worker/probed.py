@@ -22,8 +22,21 @@ def listen(session) -> None:
         # worker is gone: its probes would answer until the liveness timeout.
         os.register_at_fork(after_in_child=sock.close)
         threading.Thread(target=_drain, args=(sock,), daemon=True, name="hvdlite-probed").start()
-        session.client.request("PUT", "/node/listening", timeout=5.0, query={
-            "worker": session.worker, "addr": addr, "port": str(sock.getsockname()[1])})
+        session.probed = (addr, sock.getsockname()[1])
+    except Exception:  # noqa: BLE001 - probing is a shortcut, never a condition to run
+        return
+    announce(session)
+
+
+def announce(session) -> None:
+    """Tell the driver where the socket listens: at the start, and again to a driver that took
+    the job over (worker/session.py)."""
+    if getattr(session, "probed", None) is None:
+        return
+    addr, port = session.probed
+    try:
+        session.client.request("PUT", "/node/listening", timeout=5.0,
+                               query={"worker": session.worker, "addr": addr, "port": str(port)})
     except Exception:  # noqa: BLE001 - probing is a shortcut, never a condition to run
         pass
 

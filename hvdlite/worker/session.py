@@ -86,6 +86,7 @@ class Session:
         self.kept = False  # it left its last world at a commit, keeping its state (no rollback)
         self.stack_asked = False  # the driver asked for the main thread's stack and got it
         self.on_round_broken = None  # callback(round), called on every heartbeat answer
+        self.probed = None  # (addr, port) the driver probes this worker's node at (probed.py)
         self._joins = {}  # round -> times this process was given a place in it
         durable.install(self.tell)  # its checkpoints' word to the driver goes through here
         self._heartbeat = threading.Thread(target=self._beat, daemon=True, name="hvdlite-heartbeat")
@@ -124,7 +125,18 @@ class Session:
                                                                **({"echo": "1"} if self.echo else {})},
                                 timeout=2)
         except Exception:  # noqa: BLE001 - the driver may be gone; exiting regardless
-            pass
+            self._leave_word(exitcode.own())
+
+    def _leave_word(self, code: int) -> None:
+        """No driver hears this exit: its code goes into the driver folder, for the driver that
+        takes the job over (a worker that finished its training while none ran is no failure)."""
+        if self.grace:
+            path = beacon.output_path(durable.config(self.environ).directory, self.worker, "exit")
+            try:
+                os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+                beacon.write_private(path, str(code).encode())
+            except OSError:
+                pass
 
     def local_address(self, rank: int) -> str:
         """The address peers reach this worker, `rank` of its group, at: the one the driver
@@ -171,7 +183,7 @@ class Session:
                 continue
             if status == 200:
                 answer = json.loads(body)
-                if answer.get("epoch", 0) < self.epoch:
+                if not beacon.accepts(answer.get("epoch", 0), self.epoch):
                     continue  # a driver that lost its lease: ask the one that holds it
                 if answer.get("removed"):
                     raise Removed()
@@ -198,7 +210,7 @@ class Session:
             if body is None:
                 return False
             answer = json.loads(body)
-            if answer.get("epoch", 0) < self.epoch:
+            if not beacon.accepts(answer.get("epoch", 0), self.epoch):
                 return False  # a driver that lost its lease decides nothing for this worker
             self.epoch = answer.get("epoch", 0)
             self.updates, self.broken = answer["updates"], max(self.broken, answer["broken"])
@@ -239,6 +251,7 @@ class Session:
                      f"{max(self.liveness_timeout, self.grace):g} s; exiting")
                 try:
                     durable.finish()  # rank 0's newest commit reaches the disk first
+                    self._leave_word(exitcodes.LOST_DRIVER)
                 finally:
                     os._exit(exitcodes.LOST_DRIVER)
             asleep, interval = time.monotonic(), self.interval
@@ -266,10 +279,11 @@ class Session:
         """Go over to the driver holding lease `epoch` at addr:port (on the heartbeat thread;
         every KV connection reconnects there at its next request)."""
         self.epoch, self.addr, self.port = epoch, addr, port
-        self.client.host, self.client.port = addr, port
+        self.client.move(addr, port)
         self._beats.close()
         self._beats = Heartbeats(self.client, timeout=HEARTBEAT_TIMEOUT)
         _say(f"the driver at {addr}:{port} (lease {epoch}) takes this worker over")
+        probed.announce(self)  # where it probes this worker's node
 
 
 def _say(line: str) -> None:

@@ -11,9 +11,10 @@ every step, and the workers tell the new driver in their first heartbeats.
 worker as it was, heard from now (its liveness timeout runs from the take-over), so one that
 died while no driver ran is found by the executor (its process is gone) or by that timeout.
 
-The leadership rules, one place each: a driver decides only while it holds the newest lease
-and renewed it within its time to live (`may_decide`); a worker takes an answer only from a
-driver whose lease epoch is not smaller than the greatest it accepted (`accepts`).
+The leadership rule: a driver decides only while it holds the newest lease and renewed it
+within its time to live (`may_decide`; leadership.py acts on it). A worker's rule, that it takes
+answers only from a driver whose epoch is not smaller than the greatest it accepted, is
+worker/beacon.py's `accepts`.
 """
 from hvdlite.driver.decisions.core import ElasticCore
 from hvdlite.driver.decisions.workers import Incarnation, Phase
@@ -24,10 +25,6 @@ VERSION = 1
 
 def may_decide(holds_newest: bool, renewed_at: float, now: float, ttl: float) -> bool:
     return holds_newest and now - renewed_at < ttl
-
-
-def accepts(epoch: int, greatest: int) -> bool:
-    return epoch >= greatest
 
 
 def adoptable(core: ElasticCore) -> bool:
