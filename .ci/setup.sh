@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Everything the tests need on a fresh machine: OpenSSH and network tools for the SSH test
-# hosts, Slurm and munge for the Slurm test cluster, then hvdlite with its test dependencies
+# hosts, Slurm and munge for the Slurm test cluster, etcd for the drivers' store, then hvdlite with its test dependencies
 # (torch pinned to the CPU build on disk), Lightning, transformers and Accelerate, and Ray 2.60 for the --ray tests (tests/raycluster.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -f .ci/install-ssh.sh ]; then bash .ci/install-ssh.sh; fi
 if [ -f .ci/install-slurm.sh ]; then bash .ci/install-slurm.sh; fi
+if [ -f .ci/install-etcd.sh ]; then bash .ci/install-etcd.sh; fi
 # Headless Chromium renders the docs' front page and the job timeline in tests (skipped without).
 if ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" -eq 0 ]; then

@@ -12,6 +12,7 @@ from hvdlite.worker import backends, checkpointdir
 from hvdlite.discovery.hostspec import parse_hostfile, parse_hosts
 from hvdlite.discovery.slurm import allocation
 from hvdlite.driver.settings import Settings
+from hvdlite.driver.store import choice as store_choice
 from hvdlite.errors import HvdliteError, UsageError
 from hvdlite.jobcommands import discovery_command, training_command
 
@@ -164,6 +165,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"newest checkpoints of this training (its lineage) kept in DIR; older "
                         f"ones of it are deleted, other lineages' files are never touched (default "
                         f"{defaults.CHECKPOINT_KEEP})")
+    c.add_argument("--driver-store", metavar="URL", type=store_choice.check,
+                   help="where the job's drivers keep their lease and journal: etcd://HOST[:PORT],"
+                        "...[/PREFIX] for an etcd cluster (default: a folder in DIR; "
+                        "docs/standby.md)")
+    c.add_argument("--standby", action="store_true",
+                   help="wait as a standby driver: take the job over when its driver's lease "
+                        "lapses (its process or host lost); needs DIR (docs/standby.md)")
     c.add_argument("--fresh", action="store_true",
                    help="start training anew instead of resuming from DIR; DIR's files are kept, "
                         "and later runs resume this one")
@@ -309,6 +317,10 @@ def parse_settings(argv, notes=None) -> Settings:
         args.checkpoint_dir = checkpoint_dir(args.checkpoint_dir)
     elif args.fresh:
         raise UsageError("--fresh starts anew instead of resuming from --checkpoint-dir: give one")
+    for flag in ("driver_store", "standby"):
+        if getattr(args, flag) and (args.checkpoint_dir is None or not elastic):
+            raise UsageError(f"--{flag.replace('_', '-')} is for an elastic --checkpoint-dir job "
+                             f"(--min-np or --host-discovery-script), whose drivers share its lease")
     fail_on_worker_failure = switch_or_env(args.fail_on_worker_failure, "HVDLITE_FAIL_ON_WORKER_FAILURE")
     keep_warm = flag_or_env(args.keep_warm, "HVDLITE_KEEP_WARM", 0.0, zero=True)
     if keep_warm and args.no_preload:
@@ -335,6 +347,7 @@ def parse_settings(argv, notes=None) -> Settings:
         preload=() if args.no_preload else tuple(_modules(args.preload)) if args.preload else DEFAULT_PRELOAD,
         preload_first=bool(args.preload), keep_warm=keep_warm, checkpoint_dir=args.checkpoint_dir,
         checkpoint_interval=args.checkpoint_interval, checkpoint_keep=args.checkpoint_keep,
+        driver_store=args.driver_store, standby=args.standby,
         checkpoint_lineage=checkpointdir.new_lineage() if args.fresh else None, backend=args.backend)
 
 

@@ -2,7 +2,9 @@ import pytest
 
 # Modules that must not run at once in parallel workers (`-n N --dist loadgroup`): each starts a
 # Ray cluster of ~2 GB whose raylets need the CPU to register in time on a 2-core machine.
-GROUPS = {"test_ray": "ray", "test_ray_api": "ray", "test_gpu_launch": "ray"}
+# Modules sharing the one etcd test cluster (the `etcd_cluster` fixture) share a worker too.
+GROUPS = {"test_ray": "ray", "test_ray_api": "ray", "test_gpu_launch": "ray",
+          "test_store": "etcd", "test_standby": "etcd"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
@@ -72,6 +74,25 @@ def ssh_hosts():
     yield make
     for group in groups:
         group.close()
+
+
+@pytest.fixture(scope="session")
+def etcd_cluster(ssh_hosts):
+    """A three-member etcd cluster (tests/etcdcluster.py) on host-1..host-3 of five namespace
+    test hosts, shared by every test of the session; host-4 and host-5 are free for drivers.
+    Skips without root, etcd or network namespaces."""
+    from etcdcluster import EtcdCluster, missing
+    reason = missing()
+    if reason:
+        pytest.skip(reason)
+    hosts = ssh_hosts(5)
+    if hosts.mode != "netns":
+        pytest.skip(f"the etcd test cluster needs namespace hosts: {hosts.fallback_reason}")
+    cluster = EtcdCluster(hosts)
+    try:
+        yield cluster
+    finally:
+        cluster.close()
 
 
 @pytest.fixture(scope="module")

@@ -106,7 +106,9 @@ class Executor:
         files = {stream: beacon.output_path(self.settings.checkpoint_dir, worker, stream)
                  for stream in ("stdout", "stderr")}
         word = beacon.output_path(self.settings.checkpoint_dir, worker, "exit")  # its code, said while no driver ran
-        handle = AdoptedWorker(pid, identity, lambda: _said(self.rendezvous.said_code(worker), word), output, files)
+        said = lambda: _said(self.rendezvous.said_code(worker), word)  # noqa: E731
+        handle = AdoptedWorker(pid, identity, said, output, files) if self.launchers.is_local(host) \
+            else self.launchers.for_host(host).adopt(host, pid, said, output, files)  # an SSH host's
         with self._lock:
             self._host_of[worker] = host
             self.handles[worker] = handle

@@ -33,8 +33,10 @@ from hvdlite.driver.jobstats import JobStats, status_line
 from hvdlite.driver.kv.server import KVServer
 from hvdlite.driver.launchers import Launchers
 from hvdlite.driver.leadership import Leadership, NotLeader
+from hvdlite.driver import standby
+from hvdlite.driver.store import choice
 from hvdlite.driver.metrics import MetricsServer
-from hvdlite.driver.network import bind_address
+from hvdlite.driver.network import advertised_address, bind_address
 from hvdlite.driver.probe import Prober
 from hvdlite.driver.rendezvous import Rendezvous
 from hvdlite.driver.terminal import StatusKeeper, is_tty
@@ -133,8 +135,8 @@ class Job:
             fail_on_worker_failure=s.fail_on_worker_failure),
             on_disk=on_disk(s))
         unheard = self._adopt(core, saved) if saved is not None else set()
-        if self.leader is not None:
-            self.leader.publish(*self.server.address)  # workers between drivers come here
+        if self.leader is not None:  # workers between drivers come here
+            self.leader.publish(self._reachable(first), self.server.address[1])
         event, last_tick, journaled = found(first), time.monotonic(), None
         while True:
             now = time.monotonic()
@@ -166,29 +168,47 @@ class Job:
                 return end.code
             event = self.next_event(TICK)
 
+    def _reachable(self, hosts) -> str:
+        """The server's address as the workers on `hosts` reach it: bound to every interface,
+        this machine's address on the route to the first remote host (this machine's own
+        workers reach it too), else loopback."""
+        remote = [h for h, _ in hosts if not self.launchers.is_local(h)]
+        return advertised_address(self.server.address[0], not remote, lambda: self.launchers.route_to(remote[0]))
+
     def _lead(self, store):
         """Take the job's lease; the last driver's journal when its workers live on, else None.
         The job's secret is that driver's when its workers are taken over, else a new one."""
         s = self.settings
+        store = store or choice.open_store(s.driver_store, s.checkpoint_dir)
+
+        def take():
+            return Leadership.take(s.checkpoint_dir, s.liveness_timeout, time.monotonic(), store)
+
         try:
-            self.leader = Leadership.take(s.checkpoint_dir, s.liveness_timeout, time.monotonic(), store)
+            self.leader = standby.lead(take, store, self.log.say, stopped=lambda: not self.events.empty()) \
+                if s.standby else take()
         except NotLeader:
             self.not_leader = True
             raise
+        if self.leader is None:  # a standby asked to stop while it waited
+            raise _Signalled(self.events.get().signum)
         saved = self.leader.journal()
         if saved is not None and saved.get("adoptable"):
             procs = saved.get("procs", {})
             live = [w for w in saved["workers"] if w["phase"] != "gone"]
             remote = sorted({w["host"] for w in live if not self.launchers.is_local(w["host"])})
+            # Workers on SSH hosts are taken over too; those of other launchers (srun, Ray) not yet.
+            others = [h for h in remote if not hasattr(self.launchers.for_host(h), "adopt")]
             until = saved.get("written_at", 0.0) + s.driver_grace
-            if remote and time.time() < until:
-                # Only local workers are taken over yet: a fresh start now would race the others.
-                raise JobError(f"the last driver of this job left workers on {', '.join(remote)}, which train "
+            graced = time.time() < until  # the workers it left may still train
+            if others and graced:  # a fresh start now would race them
+                raise JobError(f"the last driver of this job left workers on {', '.join(others)}, which train "
                                f"on until about {time.strftime('%H:%M:%S', time.localtime(until))} "
-                               f"(--driver-grace); only workers on this machine are taken over "
-                               f"(docs/failover.md): run this again after that, or stop them first")
-            if remote or not any(procstat.identity(int(procs[w["id"]].split(":")[0])) == procs[w["id"]]
-                                 for w in live if w["id"] in procs):
+                               f"(--driver-grace); only workers on this machine and on SSH hosts are taken "
+                               f"over (docs/failover.md): run this again after that, or stop them first")
+            if others or remote and not graced or not remote and not any(
+                    procstat.identity(int(procs[w["id"]].split(":")[0])) == procs[w["id"]]
+                    for w in live if w["id"] in procs):
                 saved = None  # every one of them ended (its grace ran out): a plain resume from disk
         else:
             saved = None
@@ -202,11 +222,13 @@ class Job:
         procs = saved.get("procs", {})
         unseen = []
         for inc in core._live():
-            if inc.id not in procs:  # launched as the last driver died: nobody knows its process
-                unseen.append(inc.id)
+            local = self.launchers.is_local(inc.host)
+            if not (inc.id in procs if local else inc.pid is not None):
+                unseen.append(inc.id)  # launched as the last driver died: nobody knows its process
                 continue
-            inc.pid = int(procs[inc.id].split(":")[0])
-            self.executor.adopt(inc.id, inc.slot, inc.host, inc.pid, procs[inc.id],
+            if local:
+                inc.pid = int(procs[inc.id].split(":")[0])
+            self.executor.adopt(inc.id, inc.slot, inc.host, inc.pid, procs.get(inc.id),
                                 str(inc.rank) if inc.rank is not None else inc.slot)
             if os.path.exists(beacon.output_path(self.settings.checkpoint_dir, inc.id, "exit")):
                 # It began to exit while no driver ran (its training finished, say): it gets the

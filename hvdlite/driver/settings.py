@@ -59,6 +59,8 @@ class Settings:
     checkpoint_interval: float = defaults.CHECKPOINT_INTERVAL
     checkpoint_keep: int = defaults.CHECKPOINT_KEEP
     checkpoint_lineage: str = None  # --fresh: the lineage this job starts; None: resume the newest
+    driver_store: str = None  # --driver-store URL (store/choice.py); None: the FileStore in checkpoint_dir
+    standby: bool = False  # wait for the job's lease, then take the job over (driver/standby.py)
     backend: str = None  # --backend (worker/backends.py); None: the workers' HVDLITE_BACKEND, else auto
     env: dict = field(default_factory=lambda: dict(os.environ))
 

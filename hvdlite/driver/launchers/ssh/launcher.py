@@ -3,6 +3,7 @@ import os
 import threading
 
 from hvdlite.driver.launchers.locality import is_local
+from hvdlite.driver.launchers.ssh.adopted import AdoptedSSHWorker
 from hvdlite.driver.launchers.ssh.config import SSHSettings, host_config
 from hvdlite.driver.launchers.ssh.connection import SSHHost
 from hvdlite.driver.launchers.ssh.remote import launch
@@ -45,6 +46,10 @@ class SSHLauncher:
         if worker.fallback:
             self._templates.fell_back(connection, socket_path, worker.fallback)
         return worker
+
+    def adopt(self, host, pgid: int, said, output, files: dict):
+        """The Handle of a worker an earlier driver launched on `host` (ssh/adopted.py)."""
+        return AdoptedSSHWorker(self._host(host), pgid, said, output, files)
 
     def warm(self):
         if self._templates:

@@ -1,0 +1,32 @@
+"""Which store a --checkpoint-dir job's drivers share: `--driver-store`.
+
+None (the default) is the FileStore in --checkpoint-dir, for drivers on one machine or on hosts
+that share a filesystem with working flock; `etcd://HOST[:PORT],...[/PREFIX]` is an etcd cluster,
+for a standby driver on another host. An etcd store keeps one job's keys under PREFIX, by
+default `/hvdlite` followed by the --checkpoint-dir path, so the same command on any host finds
+the same job.
+"""
+from typing import Optional
+
+from hvdlite.driver.store import Store
+from hvdlite.driver.store.etcd import EtcdStore, parse
+from hvdlite.driver.store.filestore import FileStore
+from hvdlite.errors import UsageError
+from hvdlite.worker import beacon
+
+
+def check(url: str) -> str:
+    """`url` when it names a store, else a UsageError saying what would."""
+    try:
+        parse(url)
+    except ValueError as e:
+        raise UsageError(f"--driver-store: {e}") from None
+    return url
+
+
+def open_store(url: Optional[str], checkpoint_dir: str) -> Store:
+    """The store `url` names (check() let it through); None: the FileStore in the driver
+    folder of --checkpoint-dir."""
+    if url is None:
+        return FileStore(beacon.folder(checkpoint_dir))
+    return EtcdStore(url, prefix="/hvdlite" + checkpoint_dir)
