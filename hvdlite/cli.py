@@ -229,7 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     a = g["advanced"]
     a.add_argument("--timeout-scale", type=_positive(float), metavar="X",
                    help="multiply the defaults of --start-timeout, --liveness-timeout, "
-                        "--gloo-timeout-seconds, --elastic-timeout and --discovery-timeout by X "
+                        "--gloo-timeout-seconds, --elastic-timeout, --discovery-timeout and "
+                        "--driver-grace by X "
                         f"(default $HVDLITE_TIMEOUT_SCALE or {defaults.TIMEOUT_SCALE:g}); the "
                         "timeouts must keep their order (docs/troubleshooting.md#timeouts)")
     a.add_argument("--gloo-timeout-seconds", **_scaled(

@@ -9,10 +9,14 @@ their own code while their peers wait in the next collective (hangs.py: named wi
 straggle (stragglers.py: named, and with --straggler-policy evict failed), run out of data and
 idle in hvd.join() while the others step (never named, nor the others' baseline), are paused (SIGSTOP) on
 a node that answers probes, or lose their node (cut off: probes go silent).
+With --checkpoint-dir the driver dies (or is paused past its lease) and a new one (the same
+command, or a standby) takes the job over from the journal the old one wrote (decisions/adoption.py),
+while the workers train on without a driver; the old one may come back, fenced.
 Launches start, are refused by their host, fail in the driver's own fork, time out in the
 launcher, or never start at all.
 """
 import dataclasses
+import json
 import math
 import os
 import signal
@@ -21,6 +25,7 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from hvdlite import exitcodes
+from hvdlite.driver.decisions import adoption
 from hvdlite.driver.decisions.core import ElasticCore
 from hvdlite.driver.decisions.hangs import ceiling
 from hvdlite.driver.decisions.stragglers import PERSIST, WINDOW
@@ -89,6 +94,9 @@ class ElasticJob(RuleBasedStateMachine):
         self.named_hung = set()  # workers the driver named hung
         self.straggling = set()  # workers the driver named stragglers and not recovered since
         self.probes = []  # workers the driver asked to probe, not answered yet
+        # The job's drivers (--checkpoint-dir): [lease epoch, when it last renewed] of each; the
+        # last one decides, the store's newest lease is self.epoch. What the workers accepted:
+        self.drivers, self.epoch, self.accepted = [[1, 0.0]], 1, 1
         self.send(HostsFound(tuple(UNIVERSE[:2])))
 
     @initialize(evict=st.booleans())
@@ -306,6 +314,53 @@ class ElasticJob(RuleBasedStateMachine):
             proc.alive = False
             self.send(Exited(proc.worker, exitcodes.LOST_DRIVER), dt=0.0)
         self.send(Tick(), dt=0.01)
+
+    @rule(data=st.data(), steps=st.integers(0, 3), peer_dies=st.booleans(), paused=st.booleans())
+    def driver_dies_and_a_new_one_takes_over(self, data, steps, peer_dies, paused):
+        """kill -9 of the driver (or it is paused past its lease: a standby takes the lease); the
+        members train on without it, a peer may die meanwhile (its survivors wait for a driver);
+        then a new driver takes a greater lease and the job over from the last journal."""
+        c = self.core
+        if self.disk is None or self.ended is not None or not adoption.adoptable(c):
+            return
+        saved = json.loads(json.dumps(adoption.journal(c, self.now)))  # through the store: bytes
+        there = {w: (c.workers[w].slot, p.rank) for w, p in c.world.items() if c.workers[w].alive}
+        members = [p for p in self.members() if not p.handover]
+        if not self.must_leave():
+            for _ in range(steps):
+                for p in members:
+                    self.commit_once(p)
+        victim = data.draw(st.sampled_from(sorted(p.worker for p in members))) if peer_dies and members else None
+        if victim is not None:
+            self.procs[victim].alive = False
+        self.now += c.policy.liveness_timeout + 1.0  # the old lease lapsed
+        self.drivers[-1][1] = self.now - c.policy.liveness_timeout - 1.0  # its last renewal
+        self.epoch += 1
+        self.drivers.append([self.epoch, self.now])
+        if not paused:
+            self.drivers.pop(-2)  # dead: it never decides again
+        self.core = adoption.adopt(ElasticCore(c.policy, rng=lambda: 0.5, on_disk=self.disk), saved, self.now)
+        self.accepted = self.epoch  # the workers read the beacon and go over to it
+        new = self.core
+        assert {w: (new.workers[w].slot, p.rank) for w, p in new.world.items() if new.workers[w].alive} == there, \
+            "the world taken over is not the world that was there"
+        assert new.launches == c.launches and new.round == c.round
+        if victim is not None:  # its process is gone: the executor says so at once
+            self.send(Exited(victim, -9), dt=0.01)
+        self.send(self.beats(self.running()), dt=0.01)
+        held = [p.commit for p in self.running() if p.worker in new.workers and new.workers[p.worker].alive]
+        assert new.ledger.newest >= max(held, default=0), "a commit the live workers hold was lost"
+
+    @invariant()
+    def at_most_one_driver_decides(self):
+        """A driver decides only while it holds the store's newest lease and renewed it within
+        its time to live; an old driver back from a pause is fenced, and no worker takes its
+        answers."""
+        ttl = self.core.policy.liveness_timeout
+        deciding = [e for e, renewed in self.drivers if adoption.may_decide(e == self.epoch, renewed, self.now, ttl)
+                    or e == self.epoch]
+        assert len(deciding) == 1, f"drivers of leases {deciding} decide at once"
+        assert all(not adoption.accepts(e, self.accepted) for e, _ in self.drivers if e != self.epoch)
 
     @rule(data=st.data())
     def enters_rendezvous(self, data):
@@ -1105,3 +1160,25 @@ def test_a_member_idle_in_join_with_less_data_is_not_named_nor_the_baseline():
     job, (a, *_) = formed()
     job.joins_with_uneven_data(Picks(a, 1.0, int(WINDOW * 2) + 2))
     assert job.ended is None and all(not p.idle for p in job.procs.values())
+
+
+def test_a_driver_killed_while_a_peer_dies_without_it_is_taken_over_and_the_world_re_forms():
+    """The members commit twice without a driver, one dies; the new driver takes the world
+    over, hears the death, and the survivors re-form from the newest commit: nothing lost."""
+    job = ElasticJob()
+    job.checkpoint_dir(durable=True, on_disk=0)
+    job.straggler_policy(evict=False)
+    job.launches_complete()
+    job.idle_workers_enter_rendezvous()
+    job.syncs_from_the_root(fails=set())
+    (a, b, c) = sorted(p.worker for p in job.members())
+    old = job.core
+    job.driver_dies_and_a_new_one_takes_over(Picks(c), steps=2, peer_dies=True, paused=True)
+    assert job.core is not old and job.core.broken == job.core.round == 1
+    assert len(job.drivers) == 2  # the paused one is back, fenced (at_most_one_driver_decides)
+    job.at_most_one_driver_decides()
+    job.world_leaves_together()
+    job.launches_complete()
+    job.idle_workers_enter_rendezvous()
+    assert job.core.round == 2 and job.lost == 0
+    assert {job.procs[w].commit for w in job.core.world if job.procs[w].alive} <= {2}

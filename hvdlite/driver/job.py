@@ -49,7 +49,7 @@ from hvdlite.errors import HvdliteError, JobError, Unloadable
 # a second one, or any to a static job, stops it at once with 128 + the signal's number.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 TICK = 0.1  # seconds between timer events
-JOURNAL_EVERY = 1.0  # seconds between journal writes, but at once for a new world or the job's end
+JOURNAL_EVERY = 1.0  # seconds between journal writes (the commits the ledger names move on)
 
 
 class Job:
@@ -156,10 +156,13 @@ class Job:
             end = self.executor.apply(actions)
             if ticked or end is not None:
                 self.stats.on_view(core.view(), time.time())
+            # At once when a world formed or broke or a worker came or went, else each second.
+            changed = (core.round, core.broken, len(core.workers))
             if self.leader is not None and end is None and (
-                    journaled is None or journaled[0] != core.round or now - journaled[1] >= JOURNAL_EVERY):
-                journaled = (core.round, now)
-                self.leader.record({**adoption.journal(core, now), "procs": self.executor.identities()})
+                    journaled is None or journaled[0] != changed or now - journaled[1] >= JOURNAL_EVERY):
+                journaled = (changed, now)
+                self.leader.record({**adoption.journal(core, now), "procs": self.executor.identities(),
+                                    "written_at": time.time()})
             if end is not None:
                 if end.error:
                     self.log.error(end.error)  # the core logged job_end already
@@ -188,8 +191,16 @@ class Job:
             procs = saved.get("procs", {})
             live = [w for w in saved["workers"] if w["phase"] != "gone"]
             local = [w for w in live if self.launchers.is_local(w["host"])]
-            if any(w["id"] not in procs for w in local) or \
-                    any(not hasattr(self.launchers.for_host(w["host"]), "adopt") for w in live if w not in local):
+            unadoptable = sorted({w["host"] for w in live if w not in local
+                                  and not hasattr(self.launchers.for_host(w["host"]), "adopt")})
+            until = saved.get("written_at", 0.0) + s.driver_grace
+            if unadoptable and time.time() < until:
+                # Those hosts' workers cannot be taken over: a fresh start now would race them.
+                raise JobError(f"the last driver of this job left workers on {', '.join(unadoptable)}, which train "
+                               f"on until about {time.strftime('%H:%M:%S', time.localtime(until))} "
+                               f"(--driver-grace); only workers on this machine or SSH hosts are taken over "
+                               f"(docs/failover.md): run this again after that, or stop them first")
+            if unadoptable or any(w["id"] not in procs for w in local):
                 self.log.say("the last driver's workers were not all on this machine or SSH hosts: they "
                              "are not taken over (docs/failover.md)")
                 saved = None

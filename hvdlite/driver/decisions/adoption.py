@@ -104,4 +104,5 @@ def adopt(core: ElasticCore, saved: dict, now: float) -> ElasticCore:
 def summary(core: ElasticCore) -> dict:
     """The job_adopted event's fields: the world taken over."""
     return {"round": core.round, "workers": len(core._live()),
-            "members": {core.workers[w].slot: p.rank for w, p in core.world.items() if core.workers[w].alive}}
+            "members": {core.workers[w].slot: p.rank for w, p in core.world.items() if core.workers[w].alive},
+            "pids": {inc.slot: inc.pid for inc in core._live()}}

@@ -1,0 +1,159 @@
+"""The driver can die and come back while training goes on (--checkpoint-dir, docs/failover.md).
+
+One real job carries the costly checks: a second driver started beside a live one is refused,
+kill -9 of the driver leaves the workers training (and printing) without one, the same command
+run again takes the same processes over, and the job ends with the parameters of a fault-free
+run. The rest are decisions and one small torch-free worker: in-process where they can be.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hvdlite import exitcodes
+from hvdlite.driver.decisions import adoption
+from hvdlite.driver.decisions.core import ElasticCore
+from hvdlite.driver.decisions.messages import Heartbeats, Log, Ready
+from hvdlite.driver.decisions.policy import Policy
+from hvdlite.driver.decisions.workers import Phase
+from hvdlite.driver.leadership import Leadership, NotLeader
+from hvdlite.driver.store.filestore import FileStore
+from hvdlite.worker import beacon, env
+from hvdlite.worker.session import Session
+from jobs import SCRIPTS, Job, progress, run_job, wait_until
+from test_core import first_world
+
+JOB = [sys.executable, os.path.join(SCRIPTS, "determinism_job.py")]
+ARGS = ["--liveness-timeout", "2", "-np", "2", "--min-np", "2", "--max-np", "2", "-H", "localhost:2"]
+KNOBS = {"EPOCHS": "3", "WORKERS": "0"}  # 12 steps an epoch, then the epoch's own commit
+
+
+def test_kill_9_of_the_driver_then_the_same_command_takes_the_live_workers_over(tmp_path):
+    """What no restart can give: the same worker processes before and after, steps taken while
+    no driver ran, nothing lost, every line they printed meanwhile relayed, and the final
+    parameters of a run with no fault (ranks stay, so gloo sums in the same order)."""
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    r = run_job([*ARGS, *JOB], reference, timeout=120, env={"LOG_DIR": str(reference), **KNOBS, "STEP_SLEEP": "0"})
+    assert r.code == 0, r.stderr[-3000:]
+    expected = json.loads((reference / "final.json").read_text())
+
+    log_dir, first, second, third = (tmp_path / name for name in ("log", "first", "second", "third"))
+    for folder in (log_dir, first, second, third):
+        folder.mkdir()
+    args = [*ARGS, "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval", "0", *JOB]
+    # The last epoch's own commit waits for the test's go: the job outlives the take-over.
+    knobs = {"LOG_DIR": str(log_dir), **KNOBS, "STEP_SLEEP": "0.05", "HOLD_AT": "epoch2"}
+    with Job(args, first, knobs) as a:
+        a.wait_for(lambda _: progress(log_dir) >= 5, 90)
+        # A second driver of the same folder while the first runs: refused, the job untouched.
+        beside = run_job(args, second, timeout=60, env=knobs)
+        assert beside.code == exitcodes.NOT_LEADER, beside.stderr
+        assert "another driver runs the job of --checkpoint-dir" in beside.stderr
+        pids = {e["slot"]: e["pid"] for e in a.events() if e["event"] == "worker_start"}
+        a.proc.kill()
+        a.proc.wait(10)
+        killed_at = progress(log_dir)
+        # Past an epoch's end: its line is printed while no driver reads the pipes.
+        wait_until(lambda: progress(log_dir) >= max(killed_at + 3, 14), 60, "steps while no driver runs")
+        with Job(args, third, knobs) as b:
+            b.wait_for(lambda events: any(e["event"] == "job_readopted" for e in events), 60)
+            (log_dir / "go").touch()
+            r = b.finish(120)
+    assert r.code == 0, r.stderr[-3000:]
+    assert r.of("job_adopted")[0]["pids"] == pids, "not the same worker processes"
+    assert not r.of("worker_start") and not r.of("round_complete"), "a worker was started, or the world re-formed"
+    assert [e["members"] for e in r.of("job_adopted")] == [{"localhost/0": 0, "localhost/1": 1}]
+    assert r.of("job_readopted"), "the taken-over workers never beat to the new driver"
+    assert sorted(e["code"] for e in r.of("worker_exit")) == [0, 0]
+    got = json.loads((log_dir / "final.json").read_text())
+    assert got["hash"] == expected["hash"], "parameters or momentum differ from the fault-free run"
+    printed = (first / "driver.out").read_text() + r.stdout
+    assert all(f"EPOCH {e} exactly-once" in printed for e in range(3)), printed
+
+
+# ---- without a driver for the grace: today's end ------------------------------------------
+WORKER = """
+import sys, time
+from hvdlite.worker.session import session
+s = session()
+for i in range(400):
+    print("step", i, flush=True)
+    time.sleep(0.02)
+"""
+
+
+def test_a_worker_trains_on_without_a_driver_for_the_grace_then_exits_75(tmp_path):
+    """No driver ever answers (a port nobody serves): it goes on printing past the liveness
+    timeout, for --driver-grace, then exits 75 as a worker without --checkpoint-dir does at
+    the liveness timeout (its newest commit is written first: durable.finish, as before)."""
+    environ = {**os.environ, env.RENDEZVOUS_ADDR: "127.0.0.1", env.RENDEZVOUS_PORT: "9", env.SECRET: "s" * 32,
+               env.WORKER: "localhost/0#1", env.ELASTIC: "1", env.LIVENESS_TIMEOUT: "1",
+               env.DRIVER_GRACE: "3", env.CHECKPOINT_DIR: str(tmp_path)}
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", WORKER], env=environ, capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - start
+    assert done.returncode == exitcodes.LOST_DRIVER, done.stderr
+    assert "training on without it for up to 3 s" in done.stderr and "for 3 s; exiting" in done.stderr
+    assert took >= 3 and done.stdout.count("step") > 60, (took, done.stdout.count("step"))
+
+
+# ---- the journal and the take-over, in-process ----------------------------------------------
+def test_the_journal_gives_a_new_driver_the_world_that_was_there():
+    sim, ids = first_world([("a", 2), ("b", 1)], durable=True, cooldown_range=(10.0, 10.0))
+    sim.send(Heartbeats(tuple((w, 7) for w in ids)))
+    sim.core.blacklist.add("c", sim.now)
+    saved = json.loads(json.dumps(adoption.journal(sim.core, sim.now)))
+    new = adoption.adopt(ElasticCore(sim.core.policy), saved, 500.0)
+    assert {w: (new.workers[w].slot, p.rank) for w, p in new.world.items()} == \
+        {w: (sim.core.workers[w].slot, p.rank) for w, p in sim.core.world.items()}
+    assert all(new.workers[w].phase is Phase.TRAINING for w in ids) and new.staying == set(ids)
+    assert new.launches == sim.core.launches and new.round == 1 and new.ledger.newest == 7
+    assert new.blacklist.blocked("c", 505.0) and not new.blacklist.blocked("c", 511.0)
+    # A member that lost its peer while no driver ran asks the new one: the world re-forms.
+    out = new.handle(Ready(ids[0], 1, 7, True), 500.1)
+    assert any(isinstance(a, Log) and a.event == "round_broken" for a in out)
+
+
+def test_a_driver_whose_lease_was_taken_decides_nothing_and_workers_refuse_it(tmp_path):
+    """A driver paused past its lease (or cut off) while another took the job over: its next
+    renewal and journal write raise NotLeader, and a worker that accepted the newer driver
+    refuses the old one's answers."""
+    clock = [1000.0]
+    store = FileStore(str(tmp_path / "store"), clock=lambda: clock[0])
+    old = Leadership.take(str(tmp_path), ttl=2.0, now=0.0, store=store)
+    old.take_secret(adopting=False)
+    old.record({"round": 1})
+    with pytest.raises(NotLeader, match="another driver runs the job"):
+        Leadership.take(str(tmp_path), ttl=2.0, now=0.0, store=store)  # its owner (this process) lives
+    clock[0] += 3.0  # the old driver did not renew: its lease lapsed
+    new = Leadership.take(str(tmp_path), ttl=2.0, now=3.0, store=store)
+    assert new.epoch == old.epoch + 1 and new.journal() == {"round": 1}
+    with pytest.raises(NotLeader):
+        old.keep(10.0)
+    with pytest.raises(NotLeader):
+        old.record({"round": 2})
+    assert not adoption.may_decide(False, 9.0, 10.0, 2.0) and not adoption.accepts(old.epoch, new.epoch)
+
+    worker = Session.__new__(Session)
+    worker.epoch, worker.broken, worker.worker, worker.stack_asked, worker.on_round_broken = new.epoch, 0, "w", False, None
+    assert not worker._take(json.dumps({"updates": 5, "broken": 3, "epoch": old.epoch}).encode())
+    assert worker.broken == 0
+    assert worker._take(json.dumps({"updates": 5, "broken": 3, "epoch": new.epoch}).encode()) and worker.broken == 3
+
+
+def test_the_secret_stays_in_a_0600_file_and_a_planted_beacon_is_refused(tmp_path):
+    lead = Leadership.take(str(tmp_path), ttl=2.0, now=0.0)
+    secret = lead.take_secret(adopting=False)
+    lead.publish("127.0.0.1", 1234)
+    folder = beacon.folder(str(tmp_path))
+    assert os.stat(folder).st_mode & 0o777 == 0o700
+    assert os.stat(os.path.join(folder, beacon.SECRET)).st_mode & 0o777 == 0o600
+    assert all(secret.encode() not in open(os.path.join(folder, name), "rb").read()
+               for name in os.listdir(folder) if name != beacon.SECRET)
+    assert beacon.Watch(str(tmp_path), secret).newer(0) == (lead.epoch, "127.0.0.1", 1234)
+    beacon.publish(str(tmp_path), "not the job's secret", 99, "10.0.0.9", 1)
+    assert beacon.Watch(str(tmp_path), secret).newer(0) is None
