@@ -7,6 +7,7 @@ handler threads, launch threads and the discovery thread only post events.
 import os
 import queue
 import secrets
+import shlex
 import shutil
 import signal
 import threading
@@ -162,7 +163,7 @@ class Job:
                     journaled is None or journaled[0] != changed or now - journaled[1] >= JOURNAL_EVERY):
                 journaled = (changed, now)
                 self.leader.record({**adoption.journal(core, now), "procs": self.executor.identities(),
-                                    "written_at": time.time()})
+                                    "written_at": time.time(), "command": s.command})
             if end is not None:
                 if end.error:
                     self.log.error(end.error)  # the core logged job_end already
@@ -190,6 +191,10 @@ class Job:
         if saved is not None and saved.get("adoptable"):
             procs = saved.get("procs", {})
             live = [w for w in saved["workers"] if w["phase"] != "gone"]
+            if saved.get("command", s.command) != s.command:
+                raise JobError(f"the workers of --checkpoint-dir {s.checkpoint_dir} run "
+                               f"{shlex.join(saved['command'])}: not this job's command; run that one to take "
+                               f"them over, or stop them first")
             local = [w for w in live if self.launchers.is_local(w["host"])]
             unadoptable = sorted({w["host"] for w in live if w not in local
                                   and not hasattr(self.launchers.for_host(w["host"]), "adopt")})
@@ -353,7 +358,8 @@ class Job:
         if self.executor is not None:
             self.executor.stop_all()
         if self.leader is not None:
-            self.leader.end()
+            # Refused before it started anything (_lead): the journal stays for the next driver.
+            self.leader.end() if self.executor is not None else self.leader.release()
         if self.metrics is not None:
             self.metrics.stop()
         if self.settings.timeline_filename:
