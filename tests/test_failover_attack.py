@@ -10,6 +10,7 @@ a one-worker job.
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -18,7 +19,7 @@ import pytest
 from hvdlite import exitcodes
 from hvdlite.driver.leadership import Leadership
 from hvdlite.errors import JobError
-from hvdlite.worker import beacon
+from hvdlite.worker import beacon, env
 from jobs import SCRIPTS, Job, progress, run_job, wait_until
 
 JOB = [sys.executable, os.path.join(SCRIPTS, "determinism_job.py")]
@@ -154,3 +155,39 @@ def test_a_driver_folder_or_secret_another_user_could_write_is_refused(tmp_path)
     lead = Leadership.take(str(tmp_path), ttl=2.0, now=0.0)
     with pytest.raises(JobError, match="must be this user's"):
         lead.take_secret(adopting=True)
+
+
+# ---- a worker that prints a lot while its driver is stopped (Ctrl-Z, SIGSTOP) ------------------
+PRINTER = """
+import os, sys, time
+from hvdlite.worker.session import session
+s = session()
+for i in range(100000):
+    print("x" * 2000, flush=True)
+    with open(os.environ["STEPS"], "w") as f:
+        f.write(str(i))
+    time.sleep(0.001)
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="a driver that is stopped, not dead, keeps its end of the workers' "
+                   "output pipes open and unread: past 64 KB a print blocks in write() for as long, the "
+                   "driver's take-over by another does not free it (rescue moves the output to files only "
+                   "once the pipe broke)")
+def test_a_worker_printing_a_lot_trains_on_while_its_driver_is_stopped(tmp_path):
+    """The stopped driver is played by this test: it holds the read end of the pipe and never
+    reads. No driver answers (a port nobody serves): the worker is between drivers."""
+    steps = tmp_path / "steps"
+    environ = {**os.environ, env.RENDEZVOUS_ADDR: "127.0.0.1", env.RENDEZVOUS_PORT: "9", env.SECRET: "s" * 32,
+               env.WORKER: "localhost/0#1", env.ELASTIC: "1", env.LIVENESS_TIMEOUT: "1",
+               env.DRIVER_GRACE: "30", env.CHECKPOINT_DIR: str(tmp_path), "STEPS": str(steps)}
+    worker = subprocess.Popen([sys.executable, "-c", PRINTER], env=environ, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        # 1 MB, the pipe holds 64 KB: while no driver reads, they reach a file (or the pipe breaks).
+        wait_until(lambda: steps.exists() and int(steps.read_text() or 0) >= 500, 15,
+                   "the worker's print blocked on the stopped driver's pipe")
+    finally:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(10)
+        worker.stdout.close()
