@@ -191,3 +191,50 @@ def test_a_worker_printing_a_lot_trains_on_while_its_driver_is_stopped(tmp_path)
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait(10)
         worker.stdout.close()
+
+
+# ---- the driver killed during a graceful stop -------------------------------------------------
+def _journal(ckpt):
+    try:
+        return json.loads(json.loads((ckpt / beacon.FOLDER / "journal").read_bytes())["body"])
+    except (OSError, ValueError):
+        return {}
+
+
+def test_a_rerun_never_starts_afresh_beside_the_workers_of_a_driver_killed_while_stopping(tmp_path):
+    """SIGTERM, the stop journaled (not adoptable), kill -9 before the workers heard of it (they
+    are SIGSTOPped meanwhile): they train on for --driver-grace, writing commits. A rerun
+    that started afresh now would train a second generation into the same folder: it waits
+    for them, or refuses, but starts no worker beside them."""
+    log_dir, first, second = (tmp_path / n for n in ("log", "first", "second"))
+    for folder in (log_dir, first, second):
+        folder.mkdir()
+    ckpt = tmp_path / "ckpt"
+    args = [*ARGS, "--checkpoint-dir", str(ckpt), "--checkpoint-interval", "0", *JOB]
+    knobs = {"LOG_DIR": str(log_dir), "EPOCHS": "3", "WORKERS": "0", "STEP_SLEEP": "0.05", "HOLD_AT": "epoch2"}
+    with Job(args, first, knobs) as a:
+        a.wait_for(lambda _: progress(log_dir) >= 5, 120)
+        pids = [e["pid"] for e in a.events() if e["event"] == "worker_start"]
+        try:
+            for pid in pids:
+                os.killpg(pid, signal.SIGSTOP)
+            a.proc.send_signal(signal.SIGTERM)
+            wait_until(lambda: _journal(ckpt).get("adoptable") is False, 30, "the stop journaled")
+            a.proc.kill()
+            a.proc.wait(10)
+        finally:
+            for pid in pids:
+                os.killpg(pid, signal.SIGCONT)
+        with Job(args, second, knobs) as b:
+            code = None
+            try:
+                code = b.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                pass
+            started = [e for e in b.events() if e["event"] == "worker_start"]
+            alive = [p for p in pids if os.path.exists(f"/proc/{p}")]
+            err = Job.read(b.err)
+            for pid in pids:
+                os.killpg(pid, signal.SIGKILL)
+    assert not (started and alive), f"a fresh world {started} beside the old workers {alive}:\n{err}"
+    assert code not in (None, 0) and "still run" in err and "Traceback" not in err, (code, err)

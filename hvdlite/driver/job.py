@@ -188,6 +188,15 @@ class Job:
         if self.leader is None:  # a standby asked to stop while it waited
             raise _Signalled(self.events.get().signum)
         saved = self.leader.journal()
+        if saved is not None and not saved.get("adoptable"):
+            # Its driver died while ending the job: the workers that had not heard train on.
+            procs = saved.get("procs", {})
+            running = [str(w["pid"]) for w in saved.get("workers", ())
+                       if w["id"] in procs and procstat.identity(w["pid"]) == procs[w["id"]]]
+            if running:
+                raise JobError(f"the last driver of this job died while ending it and its workers still run "
+                               f"(pids {', '.join(running)}): they end within --driver-grace; run this again "
+                               f"once they did, or stop them first")
         if saved is not None and saved.get("adoptable"):
             procs = saved.get("procs", {})
             live = [w for w in saved["workers"] if w["phase"] != "gone"]
