@@ -188,7 +188,7 @@ class Job:
         if self.leader is None:  # a standby asked to stop while it waited
             raise _Signalled(self.events.get().signum)
         saved = self.leader.journal()
-        if saved is not None and not saved.get("adoptable"):
+        if saved is not None and not saved.get("adoptable") and saved.get("round", 0) > 0:
             # Its driver died while ending the job: the workers that had not heard train on.
             procs = saved.get("procs", {})
             running = [str(w["pid"]) for w in saved.get("workers", ())
