@@ -238,3 +238,25 @@ def test_a_rerun_never_starts_afresh_beside_the_workers_of_a_driver_killed_while
                 os.killpg(pid, signal.SIGKILL)
     assert not (started and alive), f"a fresh world {started} beside the old workers {alive}:\n{err}"
     assert code not in (None, 0) and "still run" in err and "Traceback" not in err, (code, err)
+
+
+def test_the_workers_of_a_driver_killed_before_the_first_world_are_not_left_behind(tmp_path):
+    """Killed after its launches, before a world formed: its journal is not adoptable (round
+    0). The rerun starts its own workers; the old ones, which could never find it (its beacon is
+    signed with a new secret), must not live on beside them for --driver-grace."""
+    log_dir, first, second = (tmp_path / n for n in ("log", "first", "second"))
+    for folder in (log_dir, first, second):
+        folder.mkdir()
+    ckpt = tmp_path / "ckpt"
+    args = [*ARGS, "--checkpoint-dir", str(ckpt), "--checkpoint-interval", "0", *JOB]
+    knobs = {"LOG_DIR": str(log_dir), "EPOCHS": "1", "WORKERS": "0", "STEP_SLEEP": "0"}
+    with Job(args, first, knobs) as a:
+        wait_until(lambda: len(_journal(ckpt).get("procs", {})) == 2, 60, "the launches journaled")
+        old = [e["pid"] for e in a.events() if e["event"] == "worker_start"]
+        a.proc.kill()
+        a.proc.wait(10)
+        assert _journal(ckpt)["round"] == 0, "the world formed before the kill: nothing tested"
+        r = run_job(args, second, timeout=120, env=knobs)
+        left = [p for p in old if os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z"]
+    assert r.code == 0, r.stderr[-3000:]
+    assert not left, f"the first driver's workers {left} outlived the rerun's job"

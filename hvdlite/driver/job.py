@@ -188,15 +188,20 @@ class Job:
         if self.leader is None:  # a standby asked to stop while it waited
             raise _Signalled(self.events.get().signum)
         saved = self.leader.journal()
-        if saved is not None and not saved.get("adoptable") and saved.get("round", 0) > 0:
-            # Its driver died while ending the job: the workers that had not heard train on.
+        if saved is not None and not saved.get("adoptable"):
             procs = saved.get("procs", {})
-            running = [str(w["pid"]) for w in saved.get("workers", ())
+            running = [w["pid"] for w in saved.get("workers", ())
                        if w["id"] in procs and procstat.identity(w["pid"]) == procs[w["id"]]]
-            if running:
+            if running and saved.get("round", 0) > 0:
+                # Its driver died while ending the job: the workers that had not heard train on.
                 raise JobError(f"the last driver of this job died while ending it and its workers still run "
-                               f"(pids {', '.join(running)}): they end within --driver-grace; run this again "
-                               f"once they did, or stop them first")
+                               f"(pids {', '.join(map(str, running))}): they end within --driver-grace; run "
+                               f"this again once they did, or stop them first")
+            for pid in running:  # launched before any world formed: they trained nothing, and
+                try:             # could never find this driver (a new secret signs its beacon)
+                    os.killpg(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
         if saved is not None and saved.get("adoptable"):
             procs = saved.get("procs", {})
             live = [w for w in saved["workers"] if w["phase"] != "gone"]
