@@ -185,7 +185,7 @@ def test_a_worker_printing_a_lot_trains_on_while_its_driver_is_stopped(tmp_path)
                               stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         # 1 MB, the pipe holds 64 KB: while no driver reads, they reach a file (or the pipe breaks).
-        wait_until(lambda: steps.exists() and int(steps.read_text() or 0) >= 500, 15,
+        wait_until(lambda: steps.exists() and int(steps.read_text() or 0) >= 500, 10,
                    "the worker's print blocked on the stopped driver's pipe")
     finally:
         os.killpg(worker.pid, signal.SIGKILL)
