@@ -149,6 +149,8 @@ class Leadership:
         except Fenced:
             raise NotLeader(f"this driver lost its lease {self.epoch}: another driver took the job over; "
                             f"it stops deciding") from None
+        except Exception:  # noqa: BLE001 - the store unreachable: written next time; keep() decides the lease
+            return
         self._written = journal
 
     def release(self) -> None:
@@ -163,5 +165,5 @@ class Leadership:
         try:
             self.record(ENDED)
             self.store.release(self.lease)
-        except NotLeader:
+        except Exception:  # noqa: BLE001 - lost, or the store unreachable: the lease lapses by itself
             pass
