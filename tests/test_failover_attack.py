@@ -4,8 +4,10 @@ One real job carries the costly checks: its driver is killed (kill -9), a rerun 
 script is refused without touching the job, the same command takes the workers over, that
 driver is killed too, and a third takes them over again; nothing committed is lost or trained
 twice, the workers are never restarted, and the job's secret is in no other file, no event log,
-no output and no command line. The rest is bad input to the driver's folder, in-process or with
-a one-worker job.
+no output and no command line. Then bad input to the driver's folder (in-process, or a
+one-worker job), a worker printing while its driver is stopped, and a driver killed while it
+ended the job or before its first world: a rerun must never start a second generation of
+workers beside the first, nor leave the first behind.
 """
 import json
 import os
