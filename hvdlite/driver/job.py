@@ -7,6 +7,7 @@ handler threads, launch threads and the discovery thread only post events.
 import os
 import queue
 import secrets
+import shlex
 import shutil
 import signal
 import threading
@@ -50,6 +51,15 @@ from hvdlite.errors import HvdliteError, JobError, Unloadable
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 TICK = 0.1  # seconds between timer events
 JOURNAL_EVERY = 1.0  # seconds between journal writes (the commits the ledger names move on)
+
+
+def _pid(identity: str) -> int:
+    return int(identity.split(":")[0])
+
+
+def _runs(identity: str) -> bool:
+    """Whether the process a journal names by its identity ("pid:start") still runs."""
+    return procstat.identity(_pid(identity)) == identity
 
 
 class Job:
@@ -161,7 +171,7 @@ class Job:
                     journaled is None or journaled[0] != changed or now - journaled[1] >= JOURNAL_EVERY):
                 journaled = (changed, now)
                 self.leader.record({**adoption.journal(core, now), "procs": self.executor.identities(),
-                                    "written_at": time.time()})
+                                    "written_at": time.time(), "command": s.command})
             if end is not None:
                 if end.error:
                     self.log.error(end.error)  # the core logged job_end already
@@ -193,9 +203,27 @@ class Job:
         if self.leader is None:  # a standby asked to stop while it waited
             raise _Signalled(self.events.get().signum)
         saved = self.leader.journal()
+        if saved is not None and not saved.get("adoptable"):
+            procs = saved.get("procs", {})
+            running = [_pid(procs[w["id"]]) for w in saved.get("workers", ())
+                       if w["id"] in procs and _runs(procs[w["id"]])]
+            if running and saved.get("round", 0) > 0:
+                # Its driver died while ending the job: the workers that had not heard train on.
+                raise JobError(f"the last driver of this job died while ending it and its workers still run "
+                               f"(pids {', '.join(map(str, running))}): they end within --driver-grace; run "
+                               f"this again once they did, or stop them first")
+            for pid in running:  # launched before any world formed: they trained nothing, and
+                try:             # could never find this driver (a new secret signs its beacon)
+                    os.killpg(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
         if saved is not None and saved.get("adoptable"):
             procs = saved.get("procs", {})
             live = [w for w in saved["workers"] if w["phase"] != "gone"]
+            if saved.get("command", s.command) != s.command:
+                raise JobError(f"the workers of --checkpoint-dir {s.checkpoint_dir} run "
+                               f"{shlex.join(saved['command'])}: not this job's command; run that one to take "
+                               f"them over, or stop them first")
             remote = sorted({w["host"] for w in live if not self.launchers.is_local(w["host"])})
             # Workers on SSH hosts are taken over too; those of other launchers (srun, Ray) not yet.
             others = [h for h in remote if not hasattr(self.launchers.for_host(h), "adopt")]
@@ -207,8 +235,7 @@ class Job:
                                f"(--driver-grace); only workers on this machine and on SSH hosts are taken "
                                f"over (docs/failover.md): run this again after that, or stop them first")
             if others or remote and not graced or not remote and not any(
-                    procstat.identity(int(procs[w["id"]].split(":")[0])) == procs[w["id"]]
-                    for w in live if w["id"] in procs):
+                    _runs(procs[w["id"]]) for w in live if w["id"] in procs):
                 saved = None  # every one of them ended (its grace ran out): a plain resume from disk
         else:
             saved = None
@@ -227,7 +254,7 @@ class Job:
                 unseen.append(inc.id)  # launched as the last driver died: nobody knows its process
                 continue
             if local:
-                inc.pid = int(procs[inc.id].split(":")[0])
+                inc.pid = _pid(procs[inc.id])
             self.executor.adopt(inc.id, inc.slot, inc.host, inc.pid, procs.get(inc.id),
                                 str(inc.rank) if inc.rank is not None else inc.slot)
             if os.path.exists(beacon.output_path(self.settings.checkpoint_dir, inc.id, "exit")):
@@ -371,7 +398,8 @@ class Job:
         if self.executor is not None:
             self.executor.stop_all()
         if self.leader is not None:
-            self.leader.end()
+            # Refused before it started anything (_lead): the journal stays for the next driver.
+            self.leader.end() if self.executor is not None else self.leader.release()
         if self.metrics is not None:
             self.metrics.stop()
         if self.settings.timeline_filename:

@@ -25,6 +25,7 @@ from hvdlite.errors import JobError
 from hvdlite.worker import beacon
 
 JOURNAL = "journal"
+ENDED = {"version": 1, "adoptable": False}  # the journal of a job nobody is to take over
 
 
 class NotLeader(JobError):
@@ -34,6 +35,15 @@ class NotLeader(JobError):
 
 def _owner() -> str:
     return f"{socket.gethostname()}:{procstat.identity(os.getpid())}"
+
+
+def _private(path: str, info: os.stat_result = None) -> None:
+    """Refuse a driver folder or secret another user could have written (or read, the secret)."""
+    info = info or os.stat(path)
+    loose = 0o022 if os.path.isdir(path) else 0o077
+    if info.st_uid != os.geteuid() or info.st_mode & loose:
+        raise JobError(f"{path} is owned by uid {info.st_uid} with mode {info.st_mode & 0o777:o}: a job's driver "
+                       f"folder and secret must be this user's (uid {os.geteuid()}) and private; refusing it")
 
 
 def _gone(owner: str) -> bool:
@@ -62,6 +72,7 @@ class Leadership:
         """The job's lease for this process, or NotLeader naming the driver that holds it."""
         folder = beacon.folder(checkpoint_dir)
         os.makedirs(folder, mode=0o700, exist_ok=True)
+        _private(folder)
         os.chmod(folder, 0o700)
         store = store or FileStore(folder)
         owner = _owner()
@@ -83,12 +94,18 @@ class Leadership:
         return self.lease.epoch
 
     def journal(self) -> Optional[dict]:
-        """The last driver's journal, if the secret that signed it is here and it verifies."""
-        secret = self._read_secret()
+        """The last driver's journal, or None when there is none. One that does not verify with
+        the secret here is refused: starting afresh could race the workers it names."""
         raw = self.store.get(JOURNAL)
-        if secret is None or raw is None:
+        if raw is None:
             return None
-        return beacon.opened(secret, JOURNAL, raw)
+        secret = self._read_secret()
+        saved = beacon.opened(secret, JOURNAL, raw) if secret is not None else None
+        if saved is None:
+            raise JobError(f"the driver journal of --checkpoint-dir {self.checkpoint_dir} does not verify with the "
+                           f"job's secret in {self.folder} (changed, or another job's); once no worker of this "
+                           f"job runs, remove {self.folder} to resume from the checkpoints")
+        return saved
 
     def take_secret(self, adopting: bool) -> str:
         """The job's secret: the last driver's when adopting its workers, else a new one (and
@@ -98,14 +115,19 @@ class Leadership:
             secret = secrets.token_urlsafe(32)
             beacon.write_private(os.path.join(self.folder, beacon.SECRET), secret.encode())
             shutil.rmtree(os.path.join(self.folder, beacon.OUTPUT), ignore_errors=True)
+            self.secret = secret
+            self.record(ENDED)  # the last journal was signed with the secret just replaced
+            self.flush()
         self.secret = secret
         return secret
 
     def _read_secret(self) -> Optional[str]:
+        path = os.path.join(self.folder, beacon.SECRET)
         try:
-            with open(os.path.join(self.folder, beacon.SECRET), "rb") as f:
+            with open(path, "rb") as f:
+                _private(path, os.fstat(f.fileno()))
                 return f.read().decode().strip() or None
-        except OSError:
+        except FileNotFoundError:
             return None
 
     def publish(self, addr: str, port: int) -> None:
@@ -165,9 +187,16 @@ class Leadership:
         with self._cond:
             return self._cond.wait_for(lambda: self._pending is None and not self._busy, timeout)
 
+    def release(self) -> None:
+        """Give the lease up, leaving the journal as it is (for the next driver to take over)."""
+        try:
+            self.store.release(self.lease)
+        except Exception:  # noqa: BLE001 - the store unreachable: the lease lapses by itself
+            pass
+
     def end(self) -> None:
         """The job ended: nobody is to take it over; the lease is free at once."""
-        self.record({"version": 1, "adoptable": False})
+        self.record(ENDED)
         self.flush()
         if self._lost is None:
-            self.store.release(self.lease)
+            self.release()

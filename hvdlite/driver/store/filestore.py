@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import Optional
 
 from hvdlite.driver.store import Fenced, Lease, Store
+from hvdlite.errors import JobError
 
 LEASE = "lease.json"
 
@@ -51,7 +52,18 @@ class FileStore(Store):
 
     def _lease(self) -> dict:
         raw = self._read(LEASE)
-        return json.loads(raw) if raw else {"owner": "", "epoch": 0, "expires": 0.0}
+        if not raw:
+            return {"owner": "", "epoch": 0, "expires": 0.0}
+        try:
+            held = json.loads(raw)
+            if isinstance(held["owner"], str) and isinstance(held["epoch"], int) and \
+                    isinstance(held["expires"], (int, float)):
+                return held
+        except (ValueError, TypeError, KeyError):
+            pass
+        # Never a lease this store wrote (its writes are atomic): refused, not guessed at.
+        raise JobError(f"{os.path.join(self.folder, LEASE)} is not a driver lease; remove it once no "
+                       f"driver of this job runs")
 
     def _set_lease(self, owner: str, epoch: int, expires: float) -> None:
         self._write(LEASE, json.dumps({"owner": owner, "epoch": epoch, "expires": expires}).encode())
