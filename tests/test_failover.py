@@ -217,9 +217,9 @@ def test_a_lease_left_by_a_dead_driver_of_this_host_is_taken_at_once(tmp_path):
 
 
 def test_a_rerun_refuses_while_the_last_drivers_workers_on_other_hosts_may_train(tmp_path):
-    """Only this machine's workers are taken over: a fresh start beside the others would race
-    them (two generations writing one folder), so the rerun says so and ends until their grace
-    is over."""
+    """Only workers on this machine and on SSH hosts are taken over: a fresh start beside an srun
+    step's would race them (two generations writing one folder), so the rerun says so and ends
+    until their grace is over."""
     from hvdlite.driver.eventlog import EventLog
     from hvdlite.driver.job import Job as Driver
     from hvdlite.driver.settings import Settings
@@ -230,7 +230,8 @@ def test_a_rerun_refuses_while_the_last_drivers_workers_on_other_hosts_may_train
                  "workers": [{"id": "far/0#1", "host": "far", "phase": "training"}]})
     assert last.flush()
     last.store.release(last.lease)
-    rerun = Driver(Settings(command=["true"], elastic=True, checkpoint_dir=str(tmp_path), driver_grace=60.0),
+    rerun = Driver(Settings(command=["true"], elastic=True, checkpoint_dir=str(tmp_path), driver_grace=60.0,
+                            launcher="srun"),
                    EventLog(on_console=False))
     with pytest.raises(JobError, match="left workers on far, which train on until about"):
         rerun._lead(None)

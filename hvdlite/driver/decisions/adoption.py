@@ -3,7 +3,8 @@
 `journal(core, now)` is what a new driver needs to take the job over with nothing lost: the
 hosts, the slots' launch counts (so no incarnation id is given out twice), the current world
 (its members, ranks and answers), the other live workers, the commit ledger, the blacklist with
-the cooldown left, and what heartbeat answers publish. Monotonic times do not cross processes:
+the cooldown left, the failures so far (--fail-on-worker-failure), and what heartbeat answers
+publish. Monotonic times do not cross processes:
 a cooldown is kept as the seconds left. The commits each worker holds are not in it: they change
 every step, and the workers tell the new driver in their first heartbeats.
 
@@ -41,7 +42,7 @@ def journal(core: ElasticCore, now: float) -> dict:
         "round": core.round, "updates": core.updates, "broken": core.broken, "resets": core.resets,
         "ledger": [core.ledger.newest, core.ledger.disk],
         "blacklist": _cooldowns(core.blacklist, now), "retries": _cooldowns(core.retries, now),
-        "left": sorted(core.left), "drained": sorted(core.drained),
+        "left": sorted(core.left), "drained": sorted(core.drained), "failures": list(core.failures),
         "world": {w: place.to_dict() for w, place in sorted(core.world.items())},
         "staying": sorted(core.staying),
         "workers": [{"id": inc.id, "slot": inc.slot, "host": inc.host, "pid": inc.pid, "rank": inc.rank,
@@ -75,6 +76,7 @@ def adopt(core: ElasticCore, saved: dict, now: float) -> ElasticCore:
     _restore(core.blacklist, saved["blacklist"], now)
     _restore(core.retries, saved["retries"], now)
     core.left, core.drained = set(saved["left"]), set(saved["drained"])
+    core.failures = list(saved["failures"])  # --fail-on-worker-failure counts those before the take-over too
     core.world = {w: WorldInfo(**place) for w, place in saved["world"].items()}
     core._now = now
     for w in saved["workers"]:
