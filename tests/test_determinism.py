@@ -138,14 +138,25 @@ def held(log_dir):
     return os.path.exists(os.path.join(log_dir, "held"))
 
 
-def faulted(log_dir, env, fault, start=None, ready=held, within=60, finish=120):
+def is_held(log_dir):
+    """Ready when every worker waits at HOLD_AT."""
+    return lambda _: held(log_dir)
+
+
+def at_step(log_dir, step, worlds):
+    """Ready once the `worlds`th world formed and rank 0 committed `step`."""
+    return lambda events: sum(e["event"] == "round_complete" for e in events) >= worlds and progress(log_dir) >= step
+
+
+def faulted(log_dir, env, faults, start=None, within=60, finish=120):
     """Run the job (`start(env)` -> Job; default: two ranks and a spare slot here) with
-    LOG_DIR=log_dir and `env`; once `ready(log_dir)` (default: held at HOLD_AT), `fault(job)`,
-    let the held workers go and wait for the job's end; its Result."""
+    LOG_DIR=log_dir and `env`; for each (ready, fault) of `faults` in turn, once ready(events),
+    fault(job); then let the held workers go and wait for the job's end; its Result."""
     env = {"LOG_DIR": str(log_dir), **env}
     with (start or (lambda env: Job([*SAME_SIZE, *JOB], log_dir, env)))(env) as job:
-        job.wait_for(lambda _: ready(log_dir), within)
-        fault(job)
+        for ready, fault in faults:
+            job.wait_for(ready, within)
+            fault(job)
         (log_dir / "go").touch()
         return job.finish(finish)
 
@@ -155,23 +166,29 @@ def kill(victim, sig=signal.SIGKILL):
     return lambda job: os.kill(slot_pid(job, member(job, victim)), sig)
 
 
-@pytest.mark.parametrize("loader, victim, hold", [("elastic_sampler", 1, None), ("elastic_sampler", 0, None),
-                                                  ("stateful", 0, None), ("elastic_sampler", 1, "epoch1")])
-def test_kill_9_replaced_at_the_same_size_is_bitwise_the_fault_free_run(tmp_path, reference, loader, victim, hold):
+@pytest.mark.parametrize("loader, kills", [("elastic_sampler", [(6, 1), (20, 0)]), ("stateful", [(20, 0)]),
+                                           ("elastic_sampler", [("epoch1", 1)])],
+                         ids=["elastic_sampler-1-then-0", "stateful-0", "elastic_sampler-1-held-at-epoch1"])
+def test_kill_9_replaced_at_the_same_size_is_bitwise_the_fault_free_run(tmp_path, reference, loader, kills):
     """A DataLoader with worker processes over an ElasticSampler, or torchdata's
     StatefulDataLoader held in the state (its place each rank's own); rank 0 holds the
-    durable writer and was the sync's source before ranks stayed put. Killed mid-epoch
-    wherever it lands, or (hold) while every worker waits before epoch 1's own commit: the
-    rollback goes to step 24's, the last of the epoch, whose loop the script then re-enters
-    with nothing left in it."""
+    durable writer and was the sync's source before ranks stayed put. `kills`: (when, rank).
+    Killed mid-epoch wherever it lands (once rank 0 committed that step: rank 1 in epoch 0,
+    then rank 0 in epoch 1 of the same job; a rollback re-enters the epoch), or (a HOLD_AT
+    point) while every worker waits before epoch 1's own commit: the rollback goes to step
+    24's, the last of the epoch, whose loop the script then re-enters with nothing left in it."""
+    hold = next((at for at, _ in kills if isinstance(at, str)), None)
     env = {"LOADER": loader, **({"HOLD_AT": hold} if hold else {})}
     expected = reference(loader)
     log_dir = tmp_path / "faulty"
     log_dir.mkdir()
-    # not held: mid-epoch (12 steps an epoch), where it lands; a rollback re-enters it
-    r = faulted(log_dir, env, kill(victim), ready=held if hold else lambda d: progress(d) >= 20)
+    faults = [(is_held(log_dir) if isinstance(at, str) else at_step(log_dir, at, worlds=n + 1), kill(victim))
+              for n, (at, victim) in enumerate(kills)]
+    # two ranks and a spare slot for each kill (a killed slot cools down for the whole run)
+    slots = ["-H", f"localhost:{2 + len(kills)}"]
+    r = faulted(log_dir, env, faults, lambda env: Job([*slots, *FIXED, *JOB], log_dir, env))
     assert r.code == 0, r.stderr[-3000:]
-    assert len(r.of("round_complete")) >= 2, "the kill did not re-form the world"
+    assert len(r.of("round_complete")) >= 1 + len(kills), "a kill did not re-form the world"
     assert not hold or r.of("round_complete")[1]["commit"] == 25, "the rollback went elsewhere"
     got = final(log_dir)
     assert got["epochs"] == [True] * 3
@@ -196,7 +213,7 @@ def test_other_loop_styles_replaced_at_the_same_size_are_bitwise_the_fault_free_
     expected = reference_run(tmp_path / "reference", **env)
     log_dir = tmp_path / "faulty"
     log_dir.mkdir()
-    r = faulted(log_dir, {"HOLD_AT": point, **env}, kill(1, fault))
+    r = faulted(log_dir, {"HOLD_AT": point, **env}, [(is_held(log_dir), kill(1, fault))])
     assert r.code == 0, r.stderr[-3000:]
     formed = r.of("round_complete")
     assert len(formed) >= 2 and formed[1]["commit"] == 14, "the fault did not re-form the world at step 13's commit"
@@ -210,7 +227,7 @@ def test_a_state_handler_that_syncs_from_rank_0_is_refused_when_the_commit_is_el
     """Rank 0 killed: its replacement holds nothing, the root is rank 1, and a handler written
     for Horovod broadcasts from rank 0: the job ends with one line naming it, nothing synced
     from the empty rank."""
-    r = faulted(tmp_path, {"HOLD_AT": "5", "EPOCHS": "1", "STYLE": "rank0-handler"}, kill(0))
+    r = faulted(tmp_path, {"HOLD_AT": "5", "EPOCHS": "1", "STYLE": "rank0-handler"}, [(is_held(tmp_path), kill(0))])
     assert r.code != 0 and not os.path.exists(tmp_path / "final.json")
     assert "the state handler TallyHandler of 'tally' syncs from rank 0, but the newest commit is at rank 1" \
         in r.stderr, r.stderr[-3000:]
@@ -222,8 +239,8 @@ def replaced_on_a_spare(log_dir, expected, start, fault, victim, spare):
     host of rank `victim`, let go: the `spare` host takes that rank and the result is the
     fault-free run's (`expected`, the localhost one: ranks stay put and gloo sums in rank
     order, so where the ranks run does not change a bit)."""
-    r = faulted(log_dir, {"HOLD_AT": "20", "PYTHONPATH": ROOT}, lambda job: fault(host_of(member(job, victim))),
-                start, within=120, finish=240)
+    r = faulted(log_dir, {"HOLD_AT": "20", "PYTHONPATH": ROOT},
+                [(is_held(log_dir), lambda job: fault(host_of(member(job, victim))))], start, within=120, finish=240)
     assert r.code == 0, r.stderr[-3000:]
     formed = r.of("round_complete")
     assert len(formed) >= 2 and formed[1]["commit"] == 20, "the fault did not re-form the world at step 20's commit"

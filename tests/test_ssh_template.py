@@ -290,7 +290,8 @@ def test_job_whose_remote_template_dies_before_forking_a_joiner_relaunches_it_an
     schedule = [[0, ["host-1:1", "host-2:1"]], [20, ["host-1:2", "host-2:1"]]]
     total, stopped = 30, None
     with Job([*ssh_flags(hosts), *discovery(tmp_path, schedule), "--min-np", "1", "--preload", "json", *JOB],
-             tmp_path, env=job_env(tmp_path, TOTAL_STEPS=total, STEP_SLEEP=0.1, HOLD_AT=10, RESIZE="25:3")) as job:
+             tmp_path, env=job_env(tmp_path, TOTAL_STEPS=total, STEP_SLEEP=0.1, HOLD_AT=10,
+                                   RESIZE="25:3")) as job:
         try:
             wait_progress(job, tmp_path, 10, 120)
             # the template warmed once the first world formed, and serves (waits in its select)

@@ -69,9 +69,11 @@ def test_a_ddp_script_computes_under_hvdlite_what_it_computes_under_torchrun(tmp
 
 
 @pytest.mark.skipif(TORCHRUN is None, reason="torchrun is not on PATH")
-def test_a_ddp_script_on_two_ssh_hosts_computes_what_torchrun_computes_on_one(tmp_path, torchrun_ranks, ssh_hosts):
+def test_a_ddp_script_on_two_ssh_hosts_computes_what_torchrun_computes_on_one(tmp_path, torchrun_ranks,
+                                                                               ssh_hosts):
     hosts = ssh_hosts(2)
-    for rank, (a, b) in enumerate(both_ways(tmp_path, torchrun_ranks, [*ssh_flags(hosts), "-H", "host-1:2,host-2:2"])):
+    flags = [*ssh_flags(hosts), "-H", "host-1:2,host-2:2"]
+    for rank, (a, b) in enumerate(both_ways(tmp_path, torchrun_ranks, flags)):
         assert (b["env"]["GROUP_RANK"], b["env"]["GROUP_WORLD_SIZE"], b["env"]["LOCAL_RANK"]) == \
             (str(rank // 2), "2", str(rank % 2))
         assert b["store"] == "KVStore" and a["params"] == b["params"]
