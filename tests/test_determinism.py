@@ -302,7 +302,8 @@ def test_a_resized_run_trains_every_sample_exactly_once_each_epoch(tmp_path):
 
 # Commits: 12 steps an epoch, then the epoch's own commit (step 24's is commit 25, epoch 1's 26).
 @pytest.mark.parametrize("loader, stops", [("elastic_sampler", [("20", 21), ("24", 25), ("epoch1", 26)]),
-                                           ("stateful", [("24", 25)])])
+                                           ("stateful", [("24", 25)])],
+                         ids=["elastic_sampler-20-24-epoch1", "stateful-24"])
 def test_graceful_stops_then_reruns_from_the_checkpoint_dir_are_bitwise_the_fault_free_run(
         tmp_path, reference, loader, stops):
     """Each stop lands at the commit the test picks (every worker waits before it until it
