@@ -139,12 +139,13 @@ def _tree(pid) -> list:
     return pids
 
 
-def discovery(tmp_path, schedule):
-    """Flags for discovery keyed on the job's progress (scripts/discover.py)."""
+def discovery(tmp_path, schedule, runs=False):
+    """Flags for discovery keyed on the job's progress (scripts/discover.py), or with `runs`
+    on how many times discovery ran."""
     path = tmp_path / "schedule.json"
     path.write_text(json.dumps(schedule))
-    return ["--host-discovery-script",
-            f"{sys.executable} {SCRIPTS}/discover.py {path} {tmp_path}/progress"]
+    key = f"{tmp_path}/discovery-runs --runs" if runs else f"{tmp_path}/progress"
+    return ["--host-discovery-script", f"{sys.executable} {SCRIPTS}/discover.py {path} {key}"]
 
 
 def job_env(tmp_path, **knobs):

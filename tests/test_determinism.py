@@ -16,7 +16,7 @@ from hvdlite.driver.decisions.plan import host_of
 from hvdlite.torch import generators
 from hvdlite.torch.elastic import ElasticSampler, TorchState as ElasticTorchState
 from hvdlite.worker import checkpoints
-from jobs import SCRIPTS, Job, discovery, run_job, skip_without_partitions, slot_pid, ssh_flags, wait_progress
+from jobs import SCRIPTS, Job, discovery, progress, run_job, skip_without_partitions, slot_pid, ssh_flags
 import slurmcluster
 
 JOB = [sys.executable, os.path.join(SCRIPTS, "determinism_job.py")]
@@ -138,29 +138,57 @@ def held(log_dir):
     return os.path.exists(os.path.join(log_dir, "held"))
 
 
-@pytest.mark.parametrize("loader, victim, hold", [("elastic_sampler", 1, None), ("elastic_sampler", 0, None),
-                                                  ("stateful", 0, None), ("elastic_sampler", 1, "epoch1")])
-def test_kill_9_replaced_at_the_same_size_is_bitwise_the_fault_free_run(tmp_path, reference, loader, victim, hold):
+def is_held(log_dir):
+    """Ready when every worker waits at HOLD_AT."""
+    return lambda _: held(log_dir)
+
+
+def at_step(log_dir, step, worlds):
+    """Ready once the `worlds`th world formed and rank 0 committed `step`."""
+    return lambda events: sum(e["event"] == "round_complete" for e in events) >= worlds and progress(log_dir) >= step
+
+
+def faulted(log_dir, env, faults, start=None, within=60, finish=120):
+    """Run the job (`start(env)` -> Job; default: two ranks and a spare slot here) with
+    LOG_DIR=log_dir and `env`; for each (ready, fault) of `faults` in turn, once ready(events),
+    fault(job); then let the held workers go and wait for the job's end; its Result."""
+    env = {"LOG_DIR": str(log_dir), **env}
+    with (start or (lambda env: Job([*SAME_SIZE, *JOB], log_dir, env)))(env) as job:
+        for ready, fault in faults:
+            job.wait_for(ready, within)
+            fault(job)
+        (log_dir / "go").touch()
+        return job.finish(finish)
+
+
+def kill(victim, sig=signal.SIGKILL):
+    """The fault: `sig` to the worker of rank `victim`."""
+    return lambda job: os.kill(slot_pid(job, member(job, victim)), sig)
+
+
+@pytest.mark.parametrize("loader, kills", [("elastic_sampler", [(6, 1), (20, 0)]), ("stateful", [(20, 0)]),
+                                           ("elastic_sampler", [("epoch1", 1)])],
+                         ids=["elastic_sampler-1-then-0", "stateful-0", "elastic_sampler-1-held-at-epoch1"])
+def test_kill_9_replaced_at_the_same_size_is_bitwise_the_fault_free_run(tmp_path, reference, loader, kills):
     """A DataLoader with worker processes over an ElasticSampler, or torchdata's
     StatefulDataLoader held in the state (its place each rank's own); rank 0 holds the
-    durable writer and was the sync's source before ranks stayed put. Killed mid-epoch
-    wherever it lands, or (hold) while every worker waits before epoch 1's own commit: the
-    rollback goes to step 24's, the last of the epoch, whose loop the script then re-enters
-    with nothing left in it."""
+    durable writer and was the sync's source before ranks stayed put. `kills`: (when, rank).
+    Killed mid-epoch wherever it lands (once rank 0 committed that step: rank 1 in epoch 0,
+    then rank 0 in epoch 1 of the same job; a rollback re-enters the epoch), or (a HOLD_AT
+    point) while every worker waits before epoch 1's own commit: the rollback goes to step
+    24's, the last of the epoch, whose loop the script then re-enters with nothing left in it."""
+    hold = next((at for at, _ in kills if isinstance(at, str)), None)
     env = {"LOADER": loader, **({"HOLD_AT": hold} if hold else {})}
     expected = reference(loader)
     log_dir = tmp_path / "faulty"
     log_dir.mkdir()
-    with Job([*SAME_SIZE, *JOB], log_dir, {"LOG_DIR": str(log_dir), **env}) as job:
-        if hold:
-            job.wait_for(lambda _: held(log_dir), 60)
-        else:
-            wait_progress(job, log_dir, 20)  # mid-epoch (12 steps an epoch): a rollback re-enters it
-        os.kill(slot_pid(job, member(job, victim)), signal.SIGKILL)
-        (log_dir / "go").touch()
-        r = job.finish(120)
+    faults = [(is_held(log_dir) if isinstance(at, str) else at_step(log_dir, at, worlds=n + 1), kill(victim))
+              for n, (at, victim) in enumerate(kills)]
+    # two ranks and a spare slot for each kill (a killed slot cools down for the whole run)
+    slots = ["-H", f"localhost:{2 + len(kills)}"]
+    r = faulted(log_dir, env, faults, lambda env: Job([*slots, *FIXED, *JOB], log_dir, env))
     assert r.code == 0, r.stderr[-3000:]
-    assert len(r.of("round_complete")) >= 2, "the kill did not re-form the world"
+    assert len(r.of("round_complete")) >= 1 + len(kills), "a kill did not re-form the world"
     assert not hold or r.of("round_complete")[1]["commit"] == 25, "the rollback went elsewhere"
     got = final(log_dir)
     assert got["epochs"] == [True] * 3
@@ -185,11 +213,7 @@ def test_other_loop_styles_replaced_at_the_same_size_are_bitwise_the_fault_free_
     expected = reference_run(tmp_path / "reference", **env)
     log_dir = tmp_path / "faulty"
     log_dir.mkdir()
-    with Job([*SAME_SIZE, *JOB], log_dir, {"LOG_DIR": str(log_dir), "HOLD_AT": point, **env}) as job:
-        job.wait_for(lambda _: held(log_dir), 60)
-        os.kill(slot_pid(job, member(job, 1)), fault)
-        (log_dir / "go").touch()
-        r = job.finish(120)
+    r = faulted(log_dir, {"HOLD_AT": point, **env}, [(is_held(log_dir), kill(1, fault))])
     assert r.code == 0, r.stderr[-3000:]
     formed = r.of("round_complete")
     assert len(formed) >= 2 and formed[1]["commit"] == 14, "the fault did not re-form the world at step 13's commit"
@@ -203,12 +227,7 @@ def test_a_state_handler_that_syncs_from_rank_0_is_refused_when_the_commit_is_el
     """Rank 0 killed: its replacement holds nothing, the root is rank 1, and a handler written
     for Horovod broadcasts from rank 0: the job ends with one line naming it, nothing synced
     from the empty rank."""
-    with Job([*SAME_SIZE, *JOB], tmp_path, {"LOG_DIR": str(tmp_path), "HOLD_AT": "5", "EPOCHS": "1",
-                                            "STYLE": "rank0-handler"}) as job:
-        job.wait_for(lambda _: held(tmp_path), 60)
-        os.kill(slot_pid(job, member(job, 0)), signal.SIGKILL)
-        (tmp_path / "go").touch()
-        r = job.finish(120)
+    r = faulted(tmp_path, {"HOLD_AT": "5", "EPOCHS": "1", "STYLE": "rank0-handler"}, [(is_held(tmp_path), kill(0))])
     assert r.code != 0 and not os.path.exists(tmp_path / "final.json")
     assert "the state handler TallyHandler of 'tally' syncs from rank 0, but the newest commit is at rank 1" \
         in r.stderr, r.stderr[-3000:]
@@ -220,12 +239,8 @@ def replaced_on_a_spare(log_dir, expected, start, fault, victim, spare):
     host of rank `victim`, let go: the `spare` host takes that rank and the result is the
     fault-free run's (`expected`, the localhost one: ranks stay put and gloo sums in rank
     order, so where the ranks run does not change a bit)."""
-    with start({"LOG_DIR": str(log_dir), "HOLD_AT": "20", "PYTHONPATH": ROOT}) as job:
-        job.wait_for(lambda _: held(log_dir), 120)
-        host = host_of(member(job, victim))
-        fault(host)
-        (log_dir / "go").touch()
-        r = job.finish(240)
+    r = faulted(log_dir, {"HOLD_AT": "20", "PYTHONPATH": ROOT},
+                [(is_held(log_dir), lambda job: fault(host_of(member(job, victim))))], start, within=120, finish=240)
     assert r.code == 0, r.stderr[-3000:]
     formed = r.of("round_complete")
     assert len(formed) >= 2 and formed[1]["commit"] == 20, "the fault did not re-form the world at step 20's commit"
@@ -233,7 +248,6 @@ def replaced_on_a_spare(log_dir, expected, start, fault, victim, spare):
     assert got["epochs"] == [True] * 3
     assert got["hash"] == expected["hash"], "parameters or momentum differ from the fault-free run"
     assert {host_of(slot): rank for slot, rank in formed[-1]["members"].items()}[spare] == victim
-    return host
 
 
 def test_a_partitioned_ssh_host_replaced_by_a_spare_is_bitwise_the_fault_free_run(tmp_path, reference, ssh_hosts):
@@ -287,29 +301,36 @@ def test_a_resized_run_trains_every_sample_exactly_once_each_epoch(tmp_path):
 
 
 # Commits: 12 steps an epoch, then the epoch's own commit (step 24's is commit 25, epoch 1's 26).
-@pytest.mark.parametrize("loader, point, commit", [("elastic_sampler", "20", 21), ("elastic_sampler", "24", 25),
-                                                   ("elastic_sampler", "epoch1", 26), ("stateful", "24", 25)])
-def test_graceful_stop_then_rerun_from_the_checkpoint_dir_is_bitwise_the_fault_free_run(
-        tmp_path, reference, loader, point, commit):
-    """The stop lands at the commit the test picks (every worker waits before it until it
-    heard of the stop): mid-epoch, the last step of an epoch (the rerun re-enters a loop with
-    nothing left in it, which draws a loader seed the uninterrupted run never drew), and the
-    epoch's own commit (the rerun's next loop draws one it did draw)."""
-    args = [*SAME_SIZE, "--checkpoint-dir", str(tmp_path / "ckpt")]
+@pytest.mark.parametrize("loader, stops", [("elastic_sampler", [("20", 21), ("24", 25), ("epoch1", 26)]),
+                                           ("stateful", [("24", 25)])],
+                         ids=["elastic_sampler-20-24-epoch1", "stateful-24"])
+def test_graceful_stops_then_reruns_from_the_checkpoint_dir_are_bitwise_the_fault_free_run(
+        tmp_path, reference, loader, stops):
+    """Each stop lands at the commit the test picks (every worker waits before it until it
+    heard of the stop), and each run resumes the last one's: mid-epoch, the last step of an
+    epoch (the rerun re-enters a loop with nothing left in it, which draws a loader seed the
+    uninterrupted run never drew), and the epoch's own commit (the rerun's next loop draws
+    one it did draw). One job, stopped and run again at each point in turn: a resume that
+    drew or held anything wrong changes the bytes of the run that ends it."""
+    args = [*SAME_SIZE, "--checkpoint-dir", str(tmp_path / "ckpt"), *JOB]
     expected = reference(loader)
-    log_dir = tmp_path / "stopped"
+    log_dir = tmp_path / "log"
     log_dir.mkdir()
     env = {"LOG_DIR": str(log_dir), "LOADER": loader}
-    with Job([*args, *JOB], log_dir, {**env, "HOLD_AT": point}) as job:
-        job.wait_for(lambda _: held(log_dir), 60)
-        job.proc.send_signal(signal.SIGTERM)
-        r = job.finish(60)
-    assert r.code == 75, r.stderr[-3000:]
-    rerun = tmp_path / "rerun"
-    rerun.mkdir()
-    r = run_job([*args, *JOB], rerun, timeout=120, env=env)
-    assert r.code == 0, r.stderr[-3000:]
-    assert f"resumed from commit {commit} " in r.stderr
+    for n, point in enumerate([*(point for point, _ in stops), None]):  # None: the run to the end
+        run = tmp_path / f"run{n}"
+        run.mkdir()
+        if point is None:
+            r = run_job(args, run, timeout=120, env=env)
+            assert r.code == 0, r.stderr[-3000:]
+        else:
+            (log_dir / "held").unlink(missing_ok=True)
+            with Job(args, run, {**env, "HOLD_AT": point}) as job:
+                job.wait_for(lambda _: held(log_dir), 60)
+                job.proc.send_signal(signal.SIGTERM)
+                r = job.finish(60)
+            assert r.code == 75, r.stderr[-3000:]
+        assert n == 0 or f"resumed from commit {stops[n - 1][1]} " in r.stderr, (n, r.stderr[-3000:])
     assert final(log_dir)["hash"] == expected["hash"]
 
 

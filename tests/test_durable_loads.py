@@ -67,11 +67,11 @@ def check_ended_by(result, path, cause):
     assert end["result"] == "failure" and str(path) in end["reason"]
 
 
-def first_run(tmp_path, backend, total=5):
-    result = run(tmp_path, backend, "1", "--checkpoint-interval", "0", TOTAL_STEPS=total)
+def first_run(tmp_path, backend):
+    result = run(tmp_path, backend, "1", "--checkpoint-interval", "0", TOTAL_STEPS=5)
     assert result.code == 0, result.stderr
     commit, lineage, path = checkpointdir.newest(str(tmp_path / "ckpt"))
-    assert commit == total
+    assert commit == 5
     return lineage, path
 
 
@@ -142,8 +142,8 @@ def test_an_edited_script_ends_the_job_with_one_line_and_the_original_still_resu
     assert min(runs_logged(tmp_path)["3"]) == 6
 
 
-def test_a_static_job_that_cannot_load_ends_with_the_same_one_line_and_exit_65(tmp_path):
-    _, path = first_run(tmp_path, "torch")
+def test_a_static_job_that_cannot_load_ends_with_the_same_one_line_and_exit_65(tmp_path, first_runs):
+    _, path = first_runs(tmp_path, "torch")
     before = files_and_bytes(tmp_path / "ckpt")
     result = run(tmp_path, "torch", "2", TOTAL_STEPS=8, WIDTH=3, hosts=["-np", "2"])
     check_ended_by(result, path, r"RuntimeError: Error\(s\) in loading state_dict for Linear: size mismatch")
@@ -198,25 +198,25 @@ def test_a_folder_that_cannot_be_written_any_more_ends_the_job_and_keeps_what_wa
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_fresh_keeps_an_earlier_runs_higher_commits_and_prunes_only_its_own(tmp_path, backend):
-    old_lineage, _ = first_run(tmp_path, backend, total=10)
+def test_fresh_keeps_an_earlier_runs_higher_commits_and_prunes_only_its_own(tmp_path, backend, first_runs):
+    old_lineage, _ = first_runs(tmp_path, backend)
     old = files_and_bytes(tmp_path / "ckpt")
-    kept = checkpointdir.files(str(tmp_path / "ckpt"))  # 10 and one before (a busy writer skips some)
-    result = run(tmp_path, backend, "2", "--fresh", "--checkpoint-interval", "0", "--checkpoint-keep", "3",
-                 TOTAL_STEPS=5)
+    kept = checkpointdir.files(str(tmp_path / "ckpt"))  # 5 and one before (a busy writer skips some)
+    result = run(tmp_path, backend, "2", "--fresh", "--checkpoint-interval", "0", "--checkpoint-keep", "2",
+                 TOTAL_STEPS=4)
     assert result.code == 0, result.stderr
     assert min(runs_logged(tmp_path)["2"]) == 1  # anew, on purpose
     found = checkpointdir.files(str(tmp_path / "ckpt"))
     new_lineage = next(lineage for _, lineage in found if lineage != old_lineage)
-    assert [f for f in found if f[1] == old_lineage] == kept and kept[0] == (10, old_lineage)
-    # its own pruned to --checkpoint-keep 3; the last commit is always written
+    assert [f for f in found if f[1] == old_lineage] == kept and kept[0] == (5, old_lineage)
+    # its own pruned to --checkpoint-keep 2; the last commit is always written
     mine = [commit for commit, lineage in found if lineage == new_lineage]
-    assert mine[0] == 5 and len(mine) <= 3 and len(found) == len(kept) + len(mine), found
+    assert mine[0] == 4 and len(mine) <= 2 and len(found) == len(kept) + len(mine), found
     assert {name: data for name, data in files_and_bytes(tmp_path / "ckpt").items() if name in old} == old
     # without --fresh, a run resumes the newest lineage, not the highest commit of any
     result = run(tmp_path, backend, "3", TOTAL_STEPS=8)
     assert result.code == 0, result.stderr
-    assert "resumed from commit 5 (" in result.stdout + result.stderr and min(runs_logged(tmp_path)["3"]) == 6
+    assert "resumed from commit 4 (" in result.stdout + result.stderr and min(runs_logged(tmp_path)["3"]) == 5
 
 
 class Payload:

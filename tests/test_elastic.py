@@ -218,20 +218,25 @@ def test_garbage_discovery_output_is_a_clear_error(tmp_path):
 
 
 def test_later_discovery_failures_and_hangs_are_retried(tmp_path):
-    schedule = [[0, ["127.0.0.1:1", "127.0.0.2:1"]], [5, ["FAIL"]], [25, ["HANG"]],
-                [45, ["127.0.0.1:1", "127.0.0.2:1"]]]
-    # A healthy run of the script (a Python start) must not time out too: under CI's load a
-    # start took over 1 s once, and its timeout was then said a second time. The steps after
-    # the hang leave room for a hung run's timeout and the next run that works.
-    r = run_job([*discovery(tmp_path, schedule), "--discovery-timeout", "2", "--min-np", "1", *JOB],
-                tmp_path, env=job_env(tmp_path, TOTAL_STEPS=110, STEP_SLEEP=0.1))
+    # Keyed on discovery's own runs: two that work, two that exit 1, two that hang past
+    # --discovery-timeout, then it works again; the job waits at step 3 until it did. A healthy
+    # run of the script (a Python start) must not time out too: under CI's load a start took
+    # over 1 s once, and its timeout was then said a second time.
+    hosts = ["127.0.0.1:1", "127.0.0.2:1"]
+    schedule = [[0, hosts], [3, ["FAIL"]], [5, ["HANG"]], [7, hosts]]
+    with Job([*discovery(tmp_path, schedule, runs=True), "--discovery-timeout", "2", "--min-np", "1", *JOB],
+             tmp_path, env=job_env(tmp_path, TOTAL_STEPS=6, HOLD_AT=3)) as job:
+        job.wait_for(lambda events: any(e["event"] == "discovery_recovered" for e in events), 90)
+        go(tmp_path)
+        r = job.finish(60)
     assert r.code == 0, r.stderr
     errors = [e["error"] for e in r.of("discovery_failed")]
     assert any("exited with code 1" in e for e in errors)
     assert any("timed out" in e for e in errors)
-    # Each kind of failure is said once, not every second, and so is the recovery.
+    # Each kind of failure is said once, not at each of its runs, and so is the recovery.
     said = [line for line in r.stderr.splitlines() if "host discovery" in line]
     assert len(said) == 3 and "works again" in said[-1], said
+    assert r.of("discovery_recovered")[0]["failures"] >= 4
     assert sizes(steps_log(tmp_path)) == [2]
 
 

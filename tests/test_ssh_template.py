@@ -252,11 +252,12 @@ def test_job_whose_remote_template_is_killed_9_relaunches_its_workers_and_blackl
     # host-1's two later slots fork from its template; kill -9 of the template kills them
     # (parent-death signal). They did nothing wrong: relaunched, nothing blacklisted, and the
     # job finishes with every step applied once (the survivors hold the state). The workers
-    # hold at step 150 until the kill, so that a slow join cannot let the job end first.
+    # wait at step 2 for the world of four, at step 3 for the kill, and at step 5 for the
+    # relaunched two to join again: however slow a join, the job cannot end first.
     schedule = [[0, ["host-1:1", "host-2:1"]], [1, ["host-1:3", "host-2:1"]]]
-    total = 200
+    total = 8
     with Job([*ssh_flags(hosts), *discovery(tmp_path, schedule), "--min-np", "1", "--preload", "json", *JOB],
-             tmp_path, env=job_env(tmp_path, TOTAL_STEPS=total, STEP_SLEEP=0.1, HOLD_AT=150)) as job:
+             tmp_path, env=job_env(tmp_path, TOTAL_STEPS=total, STEP_SLEEP=0.1, RESIZE="2:4,5:4", HOLD_AT=3)) as job:
         job.wait_for(lambda events: any(e["event"] == "round_complete" and e["size"] == 4 for e in events), 240)
         forked = sorted(e["slot"] for e in events_of(job, "worker_start") if e["started"] == "template")
         assert forked == ["host-1/1", "host-1/2"]
@@ -285,10 +286,12 @@ def test_job_whose_remote_template_dies_before_forking_a_joiner_relaunches_it_an
     # host-1's template is stopped (SIGSTOP), so the spawn client of host-1's new slot hands it
     # the request and waits; then the template is killed -9: it died before forking. The host
     # answered and the worker did nothing: relaunched, nothing blacklisted, every step once.
+    # The workers wait at step 25 for the relaunched worker's world of three.
     schedule = [[0, ["host-1:1", "host-2:1"]], [20, ["host-1:2", "host-2:1"]]]
-    total, stopped = 200, None
+    total, stopped = 30, None
     with Job([*ssh_flags(hosts), *discovery(tmp_path, schedule), "--min-np", "1", "--preload", "json", *JOB],
-             tmp_path, env=job_env(tmp_path, TOTAL_STEPS=total, STEP_SLEEP=0.1, HOLD_AT=10)) as job:
+             tmp_path, env=job_env(tmp_path, TOTAL_STEPS=total, STEP_SLEEP=0.1, HOLD_AT=10,
+                                   RESIZE="25:3")) as job:
         try:
             wait_progress(job, tmp_path, 10, 120)
             # the template warmed once the first world formed, and serves (waits in its select)

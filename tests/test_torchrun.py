@@ -22,13 +22,15 @@ def ranks(folder, n):
     return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(n)]
 
 
-def both_ways(tmp_path, hvdlite_flags):
-    """train_ddp.py's 4 ranks under torchrun --nproc-per-node 4, then under hvdlite run."""
-    script = os.path.join(SCRIPTS, "train_ddp.py")
-    theirs, ours = tmp_path / "torchrun", tmp_path / "hvdlite"
-    theirs.mkdir(), ours.mkdir()
+SCRIPT = os.path.join(SCRIPTS, "train_ddp.py")
+
+
+@pytest.fixture(scope="module")
+def torchrun_ranks(tmp_path_factory):
+    """train_ddp.py's 4 ranks under torchrun --nproc-per-node 4, run once for the module."""
+    theirs = tmp_path_factory.mktemp("torchrun")
     for _ in range(3):
-        done = subprocess.run([TORCHRUN, "--nproc-per-node", "4", script], env={**os.environ, "OUT_DIR": str(theirs)},
+        done = subprocess.run([TORCHRUN, "--nproc-per-node", "4", SCRIPT], env={**os.environ, "OUT_DIR": str(theirs)},
                               capture_output=True, text=True, timeout=300)
         # torch 2.13 itself now and then aborts a rank of this script at its end (a CI run under
         # load: SIGABRT, 'terminate called without an active exception'; with
@@ -39,15 +41,22 @@ def both_ways(tmp_path, hvdlite_flags):
         if done.returncode == 0 or "terminate called without an active exception" not in done.stderr:
             break
     assert done.returncode == 0, done.stderr[-3000:]
-    with Job([*hvdlite_flags, "-np", "4", sys.executable, script], tmp_path, env={"OUT_DIR": str(ours)}) as job:
+    return ranks(theirs, 4)
+
+
+def both_ways(tmp_path, torchrun_ranks, hvdlite_flags):
+    """(torchrun's rank, hvdlite run's rank) of train_ddp.py's 4 ranks, under `hvdlite_flags`."""
+    ours = tmp_path / "hvdlite"
+    ours.mkdir()
+    with Job([*hvdlite_flags, "-np", "4", sys.executable, SCRIPT], tmp_path, env={"OUT_DIR": str(ours)}) as job:
         result = job.finish(300)
     assert result.code == 0, result.stderr[-3000:]
-    return list(zip(ranks(theirs, 4), ranks(ours, 4)))
+    return list(zip(torchrun_ranks, ranks(ours, 4)))
 
 
 @pytest.mark.skipif(TORCHRUN is None, reason="torchrun is not on PATH")
-def test_a_ddp_script_computes_under_hvdlite_what_it_computes_under_torchrun(tmp_path):
-    pairs = both_ways(tmp_path, [])
+def test_a_ddp_script_computes_under_hvdlite_what_it_computes_under_torchrun(tmp_path, torchrun_ranks):
+    pairs = both_ways(tmp_path, torchrun_ranks, [])
     for rank, (a, b) in enumerate(pairs):
         assert {k: a["env"][k] for k in SAME} == {k: b["env"][k] for k in SAME}
         assert b["env"]["MASTER_ADDR"] and b["env"]["MASTER_PORT"] and b["env"]["TORCHELASTIC_RUN_ID"]
@@ -60,12 +69,15 @@ def test_a_ddp_script_computes_under_hvdlite_what_it_computes_under_torchrun(tmp
 
 
 @pytest.mark.skipif(TORCHRUN is None, reason="torchrun is not on PATH")
-def test_a_ddp_script_on_two_ssh_hosts_computes_what_torchrun_computes_on_one(tmp_path, ssh_hosts):
+def test_a_ddp_script_on_two_ssh_hosts_computes_what_torchrun_computes_on_one(tmp_path, torchrun_ranks,
+                                                                               ssh_hosts):
     hosts = ssh_hosts(2)
-    for rank, (a, b) in enumerate(both_ways(tmp_path, [*ssh_flags(hosts), "-H", "host-1:2,host-2:2"])):
+    flags = [*ssh_flags(hosts), "-H", "host-1:2,host-2:2"]
+    for rank, (a, b) in enumerate(both_ways(tmp_path, torchrun_ranks, flags)):
         assert (b["env"]["GROUP_RANK"], b["env"]["GROUP_WORLD_SIZE"], b["env"]["LOCAL_RANK"]) == \
             (str(rank // 2), "2", str(rank % 2))
         assert b["store"] == "KVStore" and a["params"] == b["params"]
+
 
 def test_after_hvd_init_the_default_group_is_the_world(tmp_path):
     with Job(["-np", "3", sys.executable, os.path.join(SCRIPTS, "hvd_dist.py")], tmp_path) as job:
