@@ -293,8 +293,9 @@ def test_a_killed_slurm_node_replaced_by_a_spare_is_bitwise_the_fault_free_run(t
 def test_a_resized_run_trains_every_sample_exactly_once_each_epoch(tmp_path):
     log_dir = tmp_path
     schedule = [[0, ["localhost:2"]], [5, ["localhost:3"]], [14, ["localhost:1"]], [20, ["localhost:2"]]]
+    # Each size is waited for (RESIZE): a driver slow to act on a change must not skip a world.
     r = run_job([*discovery(tmp_path, schedule), "--min-np", "1", *JOB], log_dir, timeout=180,
-                env={"LOG_DIR": str(log_dir), "STEP_SLEEP": "0.1"})
+                env={"LOG_DIR": str(log_dir), "STEP_SLEEP": "0.1", "RESIZE": "8:3,17:1"})
     assert r.code == 0, r.stderr[-3000:]
     assert sorted({e["size"] for e in r.of("round_complete")}) == [1, 2, 3]
     assert final(log_dir)["epochs"] == [True] * 3

@@ -13,7 +13,8 @@ LOADER=stateful (torchdata's StatefulDataLoader over its StatefulDistributedSamp
 state as `loader`, instead of a DataLoader over an ElasticSampler: a fixed world size only),
 HOLD_AT=24 (before the commit of step 24) or HOLD_AT=epoch1 (before the commit that ends epoch 1):
 every worker waits there until $LOG_DIR/go exists or it heard that the job stops, so that a test
-lands a fault at that very commit; rank 0 makes $LOG_DIR/held when it waits.
+lands a fault at that very commit; rank 0 makes $LOG_DIR/held when it waits. RESIZE (resize.py):
+the job waits after the commit of each listed step until the world has the listed size.
 
 STYLE (env, comma-separated; empty: zero_grad() before backward, one SGD) writes the loop as
 other scripts do, each thing it names held in the state: `after` zeroes the gradients after
@@ -38,6 +39,7 @@ import torch
 
 import hvdlite.torch as hvd
 from hvdlite.worker.session import session
+import resize
 from progress import write_progress
 
 LOG_DIR = os.environ["LOG_DIR"]
@@ -227,6 +229,7 @@ def train(state):
                 write_progress(LOG_DIR, state.step)
             hold(str(state.step))
             state.commit()
+            resize.hold(state, state.step, hvd.size)
             time.sleep(SLEEP)
         once = bool((state.seen == 1).all())
         if hvd.rank() == 0:
