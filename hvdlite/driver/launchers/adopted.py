@@ -12,6 +12,7 @@ import threading
 import time
 
 from hvdlite import procstat
+from hvdlite.driver.launchers.base import term_then_kill
 
 POLL = 0.1  # seconds between looks at /proc and at the output files
 
@@ -56,11 +57,7 @@ class AdoptedWorker:
                 pass
 
     def stop(self, grace: float = 3.0) -> None:
-        if self.poll() is None:
-            self.signal(signal.SIGTERM)
-            if self.wait(grace) is None:
-                self.signal(signal.SIGKILL)
-                self.wait(5.0)
+        term_then_kill(self, grace)
         self.finish_output()
 
     def finish_output(self, timeout: float = 2.0) -> None:

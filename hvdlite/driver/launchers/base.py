@@ -4,6 +4,7 @@ A launcher starts one worker process on a host and returns a Handle. Each kind l
 file of its own (local.py, ssh/, ...) and is registered by name in launchers/__init__.py;
 how the process starts (plainly, or forked from a preloaded template) is start.py's concern.
 """
+import signal
 from typing import Optional, Protocol
 
 
@@ -68,3 +69,12 @@ class Launcher(Protocol):
         """Get ready for joins (start templates) in the background."""
 
     def close(self) -> None: ...
+
+
+def term_then_kill(handle: Handle, grace: float) -> None:
+    """TERM a running worker, KILL it when it did not end within `grace` seconds."""
+    if handle.poll() is None:
+        handle.signal(signal.SIGTERM)
+        if handle.wait(grace) is None:
+            handle.signal(signal.SIGKILL)
+            handle.wait(5.0)

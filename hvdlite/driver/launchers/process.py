@@ -4,6 +4,7 @@ import signal
 import subprocess
 import time
 
+from hvdlite.driver.launchers.base import term_then_kill
 from hvdlite.driver.output import RankOutput
 
 
@@ -42,11 +43,7 @@ class LocalWorker:
 
     def stop(self, grace: float = 3.0) -> None:
         """TERM the worker's process group, KILL it after `grace` seconds."""
-        if self.poll() is None:
-            self.signal(signal.SIGTERM)
-            if self.wait(grace) is None:
-                self.signal(signal.SIGKILL)
-                self.wait(5.0)
+        term_then_kill(self, grace)
         # Children that outlived the leader still hold the group; end them too.
         self.signal(signal.SIGKILL)
         self.finish_output()
