@@ -235,3 +235,22 @@ def test_a_rerun_refuses_while_the_last_drivers_workers_on_other_hosts_may_train
                    EventLog(on_console=False))
     with pytest.raises(JobError, match="left workers on far, which train on until about"):
         rerun._lead(None)
+
+
+def test_a_rerun_on_another_machine_refuses_while_the_last_drivers_own_workers_may_train(tmp_path):
+    """The last driver's workers on its own machine (localhost to it) are not this machine's:
+    taking them for gone would start a second generation beside them."""
+    from hvdlite.driver.eventlog import EventLog
+    from hvdlite.driver.job import Job as Driver
+    from hvdlite.driver.settings import Settings
+    from hvdlite.errors import JobError
+    last = Leadership.take(str(tmp_path), ttl=2.0, now=0.0)
+    last.take_secret(adopting=False)
+    last.record({"adoptable": True, "written_at": time.time(), "procs": {}, "driver_host": "elsewhere",
+                 "workers": [{"id": "localhost/0#1", "host": "localhost", "phase": "training"}]})
+    assert last.flush()
+    last.store.release(last.lease)
+    rerun = Driver(Settings(command=["true"], elastic=True, checkpoint_dir=str(tmp_path), driver_grace=60.0),
+                   EventLog(on_console=False))
+    with pytest.raises(JobError, match="left workers on localhost of elsewhere, which train on until about"):
+        rerun._lead(None)

@@ -10,6 +10,7 @@ import secrets
 import shlex
 import shutil
 import signal
+import socket
 import threading
 import time
 
@@ -171,7 +172,8 @@ class Job:
                     journaled is None or journaled[0] != changed or now - journaled[1] >= JOURNAL_EVERY):
                 journaled = (changed, now)
                 self.leader.record({**adoption.journal(core, now), "procs": self.executor.identities(),
-                                    "written_at": time.time(), "command": s.command})
+                                    "written_at": time.time(), "command": s.command,
+                                    "driver_host": socket.gethostname()})
             if end is not None:
                 if end.error:
                     self.log.error(end.error)  # the core logged job_end already
@@ -225,8 +227,12 @@ class Job:
                                f"{shlex.join(saved['command'])}: not this job's command; run that one to take "
                                f"them over, or stop them first")
             remote = sorted({w["host"] for w in live if not self.launchers.is_local(w["host"])})
-            # Workers on SSH hosts are taken over too; those of other launchers (srun, Ray) not yet.
+            # Workers on SSH hosts are taken over too; those of other launchers (srun, Ray) not yet,
+            # nor, from another machine, those the last driver ran on its own (named localhost).
             others = [h for h in remote if not hasattr(self.launchers.for_host(h), "adopt")]
+            if saved.get("driver_host", socket.gethostname()) != socket.gethostname():
+                others += sorted({f"{w['host']} of {saved['driver_host']}" for w in live
+                                  if self.launchers.is_local(w["host"])})
             until = saved.get("written_at", 0.0) + s.driver_grace
             graced = time.time() < until  # the workers it left may still train
             if others and graced:  # a fresh start now would race them
