@@ -100,8 +100,6 @@ def test_the_secret_is_in_one_0600_file_only(two_takeovers):
     assert all(s["secret"] not in json.dumps(e) for e in s["events"])
 
 
-@pytest.mark.xfail(strict=True, reason="each driver that takes the job over relays the workers' output files "
-                   "from their start: a line the last driver relayed is printed again")
 def test_a_line_printed_while_no_driver_ran_is_printed_once(two_takeovers):
     printed = "".join(two_takeovers["printed"])
     assert [printed.count(f"EPOCH {e} exactly-once") for e in range(3)] == [1, 1, 1], printed

@@ -13,8 +13,18 @@ import time
 
 from hvdlite import procstat
 from hvdlite.driver.launchers.base import term_then_kill
+from hvdlite.worker import beacon
 
 POLL = 0.1  # seconds between looks at /proc and at the output files
+MARK = ".relayed"  # beside an output file: how many of its bytes a driver relayed
+
+
+def _relayed(mark: str) -> int:
+    try:
+        with open(mark, "rb") as f:
+            return int(f.read() or 0)
+    except (OSError, ValueError):
+        return 0
 
 
 class AdoptedWorker:
@@ -66,13 +76,16 @@ class AdoptedWorker:
             relay.join(max(0.0, deadline - time.monotonic()))
 
     def _relay(self, stream: str, path: str):
-        """Lines of the file as they come, until the worker ended and the file is read."""
-        f, pending = None, b""
+        """Lines of the file as they come, until the worker ended and the file is read; from
+        where an earlier driver's relay of it got to (its mark file), so no line is printed
+        twice after a second take-over, but the lines of at most one read."""
+        f, pending, mark = None, b"", path + MARK
         while True:
             ended = self._ended.is_set()
             if f is None:
                 try:
                     f = open(path, "rb")
+                    f.seek(_relayed(mark))
                 except OSError:
                     f = None
             chunk = f.read() if f is not None else b""
@@ -80,6 +93,8 @@ class AdoptedWorker:
                 *lines, pending = (pending + chunk).split(b"\n")
                 for line in lines:
                     self.output.line(stream, line.decode("utf-8", "replace") + "\n")
+                if lines:
+                    beacon.write_private(mark, str(f.tell() - len(pending)).encode())
                 continue
             if ended:
                 break
