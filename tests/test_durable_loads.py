@@ -48,7 +48,9 @@ def runs_logged(tmp_path):
 
 
 def files_and_bytes(directory):
-    return {name: (directory / name).read_bytes() for name in sorted(os.listdir(directory))}
+    """The checkpoints (the driver's folder, its lease and journal, aside)."""
+    return {name: (directory / name).read_bytes() for name in sorted(os.listdir(directory))
+            if (directory / name).is_file()}
 
 
 def check_ended_by(result, path, cause):
