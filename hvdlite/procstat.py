@@ -38,9 +38,10 @@ def exiting(pid: int) -> bool:
 
 def identity(pid: int):
     """"PID:STARTTIME" (field 22, clock ticks since boot): one process, as a pid given out
-    again is another; None when there is no such process."""
+    again is another; None when there is no such process or it exited (a zombie nobody reaped:
+    an orphan's, where PID 1 reaps slowly or never)."""
     fields = stat_fields(pid)
-    return f"{pid}:{fields[19]}" if fields and len(fields) > 19 else None
+    return f"{pid}:{fields[19]}" if fields and len(fields) > 19 and fields[0] not in GONE else None
 
 
 def age(pid: int) -> float:

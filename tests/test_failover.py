@@ -254,3 +254,20 @@ def test_a_rerun_on_another_machine_refuses_while_the_last_drivers_own_workers_m
                    EventLog(on_console=False))
     with pytest.raises(JobError, match="left workers on localhost of elsewhere, which train on until about"):
         rerun._lead(None)
+
+
+def test_a_worker_that_exited_unreaped_is_not_taken_for_a_live_one():
+    """kill -9 of a driver leaves its workers' zombies to PID 1, which may reap them late or never:
+    a rerun took such workers over as live (and the job failed on their 'deaths')."""
+    from hvdlite import procstat
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    try:
+        deadline = time.monotonic() + 10
+        while procstat.state(pid) != "Z" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert procstat.state(pid) == "Z" and procstat.identity(pid) is None
+        assert procstat.identity(os.getpid()) is not None
+    finally:
+        os.waitpid(pid, 0)
