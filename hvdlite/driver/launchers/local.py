@@ -27,6 +27,9 @@ class LocalLauncher:
     def is_local(self, host) -> bool:
         return is_local(host, self._ssh_config)
 
+    def claims_from(self, host):
+        return None  # private: its workers are handed the secret and make no claim
+
     def route_to(self, host) -> str:
         return LOOPBACK
 

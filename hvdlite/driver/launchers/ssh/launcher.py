@@ -31,6 +31,9 @@ class SSHLauncher:
     def is_local(self, host) -> bool:
         return is_local(host, self.settings.ssh_config)
 
+    def claims_from(self, host):
+        return None  # private: its workers are handed the secret and make no claim
+
     def route_to(self, host) -> str:
         """This machine's address on the route to the host's ssh HostName."""
         return route_address(host_config(host, self.settings).address)
