@@ -256,10 +256,8 @@ class Job:
         unseen = []
         for inc in core._live():
             local = self.launchers.is_local(inc.host)
-            if not (inc.id in procs if local else
-                    inc.pid is not None and self.launchers.for_host(inc.host).runs(inc.host, inc.pid)):
-                # Launched as the last driver died (nobody knows its process), or its host is down.
-                unseen.append(inc.id)
+            if not (inc.id in procs if local else inc.pid is not None):
+                unseen.append(inc.id)  # launched as the last driver died: nobody knows its process
                 continue
             if local:
                 inc.pid = _pid(procs[inc.id])

@@ -5,7 +5,7 @@ import threading
 from hvdlite.driver.launchers.locality import is_local
 from hvdlite.driver.launchers.ssh.adopted import AdoptedSSHWorker
 from hvdlite.driver.launchers.ssh.config import SSHSettings, host_config
-from hvdlite.driver.launchers.ssh.connection import SSHError, SSHHost
+from hvdlite.driver.launchers.ssh.connection import SSHHost
 from hvdlite.driver.launchers.ssh.remote import launch
 from hvdlite.driver.launchers.ssh.template import RemoteTemplates
 from hvdlite.driver.launchers.start import StartRule
@@ -53,15 +53,6 @@ class SSHLauncher:
     def adopt(self, host, pgid: int, said, output, files: dict):
         """The Handle of a worker an earlier driver launched on `host` (ssh/adopted.py)."""
         return AdoptedSSHWorker(self._host(host), pgid, said, output, files)
-
-    def runs(self, host, pgid: int) -> bool:
-        """Whether process group `pgid` still runs on `host`; False too when the host cannot
-        be reached (a take-over then launches its slot again, blaming nobody)."""
-        try:
-            code, _, _ = self._host(host).run(f"kill -0 -- -{int(pgid)} 2>/dev/null")
-        except SSHError:
-            return False
-        return code == 0
 
     def warm(self):
         if self._templates:
