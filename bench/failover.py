@@ -56,11 +56,13 @@ def events(folder, name):
 
 
 def wait(predicate, timeout, what):
+    """predicate()'s first true value, polled; the bench ends naming `what` after `timeout` s."""
     deadline = time.monotonic() + timeout
-    while not predicate():
+    while not (value := predicate()):
         if time.monotonic() > deadline:
             raise SystemExit(f"timed out: {what}")
         time.sleep(0.01)
+    return value
 
 
 def trial(args, mode, knobs):

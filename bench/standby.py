@@ -14,7 +14,6 @@ step 10. Each pair runs it twice:
   resumed training's first commit.
 """
 import argparse
-import json
 import os
 import signal
 import statistics
@@ -28,6 +27,7 @@ SCRIPTS = os.path.join(ROOT, "tests", "scripts")
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 from etcdcluster import EtcdCluster  # noqa: E402
 from sshhosts import TestHosts  # noqa: E402
+from failover import events, wait  # noqa: E402 (bench/, this script's folder)
 
 JOB = [sys.executable, os.path.join(SCRIPTS, "determinism_job.py")]
 CUT_AT = 10  # rank 0's step
@@ -41,23 +41,6 @@ def progress(folder):
             return int(f.read() or 0), os.stat(path).st_mtime
     except (OSError, ValueError):
         return 0, 0.0
-
-
-def events(folder, name):
-    try:
-        with open(os.path.join(folder, f"{name}.jsonl")) as f:
-            return [json.loads(line) for line in f if line.strip()]
-    except OSError:
-        return []
-
-
-def wait(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out: {what}")
-        time.sleep(0.05)
-    return value
 
 
 class Trial:
