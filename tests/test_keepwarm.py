@@ -195,12 +195,13 @@ def test_workers_behave_as_plain_ones(keep, capsys):
                                     "print('oops', file=sys.stderr)\n"
                                     "sys.exit(3) if len(sys.argv) < 2 else time.sleep(300)\n")
     handle = keep.spawn(templates, script)
-    assert isinstance(handle, TemplateWorker) and parent(handle.pid) in keep.kept_pids()
+    assert isinstance(handle, TemplateWorker)
     code, out = finished(handle, capsys)
     assert code == 3
     assert out.out == "[0]<stdout>:up True [0, 1, 2, 3]\n" and out.err == "[0]<stderr>:oops\n"
     handle = templates.spawn([sys.executable, script, "sleep"], keep.env, str(keep.tmp_path), RankOutput("1"))
     wait_until(lambda: "up" in capsys.readouterr().out, 30, "worker up")
+    assert parent(handle.pid) in keep.kept_pids()  # asked of this one, which lives until killed
     handle.signal(signal.SIGSTOP)
     wait_until(lambda: procstat.state(handle.pid) == "T", 10, "worker stopped")
     assert handle.poll() is None
