@@ -1,11 +1,16 @@
 """The current world of one collective backend: its group and this worker's place in it."""
+import functools
 import threading
+import time
 
 from hvdlite.worker.world import WorldInfo
 
 _runtimes = []  # every backend's, for entered()
 _counters = []  # count_also()'s
 _waits = []  # wait_also()'s
+_timed = []  # one [seconds] per thread that made timed() calls: the time they took
+_timing = threading.local()  # a thread's {"inside": in a timed() call, "seconds": its entry of _timed}
+_clock = time.perf_counter
 
 
 def entered() -> int:
@@ -24,13 +29,40 @@ def waited() -> float:
     """Seconds this process waited in collectives in its current world(s): the rest of its time
     is its own work, which the driver compares across ranks (driver/decisions/stragglers.py).
     (The driver takes differences within a world: a source that counts on across worlds does.)"""
-    return sum(r.waited for r in _runtimes) + sum(wait() for wait in _waits)
+    return sum(r.waited for r in _runtimes) + sum(wait() for wait in _waits) + sum(t[0] for t in _timed)
 
 
 def wait_also(wait) -> None:
     """Count, beside the runtimes' timed waits, the seconds `wait()` says this process waited
     in collectives whose waits run out of hvdlite's sight (DDP's reducer: torch/ddpwait.py)."""
     _waits.append(wait)
+
+
+def timed(collective):
+    """`collective`, a blocking call into a group hvdlite does not drive (the torch.distributed
+    functions a script calls: the boot sitecustomize wraps them), with the time its calls take
+    counted as waited. Issuing is a few us of the call; an async_op call's wait, done later on
+    the Work it returns, is not seen. A call made inside another (all_gather_object's
+    all_gathers, all_gather_into_tensor's all_gather_single) counts once."""
+    @functools.wraps(collective)
+    def timed_collective(*args, **kwargs):
+        mine = _timing.__dict__
+        if mine.get("inside"):
+            return collective(*args, **kwargs)
+        mine["inside"], started = True, _clock()
+        try:
+            return collective(*args, **kwargs)
+        finally:
+            mine["inside"] = False
+            (mine.get("seconds") or _seconds_of(mine))[0] += _clock() - started
+    return timed_collective
+
+
+def _seconds_of(mine: dict) -> list:
+    """A thread's own total of timed() calls (each thread adds to its own: no lock per call)."""
+    mine["seconds"] = [0.0]
+    _timed.append(mine["seconds"])
+    return mine["seconds"]
 
 
 def idle() -> bool:

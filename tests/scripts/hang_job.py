@@ -6,10 +6,11 @@ once more, then works alone for POST seconds (writing its results): the skipper 
 while its peers wait in a collective it never enters.
 FIRST="rank:seconds": that rank's first step takes that long more (it loads and compiles).
 EVAL="seconds,...": rank 0 evaluates alone (no collectives) for each in turn, every EVAL_EVERY steps.
-SLOW="rank:from:to": that rank sleeps SLOW_SLEEP more a step in steps [from, to) (a straggler).
+SLOW="rank:from:to,...": that rank sleeps SLOW_SLEEP more a step in steps [from, to) (a straggler).
 STEPS, STEP_SLEEP; ELASTIC=1: the loop runs under @hvd.elastic.run with a commit a step.
 API=ddp: a torchrun script instead (no hvdlite import: init_process_group("gloo") by env://,
-a DDP model whose backward's allreduce is the step's collective).
+a DDP model whose backward's allreduce is the step's collective); DIST=step: from that step on,
+the script's own dist.all_reduce is the step's collective instead.
 Every rank appends "rank step size" to $LOG_DIR/steps.txt."""
 import os
 import time
@@ -32,10 +33,11 @@ SKIP = tuple(int(x) for x in os.environ["SKIP"].split(":")) if os.environ.get("S
 EVALS = [float(x) for x in os.environ.get("EVAL", "").split(",") if x]
 EVAL_EVERY = int(os.environ.get("EVAL_EVERY", "10"))
 POST = float(os.environ.get("POST", "0"))
-SLOW = tuple(int(x) for x in os.environ["SLOW"].split(":")) if os.environ.get("SLOW") else None
+SLOW = [tuple(int(x) for x in spec.split(":")) for spec in os.environ.get("SLOW", "").split(",") if spec]
 FIRST = tuple(float(x) for x in os.environ["FIRST"].split(":")) if os.environ.get("FIRST") else None
 SLOW_SLEEP = float(os.environ.get("SLOW_SLEEP", "0.3"))
 JOIN = tuple(int(x) for x in os.environ["JOIN"].split(":")) if os.environ.get("JOIN") else None  # rank:steps it has data for
+DIST = int(os.environ.get("DIST", STEPS))
 
 
 def first_time(name):
@@ -58,14 +60,16 @@ def step(k, weights):
         hang_forever()
     if FIRST and FIRST[0] == rank and k == 0:
         time.sleep(FIRST[1])
-    if DDP:
+    if DDP and k >= DIST:
+        dist.all_reduce(weights)
+    elif DDP:
         model(torch.ones(2, 4)).sum().backward()
     elif SKIP != (rank, k):
         weights.add_(hvd.allreduce(torch.ones(4), name=None if JOIN else "grad"))
     if rank == 0 and EVALS and k and k % EVAL_EVERY == 0 and k // EVAL_EVERY <= len(EVALS):
         time.sleep(EVALS[k // EVAL_EVERY - 1])  # evaluating alone
     time.sleep(SLEEP)
-    if SLOW and SLOW[0] == rank and SLOW[1] <= k < SLOW[2]:
+    if any(slow == rank and start <= k < end for slow, start, end in SLOW):
         time.sleep(SLOW_SLEEP)
     with open(os.path.join(LOG_DIR, "steps.txt"), "a") as f:
         f.write(f"{rank} {k} {dist.get_world_size() if DDP else hvd.size()}\n")

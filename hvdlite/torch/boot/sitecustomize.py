@@ -2,8 +2,9 @@
 folder first on PYTHONPATH): once torch loads its rendezvous handlers, env:// in an hvdlite
 worker goes through hvdlite's signed rendezvous (hvdlite.torch.envstore) instead of a TCPStore;
 once torch.distributed loads, a group made without a timeout (the script's own
-init_process_group or new_group) gets the job's --gloo-timeout-seconds, not torch's 30 minutes;
-and once DDP loads, its backward's waits are timed for the straggler rule.
+init_process_group or new_group) gets the job's --gloo-timeout-seconds, not torch's 30 minutes,
+and the script's own collectives (torch.distributed's functions) are timed for the straggler
+rule; and once DDP loads, its backward's waits are timed too.
 Nothing is imported until torch is, but the launch's claim of the job's secret, which starts here;
 then the sitecustomize this file hides runs, if any."""
 import importlib.abc
@@ -18,6 +19,12 @@ _C10D = "torch.distributed.distributed_c10d"
 _DDP = "torch.nn.parallel.distributed"
 _TIMEOUT = "HVDLITE_COLLECTIVE_TIMEOUT"  # (hvdlite.worker.env's names: nothing of hvdlite loads here)
 _RENDEZVOUS_ADDR = "HVDLITE_RENDEZVOUS_ADDR"
+# torch.distributed's blocking collectives; those on objects (all_gather_object, ...) call these.
+_COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "all_gather",
+                "all_gather_single", "all_gather_into_tensor", "_all_gather_base",
+                "all_gather_coalesced", "gather", "scatter", "reduce_scatter", "reduce_scatter_single",
+                "reduce_scatter_tensor", "_reduce_scatter_base", "all_to_all", "all_to_all_single",
+                "barrier", "monitored_barrier", "send", "recv")
 
 
 def _take_over_env(module) -> None:
@@ -40,6 +47,23 @@ def _job_timeout(module) -> None:
             datetime.timedelta(seconds=float(os.environ[_TIMEOUT]))
 
 
+def _time_collectives(module) -> None:
+    """A script's own collectives wait for its peers out of hvdlite's sight: the time each call
+    takes counts as waited (hvdlite.worker.runtime.timed), as hvd.*'s waits do. hvdlite's own
+    collectives and DDP's reducer call none of these functions."""
+    if _RENDEZVOUS_ADDR not in os.environ:
+        return
+    from hvdlite.worker.runtime import timed
+    package = sys.modules.get("torch.distributed")  # (it takes these names once c10d has loaded)
+    for name in _COLLECTIVES:
+        collective = getattr(module, name, None)
+        if collective is None:  # not in this torch
+            continue
+        setattr(module, name, timed(collective))
+        if getattr(package, name, None) is collective:
+            setattr(package, name, getattr(module, name))
+
+
 def _time_ddp(module) -> None:
     """Every DDP model's reducer, made at construction or moved to an elastic world's group,
     has its backward's waits timed for the straggler rule (hvdlite.torch.ddpwait)."""
@@ -55,7 +79,7 @@ def _time_ddp(module) -> None:
     cls._ddp_init_helper = _ddp_init_helper
 
 
-_PATCHES = {_RENDEZVOUS: _take_over_env, _C10D: _job_timeout, _DDP: _time_ddp}
+_PATCHES = {_RENDEZVOUS: (_take_over_env,), _C10D: (_job_timeout, _time_collectives), _DDP: (_time_ddp,)}
 
 
 class _WhenTorchLoads(importlib.abc.MetaPathFinder):
@@ -73,10 +97,15 @@ class _WhenTorchLoads(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             load(module)
-            _PATCHES[name](module)
+            _patch(module, name)
 
         spec.loader.exec_module = exec_module
         return spec
+
+
+def _patch(module, name) -> None:
+    for patch in _PATCHES[name]:
+        patch(module)
 
 
 def _run_hidden() -> None:
@@ -99,9 +128,9 @@ def _claim() -> None:
 
 if "HVDLITE_CLAIM" in os.environ:
     _claim()
-for _name, _patch in _PATCHES.items():
+for _name in _PATCHES:
     if _name in sys.modules:
-        _patch(sys.modules[_name])
+        _patch(sys.modules[_name], _name)
     else:
         sys.meta_path.insert(0, _WhenTorchLoads(_name))
 _run_hidden()
