@@ -1,5 +1,5 @@
 """Lightning under hvdlite run (docs/lightning.md): HvdliteStrategy trains what Lightning's own
-DDP strategy trains under torchrun."""
+DDP strategy trains under torchrun, and a slowed rank is named a straggler."""
 import json
 import os
 import shutil
@@ -22,10 +22,14 @@ def test_hvdlite_strategy_fits_what_lightnings_ddp_fits_under_torchrun(tmp_path)
     done = subprocess.run([TORCHRUN, "--nproc-per-node", "2", script], capture_output=True, text=True,
                           env={**os.environ, "OUT_DIR": str(theirs), "STRATEGY": "ddp"}, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    # Rank 1 sleeps 1.3 s a step before the loss's sync_dist: rank 0 waits in Lightning's own
+    # torch.distributed calls, which hvdlite times (worker/runtime.timed): rank 1 is named a
+    # straggler. (The fit's 8 steps then span more than one 5 s window after its start.)
     with Job(["-np", "2", sys.executable, script], tmp_path,
-             env={"OUT_DIR": str(ours), "STRATEGY": "hvdlite"}) as job:
+             env={"OUT_DIR": str(ours), "STRATEGY": "hvdlite", "SLOW": "1:1.3"}) as job:
         result = job.finish(300)
     assert result.code == 0, result.stderr[-3000:]
+    assert [e["rank"] for e in result.of("straggler")] == [1], result.of("straggler")
     for rank in range(2):
         a, b = (json.loads((folder / f"rank{rank}.json").read_text()) for folder in (theirs, ours))
         assert a == b and b["size"] == 2 and b["samples"] == 64  # half of 64 samples, 2 epochs

@@ -1,9 +1,12 @@
 """A Lightning fit on 2 epochs: STRATEGY=hvdlite (HvdliteStrategy, under hvdlite run) or ddp
 (Lightning's own, under torchrun). Each rank writes OUT_DIR/rank<r>.json: the samples it
-trained on and a hash of the final parameters."""
+trained on and a hash of the final parameters. SLOW="rank:seconds": that rank sleeps that long
+in each training step before the step's loss is logged with sync_dist (Lightning's own
+torch.distributed.all_reduce, where its peers wait for it)."""
 import hashlib
 import json
 import os
+import time
 
 import lightning.pytorch as pl
 import torch
@@ -19,12 +22,17 @@ class Model(pl.LightningModule):
     def training_step(self, batch, batch_idx):
         x, y = batch
         self.samples += len(x)
-        return torch.nn.functional.mse_loss(self.layers(x), y)
+        loss = torch.nn.functional.mse_loss(self.layers(x), y)
+        if SLOW and SLOW[0] == self.global_rank:
+            time.sleep(SLOW[1])
+        self.log("loss", loss, sync_dist=True)
+        return loss
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
+SLOW = tuple(float(x) for x in os.environ["SLOW"].split(":")) if os.environ.get("SLOW") else None
 if os.environ["STRATEGY"] == "hvdlite":
     from hvdlite.lightning import HvdliteStrategy
     strategy, devices = HvdliteStrategy(), "auto"
