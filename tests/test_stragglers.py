@@ -149,3 +149,39 @@ def test_a_rank_idle_in_join_is_neither_named_nor_the_baseline():
             for w in members.replace("c", ""):
                 s.heard(w, 100, 0.0, 2 * WINDOW)
             assert s.check(members, 2 * WINDOW) == [] and set(s.steps) == set(members)
+
+
+def test_a_timed_collective_counts_its_calls_time_once_on_every_thread():
+    """worker/runtime.timed, as the boot wraps torch.distributed's collectives: a call made
+    inside another (all_gather_object's all_gathers) is not counted twice, a call that raises
+    is counted and leaves the next one counted, and another thread's calls count too."""
+    import threading
+    import time
+    from hvdlite.worker import runtime
+
+    inner = runtime.timed(lambda: time.sleep(0.02))
+
+    def broken():
+        time.sleep(0.02)
+        raise RuntimeError("the world broke")
+
+    def counted(call):
+        """(seconds counted as waited, seconds the call took)"""
+        before, started = runtime.waited(), time.perf_counter()
+        call()
+        return runtime.waited() - before, time.perf_counter() - started
+
+    waited, took = counted(runtime.timed(lambda: (inner(), inner())))
+    assert 0.04 <= waited <= took, (waited, took)
+    try:
+        runtime.timed(broken)()
+    except RuntimeError:
+        pass
+    def on_a_thread():
+        thread = threading.Thread(target=inner)
+        thread.start()
+        thread.join()
+
+    for call in (inner, on_a_thread):
+        waited, took = counted(call)
+        assert 0.02 <= waited <= took, (waited, took)
