@@ -185,3 +185,22 @@ def test_a_timed_collective_counts_its_calls_time_once_on_every_thread():
     for call in (inner, on_a_thread):
         waited, took = counted(call)
         assert 0.02 <= waited <= took, (waited, took)
+
+
+def test_a_worker_whose_python_lacks_hvdlite_still_loads_torch_distributed(tmp_path):
+    """The boot sitecustomize is on every worker's PYTHONPATH, whatever interpreter the command
+    runs: one without hvdlite loads torch.distributed as torch made it, untimed."""
+    import subprocess
+    from hvdlite.driver.torchrunenv import BOOT
+    (tmp_path / "sitecustomize.py").write_text(  # (the boot runs the sitecustomize it hides)
+        "import sys\n"
+        "class NoHvdlite:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'hvdlite':\n"
+        "            raise ImportError('no hvdlite on this interpreter')\n"
+        "sys.meta_path.insert(0, NoHvdlite())\n")
+    done = subprocess.run([sys.executable, "-c", "import torch.distributed as d; print(d.all_reduce.__code__.co_name)"],
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([BOOT, str(tmp_path)]),
+                               "HVDLITE_RENDEZVOUS_ADDR": "127.0.0.1:1"},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.split() != ["timed_collective"], done.stderr[-2000:]

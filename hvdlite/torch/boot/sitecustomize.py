@@ -53,7 +53,10 @@ def _time_collectives(module) -> None:
     collectives and DDP's reducer call none of these functions."""
     if _RENDEZVOUS_ADDR not in os.environ:
         return
-    from hvdlite.worker.runtime import timed
+    try:
+        from hvdlite.worker.runtime import timed
+    except ImportError:  # hvdlite is not on this interpreter: nothing would read the time
+        return
     package = sys.modules.get("torch.distributed")  # (it takes these names once c10d has loaded)
     for name in _COLLECTIVES:
         collective = getattr(module, name, None)
