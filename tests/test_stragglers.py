@@ -153,7 +153,7 @@ def test_a_rank_idle_in_join_is_neither_named_nor_the_baseline():
 
 def test_a_timed_collective_counts_its_calls_time_once_on_every_thread():
     """worker/runtime.timed, as the boot wraps torch.distributed's collectives: a call made
-    inside another (all_gather_object's all_gathers) is not counted twice, a call that raises
+    inside another (all_gather_into_tensor's all_gather_single) is not counted twice, a call that raises
     is counted and leaves the next one counted, and another thread's calls count too."""
     import threading
     import time

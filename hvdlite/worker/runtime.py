@@ -42,8 +42,8 @@ def timed(collective):
     """`collective`, a blocking call into a group hvdlite does not drive (the torch.distributed
     functions a script calls: the boot sitecustomize wraps them), with the time its calls take
     counted as waited. Issuing is a few us of the call; an async_op call's wait, done later on
-    the Work it returns, is not seen. A call made inside another (all_gather_object's
-    all_gathers, all_gather_into_tensor's all_gather_single) counts once."""
+    the Work it returns, is not seen. A call made inside another (all_gather_into_tensor's
+    all_gather_single) counts once."""
     @functools.wraps(collective)
     def timed_collective(*args, **kwargs):
         mine = _timing.__dict__
