@@ -163,34 +163,40 @@ import os, sys, time
 from hvdlite.worker.session import session
 s = session()
 for i in range(100000):
-    print("x" * 2000, flush=True)
+    print(f"{i:06d} " + "x" * 2000, flush=True)
     with open(os.environ["STEPS"], "w") as f:
         f.write(str(i))
     time.sleep(0.001)
 """
 
 
-@pytest.mark.xfail(strict=True, reason="a driver that is stopped, not dead, keeps its end of the workers' "
-                   "output pipes open and unread: past 64 KB a print blocks in write() for as long, the "
-                   "driver's take-over by another does not free it (rescue moves the output to files only "
-                   "once the pipe broke)")
-def test_a_worker_printing_a_lot_trains_on_while_its_driver_is_stopped(tmp_path):
-    """The stopped driver is played by this test: it holds the read end of the pipe and never
-    reads. No driver answers (a port nobody serves): the worker is between drivers."""
-    steps = tmp_path / "steps"
-    environ = {**os.environ, env.RENDEZVOUS_ADDR: "127.0.0.1", env.RENDEZVOUS_PORT: "9", env.SECRET: "s" * 32,
+def test_a_worker_whose_print_blocked_on_a_stopped_driver_trains_on_under_the_next_one(tmp_path):
+    """The stopped driver is played by this test: it holds the read end of the worker's stdout
+    and never reads, and it answers nothing (a port nobody serves). The worker's print blocks
+    once the pipe is full; a new driver's beacon appears and the worker goes over to it: the
+    blocked print completes, and the output goes on into the file the new driver relays: every
+    line once, in order (what the pipe held first, then the print under way, then the rest)."""
+    steps, secret = tmp_path / "steps", "s" * 32
+    environ = {**os.environ, env.RENDEZVOUS_ADDR: "127.0.0.1", env.RENDEZVOUS_PORT: "9", env.SECRET: secret,
                env.WORKER: "localhost/0#1", env.ELASTIC: "1", env.LIVENESS_TIMEOUT: "1",
                env.DRIVER_GRACE: "30", env.CHECKPOINT_DIR: str(tmp_path), "STEPS": str(steps)}
     worker = subprocess.Popen([sys.executable, "-c", PRINTER], env=environ, stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        # 1 MB, the pipe holds 64 KB: while no driver reads, they reach a file (or the pipe breaks).
-        wait_until(lambda: steps.exists() and int(steps.read_text() or 0) >= 500, 10,
-                   "the worker's print blocked on the stopped driver's pipe")
+        with open(f"/proc/{worker.pid}/wchan") as wchan:  # 64 KB: about 32 lines
+            wait_until(lambda: "pipe_write" in (wchan.seek(0) or wchan.read()), 10, "a print blocked on the pipe")
+        os.mkdir(beacon.folder(str(tmp_path)), 0o700)
+        beacon.publish(str(tmp_path), secret, 1, "127.0.0.1", 9)  # the next driver (also silent)
+        wait_until(lambda: int(steps.read_text() or 0) >= 500, 10,
+                   "the worker's print blocked on the stopped driver's pipe after it went over to another")
     finally:
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait(10)
         worker.stdout.close()
+    with open(beacon.output_path(str(tmp_path), "localhost/0#1", "stdout"), "rb") as f:
+        lines = f.read().split(b"\n")[:-1]  # the last one may be cut by the kill
+    assert [int(line[:6]) for line in lines] == list(range(len(lines))) and len(lines) >= 500
+    assert all(len(line) == 2007 for line in lines)
 
 
 # ---- the driver killed during a graceful stop -------------------------------------------------

@@ -279,6 +279,7 @@ class Session:
         """Go over to the driver holding lease `epoch` at addr:port (on the heartbeat thread;
         every KV connection reconnects there at its next request)."""
         self.epoch, self.addr, self.port = epoch, addr, port
+        rescue.move()  # the new driver relays the files; the old one may hold the pipes unread (stopped)
         self.client.move(addr, port)
         self._beats.close()
         self._beats = Heartbeats(self.client, timeout=HEARTBEAT_TIMEOUT)
