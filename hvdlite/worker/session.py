@@ -41,6 +41,14 @@ BEACON_POLL = 0.05  # seconds between looks at the beacon while no driver answer
 GAP_BEAT_TIMEOUT = 0.5  # seconds a heartbeat waits for its answer while the last one got none
 
 
+def between_drivers(environ, secret: str):
+    """(--driver-grace, a Watch of the beacon) for a worker that trains on without a driver
+    until one takes the job over (elastic, with --checkpoint-dir); (0.0, None) otherwise."""
+    cfg = durable.config(environ)
+    grace = float(environ.get(env.DRIVER_GRACE, "0")) if cfg is not None and environ.get(env.ELASTIC) == "1" else 0.0
+    return grace, beacon.Watch(cfg.directory, secret) if grace else None
+
+
 class Removed(SystemExit):
     """The driver left this worker out of the new world: the process ends with code 0, or
     exitcodes.LEFT when it leaves on a SIGTERM."""
@@ -68,11 +76,9 @@ class Session:
         self.epoch = int(environ.get(env.DRIVER_EPOCH, "0"))  # the greatest driver lease accepted
         # Seconds to train on without a driver: a successor finds the live workers through the
         # beacon in --checkpoint-dir (0: exit after the liveness timeout, as without one).
-        cfg = durable.config(environ)
-        self.grace = float(environ.get(env.DRIVER_GRACE, "0")) if cfg is not None and self.elastic else 0.0
-        self._watch = beacon.Watch(cfg.directory, secret) if self.grace else None
+        self.grace, self._watch = between_drivers(environ, secret)
         if self.grace:
-            rescue.install(cfg.directory, self.worker)
+            rescue.install(durable.config(environ).directory, self.worker)
         self.client = KVClient(self.addr, self.port, secret)
         # Signed datagrams with a short timeout: cheap for the driver at thousands of workers,
         # and a partition is noticed within the liveness timeout.
