@@ -15,6 +15,7 @@ write moves both streams to the files and is made again there. The heartbeat thr
 too as soon as it finds the pipes broken (`check`), so that writes made outside Python (C
 libraries writing to fd 2) are not lost either.
 """
+import atexit
 import os
 import select
 import stat
@@ -26,6 +27,7 @@ from hvdlite.worker import beacon
 _lock = threading.Lock()
 _target = None  # (checkpoint dir, worker id) once installed
 _moved = False
+_relays = []  # (fd, a copy of its file, the thread relaying into it) once moved
 
 
 class _Guarded:
@@ -97,8 +99,29 @@ def move() -> None:
             new, writes = os.pipe()
             os.dup2(writes, fd)
             os.close(writes)
-            threading.Thread(target=_relay, args=(old, new, out), daemon=True, name=f"hvdlite-rescue-{stream}").start()
+            relay = threading.Thread(target=_relay, args=(old, new, out), daemon=True, name=f"hvdlite-rescue-{stream}")
+            relay.start()
+            _relays.append((fd, os.dup(out), relay))
+        if _relays:
+            atexit.register(finish)
         _moved = True
+
+
+def finish(timeout: float = 2.0) -> None:
+    """As the worker exits: what its relays still hold reaches the files (a daemon thread
+    would die with the lines that the last prints put in its pipe); the files take the rest."""
+    if not _relays:
+        return  # nothing relayed; and a print blocked on a stopped driver's pipe holds the streams' locks
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    while _relays:
+        fd, out, relay = _relays.pop()
+        os.dup2(out, fd)  # this process's end of the relay's pipe closes: it reads to the end
+        os.close(out)
+        relay.join(timeout)
 
 
 def _reader(fd: int):

@@ -258,6 +258,7 @@ class Session:
                 try:
                     durable.finish()  # rank 0's newest commit reaches the disk first
                     self._leave_word(exitcodes.LOST_DRIVER)
+                    rescue.finish()
                 finally:
                     os._exit(exitcodes.LOST_DRIVER)
             asleep, interval = time.monotonic(), self.interval
