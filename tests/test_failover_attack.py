@@ -201,6 +201,27 @@ def test_a_worker_whose_print_blocked_on_a_stopped_driver_trains_on_under_the_ne
     assert (end, rest) == (b"the end", b""), "the last print, made as the worker exited, did not reach the file"
 
 
+def test_a_worker_whose_stderr_is_full_and_unread_still_ends_at_its_grace(tmp_path):
+    """The stopped driver holds the worker's stderr unread, no new driver comes: a print to
+    stderr blocks, and so would the heartbeat thread's own line about the lost driver; the
+    grace still ends the worker (exit 75) instead of leaving it hung."""
+    environ = {**os.environ, env.RENDEZVOUS_ADDR: "127.0.0.1", env.RENDEZVOUS_PORT: "9", env.SECRET: "s" * 32,
+               env.WORKER: "localhost/0#1", env.ELASTIC: "1", env.LIVENESS_TIMEOUT: "1",
+               env.DRIVER_GRACE: "2", env.CHECKPOINT_DIR: str(tmp_path)}
+    printer = "import sys\nfrom hvdlite.worker.session import session\ns = session()\n" \
+              "while True:\n    print('x' * 2000, file=sys.stderr, flush=True)\n"
+    worker = subprocess.Popen([sys.executable, "-c", printer], env=environ,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        wait_until(lambda: worker.poll() is not None, 20, "the worker hung on its full stderr past its grace")
+        assert worker.returncode == exitcodes.LOST_DRIVER
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(10)
+        worker.stderr.close()
+
+
 # ---- the driver killed during a graceful stop -------------------------------------------------
 def _journal(ckpt):
     try:

@@ -254,7 +254,7 @@ class Session:
                          f"it for up to {self.grace:g} s (--driver-grace) until a driver takes the job over")
             if time.monotonic() - last_contact > max(self.liveness_timeout, self.grace):
                 _say(f"lost contact with the driver at {self.addr}:{self.port} for "
-                     f"{max(self.liveness_timeout, self.grace):g} s; exiting")
+                     f"{max(self.liveness_timeout, self.grace):g} s; exiting").join(STALL)
                 try:
                     durable.finish()  # rank 0's newest commit reaches the disk first
                     self._leave_word(exitcodes.LOST_DRIVER)
@@ -294,12 +294,19 @@ class Session:
         probed.announce(self)  # where it probes this worker's node
 
 
-def _say(line: str) -> None:
-    try:  # stderr may be a pipe to a dead driver
-        sys.stderr.write(f"hvdlite: {line}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
+def _say(line: str) -> threading.Thread:
+    """Write the line on a thread of its own: the heartbeat thread must go on (look at the
+    beacon, end the grace) while stderr is a full pipe to a stopped driver, or a print blocked
+    on it holds the stream."""
+    def write():
+        try:  # stderr may be a pipe to a dead driver
+            sys.stderr.write(f"hvdlite: {line}\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+    said = threading.Thread(target=write, daemon=True, name="hvdlite-say")
+    said.start()
+    return said
 
 
 def loopback_by_rank(address: str, rank: int) -> str:
