@@ -17,10 +17,17 @@ def stat_fields(pid: int):
     is no such process."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+            return fields_of(f.read())
+    except OSError:
         return None
-    return fields or None
+
+
+def fields_of(stat: str):
+    """stat_fields of a /proc/PID/stat line read elsewhere (on another host), or None."""
+    try:
+        return stat.rsplit(")", 1)[1].split() or None
+    except IndexError:
+        return None
 
 
 def state(pid: int) -> str:
@@ -36,11 +43,12 @@ def exiting(pid: int) -> bool:
     return fields is None or fields[0] in GONE or bool(int(fields[6]) & PF_EXITING)
 
 
-def identity(pid: int):
+def identity(pid: int, stat: str = None):
     """"PID:STARTTIME" (field 22, clock ticks since boot): one process, as a pid given out
     again is another; None when there is no such process or it exited (a zombie nobody reaped:
-    an orphan's, where PID 1 reaps slowly or never)."""
-    fields = stat_fields(pid)
+    an orphan's, where PID 1 reaps slowly or never). From `stat`, its /proc/PID/stat line as
+    read on another host, when given."""
+    fields = stat_fields(pid) if stat is None else fields_of(stat)
     return f"{pid}:{fields[19]}" if fields and len(fields) > 19 and fields[0] not in GONE else None
 
 

@@ -354,11 +354,14 @@ class ElasticJob(RuleBasedStateMachine):
             self.send(Exited(proc.worker, exitcodes.LOST_DRIVER), dt=0.0)
         self.send(Tick(), dt=0.01)
 
-    @rule(data=st.data(), steps=st.integers(0, 3), peer_dies=st.booleans(), paused=st.booleans())
-    def driver_dies_and_a_new_one_takes_over(self, data, steps, peer_dies, paused):
+    @rule(data=st.data(), steps=st.integers(0, 3), peer_dies=st.booleans(), paused=st.booleans(),
+          on_ssh=st.booleans())
+    def driver_dies_and_a_new_one_takes_over(self, data, steps, peer_dies, paused, on_ssh=False):
         """kill -9 of the driver (or it is paused past its lease: a standby takes the lease); the
         members train on without it, a peer may die meanwhile (its survivors wait for a driver);
-        then a new driver takes a greater lease and the job over from the last journal."""
+        then a new driver takes a greater lease and the job over from the last journal. A dead
+        peer of this machine is told killed (its /proc); one of an SSH host (`on_ssh`: its host
+        died, say) gone without a word is launched again, nobody blamed (job.py, _lead)."""
         c = self.core
         if self.disk is None or self.ended is not None or not adoption.adoptable(c):
             return
@@ -385,7 +388,7 @@ class ElasticJob(RuleBasedStateMachine):
             "the world taken over is not the world that was there"
         assert new.launches == c.launches and new.round == c.round
         if victim is not None:  # its process is gone: the executor says so at once
-            self.send(Exited(victim, -9), dt=0.01)
+            self.send(Exited(victim, exitcodes.LOST_DRIVER if on_ssh else -9), dt=0.01)
         self.send(self.beats(self.running()), dt=0.01)
         held = [p.commit for p in self.running() if p.worker in new.workers and new.workers[p.worker].alive]
         assert new.ledger.newest >= max(held, default=0), "a commit the live workers hold was lost"
@@ -1233,9 +1236,11 @@ def test_a_member_idle_in_join_with_less_data_is_not_named_nor_the_baseline():
     assert job.ended is None and all(not p.idle for p in job.procs.values())
 
 
-def test_a_driver_killed_while_a_peer_dies_without_it_is_taken_over_and_the_world_re_forms():
+@pytest.mark.parametrize("on_ssh", [False, True])
+def test_a_driver_killed_while_a_peer_dies_without_it_is_taken_over_and_the_world_re_forms(on_ssh):
     """The members commit twice without a driver, one dies; the new driver takes the world
-    over, hears the death, and the survivors re-form from the newest commit: nothing lost."""
+    over, hears the death, and the survivors re-form from the newest commit: nothing lost. On
+    an SSH host the dead one's slot is launched again, blamed on nobody."""
     job = ElasticJob()
     job.checkpoint_dir(durable=True, on_disk=0)
     job.straggler_policy(evict=False)
@@ -1244,8 +1249,9 @@ def test_a_driver_killed_while_a_peer_dies_without_it_is_taken_over_and_the_worl
     job.syncs_from_the_root(fails=set())
     (a, b, c) = sorted(p.worker for p in job.members())
     old = job.core
-    job.driver_dies_and_a_new_one_takes_over(Picks(c), steps=2, peer_dies=True, paused=True)
+    job.driver_dies_and_a_new_one_takes_over(Picks(c), steps=2, peer_dies=True, paused=True, on_ssh=on_ssh)
     assert job.core is not old and job.core.broken == job.core.round == 1
+    assert bool(job.core.blacklist.count) != on_ssh  # -9: its slot (or host) sits out
     assert len(job.drivers) == 2  # the paused one is back, fenced (at_most_one_driver_decides)
     job.at_most_one_driver_decides()
     job.world_leaves_together()

@@ -122,9 +122,6 @@ def test_a_finished_job_run_again_ends_at_once_with_its_result(tmp_path):
     check_training_continuous(tmp_path, 10)
 
 
-GRACE = 5  # --driver-grace: the least it may be, --liveness-timeout's default
-
-
 def test_on_ssh_hosts_every_host_dying_with_the_driver_then_the_same_command_resumes(tmp_path, ssh_hosts):
     # The test hosts share this machine's filesystem: the usual shared checkpoint folder.
     hosts = ssh_hosts(2)
@@ -133,14 +130,12 @@ def test_on_ssh_hosts_every_host_dying_with_the_driver_then_the_same_command_res
     def every_host_dies():
         for name in names:
             hosts.kill_all(name)
-        for name in names:
+        for name in names:  # back at once, with new processes: some may have a dead worker's pid
             hosts.start(name)
-        # The rerun comes after the workers' --driver-grace: within it, it would take the dead
-        # workers over (a take-over does not yet tell a dead SSH worker from a live one).
-        time.sleep(GRACE + 0.5)
+    # The rerun comes within the workers' --driver-grace: it asks their hosts, finds them gone,
+    # and resumes from disk.
     written, made, result = crash_then_resume(
-        tmp_path, [*ssh_flags(hosts), "-H", "host-1:1,host-2:1", "--min-np", "1", "--driver-grace", str(GRACE),
-                   *JOB], at_step=15,
+        tmp_path, [*ssh_flags(hosts), "-H", "host-1:1,host-2:1", "--min-np", "1", *JOB], at_step=15,
         kill_hosts=every_host_dies, STEP_SLEEP=0.05)
     hosts.close()
     records = check_training_continuous(tmp_path, TOTAL)

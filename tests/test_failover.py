@@ -26,8 +26,9 @@ from hvdlite.driver.store.filestore import FileStore
 from hvdlite.worker import beacon, env
 from hvdlite.worker.kvclient import KVClient
 from hvdlite.worker.session import Session
-from jobs import SCRIPTS, Job, progress, run_job, wait_until
+from jobs import SCRIPTS, Job, job_env, progress, run_job, sizes, wait_until
 from test_core import first_world
+from test_numpy_backend import JOB as NUMPY_JOB, check_training_continuous as check_numpy, needs_pygloo
 
 JOB = [sys.executable, os.path.join(SCRIPTS, "determinism_job.py")]
 ARGS = ["--liveness-timeout", "2", "-np", "2", "--min-np", "2", "--max-np", "2", "-H", "localhost:2"]
@@ -76,6 +77,35 @@ def test_kill_9_of_the_driver_then_the_same_command_takes_the_live_workers_over(
     assert got["hash"] == expected["hash"], "parameters or momentum differ from the fault-free run"
     printed = (first / "driver.out").read_text() + r.stdout
     assert all(f"EPOCH {e} exactly-once" in printed for e in range(3)), printed
+
+
+@needs_pygloo
+def test_numpy_workers_train_on_without_a_driver_and_are_taken_over(tmp_path):
+    """The numpy backend through the driver's kill -9: the same processes train on, are taken
+    over, and train what a run with no fault trains. After the take-over a rank waits in an
+    allreduce, pygloo holding its GIL, past --liveness-timeout (its peer is slow): its stand-in
+    process beats for it, to the new driver, so it is not taken for hung."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    args = [*ARGS, "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval", "0", *NUMPY_JOB]
+    knobs = job_env(tmp_path, TOTAL_STEPS=30, STEP_SLEEP=0.05, HOLD_AT=25, SLOW="localhost/0:27:4")
+    with Job(args, first, knobs) as a:
+        a.wait_for(lambda _: progress(tmp_path) >= 5, 90)
+        pids = {e["slot"]: e["pid"] for e in a.events() if e["event"] == "worker_start"}
+        a.proc.kill()
+        a.proc.wait(10)
+        killed_at = progress(tmp_path)
+        wait_until(lambda: progress(tmp_path) >= killed_at + 3, 60, "steps while no driver runs")
+        with Job(args, second, knobs) as b:
+            b.wait_for(lambda events: any(e["event"] == "job_readopted" for e in events), 60)
+            (tmp_path / "go").touch()
+            r = b.finish(120)
+    assert r.code == 0, r.stderr[-3000:]
+    assert r.of("job_adopted")[0]["pids"] == pids, "not the same worker processes"
+    assert not r.of("worker_start") and not r.of("round_complete"), "a worker was started, or the world re-formed"
+    assert sorted(e["code"] for e in r.of("worker_exit")) == [0, 0] and not r.of("worker_unresponsive")
+    assert sizes(check_numpy(tmp_path, 30)) == [2]
 
 
 # ---- without a driver for the grace: today's end ------------------------------------------

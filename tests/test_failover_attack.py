@@ -159,38 +159,67 @@ def test_a_driver_folder_or_secret_another_user_could_write_is_refused(tmp_path)
 
 # ---- a worker that prints a lot while its driver is stopped (Ctrl-Z, SIGSTOP) ------------------
 PRINTER = """
-import os, sys, time
+import time
 from hvdlite.worker.session import session
 s = session()
-for i in range(100000):
-    print("x" * 2000, flush=True)
-    with open(os.environ["STEPS"], "w") as f:
-        f.write(str(i))
+for i in range(600):
+    print(f"{i:06d} " + "x" * 2000, flush=True)
     time.sleep(0.001)
+print("the end", flush=True)
 """
 
 
-@pytest.mark.xfail(strict=True, reason="a driver that is stopped, not dead, keeps its end of the workers' "
-                   "output pipes open and unread: past 64 KB a print blocks in write() for as long, the "
-                   "driver's take-over by another does not free it (rescue moves the output to files only "
-                   "once the pipe broke)")
-def test_a_worker_printing_a_lot_trains_on_while_its_driver_is_stopped(tmp_path):
-    """The stopped driver is played by this test: it holds the read end of the pipe and never
-    reads. No driver answers (a port nobody serves): the worker is between drivers."""
-    steps = tmp_path / "steps"
-    environ = {**os.environ, env.RENDEZVOUS_ADDR: "127.0.0.1", env.RENDEZVOUS_PORT: "9", env.SECRET: "s" * 32,
+def test_a_worker_whose_print_blocked_on_a_stopped_driver_trains_on_under_the_next_one(tmp_path):
+    """The stopped driver is played by this test: it holds the read end of the worker's stdout
+    and never reads, and it answers nothing (a port nobody serves). The worker's print blocks
+    once the pipe is full; a new driver's beacon appears and the worker goes over to it: the
+    blocked print completes, and the output goes on into the file the new driver relays: every
+    line once, in order (what the pipe held first, then the print under way, then the rest, the
+    last made as the worker exits)."""
+    secret = "s" * 32
+    environ = {**os.environ, env.RENDEZVOUS_ADDR: "127.0.0.1", env.RENDEZVOUS_PORT: "9", env.SECRET: secret,
                env.WORKER: "localhost/0#1", env.ELASTIC: "1", env.LIVENESS_TIMEOUT: "1",
-               env.DRIVER_GRACE: "30", env.CHECKPOINT_DIR: str(tmp_path), "STEPS": str(steps)}
+               env.DRIVER_GRACE: "30", env.CHECKPOINT_DIR: str(tmp_path)}
     worker = subprocess.Popen([sys.executable, "-c", PRINTER], env=environ, stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        # 1 MB, the pipe holds 64 KB: while no driver reads, they reach a file (or the pipe breaks).
-        wait_until(lambda: steps.exists() and int(steps.read_text() or 0) >= 500, 10,
-                   "the worker's print blocked on the stopped driver's pipe")
+        with open(f"/proc/{worker.pid}/wchan") as wchan:  # 64 KB: about 32 lines
+            wait_until(lambda: "pipe_write" in (wchan.seek(0) or wchan.read()), 10, "a print blocked on the pipe")
+        os.mkdir(beacon.folder(str(tmp_path)), 0o700)
+        beacon.publish(str(tmp_path), secret, 1, "127.0.0.1", 9)  # the next driver (also silent)
+        wait_until(lambda: worker.poll() is not None, 20,
+                   "the worker's print blocked on the stopped driver's pipe after it went over to another")
+        assert worker.returncode == 0
     finally:
-        os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait(10)
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(10)
         worker.stdout.close()
+    with open(beacon.output_path(str(tmp_path), "localhost/0#1", "stdout"), "rb") as f:
+        *lines, end, rest = f.read().split(b"\n")
+    assert [int(line[:6]) for line in lines] == list(range(600)) and all(len(line) == 2007 for line in lines)
+    assert (end, rest) == (b"the end", b""), "the last print, made as the worker exited, did not reach the file"
+
+
+def test_a_worker_whose_stderr_is_full_and_unread_still_ends_at_its_grace(tmp_path):
+    """The stopped driver holds the worker's stderr unread, no new driver comes: a print to
+    stderr blocks, and so would the heartbeat thread's own line about the lost driver; the
+    grace still ends the worker (exit 75) instead of leaving it hung."""
+    environ = {**os.environ, env.RENDEZVOUS_ADDR: "127.0.0.1", env.RENDEZVOUS_PORT: "9", env.SECRET: "s" * 32,
+               env.WORKER: "localhost/0#1", env.ELASTIC: "1", env.LIVENESS_TIMEOUT: "1",
+               env.DRIVER_GRACE: "2", env.CHECKPOINT_DIR: str(tmp_path)}
+    printer = "import sys\nfrom hvdlite.worker.session import session\ns = session()\n" \
+              "while True:\n    print('x' * 2000, file=sys.stderr, flush=True)\n"
+    worker = subprocess.Popen([sys.executable, "-c", printer], env=environ,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        wait_until(lambda: worker.poll() is not None, 20, "the worker hung on its full stderr past its grace")
+        assert worker.returncode == exitcodes.LOST_DRIVER
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(10)
+        worker.stderr.close()
 
 
 # ---- the driver killed during a graceful stop -------------------------------------------------

@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import urllib.request
 
 import pytest
@@ -14,10 +15,10 @@ from hvdlite import exitcodes
 from hvdlite.cli import parse_settings
 from hvdlite.driver.launchers.ssh.adopted import AdoptedSSHWorker
 from hvdlite.driver.launchers.ssh.connection import SSHError
-from hvdlite.driver.leadership import NotLeader
+from hvdlite.driver.leadership import Leadership, NotLeader
 from hvdlite.driver.standby import lead
 from hvdlite.driver.store import Lease
-from hvdlite.driver.store.etcd import Unreachable
+from hvdlite.driver.store.etcd import EtcdStore, Unreachable
 from hvdlite.driver.store.filestore import FileStore
 from hvdlite.errors import UsageError
 from hvdlite.worker import beacon
@@ -137,6 +138,37 @@ def test_a_standby_says_once_that_the_store_does_not_answer_and_waits_on():
                     "standby: the lease lapsed; this driver takes the job over"]
     stopped = []
     assert lead(taker(Flaky(), "b"), Flaky(), stopped.append, stopped=lambda: True) is None and stopped == []
+
+
+def test_with_the_etcd_majority_lost_nobody_decides_and_the_last_journal_stays(etcd_cluster, tmp_path):
+    """Two of the three members killed under the active driver: it cannot renew and stops
+    deciding once its time to live ran out, and no other driver gets a lease meanwhile; with
+    the majority back, the next driver takes lease 2 and reads the journal written last."""
+    ckpt, where = str(tmp_path / "ckpt"), "/hvdlite-majority" + str(tmp_path)
+    active = Leadership.take(ckpt, 2.0, 0.0, EtcdStore(etcd_cluster.url, where, timeout=0.5))
+    active.take_secret(adopting=False)
+    active.record({"adoptable": True, "round": 7})
+    assert active.flush()
+    lost = etcd_cluster.names[1:]
+    for name in lost:
+        etcd_cluster.kill(name)
+    try:
+        with pytest.raises(NotLeader, match="could not renew its lease 1"):
+            active.keep(2.1)  # no renewal for its time to live: no decision
+        with pytest.raises(Unreachable):
+            EtcdStore(etcd_cluster.url, where, timeout=0.5).acquire("another", 2.0)
+    finally:
+        for name in lost:
+            etcd_cluster.start(name)
+    deadline = time.monotonic() + 30  # the old lease lapses once a leader is back
+    while True:
+        try:
+            nxt = Leadership.take(ckpt, 2.0, 0.0, EtcdStore(etcd_cluster.url, where))
+            break
+        except NotLeader:
+            assert time.monotonic() < deadline, "lease 1 never lapsed"
+            time.sleep(0.2)
+    assert nxt.epoch == 2 and nxt.journal() == {"adoptable": True, "round": 7}
 
 
 # ---- one real take-over ----------------------------------------------------------------------

@@ -108,7 +108,7 @@ class Executor:
         word = beacon.output_path(self.settings.checkpoint_dir, worker, "exit")  # its code, said while no driver ran
         said = lambda: _said(self.rendezvous.said_code(worker), word)  # noqa: E731
         handle = AdoptedWorker(pid, identity, said, output, files) if self.launchers.is_local(host) \
-            else self.launchers.for_host(host).adopt(host, pid, said, output, files)  # an SSH host's
+            else self.launchers.for_host(host).adopt(host, pid, said, output, files, identity)  # an SSH host's
         with self._lock:
             self._host_of[worker] = host
             self.handles[worker] = handle
@@ -116,12 +116,13 @@ class Executor:
                          name=f"hvdlite-wait-{worker}").start()
 
     def identities(self) -> dict:
-        """worker -> "pid:starttime" of each running worker of this machine (the journal's)."""
+        """worker -> "pid:starttime" of each running worker, as its own host tells its
+        processes apart (the journal's; an SSH worker's from its launch's marker)."""
         with self._lock:
-            running = [(w, h.pid) for w, h in self.handles.items() if self.launchers.is_local(self._host_of.get(w, ""))]
+            running = [(w, h, self.launchers.is_local(self._host_of.get(w, ""))) for w, h in self.handles.items()]
         known, self._identities = self._identities, {}
-        for w, pid in running:
-            identity = known.get(w) or procstat.identity(pid)
+        for w, handle, local in running:
+            identity = known.get(w) or (procstat.identity(handle.pid) if local else getattr(handle, "identity", None))
             if identity is not None:
                 self._identities[w] = identity
         return dict(self._identities)

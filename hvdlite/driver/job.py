@@ -13,6 +13,7 @@ import signal
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from hvdlite.discovery.script import DiscoveryError
 from hvdlite.discovery.sources import host_source
@@ -207,8 +208,8 @@ class Job:
         saved = self.leader.journal()
         if saved is not None and not saved.get("adoptable"):
             procs = saved.get("procs", {})
-            running = [_pid(procs[w["id"]]) for w in saved.get("workers", ())
-                       if w["id"] in procs and _runs(procs[w["id"]])]
+            running = [_pid(procs[w["id"]]) for w in saved.get("workers", ()) if w["id"] in procs
+                       and self.launchers.is_local(w["host"]) and _runs(procs[w["id"]])]  # SSH hosts' pids are theirs
             if running and saved.get("round", 0) > 0:
                 # Its driver died while ending the job: the workers that had not heard train on.
                 raise JobError(f"the last driver of this job died while ending it and its workers still run "
@@ -240,13 +241,31 @@ class Job:
                                f"on until about {time.strftime('%H:%M:%S', time.localtime(until))} "
                                f"(--driver-grace); only workers on this machine and on SSH hosts are taken "
                                f"over (docs/failover.md): run this again after that, or stop them first")
-            if others or remote and not graced or not remote and not any(
-                    _runs(procs[w["id"]]) for w in live if w["id"] in procs):
-                saved = None  # every one of them ended (its grace ran out): a plain resume from disk
+            running = set() if others or remote and not graced else self._running(live, procs)
+            if not running:
+                saved = None  # every one of them ended (its grace ran out, its host died): a plain resume from disk
+            else:  # an SSH worker gone without a word (with its host, say) is not taken over (_adopt)
+                gone = {w["id"] for w in live if w["id"] not in running and not self.launchers.is_local(w["host"])
+                        and not os.path.exists(beacon.output_path(s.checkpoint_dir, w["id"], "exit"))}
+                saved["procs"] = {w: p for w, p in procs.items() if w not in gone}
         else:
             saved = None
         self.secret = self.leader.take_secret(adopting=saved is not None)
         return saved
+
+    def _running(self, live, procs) -> set:
+        """The journal's `live` workers whose processes run (pid and start time): this machine's
+        as its /proc tells, an SSH host's as that host tells over SSH (every host at once; none of
+        a host that cannot be reached)."""
+        known = [w for w in live if w["id"] in procs]
+        running = {w["id"] for w in known if self.launchers.is_local(w["host"]) and _runs(procs[w["id"]])}
+        remote = {}  # host -> identity -> worker
+        for w in known:
+            if not self.launchers.is_local(w["host"]):
+                remote.setdefault(w["host"], {})[procs[w["id"]]] = w["id"]
+        with ThreadPoolExecutor(max(1, len(remote))) as pool:
+            found = pool.map(lambda host: self.launchers.for_host(host).running(host, remote[host]), remote)
+        return running | {remote[host][identity] for host, there in zip(remote, found) for identity in there}
 
     def _adopt(self, core, saved):
         """Make `core` the journal's job and take its live workers over."""
@@ -255,12 +274,10 @@ class Job:
         procs = saved.get("procs", {})
         unseen = []
         for inc in core._live():
-            local = self.launchers.is_local(inc.host)
-            if not (inc.id in procs if local else inc.pid is not None):
-                unseen.append(inc.id)  # launched as the last driver died: nobody knows its process
+            if inc.id not in procs:  # launched as the last driver died (nobody knows its process), or
+                unseen.append(inc.id)  # an SSH worker gone without a word (_lead)
                 continue
-            if local:
-                inc.pid = _pid(procs[inc.id])
+            inc.pid = _pid(procs[inc.id])
             self.executor.adopt(inc.id, inc.slot, inc.host, inc.pid, procs.get(inc.id),
                                 str(inc.rank) if inc.rank is not None else inc.slot)
             if os.path.exists(beacon.output_path(self.settings.checkpoint_dir, inc.id, "exit")):

@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 
-from hvdlite.template import child, kept, wire
+from hvdlite.template import child, kept, spawn, wire
 from hvdlite.template.command import Refused, plan
 from hvdlite.worker import claim
 
@@ -95,7 +95,7 @@ class Child:
         child.become_worker(self.fds[0], self.fds[1], self.header["env"], self.header["cwd"], unbuffered)
         claim.claim_now()  # the launch's, as a plain start's sitecustomize would (the template had none)
         if self.header.get("mark"):  # a remote launcher's marker: the group it signals, before any output
-            os.write(1, f"{self.header['mark']} {os.getpid()} template\n".encode())
+            os.write(1, f"{self.header['mark']} {spawn.mark()} template\n".encode())
         child.run(kind, target, args, self.header["argv"][0])
 
 

@@ -7,9 +7,11 @@ the worker with, then ends as the worker ends: the same exit code, or death by t
 signal, so the SSH session reports what a plain launch would. If this process dies, the
 template kills the worker's process group.
 
-Before any output of the worker, one line `MARK PID template` (written by the forked worker)
-tells the driver the process group to signal. When the template cannot fork it (not running,
-refused), this process says `MARK PID plain REASON` and becomes the worker itself (exec). When
+Before any output of the worker, one line `MARK PID:START template` (written by the forked
+worker) tells the driver the process group to signal, and the start time that tells that
+process from a later one of the same pid (procstat.identity). When the template cannot fork it
+(not running, refused), this process says `MARK PID:START plain REASON` and becomes the worker
+itself (exec keeps both). When
 the template dies, before it forked the worker or after (taking the worker along), this
 process's last line is TEMPLATE_DIED: the driver launches the worker again without holding
 the template's death against it or its host. A template that does not answer the request
@@ -25,6 +27,7 @@ import signal
 import socket
 import sys
 
+from hvdlite import procstat
 from hvdlite.template import wire
 
 MARK = "__hvdlite_pgid__"
@@ -34,9 +37,20 @@ REFUSED = "the template refused"  # ... when it serves, but not this command
 USAGE = "usage: python -m hvdlite.template.spawn --socket PATH [--answer-timeout SECONDS] -- COMMAND..."
 
 
+def mark() -> str:
+    """This process's word in its marker: PID:START."""
+    return procstat.identity(os.getpid()) or str(os.getpid())
+
+
+def marked(word: str):
+    """(the process group, the identity of its leader or None) a marker's word names."""
+    pgid, _, start = word.partition(":")
+    return int(pgid), word if start else None
+
+
 def plain(command, reason: str) -> int:
     """Become the worker, as the launcher would have started it without a template."""
-    os.write(1, f"{MARK} {os.getpid()} plain {' '.join(reason.split())}\n".encode())
+    os.write(1, f"{MARK} {mark()} plain {' '.join(reason.split())}\n".encode())
     for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them; a plain exec does not
         signal.signal(sig, signal.SIG_DFL)
     try:

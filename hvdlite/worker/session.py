@@ -41,6 +41,14 @@ BEACON_POLL = 0.05  # seconds between looks at the beacon while no driver answer
 GAP_BEAT_TIMEOUT = 0.5  # seconds a heartbeat waits for its answer while the last one got none
 
 
+def between_drivers(environ, secret: str):
+    """(--driver-grace, a Watch of the beacon) for a worker that trains on without a driver
+    until one takes the job over (elastic, with --checkpoint-dir); (0.0, None) otherwise."""
+    cfg = durable.config(environ)
+    grace = float(environ.get(env.DRIVER_GRACE, "0")) if cfg is not None and environ.get(env.ELASTIC) == "1" else 0.0
+    return grace, beacon.Watch(cfg.directory, secret) if grace else None
+
+
 class Removed(SystemExit):
     """The driver left this worker out of the new world: the process ends with code 0, or
     exitcodes.LEFT when it leaves on a SIGTERM."""
@@ -68,11 +76,9 @@ class Session:
         self.epoch = int(environ.get(env.DRIVER_EPOCH, "0"))  # the greatest driver lease accepted
         # Seconds to train on without a driver: a successor finds the live workers through the
         # beacon in --checkpoint-dir (0: exit after the liveness timeout, as without one).
-        cfg = durable.config(environ)
-        self.grace = float(environ.get(env.DRIVER_GRACE, "0")) if cfg is not None and self.elastic else 0.0
-        self._watch = beacon.Watch(cfg.directory, secret) if self.grace else None
+        self.grace, self._watch = between_drivers(environ, secret)
         if self.grace:
-            rescue.install(cfg.directory, self.worker)
+            rescue.install(durable.config(environ).directory, self.worker)
         self.client = KVClient(self.addr, self.port, secret)
         # Signed datagrams with a short timeout: cheap for the driver at thousands of workers,
         # and a partition is noticed within the liveness timeout.
@@ -248,10 +254,11 @@ class Session:
                          f"it for up to {self.grace:g} s (--driver-grace) until a driver takes the job over")
             if time.monotonic() - last_contact > max(self.liveness_timeout, self.grace):
                 _say(f"lost contact with the driver at {self.addr}:{self.port} for "
-                     f"{max(self.liveness_timeout, self.grace):g} s; exiting")
+                     f"{max(self.liveness_timeout, self.grace):g} s; exiting").join(STALL)
                 try:
                     durable.finish()  # rank 0's newest commit reaches the disk first
                     self._leave_word(exitcodes.LOST_DRIVER)
+                    rescue.finish()
                 finally:
                     os._exit(exitcodes.LOST_DRIVER)
             asleep, interval = time.monotonic(), self.interval
@@ -279,6 +286,7 @@ class Session:
         """Go over to the driver holding lease `epoch` at addr:port (on the heartbeat thread;
         every KV connection reconnects there at its next request)."""
         self.epoch, self.addr, self.port = epoch, addr, port
+        rescue.move()  # the new driver relays the files; the old one may hold the pipes unread (stopped)
         self.client.move(addr, port)
         self._beats.close()
         self._beats = Heartbeats(self.client, timeout=HEARTBEAT_TIMEOUT)
@@ -286,12 +294,19 @@ class Session:
         probed.announce(self)  # where it probes this worker's node
 
 
-def _say(line: str) -> None:
-    try:  # stderr may be a pipe to a dead driver
-        sys.stderr.write(f"hvdlite: {line}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
+def _say(line: str) -> threading.Thread:
+    """Write the line on a thread of its own: the heartbeat thread must go on (look at the
+    beacon, end the grace) while stderr is a full pipe to a stopped driver, or a print blocked
+    on it holds the stream."""
+    def write():
+        try:  # stderr may be a pipe to a dead driver
+            sys.stderr.write(f"hvdlite: {line}\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+    said = threading.Thread(target=write, daemon=True, name="hvdlite-say")
+    said.start()
+    return said
 
 
 def loopback_by_rank(address: str, rank: int) -> str:

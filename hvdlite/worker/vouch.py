@@ -20,7 +20,9 @@ out gloo's 30 s timeout. This process does both in the worker's place:
   named (those at the addresses it published for that round), on every beat until the worker
   is done connecting: never on a later round's, never too early to reach them.
 It dies with the worker (PR_SET_PDEATHSIG), so its socket copies never keep a dead worker's
-connections open. The worker's own heartbeat thread keeps beating too.
+connections open. The worker's own heartbeat thread keeps beating too. Between drivers
+(--checkpoint-dir) it goes over to the one that took the job over as the worker does, by the
+beacon (session.py), and on its own: a worker held in a collective cannot tell it.
 
 Run as `python -m hvdlite.worker.vouch PID FD` with the worker's environment.
 """
@@ -35,10 +37,10 @@ import sys
 import time
 
 from hvdlite import procstat
-from hvdlite.worker import env, sockets
+from hvdlite.worker import beacon, env, sockets
 from hvdlite.worker.kvclient import Heartbeats, KVClient
 from hvdlite.worker.links import broken
-from hvdlite.worker.session import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
+from hvdlite.worker.session import GAP_BEAT_TIMEOUT, HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, between_drivers
 
 MAX_FDS = 250  # per message: the kernel passes at most 253 descriptors at once
 PR_SET_PDEATHSIG = 1
@@ -142,21 +144,34 @@ def main(pid: int, channel_fd: int) -> None:
     if os.getppid() != pid:
         return
     environ = os.environ
-    beats = Heartbeats(KVClient(environ[env.RENDEZVOUS_ADDR], int(environ[env.RENDEZVOUS_PORT]),
-                                environ[env.SECRET]), timeout=HEARTBEAT_TIMEOUT)
+    client = KVClient(environ[env.RENDEZVOUS_ADDR], int(environ[env.RENDEZVOUS_PORT]), environ[env.SECRET])
+    beats = Heartbeats(client, timeout=HEARTBEAT_TIMEOUT)
+    epoch = int(environ.get(env.DRIVER_EPOCH, "0"))  # the greatest driver lease accepted, as the worker's
+    _, watch = between_drivers(environ, environ[env.SECRET])
     worker = environ.get(env.WORKER, "")
     channel = socket.socket(fileno=channel_fd)
     held = _Held()
+    answered = True
     while os.getppid() == pid:
         held.receive(channel)
-        beats.client.offset = held.offset
+        client.offset = held.offset
         if _running(pid):
-            body = beats.beat(worker, vouched=held.group())
+            body = beats.beat(worker, vouched=held.group(),
+                              timeout=GAP_BEAT_TIMEOUT if watch and not answered else HEARTBEAT_TIMEOUT)
             try:
-                if body is not None:
-                    held.cut_if_broken(json.loads(body)["broken"], pid)
-            except (ValueError, KeyError):
-                pass  # no contact this time; the worker's own liveness check decides
+                answer = json.loads(body) if body is not None else {}
+                answered = "broken" in answer and beacon.accepts(answer.get("epoch", 0), epoch)
+                if answered:  # else no contact this time; the worker's own liveness check decides
+                    epoch = answer.get("epoch", 0)
+                    held.cut_if_broken(answer["broken"], pid)
+            except (ValueError, TypeError, AttributeError):  # not a driver's answer
+                answered = False
+            newer = watch.newer(epoch) if watch and not answered else None
+            if newer is not None:  # the driver that took the job over
+                epoch = newer[0]
+                client.move(*newer[1:])
+                beats.close()
+                beats = Heartbeats(client, timeout=HEARTBEAT_TIMEOUT)
         time.sleep(HEARTBEAT_INTERVAL)
 
 

@@ -2,7 +2,8 @@
 one JSON line per finished step in $LOG_DIR/steps.jsonl, rank 0's progress in $LOG_DIR/progress,
 the final parameters in $LOG_DIR/final.<slot>.json. Knobs (env): TOTAL_STEPS, STEP_SLEEP, BATCH,
 RESIZE (resize.py), RUN (logged, as in elastic_job.py), SLOW="slot:step:seconds" (that worker,
-once, spends that long in user code before the step's allreduce, having made $LOG_DIR/slow).
+once, spends that long in user code before the step's allreduce, having made $LOG_DIR/slow),
+HOLD_AT=N (every worker waits before step N until $LOG_DIR/go exists, at most 60 s).
 """
 import json
 import os
@@ -22,6 +23,7 @@ BATCH = int(os.environ.get("BATCH", "2"))
 DATASET = 64
 SLOT = os.environ[env.SLOT]
 SLOW = os.environ.get("SLOW", "::").split(":")
+HOLD_AT = int(os.environ.get("HOLD_AT", "-1"))
 
 
 def write(name, text):
@@ -34,6 +36,9 @@ def write(name, text):
 def train(state):
     while state.step < TOTAL:
         resize.hold(state, state.step, hvd.size)
+        deadline = time.monotonic() + 60
+        while state.step == HOLD_AT and not os.path.exists(os.path.join(LOG_DIR, "go")) and time.monotonic() < deadline:
+            time.sleep(0.05)
         world = shares(state.cursor, hvd.size(), BATCH, DATASET)
         if SLOW[0] == SLOT and state.step == int(SLOW[1]) and not os.path.exists(os.path.join(LOG_DIR, "slow")):
             write("slow", "")

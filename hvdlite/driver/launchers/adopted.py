@@ -46,6 +46,10 @@ class AdoptedWorker:
     def pid(self) -> int:
         return self._pid
 
+    @property
+    def identity(self):
+        return self._identity
+
     def poll(self):
         if self._code is None and procstat.identity(self._pid) != self._identity:
             said = self._said()

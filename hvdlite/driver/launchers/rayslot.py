@@ -18,7 +18,7 @@ import threading
 import time
 
 from hvdlite.procstat import exiting
-from hvdlite.template.spawn import MARK, TEMPLATE_DIED
+from hvdlite.template.spawn import MARK, TEMPLATE_DIED, marked
 from hvdlite.worker.gpus import VISIBLE
 
 MAX_LINES = 10000  # buffered lines while the driver does not read; older ones are dropped
@@ -109,8 +109,8 @@ class Slot:
         self.marked.set()  # ended before its marker: the exit code tells
 
     def _mark(self, words) -> None:
-        """`PGID template` or `PGID plain REASON`, from the spawn client."""
-        self.pgid = int(words[0])
+        """`PGID:START template` or `PGID:START plain REASON`, from the spawn client."""
+        self.pgid = marked(words[0])[0]
         if words[1:2] == ["template"]:
             self.how = ("template", None)
         else:

@@ -14,8 +14,8 @@ from hvdlite.driver.launchers.ssh.connection import SSHError, SSHHost
 
 
 class AdoptedSSHWorker(AdoptedWorker):
-    def __init__(self, host: SSHHost, pgid: int, said, output, files: dict):
-        super().__init__(pgid, None, said, output, files)
+    def __init__(self, host: SSHHost, pgid: int, said, output, files: dict, identity=None):
+        super().__init__(pgid, identity, said, output, files)  # identity: its host's, for the journal
         self._host = host
 
     def poll(self):

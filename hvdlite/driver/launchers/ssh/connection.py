@@ -4,11 +4,12 @@ One SSHHost per remote host holds its connection(s); every slot of the host is o
 channel on it. The remote command line carries no secret: the login shell runs a short
 /bin/sh script that reads the worker's environment as `export K='v'` lines from the channel's
 stdin (byte-counted, with an end marker), prints its own pid (sshd makes every session its own
-process group, so that pid is the group of the whole worker tree), changes to the working
-directory and execs the worker with stdin from /dev/null:
+process group, so that pid is the group of the whole worker tree) and start time (which tells
+it from a later process of that pid: a take-over asks), changes to the working directory and
+execs the worker with stdin from /dev/null:
 
     exec /bin/sh -c 'IFS= read -r n; eval "$(head -c "$n")"; [ end marker ] ...;
-                     echo "__hvdlite_pgid__ $$"; cd -- CWD && exec WORKER </dev/null'
+                     echo "__hvdlite_pgid__ $$:START"; cd -- CWD && exec WORKER </dev/null'
 
 When the host runs a worker template (ssh/template.py), the command is its spawn client
 (hvdlite.template.spawn) and the marker comes from the forked worker: its own group.

@@ -2,9 +2,10 @@
 import os
 import threading
 
+from hvdlite import procstat
 from hvdlite.driver.launchers.locality import is_local
 from hvdlite.driver.launchers.ssh.adopted import AdoptedSSHWorker
-from hvdlite.driver.launchers.ssh.config import SSHSettings, host_config
+from hvdlite.driver.launchers.ssh.config import SSHError, SSHSettings, host_config
 from hvdlite.driver.launchers.ssh.connection import SSHHost
 from hvdlite.driver.launchers.ssh.remote import launch
 from hvdlite.driver.launchers.ssh.template import RemoteTemplates
@@ -50,9 +51,21 @@ class SSHLauncher:
             self._templates.fell_back(connection, socket_path, worker.fallback)
         return worker
 
-    def adopt(self, host, pgid: int, said, output, files: dict):
+    def adopt(self, host, pgid: int, said, output, files: dict, identity=None):
         """The Handle of a worker an earlier driver launched on `host` (ssh/adopted.py)."""
-        return AdoptedSSHWorker(self._host(host), pgid, said, output, files)
+        return AdoptedSSHWorker(self._host(host), pgid, said, output, files, identity)
+
+    def running(self, host, identities) -> set:
+        """Which of `identities` (PGID:START, from the launch's marker: ssh/remote.py) still run
+        on `host`, in one exec; none when the host cannot be reached (a take-over then launches
+        their slots again, blaming nobody: job.py)."""
+        pids = " ".join(str(int(identity.split(":")[0])) for identity in identities)
+        try:
+            _, out, _ = self._host(host).run(f'for p in {pids}; do echo "$p $(cat /proc/$p/stat 2>/dev/null)"; done')
+        except SSHError:
+            return set()
+        there = {procstat.identity(int(pid), stat) for pid, _, stat in (line.partition(" ") for line in out.splitlines())}
+        return set(identities) & there
 
     def warm(self):
         if self._templates:

@@ -13,7 +13,7 @@ from hvdlite.driver.launchers.base import TemplateGone
 from hvdlite.driver.launchers.ssh.config import SSHError
 from hvdlite.driver.launchers.start import spawn_argv
 from hvdlite.driver.output import RankOutput
-from hvdlite.template.spawn import MARK, TEMPLATE_DIED
+from hvdlite.template.spawn import MARK, TEMPLATE_DIED, marked
 
 LOST = 255  # exit code of a worker whose connection ended before its exit status arrived
 TEMPLATE_DIED_WAIT = 2.0  # seconds for the spawn client's last line once its worker ended
@@ -25,8 +25,8 @@ _SHELL_READONLY = {"BASHOPTS", "BASH_VERSINFO", "EUID", "PPID", "SHELLOPTS", "UI
 
 def _exec(host: SSHHost, command, env: dict, cwd: str, announce: bool, lifeline: bool = False):
     """Open a channel and start `command` there with `env` (sent on stdin, never on a command
-    line) in `cwd`. With `announce` the shell first prints its pid, the process group (else
-    the command prints its own marker). The command's stdin is /dev/null, or with `lifeline`
+    line) in `cwd`. With `announce` the shell first prints its pid, the process group, and its
+    start time, which exec keeps (else the command prints its own marker). The command's stdin is /dev/null, or with `lifeline`
     the rest of the channel's. Returns (channel, names not exported)."""
     chan = host._open_channel()
     exports, skipped = [], []
@@ -38,7 +38,7 @@ def _exec(host: SSHHost, command, env: dict, cwd: str, announce: bool, lifeline:
     payload = ("".join(exports) + f"{_ENV_END}=1\n").encode()
     script = (f'IFS= read -r __hvdlite_n || exit 97; eval "$(head -c "$__hvdlite_n")" || exit 97; '
               f'[ "${_ENV_END}" = 1 ] || {{ echo "hvdlite: incomplete environment from the driver" >&2; exit 97; }}; '
-              f'unset __hvdlite_n {_ENV_END}; ' + (f'echo "{MARK} $$"; ' if announce else '') +
+              f'unset __hvdlite_n {_ENV_END}; ' + (f'echo "{MARK} $$:$(cut -d" " -f22 /proc/$$/stat)"; ' if announce else '') +
               f'cd -- {shlex.quote(cwd)} && exec {" ".join(shlex.quote(str(a)) for a in command)}'
               + ('' if lifeline else ' </dev/null'))
     try:
@@ -77,6 +77,7 @@ class RemoteWorker:
     started = "ssh"  # "template" once its marker says a template forked it
     fallback = None  # why a spawn client launched plainly after all
     error = None     # why the worker counts as failed without exit status
+    identity = None  # "PGID:START" on its host (procstat.identity there): the journal's
     template_gone = staticmethod(lambda: None)  # called when its spawn client says the template died
 
     def __init__(self, host: SSHHost, channel: paramiko.Channel, output: RankOutput, skipped_env):
@@ -129,9 +130,9 @@ class RemoteWorker:
                 self._started.set()  # ended before the marker: launch reports it
 
     def _marked(self, words) -> None:
-        """`PGID`, or from a spawn client `PGID template` / `PGID plain REASON`."""
+        """`PGID:START`, or from a spawn client `PGID:START template` / `PGID:START plain REASON`."""
         try:
-            self.pgid = int(words[0])
+            self.pgid, self.identity = marked(words[0])
         except (IndexError, ValueError):
             return
         if words[1:2] == ["template"]:
