@@ -11,7 +11,10 @@ idle in hvd.join() while the others step (never named, nor the others' baseline)
 a node that answers probes, or lose their node (cut off: probes go silent).
 With --checkpoint-dir the driver dies (or is paused past its lease) and a new one (the same
 command, or a standby) takes the job over from the journal the old one wrote (decisions/adoption.py),
-while the workers train on without a driver; the old one may come back, fenced.
+while the workers train on without a driver; the old one may come back, fenced. A driver that
+dies where nobody takes over (before its first world, during a graceful stop) is run again too:
+the rerun kills the workers that never trained, waits out those that may have, and resumes from
+the disk (adoption.rerun).
 Launches start, are refused by their host, fail in the driver's own fork, time out in the
 launcher, or never start at all.
 """
@@ -378,6 +381,15 @@ class ElasticJob(RuleBasedStateMachine):
         self.drivers.append([self.epoch, self.now])
         if not paused:
             self.drivers.pop(-2)  # dead: it never decides again
+        running = {p.worker: 1000 + i for i, p in enumerate(self.procs.values()) if p.alive and p.started}
+        decision = adoption.rerun({**saved, "command": ["train.py"], "written_at": 0.0},
+                                  running, {h: adoption.LOCAL for h in adoption.live_hosts(saved)},
+                                  ["train.py"], "here", 1.0, c.policy.liveness_timeout, "/ckpt")
+        assert decision.refused is None and not decision.kill and decision.adopt == bool(running), decision
+        if not decision.adopt:  # every worker of it is gone: the disk holds what was written
+            for p in self.procs.values():
+                p.alive = False
+            return self.fresh_driver()
         self.core = adoption.adopt(ElasticCore(c.policy, rng=lambda: 0.5, on_disk=self.disk), saved, self.now)
         self.accepted = self.epoch  # the workers read the beacon and go over to it
         new = self.core
@@ -389,6 +401,75 @@ class ElasticJob(RuleBasedStateMachine):
         self.send(self.beats(self.running()), dt=0.01)
         held = [p.commit for p in self.running() if p.worker in new.workers and new.workers[p.worker].alive]
         assert new.ledger.newest >= max(held, default=0), "a commit the live workers hold was lost"
+
+    @rule(data=st.data(), steps=st.integers(0, 2), heard=st.booleans())
+    def driver_dies_where_none_takes_over(self, data, steps, heard):
+        """kill -9 of the driver of a job nobody takes over (decisions/adoption.py's adoptable):
+        before its first world formed, or during a graceful stop (or once training finished).
+        The same command is run again (adoption.rerun decides on what the journal and /proc
+        say): it never starts afresh beside a worker of the last driver's that may have trained,
+        it kills those that never did, and once none runs it resumes from the disk's newest
+        commit. `heard`: the members heard the stop before the driver died (they leave at their
+        next commit); else they train on `steps` commits until their grace ends, and exit 75."""
+        c = self.core
+        if self.disk is None or self.ended is not None or adoption.adoptable(c):
+            return
+        live = [p for p in self.procs.values() if p.alive]
+        pids = {p.worker: 1000 + i for i, p in enumerate(sorted(self.procs.values(), key=lambda p: p.worker))}
+        saved = json.loads(json.dumps({**adoption.journal(c, self.now), "command": ["train.py"],
+                                       "procs": {p.worker: f"{pids[p.worker]}:1" for p in live if p.started},
+                                       "written_at": 0.0, "driver_host": "here"}))
+        self.drivers.pop()  # dead: it never decides again
+        for p in live:
+            if not p.started:
+                p.alive = False  # its launch died with the driver
+        members = [p for p in self.members() if not p.handover]
+        for _ in range(steps if not (heard and self.stop_published) and not self.must_leave() else 0):
+            for p in members:
+                self.commit_once(p)
+        if heard and self.stop_published:
+            for p in members:
+                self.leave_unheard(p)
+
+        def rerun():
+            running = {p.worker: pids[p.worker] for p in self.procs.values() if p.alive}
+            return running, adoption.rerun(saved, running, {}, ["train.py"], "here", 1.0,
+                                           self.core.policy.liveness_timeout, "/ckpt")
+
+        running, decision = rerun()
+        assert not decision.adopt, f"a job nobody takes over was taken over: {saved}"
+        if c.round and running:  # they may have trained: a fresh start would race them
+            assert decision.refused and not decision.kill, (decision, running)
+            for p in self.procs.values():  # they train until their grace ends: exit 75, rank 0 writing first
+                if p.alive:
+                    self.leave_unheard(p)
+            running, decision = rerun()
+        assert not running or not c.round, f"{sorted(running)} still run beside a fresh start"
+        assert decision.refused is None and set(decision.kill) == set(running.values()), (decision, running)
+        killed = [self.procs[w] for w in running]
+        assert all(p.commit <= self.disk for p in killed), "a worker holding a commit the disk lacks was killed"
+        for p in killed:
+            p.alive = False
+        self.fresh_driver()
+
+    def leave_unheard(self, proc):
+        """A worker whose driver is gone exits (its grace ended, or it left at a commit as the
+        stop asked): rank 0's writer writes its newest commit first; no driver hears of it."""
+        self.flush(proc)
+        proc.alive = False
+
+    def fresh_driver(self):
+        """The same command starts the job afresh from --checkpoint-dir: a new lease, a new secret,
+        no worker of the last driver's left; worker ids start again."""
+        hosts = tuple(self.core.hosts)
+        self.core = ElasticCore(self.core.policy, rng=lambda: 0.5, on_disk=self.disk)
+        assert self.core.ledger.newest == self.disk, "a fresh start does not resume from the disk's newest commit"
+        self.procs, self.ended, self.success_allowed, self.lost, self.loads = {}, None, False, 0, []
+        self.newest, self.stop_published, self.last_world, self.counts = self.disk, False, {}, {}
+        self.asked, self.named_hung, self.straggling, self.probes, self.failed = set(), set(), set(), [], set()
+        self.epoch += 1
+        self.drivers, self.accepted = [[self.epoch, self.now]], self.epoch
+        self.send(HostsFound(hosts), dt=0.01)
 
     @invariant()
     def at_most_one_driver_decides(self):
@@ -1276,3 +1357,41 @@ def test_a_hang_after_a_host_update_was_announced_is_named_before_the_collective
     job.first_step_takes_long(Picks("a/0#1"), long=False)
     job.hangs_in_its_own_code(after_a_stall=True, data=Picks("a/0#1"), stack=False)
     assert job.named_hung == {"a/0#1"}
+
+
+def test_a_driver_killed_before_the_first_world_is_rerun_from_the_disk_and_its_workers_killed():
+    """The workers it launched trained nothing and could never find the rerun's driver (a new
+    secret): the rerun kills them and starts afresh from the disk's commit 2."""
+    job = ElasticJob()
+    job.checkpoint_dir(durable=True, on_disk=2)
+    job.straggler_policy(evict=False)
+    job.launch_completes(Picks("a/0#1"), how="ok")
+    old = job.procs
+    job.driver_dies_where_none_takes_over(Picks(), steps=0, heard=False)
+    assert all(not p.alive for p in old.values()) and job.core.round == 0 and job.core.ledger.newest == 2
+    job.launches_complete()
+    job.idle_workers_enter_rendezvous()
+    job.syncs_from_the_root(fails=set())
+    assert job.core.round == 1 and {p.commit for p in job.members()} == {2}
+
+
+@pytest.mark.parametrize("heard", [False, True])
+def test_a_driver_killed_during_a_graceful_stop_is_rerun_from_the_disk_once_its_workers_ended(heard):
+    """Its workers train on (they missed the stop) or leave at their next commit (they heard
+    it): the rerun refuses while one runs, and then resumes from the disk, which holds rank 0's
+    newest commit."""
+    job = ElasticJob()
+    job.checkpoint_dir(durable=True, on_disk=0)
+    job.straggler_policy(evict=False)
+    job.launches_complete()
+    job.idle_workers_enter_rendezvous()
+    job.syncs_from_the_root(fails=set())
+    job.commits(Picks(sorted(p.worker for p in job.members())))
+    job.signal_to_the_driver(dice=0)
+    (root,) = [p for p in job.members() if job.core.world[p.worker].rank == 0]
+    job.driver_dies_where_none_takes_over(Picks(), steps=2, heard=heard)
+    assert job.disk == root.commit == (1 if heard else 3) and job.core.ledger.newest == job.disk
+    job.launches_complete()
+    job.idle_workers_enter_rendezvous()
+    job.syncs_from_the_root(fails=set())
+    assert job.core.round == 1 and {p.commit for p in job.members()} == {job.disk}

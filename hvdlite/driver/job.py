@@ -7,7 +7,6 @@ handler threads, launch threads and the discovery thread only post events.
 import os
 import queue
 import secrets
-import shlex
 import shutil
 import signal
 import socket
@@ -205,46 +204,21 @@ class Job:
         if self.leader is None:  # a standby asked to stop while it waited
             raise _Signalled(self.events.get().signum)
         saved = self.leader.journal()
-        if saved is not None and not saved.get("adoptable"):
-            procs = saved.get("procs", {})
-            running = [_pid(procs[w["id"]]) for w in saved.get("workers", ())
-                       if w["id"] in procs and _runs(procs[w["id"]])]
-            if running and saved.get("round", 0) > 0:
-                # Its driver died while ending the job: the workers that had not heard train on.
-                raise JobError(f"the last driver of this job died while ending it and its workers still run "
-                               f"(pids {', '.join(map(str, running))}): they end within --driver-grace; run "
-                               f"this again once they did, or stop them first")
-            for pid in running:  # launched before any world formed: they trained nothing, and
-                try:             # could never find this driver (a new secret signs its beacon)
-                    os.killpg(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        if saved is not None and saved.get("adoptable"):
-            procs = saved.get("procs", {})
-            live = [w for w in saved["workers"] if w["phase"] != "gone"]
-            if saved.get("command", s.command) != s.command:
-                raise JobError(f"the workers of --checkpoint-dir {s.checkpoint_dir} run "
-                               f"{shlex.join(saved['command'])}: not this job's command; run that one to take "
-                               f"them over, or stop them first")
-            remote = sorted({w["host"] for w in live if not self.launchers.is_local(w["host"])})
-            # Workers on SSH hosts are taken over too; those of other launchers (srun, Ray) not yet,
-            # nor, from another machine, those the last driver ran on its own (named localhost).
-            others = [h for h in remote if not hasattr(self.launchers.for_host(h), "adopt")]
-            if saved.get("driver_host", socket.gethostname()) != socket.gethostname():
-                others += sorted({f"{w['host']} of {saved['driver_host']}" for w in live
-                                  if self.launchers.is_local(w["host"])})
-            until = saved.get("written_at", 0.0) + s.driver_grace
-            graced = time.time() < until  # the workers it left may still train
-            if others and graced:  # a fresh start now would race them
-                raise JobError(f"the last driver of this job left workers on {', '.join(others)}, which train "
-                               f"on until about {time.strftime('%H:%M:%S', time.localtime(until))} "
-                               f"(--driver-grace); only workers on this machine and on SSH hosts are taken "
-                               f"over (docs/failover.md): run this again after that, or stop them first")
-            if others or remote and not graced or not remote and not any(
-                    _runs(procs[w["id"]]) for w in live if w["id"] in procs):
-                saved = None  # every one of them ended (its grace ran out): a plain resume from disk
-        else:
-            saved = None
+        procs = saved.get("procs", {}) if saved is not None else {}
+        decision = adoption.rerun(
+            saved, {w: _pid(identity) for w, identity in procs.items() if _runs(identity)},
+            {h: adoption.LOCAL if self.launchers.is_local(h) else adoption.ADOPTS
+             if hasattr(self.launchers.for_host(h), "adopt") else adoption.OTHER
+             for h in adoption.live_hosts(saved)},
+            s.command, socket.gethostname(), time.time(), s.driver_grace, s.checkpoint_dir)
+        if decision.refused is not None:
+            raise JobError(decision.refused)
+        for pid in decision.kill:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        saved = saved if decision.adopt else None
         self.secret = self.leader.take_secret(adopting=saved is not None)
         return saved
 
