@@ -38,7 +38,7 @@ from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.workers import Phase, overdue_from
 from hvdlite.driver.decisions.messages import (
     DRIVER, HOST, LAUNCHER, Answer, AskStack, EndJob, Exited, Exiting, Heartbeats, HostsFound, Launch,
-    Launched, LISTENING, REFUSED, SILENT, LaunchFailed, Leaving, LinkBroken, LoadFailed, Log, Probe,
+    Launched, LISTENING, REFUSED, SILENT, LaunchFailed, LeaseDoubt, Leaving, LinkBroken, LoadFailed, Log, Probe,
     Probed, Publish, Ready, StackDump, Stop, StopRequested, TemplateDied, Tick, Written)
 from hvdlite.driver.decisions.nodeloss import REPROBE
 from hvdlite.worker import beacon
@@ -142,6 +142,10 @@ class ElasticJob(RuleBasedStateMachine):
         for action in actions:
             self.perform(action)
         keys = [a.fields["key"] for a in actions if isinstance(a, Log) and a.event == "blacklisted"]
+        if self.core.in_doubt is not None:  # a driver that may be cut off from everything
+            done = [a for a in actions if isinstance(a, Launch) or isinstance(a, Log) and a.event in
+                    ("blacklisted", "round_complete") or isinstance(a, Log) and "node" in a.fields]
+            assert not done, f"a driver whose leadership is in doubt decided {done} on {event}"
         # No false alarm: a probe ends only a worker whose node or process is gone.
         lost = [a.fields for a in actions if isinstance(a, Log) and a.event == "worker_exit" and "node" in a.fields]
         for fields in lost:
@@ -165,7 +169,8 @@ class ElasticJob(RuleBasedStateMachine):
             living = [w for w, i in self.core.workers.items() if i.alive and i.host == inc.host]
             assert inc.host not in keys or len(self.core.hosts) > 1 or not living, \
                 f"host {inc.host} blacklisted on {event} while {living} live there"
-        if isinstance(event, Probed) and event.outcome == SILENT and current and killed is None and not heard_since:
+        if isinstance(event, Probed) and event.outcome == SILENT and current and killed is None and not heard_since \
+                and self.core.in_doubt is None:
             assert not self.core.workers.get(event.worker, inc).alive, f"{event.worker} lives on after {event}"
         if isinstance(event, Tick):
             self.lost_nodes_are_probed_on()
@@ -470,6 +475,32 @@ class ElasticJob(RuleBasedStateMachine):
         self.epoch += 1
         self.drivers, self.accepted = [[self.epoch, self.now]], self.epoch
         self.send(HostsFound(hosts), dt=0.01)
+
+    @rule(seconds=st.sampled_from([0.5, 2.0, 4.0]), told=st.booleans())
+    def driver_is_cut_off_from_everything(self, seconds, told):
+        """The driver's host is cut off for a while (shorter than its lease): its lease renewal
+        fails, every worker falls silent to it, no probe is answered, a survivor may name its
+        peers (a link broke on the driver's side). It blames nobody, takes no silent probe for a
+        lost node, forms no world and launches nothing (send() checks) until the store answers
+        again. (Longer: a standby takes the lease over, driver_dies_and_a_new_one_takes_over.)"""
+        if self.ended is not None:
+            return
+        self.send(LeaseDoubt(True), dt=0.01)
+        for _ in range(int(seconds / 0.5)):
+            self.send(Tick(), dt=0.5)
+            self.probes_answer_cut_off()
+        survivors = sorted(p.worker for p in self.members())
+        if told and len(survivors) > 1:
+            self.send(LinkBroken(survivors[0], tuple(survivors[1:])), dt=0.01)
+            self.probes_answer_cut_off()
+        self.send(LeaseDoubt(False), dt=0.01)
+        self.send(self.beats(self.running()), dt=0.01)
+
+    def probes_answer_cut_off(self):
+        """Nothing answers a probe of a driver that is cut off."""
+        probes, self.probes = self.probes, []
+        for worker in probes:
+            self.send(Probed(worker, SILENT), dt=0.01)
 
     @invariant()
     def at_most_one_driver_decides(self):
@@ -1176,6 +1207,7 @@ class ElasticJob(RuleBasedStateMachine):
         """Let every worker cooperate: the job must end, and a success answers everyone."""
         for proc in self.procs.values():
             proc.paused = False
+        self.send(LeaseDoubt(False), dt=0.01)
         for _ in range(400):
             self.probes_answer()
             if self.ended is not None:
@@ -1395,3 +1427,32 @@ def test_a_driver_killed_during_a_graceful_stop_is_rerun_from_the_disk_once_its_
     job.idle_workers_enter_rendezvous()
     job.syncs_from_the_root(fails=set())
     assert job.core.round == 1 and {p.commit for p in job.members()} == {job.disk}
+
+
+def test_a_driver_cut_off_from_everything_blames_nobody_and_forms_no_world():
+    """Its lease renewal fails: every worker falls silent to it, its probes go unanswered, a
+    survivor names its peers and the SSH channel of one breaks (exit 255). It kills nobody for
+    silence, blames no host, forms no world, launches nothing (send() checks each event); back,
+    its workers live on unblamed and the world re-forms without the one that exited."""
+    job, (a, b, c) = formed()
+    job.send(LeaseDoubt(True), dt=0.01)
+    for _ in range(6):  # 3 s: past probe_after, short of --liveness-timeout's 5 s
+        job.send(Tick(), dt=0.5)
+        job.probes_answer_cut_off()
+    job.send(LinkBroken(a, (b, c)), dt=0.01)
+    job.probes_answer_cut_off()
+    job.procs[c].alive = False
+    job.send(Exited(c, 255), dt=0.01)
+    for _ in range(3):  # its slot's retry pause (1 s) passes: still no launch
+        job.send(Tick(), dt=0.5)
+        job.probes_answer_cut_off()
+    assert job.core.round == 1 and not job.core.blacklist.count and not job.core.failures
+    job.send(LeaseDoubt(False), dt=0.01)
+    job.send(job.beats(job.running()), dt=0.01)
+    job.time_passes(dt=1.5)
+    assert all(job.core.workers[w].alive and job.core.workers[w].killed is None for w in (a, b))
+    job.world_leaves_together()
+    job.time_passes(dt=6.0)  # the slot of the one that exited waits its retry, then is launched
+    job.launches_complete()
+    job.idle_workers_enter_rendezvous()
+    assert job.core.round == 2 and not job.core.blacklist.count and not job.core.failures

@@ -25,8 +25,8 @@ from hvdlite.driver.decisions.stragglers import Stragglers
 from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.workers import cannot_load, describe_exit
 from hvdlite.driver.decisions.messages import (
-    DiscoveryFailed, Exited, Exiting, HostsFound, Launch, Launched, LaunchFailed, LoadFailed, StackDump,
-    StopRequested, Tick, WriteFailed)
+    SILENT, DiscoveryFailed, Exited, Exiting, HostsFound, Launch, Launched, LaunchFailed, LeaseDoubt,
+    LoadFailed, Probed, StackDump, StopRequested, Tick, WriteFailed)
 from hvdlite.driver.descriptors import raise_limit
 from hvdlite.driver.eventlog import EventLog
 from hvdlite.driver.executor import Executor
@@ -150,9 +150,15 @@ class Job:
         event, last_tick, journaled = found(first), time.monotonic(), None
         while True:
             now = time.monotonic()
+            actions = []
             if self.leader is not None:
-                self.leader.keep(now)  # before any decision: a driver that lost its lease makes none
-            actions = core.handle(event, now) if event is not None else []
+                # Before any decision: a driver that lost its lease makes none. A node is taken
+                # for lost on a silent probe only with the lease just renewed: the driver may be
+                # the one cut off (decisions/core.py's in_doubt).
+                self.leader.keep(now, force=isinstance(event, Probed) and event.outcome == SILENT)
+                if self.leader.in_doubt != (core.in_doubt is not None):
+                    actions += core.handle(LeaseDoubt(self.leader.in_doubt), now)
+            actions += core.handle(event, now) if event is not None else []
             beats = self.rendezvous.drain_heartbeats()
             if beats is not None:
                 actions += core.handle(beats, now)
