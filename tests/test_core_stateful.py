@@ -390,7 +390,8 @@ class ElasticJob(RuleBasedStateMachine):
         decision = adoption.rerun({**saved, "command": ["train.py"], "written_at": 0.0},
                                   running, {h: adoption.LOCAL for h in adoption.live_hosts(saved)},
                                   ["train.py"], "here", 1.0, c.policy.liveness_timeout, "/ckpt")
-        assert decision.refused is None and not decision.kill and decision.adopt == bool(running), decision
+        assert decision.refused is None and not decision.kill, decision
+        assert decision.adopt == any(w["id"] in running for w in saved["workers"] if w["phase"] != "gone"), decision
         if not decision.adopt:  # every worker of it is gone: the disk holds what was written
             for p in self.procs.values():
                 p.alive = False
@@ -1405,6 +1406,21 @@ def test_a_driver_killed_before_the_first_world_is_rerun_from_the_disk_and_its_w
     job.idle_workers_enter_rendezvous()
     job.syncs_from_the_root(fails=set())
     assert job.core.round == 1 and {p.commit for p in job.members()} == {2}
+
+
+def test_a_driver_killed_before_the_first_world_while_taking_a_worker_out_leaves_none_behind():
+    """Discovery dropped host b as the first world waited: its worker was being stopped (the
+    journal lists no leaving worker) when the driver died. The rerun kills it too (the model
+    found it left running beside the fresh start)."""
+    job = ElasticJob()
+    job.checkpoint_dir(durable=True, on_disk=2)
+    job.straggler_policy(evict=False)
+    job.launches_complete()
+    job.discover(hosts=UNIVERSE[:1], how="")
+    old = job.procs
+    assert old["b/0#1"].alive and old["b/0#1"].exit_code == -15
+    job.driver_dies_where_none_takes_over(Picks(), steps=0, heard=False)  # it checks what rerun() kills
+    assert all(not p.alive for p in old.values()) and job.core.round == 0
 
 
 @pytest.mark.parametrize("heard", [False, True])

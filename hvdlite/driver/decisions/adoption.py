@@ -146,7 +146,9 @@ def rerun(saved: Optional[dict], running: dict, reached: dict, command: list, ho
     if saved is None:
         return Rerun()
     if not saved.get("adoptable"):
-        alive = [running[w["id"]] for w in saved.get("workers", ()) if w["id"] in running]
+        # Every journaled process that runs: one the last driver was taking out too (the journal
+        # lists no leaving worker), which may not have heard.
+        alive = sorted(running.values())
         if alive and saved.get("round", 0) > 0:
             # Its driver died while ending the job: the workers that had not heard train on.
             return Rerun(refused=f"the last driver of this job died while ending it and its workers still run "
