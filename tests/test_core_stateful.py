@@ -384,6 +384,7 @@ class ElasticJob(RuleBasedStateMachine):
         self.drivers[-1][1] = self.now - c.policy.liveness_timeout - 1.0  # its last renewal
         self.epoch += 1
         self.drivers.append([self.epoch, self.now])
+        self.probes = []  # the old driver's probes in flight answer nobody now
         if not paused:
             self.drivers.pop(-2)  # dead: it never decides again
         running = {p.worker: 1000 + i for i, p in enumerate(self.procs.values()) if p.alive and p.started}
