@@ -7,7 +7,6 @@ handler threads, launch threads and the discovery thread only post events.
 import os
 import queue
 import secrets
-import shlex
 import shutil
 import signal
 import socket
@@ -27,8 +26,8 @@ from hvdlite.driver.decisions.stragglers import Stragglers
 from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.workers import cannot_load, describe_exit
 from hvdlite.driver.decisions.messages import (
-    DiscoveryFailed, Exited, Exiting, HostsFound, Launch, Launched, LaunchFailed, LoadFailed, StackDump,
-    StopRequested, Tick, WriteFailed)
+    SILENT, DiscoveryFailed, Exited, Exiting, HostsFound, Launch, Launched, LaunchFailed, LeaseDoubt,
+    LoadFailed, Probed, StackDump, StopRequested, Tick, WriteFailed)
 from hvdlite.driver.descriptors import raise_limit
 from hvdlite.driver.eventlog import EventLog
 from hvdlite.driver.executor import Executor
@@ -152,9 +151,15 @@ class Job:
         event, last_tick, journaled = found(first), time.monotonic(), None
         while True:
             now = time.monotonic()
+            actions = []
             if self.leader is not None:
-                self.leader.keep(now)  # before any decision: a driver that lost its lease makes none
-            actions = core.handle(event, now) if event is not None else []
+                # Before any decision: a driver that lost its lease makes none. A node is taken
+                # for lost on a silent probe only with the lease just renewed: the driver may be
+                # the one cut off (decisions/core.py's in_doubt).
+                self.leader.keep(now, force=isinstance(event, Probed) and event.outcome == SILENT)
+                if self.leader.in_doubt != (core.in_doubt is not None):
+                    actions += core.handle(LeaseDoubt(self.leader.in_doubt), now)
+            actions += core.handle(event, now) if event is not None else []
             beats = self.rendezvous.drain_heartbeats()
             if beats is not None:
                 actions += core.handle(beats, now)
@@ -206,66 +211,43 @@ class Job:
         if self.leader is None:  # a standby asked to stop while it waited
             raise _Signalled(self.events.get().signum)
         saved = self.leader.journal()
-        if saved is not None and not saved.get("adoptable"):
-            procs = saved.get("procs", {})
-            running = [_pid(procs[w["id"]]) for w in saved.get("workers", ()) if w["id"] in procs
-                       and self.launchers.is_local(w["host"]) and _runs(procs[w["id"]])]  # SSH hosts' pids are theirs
-            if running and saved.get("round", 0) > 0:
-                # Its driver died while ending the job: the workers that had not heard train on.
-                raise JobError(f"the last driver of this job died while ending it and its workers still run "
-                               f"(pids {', '.join(map(str, running))}): they end within --driver-grace; run "
-                               f"this again once they did, or stop them first")
-            for pid in running:  # launched before any world formed: they trained nothing, and
-                try:             # could never find this driver (a new secret signs its beacon)
-                    os.killpg(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        if saved is not None and saved.get("adoptable"):
-            procs = saved.get("procs", {})
-            live = [w for w in saved["workers"] if w["phase"] != "gone"]
-            if saved.get("command", s.command) != s.command:
-                raise JobError(f"the workers of --checkpoint-dir {s.checkpoint_dir} run "
-                               f"{shlex.join(saved['command'])}: not this job's command; run that one to take "
-                               f"them over, or stop them first")
-            remote = sorted({w["host"] for w in live if not self.launchers.is_local(w["host"])})
-            # Workers on SSH hosts are taken over too; those of other launchers (srun, Ray) not yet,
-            # nor, from another machine, those the last driver ran on its own (named localhost).
-            others = [h for h in remote if not hasattr(self.launchers.for_host(h), "adopt")]
-            if saved.get("driver_host", socket.gethostname()) != socket.gethostname():
-                others += sorted({f"{w['host']} of {saved['driver_host']}" for w in live
-                                  if self.launchers.is_local(w["host"])})
-            until = saved.get("written_at", 0.0) + s.driver_grace
-            graced = time.time() < until  # the workers it left may still train
-            if others and graced:  # a fresh start now would race them
-                raise JobError(f"the last driver of this job left workers on {', '.join(others)}, which train "
-                               f"on until about {time.strftime('%H:%M:%S', time.localtime(until))} "
-                               f"(--driver-grace); only workers on this machine and on SSH hosts are taken "
-                               f"over (docs/failover.md): run this again after that, or stop them first")
-            running = set() if others or remote and not graced else self._running(live, procs)
-            if not running:
-                saved = None  # every one of them ended (its grace ran out, its host died): a plain resume from disk
-            else:  # an SSH worker gone without a word (with its host, say) is not taken over (_adopt)
-                gone = {w["id"] for w in live if w["id"] not in running and not self.launchers.is_local(w["host"])
-                        and not os.path.exists(beacon.output_path(s.checkpoint_dir, w["id"], "exit"))}
-                saved["procs"] = {w: p for w, p in procs.items() if w not in gone}
+        procs = saved.get("procs", {}) if saved is not None else {}
+        hosts = {w["id"]: w["host"] for w in saved.get("workers", ())} if saved is not None else {}
+        reached = {h: adoption.LOCAL if self.launchers.is_local(h) else adoption.ADOPTS
+                   if hasattr(self.launchers.for_host(h), "adopt") else adoption.OTHER
+                   for h in adoption.live_hosts(saved)}
+        # A process listed without its worker (one the last driver was removing) is looked for here.
+        running = {w: _pid(identity) for w, identity in procs.items()
+                   if (w not in hosts or self.launchers.is_local(hosts[w])) and _runs(identity)}
+        elsewhere = self._running_elsewhere(saved, procs, reached) \
+            if adoption.in_grace(saved, time.time(), s.driver_grace) else set()
+        exited = {w for w in procs if s.checkpoint_dir and os.path.exists(beacon.output_path(s.checkpoint_dir, w, "exit"))}
+        decision = adoption.rerun(saved, running, elsewhere, exited, reached, s.command, socket.gethostname(),
+                                  time.time(), s.driver_grace, s.checkpoint_dir)
+        if decision.refused is not None:
+            raise JobError(decision.refused)
+        for pid in decision.kill:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if decision.adopt:  # one gone is launched again, unblamed (_adopt)
+            saved["procs"] = {w: p for w, p in procs.items() if w not in decision.gone}
         else:
             saved = None
         self.secret = self.leader.take_secret(adopting=saved is not None)
         return saved
 
-    def _running(self, live, procs) -> set:
-        """The journal's `live` workers whose processes run (pid and start time): this machine's
-        as its /proc tells, an SSH host's as that host tells over SSH (every host at once; none of
-        a host that cannot be reached)."""
-        known = [w for w in live if w["id"] in procs]
-        running = {w["id"] for w in known if self.launchers.is_local(w["host"]) and _runs(procs[w["id"]])}
+    def _running_elsewhere(self, saved, procs, reached) -> set:
+        """The journal's live workers on SSH hosts whose processes run (pid and start time), as
+        each host tells over SSH (every host at once; none of a host that cannot be reached)."""
         remote = {}  # host -> identity -> worker
-        for w in known:
-            if not self.launchers.is_local(w["host"]):
+        for w in saved["workers"] if reached else ():
+            if reached.get(w["host"]) == adoption.ADOPTS and w["id"] in procs:
                 remote.setdefault(w["host"], {})[procs[w["id"]]] = w["id"]
         with ThreadPoolExecutor(max(1, len(remote))) as pool:
             found = pool.map(lambda host: self.launchers.for_host(host).running(host, remote[host]), remote)
-        return running | {remote[host][identity] for host, there in zip(remote, found) for identity in there}
+        return {remote[host][identity] for host, there in zip(remote, found) for identity in there}
 
     def _adopt(self, core, saved):
         """Make `core` the journal's job and take its live workers over."""

@@ -134,12 +134,13 @@ class Leadership:
         """The beacon: where this driver listens, for workers that lost theirs."""
         beacon.publish(self.checkpoint_dir, self.secret, self.epoch, addr, port)
 
-    def keep(self, now: float) -> None:
-        """Renew the lease when a quarter of its time to live passed: before any decision is
-        acted on after a pause (the loop calls this first). NotLeader once it is lost."""
+    def keep(self, now: float, force: bool = False) -> None:
+        """Renew the lease when a quarter of its time to live passed (or now, `force`): before
+        any decision is acted on after a pause (the loop calls this first). NotLeader once it
+        is lost."""
         if self._lost is not None:
             raise NotLeader(self._lost)
-        if now - self.tried < self.ttl / 4:
+        if not force and now - self.tried < self.ttl / 4:
             return
         self.tried = now
         try:
@@ -153,6 +154,12 @@ class Leadership:
             raise NotLeader(f"this driver lost its lease {self.epoch}: another driver took the job over; "
                             f"it stops deciding")
         self.renewed = now
+
+    @property
+    def in_doubt(self) -> bool:
+        """Its last renewal failed (the store did not answer): it may be cut off from everything
+        (decisions/core.py's in_doubt says what it then does not decide)."""
+        return self.renewed < self.tried
 
     def record(self, journal: dict) -> None:
         """Have the journal written if it changed (in the background); a write a newer lease

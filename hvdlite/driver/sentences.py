@@ -192,6 +192,9 @@ SENTENCES = {
                                 f"or the disk holds its commit",
     "writing_before_the_end": lambda f: f"the job ends ({f.get('reason')}); first its newest commit is "
                                         f"written to --checkpoint-dir (within {f.get('timeout'):g} s)",
+    "leadership_in_doubt": lambda f: f"this driver could not renew its lease (the store does not answer: it "
+                                     f"may be the one cut off): {f.get('action')} until it does",
+    "leadership_back": lambda f: f"this driver renewed its lease again, after {f.get('after')}",
     "job_adopted": lambda f: f"took the job over from its last driver (lease {f.get('lease')}): world "
                              f"{f.get('round')}, {_plural(f.get('workers', 0), 'live worker')}, ranks "
                              f"{_names(f'{s}={r}' for s, r in sorted((f.get('members') or {}).items()))}",

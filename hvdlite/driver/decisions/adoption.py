@@ -12,16 +12,30 @@ every step, and the workers tell the new driver in their first heartbeats.
 worker as it was, heard from now (its liveness timeout runs from the take-over), so one that
 died while no driver ran is found by the executor (its process is gone) or by that timeout.
 
+`rerun(...)` decides what a new driver does with the job its journal describes: take the
+workers over, start from --checkpoint-dir (killing first the last driver's workers that never
+trained), or refuse to run while workers it cannot take over may still train: a fresh start
+beside them would have two generations of the job write one folder. The driver gathers the
+facts (which journaled processes still run here, what launches each host) and acts.
+
 The leadership rule: a driver decides only while it holds the newest lease and renewed it
 within its time to live (`may_decide`; leadership.py acts on it). A worker's rule, that it takes
 answers only from a driver whose epoch is not smaller than the greatest it accepted, is
 worker/beacon.py's `accepts`.
 """
+import shlex
+import time
+from dataclasses import dataclass
+from typing import Optional
+
 from hvdlite.driver.decisions.core import ElasticCore
 from hvdlite.driver.decisions.workers import Incarnation, Phase
 from hvdlite.worker.world import WorldInfo
 
 VERSION = 1
+# How a journaled worker's host is reached: this machine, a launcher that can take workers over
+# (SSH), or one that cannot yet (srun, Ray).
+LOCAL, ADOPTS, OTHER = "local", "adopts", "other"
 
 
 def may_decide(holds_newest: bool, renewed_at: float, now: float, ttl: float) -> bool:
@@ -105,3 +119,71 @@ def summary(core: ElasticCore) -> dict:
     return {"round": core.round, "workers": len(core._live()),
             "members": {core.workers[w].slot: p.rank for w, p in core.world.items() if core.workers[w].alive},
             "pids": {inc.slot: inc.pid for inc in core._live()}}
+
+
+@dataclass(frozen=True)
+class Rerun:
+    """What a new driver does with the job the last one left (rerun())."""
+    adopt: bool = False  # take the journal's workers over; else start from --checkpoint-dir
+    kill: tuple = ()  # pids of the last driver's workers to kill first: they trained nothing
+    refused: Optional[str] = None  # why it must not run now (one line for the user)
+    gone: tuple = ()  # workers taken over whose process ended without a word: launched again, unblamed
+
+
+def live_hosts(saved: Optional[dict]) -> set:
+    """The hosts rerun() needs to know how each is reached: those of a journal's workers that
+    had not ended, when they may be taken over."""
+    if saved is None or not saved.get("adoptable"):
+        return set()
+    return {w["host"] for w in saved["workers"] if w["phase"] != Phase.GONE.value}
+
+
+def in_grace(saved: Optional[dict], now: float, grace: float) -> bool:
+    """Whether the workers the journal's driver left may still train (they give up after --driver-grace)."""
+    return saved is not None and now < saved.get("written_at", 0.0) + grace
+
+
+def rerun(saved: Optional[dict], running: dict, elsewhere: set, exited: set, reached: dict, command: list,
+          host: str, now: float, grace: float, checkpoint_dir: str) -> Rerun:
+    """`saved`: the last driver's journal (None: none); `running`: worker id -> pid of its
+    journaled processes that still run on this machine; `elsewhere`: the ids of those that run on
+    SSH hosts (asked while in_grace()); `exited`: the ids whose process said it exits (beacon);
+    `reached`: host -> LOCAL, ADOPTS or OTHER for live_hosts(saved); `command`: this job's;
+    `host`: this machine's name; `now`: the wall clock; `grace`: --driver-grace."""
+    if saved is None:
+        return Rerun()
+    if not saved.get("adoptable"):
+        # Every journaled process that runs: one the last driver was taking out too (the journal
+        # lists no leaving worker), which may not have heard.
+        alive = sorted(running.values())
+        if alive and saved.get("round", 0) > 0:
+            # Its driver died while ending the job: the workers that had not heard train on.
+            return Rerun(refused=f"the last driver of this job died while ending it and its workers still run "
+                                 f"(pids {', '.join(map(str, alive))}): they end within --driver-grace; run "
+                                 f"this again once they did, or stop them first")
+        # Launched before any world formed: they trained nothing, and could never find this
+        # driver (a new secret signs its beacon).
+        return Rerun(kill=tuple(alive))
+    if saved.get("command", command) != command:
+        return Rerun(refused=f"the workers of --checkpoint-dir {checkpoint_dir} run "
+                             f"{shlex.join(saved['command'])}: not this job's command; run that one to take "
+                             f"them over, or stop them first")
+    live = [w for w in saved["workers"] if w["phase"] != Phase.GONE.value]
+    remote = sorted({w["host"] for w in live if reached[w["host"]] != LOCAL})
+    # Workers on SSH hosts are taken over too; those of other launchers (srun, Ray) not yet,
+    # nor, from another machine, those the last driver ran on its own (named localhost).
+    others = [h for h in remote if reached[h] == OTHER]
+    if saved.get("driver_host", host) != host:
+        others += sorted({f"{w['host']} of {saved['driver_host']}" for w in live if reached[w["host"]] == LOCAL})
+    until = saved.get("written_at", 0.0) + grace
+    graced = in_grace(saved, now, grace)
+    if others and graced:  # a fresh start now would race them
+        return Rerun(refused=f"the last driver of this job left workers on {', '.join(others)}, which train "
+                             f"on until about {time.strftime('%H:%M:%S', time.localtime(until))} "
+                             f"(--driver-grace); only workers on this machine and on SSH hosts are taken "
+                             f"over (docs/failover.md): run this again after that, or stop them first")
+    if others or remote and not graced or not any(w["id"] in running or w["id"] in elsewhere for w in live):
+        return Rerun()  # every one of them ended (its grace ran out, its host died): a plain resume from disk
+    # One on an SSH host gone without a word (with its host, say) is not taken over.
+    return Rerun(adopt=True, gone=tuple(w["id"] for w in live if reached[w["host"]] == ADOPTS and w["id"]
+                                        not in elsewhere and w["id"] not in exited))

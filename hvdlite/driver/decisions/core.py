@@ -25,7 +25,7 @@ from hvdlite.driver.decisions.ledger import Ledger
 from hvdlite.driver.decisions.messages import (
     DRIVER, HOST, LAUNCHER, Answer, DiscoveryFailed, EndJob, Exited, Exiting, Heartbeats,
     HostsFound, Launched, LaunchFailed, Leaving, LinkBroken, LoadFailed, Log, Probed, Publish, Ready,
-    StackDump, Stop, StopRequested, TemplateDied, Tick, WriteFailed, Written)
+    LeaseDoubt, StackDump, Stop, StopRequested, TemplateDied, Tick, WriteFailed, Written)
 from hvdlite.driver.decisions.nodeloss import NodeLoss
 from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.stopping import GracefulStop
@@ -90,6 +90,12 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching, NodeLo
         self.short_since = None  # when the job started waiting for --min-np workers
         self.announced = frozenset()  # joiners the last host update was announced for
         self.last_tick = None
+        # Since when the driver's lease renewal fails (LeaseDoubt), else None: a driver that may
+        # be cut off from everything sees every worker fall silent and no probe answered, its
+        # own trouble. Until it renews again it blames nobody (hostrule.py), takes no silent
+        # probe for a lost node (nodeloss.py), forms no world and launches nothing (a standby
+        # may be taking the job over); its lease's time to live ends it (leadership.py).
+        self.in_doubt = None
         self.disrupted = None  # (time, why) the current world was first told to re-form
         self.left = set()  # slots whose worker left at a commit (SIGTERM): not relaunched
         self.stopping = None  # (time, signal number) a graceful stop was asked for
@@ -107,7 +113,7 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching, NodeLo
                           WriteFailed: self._on_write_failed, Leaving: self._on_leaving,
                           Written: self._on_written, Tick: self._on_tick, StopRequested: self._on_stop,
                           StackDump: self._on_stack, LinkBroken: self._on_link_broken,
-                          Probed: self._on_probed}
+                          Probed: self._on_probed, LeaseDoubt: self._on_lease_doubt}
 
     # ---- entry ------------------------------------------------------------------------
     def handle(self, event, now: float) -> list:
@@ -288,6 +294,14 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching, NodeLo
         inc = self.workers[event.worker]
         raise JobFailed(f"{inc.name} on {inc.host} {event.reason}")
 
+    def _on_lease_doubt(self, event: LeaseDoubt):
+        if event.doubt and self.in_doubt is None:
+            self.in_doubt = self._now
+            self._log("leadership_in_doubt", action="blaming nobody, forming no world, launching nothing")
+        elif not event.doubt and self.in_doubt is not None:
+            self._log("leadership_back", after=f"{self._now - self.in_doubt:.1f}s")
+            self.in_doubt = None
+
     def _on_tick(self, event: Tick):
         now, p = self._now, self.policy
         if self._stop_overdue():
@@ -334,6 +348,8 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching, NodeLo
                 if inc.phase is Phase.TRAINING and self._broke_at(inc) is not None or (
                         self.stopping is None and inc.phase in (Phase.STARTING, Phase.WAITING)):
                     self._remove(inc)
+        if self.in_doubt is not None:
+            return  # no world nor launch from a driver that may be cut off (in_doubt)
         if self.stopping is not None:
             return self._decide_stopping()
         if self.succeeded:

@@ -3,7 +3,7 @@ blacklists the failed slot (a single-host job, --blacklist slot) or its whole ho
 hosts, --blacklist host), as Horovod does; the driver's own trouble or the launcher's blames
 nobody, and the slot waits a growing pause before it is launched again. A mixin of
 ElasticCore: it reads the core's hosts and workers and adds to its blacklist and retries."""
-from hvdlite.driver.decisions.messages import HOST
+from hvdlite.driver.decisions.messages import DRIVER, HOST
 from hvdlite.driver.decisions.plan import host_of
 
 # Seconds a slot waits before it is launched again after trouble that was not its host's: the
@@ -33,6 +33,8 @@ class HostRule:
     def _blame(self, inc, whose, failure):
         """Every failure goes through here: `whose` (messages.py) says whose trouble it was;
         `failure` says what failed, for the job's summary when it was the host's."""
+        if self.in_doubt is not None:
+            whose = DRIVER  # its lease renewal fails: it may be the one cut off (core.in_doubt)
         if whose == HOST:
             self.failures.append(failure)
             if self.first_failure is None:

@@ -141,6 +141,13 @@ class Tick:
     """Time passed: timeouts, cooldowns and liveness are due for a check."""
 
 
+@dataclass(frozen=True)
+class LeaseDoubt:
+    """The driver's lease renewal failed (`doubt`: the store did not answer, so the driver may
+    be cut off from everything) or went through again (not `doubt`)."""
+    doubt: bool
+
+
 # ---- actions ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Launch:

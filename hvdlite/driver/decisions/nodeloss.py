@@ -71,9 +71,11 @@ class NodeLoss:
         inc = self._current(event.worker)
         inc.probing = False
         self._log("node_probed", worker=inc.id, slot=inc.slot, outcome=event.outcome)
-        if event.outcome not in LOST or inc.killed is not None or (inc.heard_at or 0.0) > inc.probed_at:
-            # Its node answers for it, or it was heard since the probe began: the liveness
-            # timeout decides, as for any silence, unless a later probe says otherwise.
+        if event.outcome not in LOST or inc.killed is not None or (inc.heard_at or 0.0) > inc.probed_at or \
+                event.outcome == SILENT and self.in_doubt is not None:
+            # Its node answers for it, or it was heard since the probe began, or a driver that
+            # may be cut off heard nothing (core.in_doubt): the liveness timeout decides, as for
+            # any silence, unless a later probe says otherwise.
             return
         if event.outcome == REFUSED:
             inc.refused_at = inc.refused_at or self._now

@@ -39,8 +39,10 @@ class Watching:
             elif now - since > STACK_WAIT:
                 self._log("worker_stack", slot=inc.slot, worker=inc.id, rank=inc.rank, missing=NO_STACK)
                 self._kill_hung(inc)
-        if not self.round or self.broken >= self.round or self.disrupted is not None:
-            return  # a world already re-forming: its members are leaving it, not hung
+        if not self.round or self.broken >= self.round:
+            return  # a broken world: its members are leaving it, not hung
+        # (A host update announced is no reason to look away: members leave only at their next
+        # commit, and one hung before it holds its peers in a collective as in any world.)
         progress = self._progress()
         top = ceiling(p.collective_timeout)
         timeout = progress.timeout(p.hang_timeout, p.hang_floor, top)
