@@ -30,7 +30,7 @@ RANK_ENV = {"OMP_NUM_THREADS": "1", "HVDLITE_SECRET": "harness-secret"}
 
 _store = None  # the child's FileStore, for the end-of-run rendezvous
 _store_path = None  # where it lives: in the run's temporary directory
-_server = None  # this process's fork server (subprocess.Popen), started by the first run
+_server = None  # this process's fork server (_Server), started by the first run, again after a failed one
 
 
 class _Server:
