@@ -170,7 +170,8 @@ def _serve() -> None:
     out.write(b"ready\n")
     out.flush()
     while open_ or running:
-        if open_ and select.select([0], [], [], 0.02)[0]:
+        # With no rank running it sleeps until the next request; else it looks for ended ranks.
+        if open_ and select.select([0], [], [], 0.02 if running else None)[0]:
             chunk = os.read(0, 65536)
             open_ = bool(chunk)
             pending += chunk
