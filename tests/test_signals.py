@@ -41,22 +41,22 @@ def test_each_signal_to_the_driver_stops_at_a_commit_and_the_same_command_resume
                 job.proc.send_signal(sig)
             else:
                 os.kill(slot_pid(job, "localhost/1"), sig)
-            first = job.finish(60)
-        assert first.code == exitcodes.RESUMABLE, (sig.name, to, first.stderr)
-        stopped = first.of("job_end")[-1]
+            result = job.finish(60)
+        assert result.code == exitcodes.RESUMABLE, (sig.name, to, result.stderr)
+        stopped = result.of("job_end")[-1]
         assert stopped["result"] == "stopped" and stopped["resumable"] and not stopped["late"]
         resumed_from, written = written, checkpointdir.newest(str(ckpt))[0]
-        ran = [r["step"] for r in steps_log(tmp_path)]
-        assert written == stopped["commit"] == max(ran) + 1  # the last step trained is on disk
-        assert min(r["step"] for r in steps_log(tmp_path) if r["run"] == run) == resumed_from
-        assert f"job stopped by {sig.name} at commit {written}" in first.stderr
-        assert not first.of("blacklisted") and all(e.get("left") for e in first.of("worker_exit"))
-        assert not first.of("workers_failed")
+        records = steps_log(tmp_path)
+        assert written == stopped["commit"] == max(r["step"] for r in records) + 1  # the last step trained is on disk
+        assert min(r["step"] for r in records if r["run"] == run) == resumed_from
+        assert f"job stopped by {sig.name} at commit {written}" in result.stderr
+        assert not result.of("blacklisted") and all(e.get("left") for e in result.of("worker_exit"))
+        assert not result.of("workers_failed")
     (tmp_path / "last").mkdir()
     with Job(flags, tmp_path / "last", env=job_env(tmp_path, TOTAL_STEPS=TOTAL, RUN=len(STOPS) + 1,
                                                    STEP_SLEEP=0.05)) as job:
-        second = job.finish(120)
-    assert second.code == 0, second.stderr
+        result = job.finish(120)
+    assert result.code == 0, result.stderr
     records = check_training_continuous(tmp_path, TOTAL)
     assert min(r["step"] for r in records if r["run"] == len(STOPS) + 1) == written  # nothing lost, nothing again
     assert all(len({(r["run"], r["round"]) for r in rs}) == 1 for rs in _attempts(records).values())
