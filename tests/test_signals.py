@@ -20,36 +20,45 @@ TOTAL = 40
 
 
 # SIGUSR1 to a worker is Slurm's `--signal=USR1@T`, which signals the job steps, not the driver.
-@pytest.mark.parametrize("sig, to", [(signal.SIGUSR1, "driver"), (signal.SIGTERM, "driver"),
-                                     (signal.SIGINT, "driver"), (signal.SIGUSR1, "a worker")])
-def test_a_signal_to_the_driver_stops_at_a_commit_and_the_same_command_resumes_there(tmp_path, sig, to):
+STOPS = [(signal.SIGUSR1, "driver"), (signal.SIGTERM, "driver"), (signal.SIGINT, "driver"),
+         (signal.SIGUSR1, "a worker")]
+
+
+def test_each_signal_to_the_driver_stops_at_a_commit_and_the_same_command_resumes_there(tmp_path):
+    """One chain of runs of the same command: each stopped by the next of STOPS, 6 steps after
+    its start, then run again from what the stop wrote; the last run trains to the end."""
     ckpt = tmp_path / "ckpt"
     # No periodic write within the run: the checkpoint on disk is the one the stop wrote.
     flags = ["-H", "localhost:2", "--min-np", "1", "--checkpoint-dir", str(ckpt),
              "--checkpoint-interval", "600", *JOB]
-    (tmp_path / "run1").mkdir()
-    (tmp_path / "run2").mkdir()
-    with Job(flags, tmp_path / "run1", env=job_env(tmp_path, TOTAL_STEPS=TOTAL, RUN=1, STEP_SLEEP=0.1)) as job:
-        wait_progress(job, tmp_path, 12)
-        if to == "driver":
-            job.proc.send_signal(sig)
-        else:
-            os.kill(slot_pid(job, "localhost/1"), sig)
-        first = job.finish(60)
-    assert first.code == exitcodes.RESUMABLE, first.stderr
-    stopped = first.of("job_end")[-1]
-    assert stopped["result"] == "stopped" and stopped["resumable"] and not stopped["late"]
-    written = checkpointdir.newest(str(ckpt))[0]
-    ran = [r["step"] for r in steps_log(tmp_path)]
-    assert written == stopped["commit"] == max(ran) + 1  # the last step trained is on disk
-    assert f"job stopped by {sig.name} at commit {written}" in first.stderr
-    assert not first.of("blacklisted") and all(e.get("left") for e in first.of("worker_exit"))
-    assert not first.of("workers_failed")
-    with Job(flags, tmp_path / "run2", env=job_env(tmp_path, TOTAL_STEPS=TOTAL, RUN=2, STEP_SLEEP=0.05)) as job:
-        second = job.finish(120)
-    assert second.code == 0, second.stderr
+    written = 0
+    for run, (sig, to) in enumerate(STOPS, 1):
+        (tmp_path / f"run{run}").mkdir()
+        with Job(flags, tmp_path / f"run{run}",
+                 env=job_env(tmp_path, TOTAL_STEPS=TOTAL, RUN=run, STEP_SLEEP=0.1)) as job:
+            wait_progress(job, tmp_path, written + 6)
+            if to == "driver":
+                job.proc.send_signal(sig)
+            else:
+                os.kill(slot_pid(job, "localhost/1"), sig)
+            result = job.finish(60)
+        assert result.code == exitcodes.RESUMABLE, (sig.name, to, result.stderr)
+        stopped = result.of("job_end")[-1]
+        assert stopped["result"] == "stopped" and stopped["resumable"] and not stopped["late"]
+        resumed_from, written = written, checkpointdir.newest(str(ckpt))[0]
+        records = steps_log(tmp_path)
+        assert written == stopped["commit"] == max(r["step"] for r in records) + 1  # the last step trained is on disk
+        assert min(r["step"] for r in records if r["run"] == run) == resumed_from
+        assert f"job stopped by {sig.name} at commit {written}" in result.stderr
+        assert not result.of("blacklisted") and all(e.get("left") for e in result.of("worker_exit"))
+        assert not result.of("workers_failed")
+    (tmp_path / "last").mkdir()
+    with Job(flags, tmp_path / "last", env=job_env(tmp_path, TOTAL_STEPS=TOTAL, RUN=len(STOPS) + 1,
+                                                   STEP_SLEEP=0.05)) as job:
+        result = job.finish(120)
+    assert result.code == 0, result.stderr
     records = check_training_continuous(tmp_path, TOTAL)
-    assert min(r["step"] for r in records if r["run"] == 2) == written  # nothing lost, nothing again
+    assert min(r["step"] for r in records if r["run"] == len(STOPS) + 1) == written  # nothing lost, nothing again
     assert all(len({(r["run"], r["round"]) for r in rs}) == 1 for rs in _attempts(records).values())
     check_exactly_once_per_epoch(records, dataset=64)
 

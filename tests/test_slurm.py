@@ -222,9 +222,12 @@ def _job_id(job):
     return [line.split()[3] for line in job.read(job.err).splitlines() if "Slurm allocation" in line][0]
 
 
-def test_usr1_to_the_steps_stops_at_a_commit_and_the_same_command_resumes_there(tmp_path, cluster, env):
-    # `scancel -s USR1 JOB` signals the job's steps and not the shell the driver runs in, as
-    # `#SBATCH --signal=USR1@90` does before the allocation ends.
+def test_sigterm_to_one_step_shrinks_the_world_then_usr1_to_the_steps_stops_at_a_commit_and_it_resumes(
+        tmp_path, cluster, env):
+    """SIGTERM to one worker's step shrinks the world, with no rollback and no blacklisting;
+    then `scancel -s USR1 JOB`, which signals the job's steps and not the shell the driver runs
+    in (as `#SBATCH --signal=USR1@90` does before the allocation ends), stops the job at a
+    commit; the same command resumes exactly there."""
     ckpt, total = tmp_path / "ckpt", 60
     flags = ["--min-np", "2", "--checkpoint-dir", str(ckpt), "--checkpoint-interval", "600", *JOB]
     alloc = ["salloc", "-N3", "--no-kill"]
@@ -233,14 +236,22 @@ def test_usr1_to_the_steps_stops_at_a_commit_and_the_same_command_resumes_there(
     jenv = {**env, "SALLOC_NO_KILL": ""}
     with Job(flags, tmp_path / "run1", env={**jenv, **job_env(tmp_path, TOTAL_STEPS=total, RUN=1, STEP_SLEEP=0.1)},
              prefix=alloc) as job:
-        wait_progress(job, tmp_path, 10)
+        wait_progress(job, tmp_path, 8)
+        step = _step_of(cluster, "n3")
+        # 22.05's scancel says "Invalid job id specified" for a signalled step, and delivers it
+        _, world = next_world(job, lambda: cluster.run(["scancel", "-s", "TERM", step],
+                                                       check=False))
+        wait_progress(job, tmp_path, progress(tmp_path) + 2)  # the world of two trains
         cluster.run(["scancel", "-s", "USR1", _job_id(job)], check=False)
         first = job.finish(60)
+    assert world["size"] == 2
     assert first.code == exitcodes.RESUMABLE, first.stderr
+    assert not first.of("blacklisted")
+    assert not first.of("rolled_back") and not first.of("rollback")
+    assert sizes(steps_log(tmp_path)) == [3, 2]
     stopped = first.of("job_end")[-1]
     written = checkpointdir.newest(str(ckpt))[0]
     assert stopped["result"] == "stopped" and written == stopped["commit"] > 0
-    assert not first.of("blacklisted")
     with Job(flags, tmp_path / "run2", env={**jenv, **job_env(tmp_path, TOTAL_STEPS=total, RUN=2, STEP_SLEEP=0.05)},
              prefix=alloc) as job:
         second = job.finish(120)
@@ -254,25 +265,6 @@ def test_usr1_to_the_steps_stops_at_a_commit_and_the_same_command_resumes_there(
 def _nodelist(cluster, job_id):
     record = cluster.run(["scontrol", "show", "job", "-o", job_id]).stdout
     return re.search(r"(?:^|\s)NodeList=(\S+)", record).group(1)
-
-
-def test_sigterm_to_one_workers_step_shrinks_the_world_with_no_rollback(tmp_path, cluster, env):
-    jenv = {**env, "SALLOC_NO_KILL": "", **job_env(tmp_path, TOTAL_STEPS=60, STEP_SLEEP=0.1)}
-    with Job(["--min-np", "2", *JOB], tmp_path, env=jenv,
-             prefix=["salloc", "-N3", "--no-kill"]) as job:
-        wait_progress(job, tmp_path, 8)
-        step = _step_of(cluster, "n3")
-        # 22.05's scancel says "Invalid job id specified" for a signalled step, and delivers it
-        seconds, world = next_world(job, lambda: cluster.run(["scancel", "-s", "TERM", step],
-                                                             check=False))
-        r = job.finish(120)
-    assert r.code == 0, r.stderr
-    assert world["size"] == 2
-    assert not r.of("blacklisted")
-    records = check_training_continuous(tmp_path, 60)
-    assert sizes(records) == [3, 2]
-    assert not r.of("rolled_back") and not r.of("rollback")
-    assert_nothing_left(cluster)
 
 
 def _step_of(cluster, node):
