@@ -118,6 +118,24 @@ def test_named_once_at_the_factor_and_again_when_it_recovers():
     assert [(e, w) for e, w, _, _ in s.check("abc", (k + 1) * WINDOW)] == [("straggler_recovered", "c")]
 
 
+def test_the_rank_that_started_first_is_not_named_for_waiting_on_a_late_peers_start():
+    """A torchrun script: a's heartbeats start at its init_process_group, which waits (outside
+    any timed collective) for b, whose heartbeats start 6 s later; then both step alike, one
+    collective a second. Measured from its first beat, a's wait would read as its own work."""
+    s = Stragglers(2.0)
+    s.new_world(0.0)
+    for now in range(11):
+        s.heard("a", max(0, now - 7), 0.0, now)
+        if now >= 6:
+            s.heard("b", max(0, now - 7), 0.0, now)
+        if now in (5, 10):
+            assert s.check("ab", now + 0.5) == [], now
+    feed(s, 15.5, {"a": 1.0, "b": 1.0}, 5)
+    assert s.check("ab", 15.5) == [] and s.steps["a"] == s.steps["b"], s.steps
+    feed(s, 20.5, {"a": 1.0, "b": 2.0}, 5)  # and a real straggler is named
+    assert [(e, w) for e, w, _, _ in s.check("ab", 20.5)] == [("straggler", "b")]
+
+
 def test_tiny_steps_are_not_stragglers():
     s = Stragglers(2.0)
     s.new_world(0.0)
