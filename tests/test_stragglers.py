@@ -136,6 +136,45 @@ def test_the_rank_that_started_first_is_not_named_for_waiting_on_a_late_peers_st
     assert [(e, w) for e, w, _, _ in s.check("ab", 20.5)] == [("straggler", "b")]
 
 
+JOINED = """
+import sys, threading, time
+import torch, torch.distributed as dist
+from torch.distributed.algorithms.join import Join
+from hvdlite.torch import ddpwait
+from hvdlite.worker import runtime
+rank, port = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+ddpwait.watch(model)
+seen, done = [], threading.Event()
+threading.Thread(target=lambda: [seen.append(runtime.idle()) or time.sleep(0.01) for _ in iter(done.is_set, True)]).start()
+with Join([model]):
+    for k in range(2 if rank else 6):
+        time.sleep(0.1 * (k >= 2))
+        model(torch.ones(2, 4)).sum().backward()
+done.set()
+print(any(seen), runtime.idle(), flush=True)
+"""
+
+
+def test_a_rank_shadowing_its_peers_in_ddp_join_is_idle_until_join_ends():
+    """DDP's join() (uneven inputs): rank 1 runs out after 2 steps and shadows rank 0's 4 more;
+    its heartbeats say idle meanwhile (hvdlite/torch/ddpwait.py), as in hvd.join(), so the rule
+    neither names it nor measures rank 0 against it (its waits, untimed or timed, read as the
+    others' steps or as nil). Two plain gloo processes: no job needed."""
+    import subprocess
+    port = str(free_port())
+    ranks = [subprocess.Popen([sys.executable, "-c", JOINED, str(r), port], stdout=subprocess.PIPE, text=True)
+             for r in (0, 1)]
+    try:
+        said = [p.communicate(timeout=150)[0].split() for p in ranks]  # (importing torch: 20 s at load 20)
+    finally:
+        for p in ranks:
+            p.kill()
+            p.wait()
+    assert said == [["False", "False"], ["True", "False"]], said
+
+
 def test_tiny_steps_are_not_stragglers():
     s = Stragglers(2.0)
     s.new_world(0.0)
