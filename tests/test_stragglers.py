@@ -175,6 +175,27 @@ def test_a_rank_shadowing_its_peers_in_ddp_join_is_idle_until_join_ends():
     assert said == [["False", "False"], ["True", "False"]], said
 
 
+def test_a_join_broken_by_its_world_leaves_the_rank_not_idle():
+    """A shadowing step that fails (a peer died: gloo raises) gets no post_hook: the rank must
+    not stay idle into the next world, where it steps again."""
+    from hvdlite.torch import ddpwait
+
+    class Hook:
+        def main_hook(self):
+            raise RuntimeError("Connection closed by peer")
+
+        def post_hook(self, is_last_joiner):
+            pass
+
+    made = Hook()
+    hook = ddpwait._join_hook(lambda: lambda **kwargs: made)
+    try:
+        hook.main_hook()
+    except RuntimeError:
+        pass
+    assert not ddpwait.idle()
+
+
 def test_tiny_steps_are_not_stragglers():
     s = Stragglers(2.0)
     s.new_world(0.0)

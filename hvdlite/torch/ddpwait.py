@@ -62,7 +62,11 @@ def _join_hook(make, **kwargs):
 
     def main_hook():
         _shadowing.add(id(hook))
-        main()
+        try:
+            main()
+        except BaseException:  # a broken world: no post_hook comes, and the next world's steps are work
+            _shadowing.discard(id(hook))
+            raise
 
     def post_hook(is_last_joiner):
         _shadowing.discard(id(hook))
