@@ -286,8 +286,10 @@ def walk(obj):
             stack.extend(item.values())
         elif isinstance(item, np.ndarray):
             stack.extend(item.ravel().tolist() if item.size < 10_000 else [])
-        elif type(item).__module__.startswith("torch") and hasattr(item, "tolist"):
-            item.tolist() if item.numel() < 10_000 else None
+        elif type(item).__module__.startswith("torch") and hasattr(item, "clone"):
+            # every element read in C: tolist() made a Python float of each, which under
+            # tracemalloc took past the 30-s hang limit for 5000 small tensors (case 60653)
+            item.clone() if item.numel() < 10_000 else None
         else:
             repr(item)
 
