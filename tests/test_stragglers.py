@@ -122,6 +122,84 @@ def test_named_once_at_the_factor_and_again_when_it_recovers():
     assert [(e, w) for e, w, _, _ in s.check("abc", (k + 1) * WINDOW)] == [("straggler_recovered", "c")]
 
 
+def test_the_rank_that_started_first_is_not_named_for_waiting_on_a_late_peers_start():
+    """A torchrun script: a's heartbeats start at its init_process_group, which waits (outside
+    any timed collective) for b, whose heartbeats start 6 s later; then both step alike, one
+    collective a second. Measured from its first beat, a's wait would read as its own work."""
+    s = Stragglers(2.0)
+    s.new_world(0.0)
+    for now in range(11):
+        s.heard("a", max(0, now - 7), 0.0, now)
+        if now >= 6:
+            s.heard("b", max(0, now - 7), 0.0, now)
+        if now in (5, 10):
+            assert s.check("ab", now + 0.5) == [], now
+    feed(s, 15.5, {"a": 1.0, "b": 1.0}, 5)
+    assert s.check("ab", 15.5) == [] and s.steps["a"] == s.steps["b"], s.steps
+    feed(s, 20.5, {"a": 1.0, "b": 2.0}, 5)  # and a real straggler is named
+    assert [(e, w) for e, w, _, _ in s.check("ab", 20.5)] == [("straggler", "b")]
+
+
+JOINED = """
+import sys, threading, time
+import torch, torch.distributed as dist
+from torch.distributed.algorithms.join import Join
+from hvdlite.torch import ddpwait
+from hvdlite.worker import runtime
+rank, port = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+ddpwait.watch(model)
+seen, done = [], threading.Event()
+threading.Thread(target=lambda: [seen.append(runtime.idle()) or time.sleep(0.01) for _ in iter(done.is_set, True)]).start()
+with Join([model]):
+    for k in range(2 if rank else 6):
+        time.sleep(0.1 * (k >= 2))
+        model(torch.ones(2, 4)).sum().backward()
+done.set()
+print(any(seen), runtime.idle(), flush=True)
+"""
+
+
+def test_a_rank_shadowing_its_peers_in_ddp_join_is_idle_until_join_ends():
+    """DDP's join() (uneven inputs): rank 1 runs out after 2 steps and shadows rank 0's 4 more;
+    its heartbeats say idle meanwhile (hvdlite/torch/ddpwait.py), as in hvd.join(), so the rule
+    neither names it nor measures rank 0 against it (its waits, untimed or timed, read as the
+    others' steps or as nil). Two plain gloo processes: no job needed."""
+    import subprocess
+    port = str(free_port())
+    ranks = [subprocess.Popen([sys.executable, "-c", JOINED, str(r), port], stdout=subprocess.PIPE, text=True)
+             for r in (0, 1)]
+    try:
+        said = [p.communicate(timeout=150)[0].split() for p in ranks]  # (importing torch: 20 s at load 20)
+    finally:
+        for p in ranks:
+            p.kill()
+            p.wait()
+    assert said == [["False", "False"], ["True", "False"]], said
+
+
+def test_a_join_broken_by_its_world_leaves_the_rank_not_idle():
+    """A shadowing step that fails (a peer died: gloo raises) gets no post_hook: the rank must
+    not stay idle into the next world, where it steps again."""
+    from hvdlite.torch import ddpwait
+
+    class Hook:
+        def main_hook(self):
+            raise RuntimeError("Connection closed by peer")
+
+        def post_hook(self, is_last_joiner):
+            pass
+
+    made = Hook()
+    hook = ddpwait._join_hook(lambda: lambda **kwargs: made)
+    try:
+        hook.main_hook()
+    except RuntimeError:
+        pass
+    assert not ddpwait.idle()
+
+
 def test_tiny_steps_are_not_stragglers():
     s = Stragglers(2.0)
     s.new_world(0.0)

@@ -14,9 +14,14 @@ for as long as a peer is late (1.9 s of a peer's 2 s, measured), hangs included.
 only: for a CUDA one the logger waits for the last iteration's events at every forward, which
 would cost the step its run-ahead.
 
+A rank out of data in DDP's join() (torch.distributed.algorithms.join.Join) shadows its peers'
+steps with its own work nil: from its first shadowing step to the end of join() it is idle, as
+in hvd.join(), so the straggler rule neither names it nor measures the others against it.
+
 Every DDP model of a worker of `hvdlite run` is watched (the boot sitecustomize wraps DDP's
 _ddp_init_helper, which makes its reducer at construction and again when an elastic world
 moves the model to a new group: torch/statehandlers.py)."""
+import functools
 import threading
 import time
 import weakref
@@ -27,11 +32,14 @@ READ_EVERY = 0.25  # seconds between reads of a model's logger (heartbeats come 
 _lock = threading.RLock()  # (the step's thread writes, the heartbeat's sums; a finalizer may run in either)
 _models = {}  # id(model) -> [seconds its reducer's backward waited, when to read it next]
 _ended = 0.0  # the seconds of reducers since replaced, and of models since gone
+_shadowing = set()  # id() of the join hooks of models whose rank joined and shadows its peers
 
 
 def watch(model) -> None:
     """Time `model`'s backward waits from its reducer just made."""
     global _ended
+    if "join_hook" not in vars(model):  # (once per model: an elastic move makes a new reducer)
+        model.join_hook = functools.partial(_join_hook, weakref.WeakMethod(model.join_hook))  # (no cycle)
     if getattr(model, "device_type", None) != "cpu":
         return
     model._set_ddp_runtime_logging_sample_rate(1)
@@ -45,6 +53,32 @@ def watch(model) -> None:
             model.register_forward_pre_hook(_read)
             weakref.finalize(model, _gone, id(model))
         _models[id(model)] = [0.0, 0.0]
+
+
+def _join_hook(make, **kwargs):
+    """DDP's join hook, idle from its first shadowing step (main_hook) to join()'s end (post_hook)."""
+    hook = make()(**kwargs)
+    main, post = hook.main_hook, hook.post_hook
+
+    def main_hook():
+        _shadowing.add(id(hook))
+        try:
+            main()
+        except BaseException:  # a broken world: no post_hook comes, and the next world's steps are work
+            _shadowing.discard(id(hook))
+            raise
+
+    def post_hook(is_last_joiner):
+        _shadowing.discard(id(hook))
+        post(is_last_joiner)
+
+    hook.main_hook, hook.post_hook = main_hook, post_hook
+    return hook
+
+
+def idle() -> bool:
+    """A model of this process shadows its peers' steps in join()."""
+    return bool(_shadowing)
 
 
 def _read(model, _inputs) -> None:
@@ -70,3 +104,6 @@ def waited() -> float:
     (never less than before: the driver takes differences)."""
     with _lock:
         return _ended + sum(entry[0] for entry in _models.values())
+
+
+runtime.idle_also(idle)  # (this module is imported as a worker makes its first DDP model)

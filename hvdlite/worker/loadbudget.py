@@ -18,9 +18,9 @@ to a constructor that copies it. So the unpickler (trusted.py) charges a Budget 
 
 The bound, for a file of S bytes: memory charged <= MEMORY_PER_BYTE * S + ALLOWANCE, work
 charged <= WORK_PER_BYTE * S + ALLOWANCE. Past either, the load ends with OverBudget, a
-refusal like any other (the worker names the file and exits UNLOADABLE). bench/fuzz_structured.py
-holds the real peak memory and CPU time of every case to this bound (see its docstring for
-the seconds per MB it measured).
+refusal like any other (the worker names the file and exits UNLOADABLE).
+`bench/fuzz_checkpoint.py --structured` holds the real peak memory and CPU time of every case
+to this bound (see its docstring for the seconds per MB it measured).
 """
 import sys
 

@@ -68,7 +68,16 @@ def _seconds_of(mine: dict) -> list:
 def idle() -> bool:
     """This process waits in hvd.join() with no data left: its peers' steps go on without its
     own work, so the straggler rule leaves it out (driver/decisions/stragglers.py)."""
-    return any(r.idle for r in _runtimes)
+    return any(r.idle for r in _runtimes) or any(idle() for idle in _idles)
+
+
+_idles = []  # idle_also()'s
+
+
+def idle_also(idle) -> None:
+    """Count this process idle also while `idle()` says so (a rank shadowing its peers in DDP's
+    join(): torch/ddpwait.py)."""
+    _idles.append(idle)
 
 
 class NotInitializedError(ValueError):

@@ -6,8 +6,11 @@ per collective: the seconds it did not spend waiting in a collective, over the c
 entered. Every heartbeat carries both counts (worker/runtime.py); each WINDOW seconds the driver
 takes every member's figure over the window, and names a rank whose figure is at least
 `factor` times the median of the others' (and MIN_GAP longer), once, and once more when it
-recovers. A window in which a rank entered no collective (an evaluation on rank 0 alone) says
-nothing about it, nor one in which it was heard idle in hvd.join(): its data ran out, its own
+recovers. Nobody is measured until every member has entered a collective: before that a rank's
+time is its start-up, or waiting for a slower peer's start-up outside any timed collective (a
+torchrun script's init_process_group and DDP's constructor), which would read as its own work
+and name the rank that started first. A window in which a rank entered no collective (an
+evaluation on rank 0 alone) says nothing about it, nor one in which it was heard idle in hvd.join(): its data ran out, its own
 work is nil while the others step, so it is neither named nor the others' baseline. Pure: the
 time is passed in.
 """
@@ -29,14 +32,16 @@ class Stragglers:
         self.steps = {}  # worker -> its step time over the last window
         self.slow = {}  # worker -> windows in a row it straggled (while it is a straggler)
         self.idle = set()  # workers heard idle in hvd.join() in the current window
+        self.lined_up = False  # every member has entered a collective of this world
 
     def new_world(self, now: float) -> None:
         self.start, self.latest, self.steps, self.slow, self.window_at = {}, {}, {}, {}, now
-        self.idle = set()
+        self.idle, self.lined_up = set(), False
 
     def heard(self, worker: str, calls: int, waited: float, now: float, idle: bool = False) -> None:
         self.latest[worker] = (now, calls, waited)
-        self.start.setdefault(worker, self.latest[worker])
+        if not self.lined_up or worker not in self.start:
+            self.start[worker] = self.latest[worker]
         if idle:
             self.idle.add(worker)
 
@@ -46,6 +51,9 @@ class Stragglers:
         if self.window_at is None or now - self.window_at < WINDOW:
             return []
         self.window_at, steps, idle, self.idle = now, {}, self.idle, set()
+        if not self.lined_up:  # measured from the next window on, once every member is in step
+            self.lined_up = all(self.latest.get(w, (0, 0))[1] > 0 for w in members)
+            return []
         for w in members:
             if w in idle:  # (a straggler stays one until it steps again)
                 self.start[w] = self.latest[w]
