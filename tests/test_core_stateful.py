@@ -1268,9 +1268,9 @@ class Picks:
         return self.picks.pop(0)
 
 
-def formed():
+def formed(durable=False):
     job = ElasticJob()
-    job.checkpoint_dir(durable=False, on_disk=0)
+    job.checkpoint_dir(durable=durable, on_disk=0)
     job.straggler_policy(evict=False)
     job.launches_complete()
     job.idle_workers_enter_rendezvous()
@@ -1440,13 +1440,8 @@ def test_a_driver_killed_during_a_graceful_stop_is_rerun_from_the_disk_once_its_
     """Its workers train on (they missed the stop) or leave at their next commit (they heard
     it): the rerun refuses while one runs, and then resumes from the disk, which holds rank 0's
     newest commit."""
-    job = ElasticJob()
-    job.checkpoint_dir(durable=True, on_disk=0)
-    job.straggler_policy(evict=False)
-    job.launches_complete()
-    job.idle_workers_enter_rendezvous()
-    job.syncs_from_the_root(fails=set())
-    job.commits(Picks(sorted(p.worker for p in job.members())))
+    job, members = formed(durable=True)
+    job.commits(Picks(members))
     job.signal_to_the_driver(dice=0)
     (root,) = [p for p in job.members() if job.core.world[p.worker].rank == 0]
     job.driver_dies_where_none_takes_over(Picks(), steps=2, heard=heard)
