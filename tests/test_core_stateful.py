@@ -1452,6 +1452,20 @@ def test_a_driver_killed_during_a_graceful_stop_is_rerun_from_the_disk_once_its_
     assert job.core.round == 1 and {p.commit for p in job.members()} == {job.disk}
 
 
+def test_a_rerun_after_a_driver_died_ending_the_job_refuses_while_an_ssh_worker_of_it_runs():
+    """Its workers on an SSH host (asked over SSH: `elsewhere`) are as much the job's as those
+    here: a fresh start beside one still training would make two writers of one lineage."""
+    job, members = formed(durable=True)
+    job.commits(Picks(members))
+    job.signal_to_the_driver(dice=0)
+    saved = json.loads(json.dumps({**adoption.journal(job.core, job.now), "command": ["train.py"],
+                                   "written_at": 0.0, "driver_host": "here"}))
+    assert not saved["adoptable"] and adoption.live_hosts(saved)
+    on_ssh = sorted(members)[:1]
+    decision = adoption.rerun(saved, {}, set(on_ssh), set(), {}, ["train.py"], "here", 1.0, 60.0, "/ckpt")
+    assert decision.refused and on_ssh[0] in decision.refused and not decision.kill, decision
+    assert adoption.rerun(saved, {}, set(), set(), {}, ["train.py"], "here", 1.0, 60.0, "/ckpt") == adoption.Rerun()
+
 def test_a_driver_cut_off_from_everything_blames_nobody_and_forms_no_world():
     """Its lease renewal fails: every worker falls silent to it, its probes go unanswered, a
     survivor names its peers and the SSH channel of one breaks (exit 255). It kills nobody for

@@ -239,10 +239,10 @@ class Job:
         return saved
 
     def _running_elsewhere(self, saved, procs, reached) -> set:
-        """The journal's live workers on SSH hosts whose processes run (pid and start time), as
+        """The journal's workers on SSH hosts whose processes run (pid and start time), as
         each host tells over SSH (every host at once; none of a host that cannot be reached)."""
         remote = {}  # host -> identity -> worker
-        for w in saved["workers"] if reached else ():
+        for w in saved.get("workers", ()):
             if reached.get(w["host"]) == adoption.ADOPTS and w["id"] in procs:
                 remote.setdefault(w["host"], {})[procs[w["id"]]] = w["id"]
         with ThreadPoolExecutor(max(1, len(remote))) as pool:

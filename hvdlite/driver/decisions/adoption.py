@@ -132,10 +132,10 @@ class Rerun:
 
 def live_hosts(saved: Optional[dict]) -> set:
     """The hosts rerun() needs to know how each is reached: those of a journal's workers that
-    had not ended, when they may be taken over."""
-    if saved is None or not saved.get("adoptable"):
+    had not ended."""
+    if saved is None:
         return set()
-    return {w["host"] for w in saved["workers"] if w["phase"] != Phase.GONE.value}
+    return {w["host"] for w in saved.get("workers", ()) if w["phase"] != Phase.GONE.value}
 
 
 def in_grace(saved: Optional[dict], now: float, grace: float) -> bool:
@@ -156,10 +156,11 @@ def rerun(saved: Optional[dict], running: dict, elsewhere: set, exited: set, rea
         # Every journaled process that runs: one the last driver was taking out too (the journal
         # lists no leaving worker), which may not have heard.
         alive = sorted(running.values())
-        if alive and saved.get("round", 0) > 0:
+        if (alive or elsewhere) and saved.get("round", 0) > 0:
             # Its driver died while ending the job: the workers that had not heard train on.
+            named = [f"pid {pid}" for pid in alive] + sorted(elsewhere)
             return Rerun(refused=f"the last driver of this job died while ending it and its workers still run "
-                                 f"(pids {', '.join(map(str, alive))}): they end within --driver-grace; run "
+                                 f"({', '.join(named)}): they end within --driver-grace; run "
                                  f"this again once they did, or stop them first")
         # Launched before any world formed: they trained nothing, and could never find this
         # driver (a new secret signs its beacon).
