@@ -1361,13 +1361,7 @@ def test_a_driver_killed_while_a_peer_dies_without_it_is_taken_over_and_the_worl
     """The members commit twice without a driver, one dies; the new driver takes the world
     over, hears the death, and the survivors re-form from the newest commit: nothing lost. On
     an SSH host the dead one's slot is launched again, blamed on nobody."""
-    job = ElasticJob()
-    job.checkpoint_dir(durable=True, on_disk=0)
-    job.straggler_policy(evict=False)
-    job.launches_complete()
-    job.idle_workers_enter_rendezvous()
-    job.syncs_from_the_root(fails=set())
-    (a, b, c) = sorted(p.worker for p in job.members())
+    job, (a, b, c) = formed(durable=True)
     old = job.core
     job.driver_dies_and_a_new_one_takes_over(Picks(c), steps=2, peer_dies=True, paused=True, on_ssh=on_ssh)
     assert job.core is not old and job.core.broken == job.core.round == 1
