@@ -219,11 +219,13 @@ class Job:
         # A process listed without its worker (one the last driver was removing) is looked for here.
         running = {w: _pid(identity) for w, identity in procs.items()
                    if (w not in hosts or self.launchers.is_local(hosts[w])) and _runs(identity)}
+        now = time.time()  # one clock reading: what is asked over SSH and what rerun() judges agree
         elsewhere = self._running_elsewhere(saved, procs, reached) \
-            if adoption.in_grace(saved, time.time(), s.driver_grace) else set()
-        exited = {w for w in procs if s.checkpoint_dir and os.path.exists(beacon.output_path(s.checkpoint_dir, w, "exit"))}
+            if adoption.in_grace(saved, now, s.driver_grace) else set()
+        exited = {w for w in procs
+                  if s.checkpoint_dir and os.path.exists(beacon.output_path(s.checkpoint_dir, w, "exit"))}
         decision = adoption.rerun(saved, running, elsewhere, exited, reached, s.command, socket.gethostname(),
-                                  time.time(), s.driver_grace, s.checkpoint_dir)
+                                  now, s.driver_grace, s.checkpoint_dir)
         if decision.refused is not None:
             raise JobError(decision.refused)
         for pid in decision.kill:
