@@ -1,9 +1,11 @@
 """The environment a worker starts with: the driver's, minus host-specific names, plus ours.
 The user's CUDA_VISIBLE_DEVICES travels with it: the slots share those GPUs (worker/gpus.py)."""
+from hvdlite.driver.store import etcd
 from hvdlite.driver.torchrunenv import torchrun_env
 from hvdlite.worker import backends, env
 
-_DROPPED = {"OLDPWD", "PWD", "SHLVL", "_", *env.IDENTITY}
+# The driver store's password is the drivers' alone.
+_DROPPED = {"OLDPWD", "PWD", "SHLVL", "_", *env.IDENTITY, *etcd.SECRET}
 
 
 def forwarded(driver_env: dict) -> dict:
