@@ -167,8 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{defaults.CHECKPOINT_KEEP})")
     c.add_argument("--driver-store", metavar="URL", type=store_choice.check,
                    help="where the job's drivers keep their lease and journal: etcd://HOST[:PORT],"
-                        "...[/PREFIX] for an etcd cluster (default: a folder in DIR; "
-                        "docs/standby.md)")
+                        "...[/PREFIX] for an etcd cluster, etcds:// over TLS with etcdctl's "
+                        "ETCDCTL_CACERT, _CERT, _KEY, _USER and _PASSWORD (default: a folder in "
+                        "DIR; docs/standby.md)")
     c.add_argument("--standby", action="store_true",
                    help="wait as a standby driver: take the job over when its driver's lease "
                         "lapses (its process or host lost); needs DIR (docs/standby.md)")
