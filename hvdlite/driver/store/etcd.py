@@ -160,9 +160,10 @@ class EtcdStore(Store):
                     self._token = self._authenticate()
                 return self._post(path, body, self._token)
             except _Expired:
-                if fresh or self._user is None:
-                    raise Refused(f"etcd refuses {'the token it just gave' if self._user else 'this driver without a token'}: "
-                                  f"name its user in {USER} and {PASSWORD}") from None
+                if self._user is None:
+                    raise Refused(f"etcd asks for a token: name its user in {USER} and {PASSWORD}") from None
+                if fresh:
+                    raise Refused(f"etcd refuses the token it just gave user {self._user[0]!r}") from None
                 self._token = None
 
     def _authenticate(self) -> str:
