@@ -22,7 +22,7 @@ variables, so a shell set up for `etcdctl` is set up for the driver: ETCDCTL_CAC
 default: the system's), ETCDCTL_CERT and ETCDCTL_KEY (a client certificate, for etcd's
 --client-cert-auth), ETCDCTL_USER and ETCDCTL_PASSWORD (or ETCDCTL_USER=NAME:PASSWORD), the
 user whose token (/v3/auth/authenticate) goes with every request. A token etcd no longer
-knows (it expired, or the member restarted) is replaced and the request sent again. What etcd
+knows (it expired: etcd's --auth-token-ttl) is replaced and the request sent again. What etcd
 refuses for good (a certificate that does not verify, a wrong password, a permission missing)
 raises Refused: waiting would not help.
 """
@@ -153,7 +153,7 @@ class EtcdStore(Store):
     # ---- the gateway ------------------------------------------------------------------
     def _call(self, path: str, body: dict) -> dict:
         """_post with this driver's token, authenticating first when it has none and once
-        more when etcd no longer knows it (it expired, or the member restarted)."""
+        more when etcd no longer knows it (it expired)."""
         for fresh in (False, True):
             try:
                 if self._user is not None and self._token is None:
