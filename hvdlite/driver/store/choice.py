@@ -34,4 +34,4 @@ def open_store(url: Optional[str], checkpoint_dir: str) -> Store:
     folder of --checkpoint-dir."""
     if url is None:
         return FileStore(beacon.folder(checkpoint_dir))
-    return _etcd(url, "/hvdlite" + checkpoint_dir, JobError)  # its files changed since check()
+    return _etcd(url, "/hvdlite" + checkpoint_dir, JobError)  # a file check() read may be gone since
