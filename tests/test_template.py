@@ -160,7 +160,7 @@ def test_preload_flags():
 
 def test_worker_looks_like_a_plain_launch(spawner, capsys):
     script = spawner.script("look.py", """
-        import os, sys, torch
+        import atexit, os, pickle, sys, torch
         print("argv", sys.argv[1:], "cwd", os.getcwd(), "path0", sys.path[0])
         print("env", os.environ.get("ONLY_HERE"), os.environ.get("FIRST_ONLY"))
         print("leader", os.getpgrp() == os.getpid() == os.getsid(0))
@@ -169,6 +169,8 @@ def test_worker_looks_like_a_plain_launch(spawner, capsys):
         print("threads", len(os.listdir("/proc/self/task")))
         print("cmdline", open("/proc/self/cmdline").read().replace(chr(0), " ").strip())
         print("oops", file=sys.stderr)
+        class Config: ...
+        atexit.register(lambda: print("exit work pickles", type(pickle.loads(pickle.dumps(Config()))) is Config))
         sys.exit(3)
     """)
     workdir = spawner.tmp_path / "work"
@@ -185,14 +187,17 @@ def test_worker_looks_like_a_plain_launch(spawner, capsys):
     assert lines[1:] == ["[0]<stdout>:env yes None", "[0]<stdout>:leader True",
                          "[0]<stdout>:fds [0, 1, 2, 3]",  # 3: the listing itself
                          "[0]<stdout>:stdin ''", "[0]<stdout>:threads 1",
-                         f"[0]<stdout>:cmdline {sys.executable} {script} 'a b' c"]  # what ps shows
+                         f"[0]<stdout>:cmdline {sys.executable} {script} 'a b' c",  # what ps shows
+                         "[0]<stdout>:exit work pickles True"]  # the script stays __main__ (a last checkpoint)
     assert out.err == "[0]<stderr>:oops\n"
 
 
 def test_module_mode_and_uncaught_exception(spawner, capsys):
     spawner.script("mod_main.py", """
-        import sys
+        import atexit, pickle, sys
         print("argv0", sys.argv[0].endswith("mod_main.py"), sys.argv[1:])
+        class Config: ...
+        atexit.register(lambda: print("exit work pickles", type(pickle.loads(pickle.dumps(Config()))) is Config))
         def fail():
             raise ValueError("bad input")
         fail()
@@ -200,7 +205,7 @@ def test_module_mode_and_uncaught_exception(spawner, capsys):
     handle = spawner.spawn([sys.executable, "-m", "mod_main", "z"])
     code, out = finished(handle, capsys)
     assert code == 1
-    assert out.out == "[0]<stdout>:argv0 True ['z']\n"
+    assert out.out == "[0]<stdout>:argv0 True ['z']\n[0]<stdout>:exit work pickles True\n"
     err = out.err.splitlines()
     assert err[0] == "[0]<stderr>:Traceback (most recent call last):"
     assert "mod_main.py" in err[1]  # the user's code first, none of the template's frames

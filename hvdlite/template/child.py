@@ -7,6 +7,8 @@ import runpy
 import shlex
 import signal
 import sys
+import types
+import zipfile
 
 PR_SET_PDEATHSIG = 1
 
@@ -84,9 +86,27 @@ def show_as(words, name: str) -> None:
     setproctitle.setproctitle(shlex.join(words))
 
 
+def _run_file(target: str, main) -> None:
+    """Run a script file in `main` as `python FILE` does; a directory or zip archive runs
+    the __main__ module inside it, as `python DIR` does."""
+    if os.path.isdir(target) or zipfile.is_zipfile(target):
+        sys.path.insert(0, target)
+        runpy._run_module_as_main("__main__", alter_argv=False)
+        return
+    with io.open_code(target) as f:
+        code = compile(f.read(), target, "exec")
+    main.__dict__.update(__file__=target, __cached__=None, __loader__=None, __package__=None, __spec__=None)
+    exec(code, main.__dict__)
+
+
 def run(kind: str, target: str, args, program: str) -> None:
     """Run the training command as __main__; errors end the process as the interpreter
-    would end it, with the traceback starting at the user's code."""
+    would end it, with the traceback starting at the user's code. The script's module stays
+    __main__ after it returns or raises, as the interpreter's does: exit work (rank 0's last
+    checkpoint) may pickle a class the script defined, which pickle looks up there (runpy's
+    run_path and run_module would put the template's __main__ back)."""
+    template_main = sys.modules["__main__"]  # noqa: F841  held: its functions' globals are still on the stack
+    main = sys.modules["__main__"] = types.ModuleType("__main__")
     if kind == "path":
         if not os.path.exists(target):
             sys.stderr.write(f"{program}: can't open file {os.path.abspath(target)!r}: "
@@ -95,7 +115,7 @@ def run(kind: str, target: str, args, program: str) -> None:
         if not getattr(sys.flags, "safe_path", False):
             sys.path[0] = os.path.dirname(os.path.realpath(target))
         sys.argv = [target] + list(args)
-        runner = lambda: runpy.run_path(target, run_name="__main__")  # noqa: E731
+        runner = lambda: _run_file(target, main)  # noqa: E731
     else:
         if not getattr(sys.flags, "safe_path", False):
             sys.path[0] = os.getcwd()
@@ -107,7 +127,7 @@ def run(kind: str, target: str, args, program: str) -> None:
         if not found:
             sys.stderr.write(f"{program}: No module named {target}\n")
             sys.exit(1)
-        runner = lambda: runpy.run_module(target, run_name="__main__", alter_sys=True)  # noqa: E731
+        runner = lambda: runpy._run_module_as_main(target)  # noqa: E731  what `python -m` runs, in sys.modules["__main__"]
     show_as([program] + ([target] if kind == "path" else ["-m", target]) + list(args), os.path.basename(target))
     try:
         runner()
