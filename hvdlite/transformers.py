@@ -18,6 +18,12 @@ import dataclasses
 import math
 import os
 
+from hvdlite.worker import env
+
+if os.environ.get(env.TEMPLATE):  # a forked worker would find it imported and never join below
+    raise ImportError("hvdlite.transformers joins the world when a worker imports it, so it cannot be "
+                      "preloaded: preload transformers.trainer,accelerate instead")
+
 import torch.distributed as dist
 from accelerate.data_loader import BatchSamplerShard
 from accelerate.state import AcceleratorState, PartialState
@@ -26,7 +32,6 @@ from transformers import Trainer, TrainerCallback, TrainerState
 from transformers.trainer_utils import has_length
 
 import hvdlite.torch as hvd
-from hvdlite.worker import env
 
 
 def _elastic() -> bool:

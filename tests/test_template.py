@@ -355,6 +355,8 @@ def test_commands_a_template_cannot_run_start_plainly_said_once(spawner, capsys)
     ("import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n",
      "preloading started Python threads"),
     ("raise RuntimeError('broken at import')\n", "preloading failed: RuntimeError: broken at import"),
+    # it joins the world at import: a worker forked from a template that preloaded it never would
+    ("import hvdlite.transformers\n", "ImportError: hvdlite.transformers joins the world when a worker imports it"),
     # a torch op at import starts torch's OpenMP pool, which does not stop for fork
     ("import torch\ntorch.set_num_threads(2)\ntorch.ones(1 << 22).add_(1)\n",
      "native threads that keep running across fork"),

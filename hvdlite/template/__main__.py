@@ -78,6 +78,7 @@ def main(argv=None) -> int:
         say({"op": "unusable", "reason": f"the template's environment holds a launch's {env.CLAIM}"})
         return 1
     modules = [m for m in args.preload.split(",") if m]
+    os.environ[env.TEMPLATE] = "1"  # a forked worker gets its own environment (child.become_worker)
     try:
         loaded, skipped = server.preload(modules)
         reason = server.fork_safe()

@@ -25,6 +25,7 @@ CHECKPOINT_LINEAGE = "HVDLITE_CHECKPOINT_LINEAGE"  # --fresh: the new lineage; u
 TIMELINE = "HVDLITE_TIMELINE"  # collective trace file (--timeline-filename); unset: none
 DRIVER_GRACE = "HVDLITE_DRIVER_GRACE"  # seconds to train on without a driver (--driver-grace)
 DRIVER_EPOCH = "HVDLITE_DRIVER_EPOCH"  # the launching driver's lease epoch (worker/beacon.py)
+TEMPLATE = "HVDLITE_TEMPLATE"  # set in a template process: a module that must run in each worker refuses preloading
 
 # Horovod's names for the same facts, for scripts written for horovodrun.
 HOROVOD = {RANK: "HOROVOD_RANK", SIZE: "HOROVOD_SIZE", LOCAL_RANK: "HOROVOD_LOCAL_RANK",
