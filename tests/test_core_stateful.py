@@ -308,9 +308,9 @@ class ElasticJob(RuleBasedStateMachine):
         it could run (the wall clock less its wait for a CPU) stays under --start-timeout, up to
         the ceiling's wall clock; one of another host (no reading) goes by the wall clock."""
         inc, proc, limit = self.core.workers[worker], self.procs[worker], self.core.policy.start_timeout
-        wall = self.now - inc.launched_at
-        assert wall - proc.starved > limit - 1e-9 or wall > limit * STARVED_CEILING - 1e-9, \
-            f"{worker} named after {wall:.2f} s, {proc.starved:.2f} s of them waiting for a CPU"
+        wall, starved = self.now - inc.launched_at, 0.0 if proc.remote else proc.starved
+        assert wall - starved > limit - 1e-9 or wall > limit * STARVED_CEILING - 1e-9, \
+            f"{worker} named after {wall:.2f} s, {starved:.2f} s of them waiting for a CPU"
 
     def readings_answer(self):
         """The executor reads a local worker's CPU wait in its /proc at once; None for host d's."""
