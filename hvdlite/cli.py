@@ -214,7 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "until SECONDS without a job, so later --keep-warm jobs skip the imports "
                         "(default $HVDLITE_KEEP_WARM or 0: none)")
     s.add_argument("--start-timeout", **_scaled("start_timeout",
-                                                "seconds for a worker to start and meet the others"))
+                                                "seconds for a worker to start and meet the others; on this machine "
+                                                "its wait for a CPU is not counted, up to 10 times that "
+                                                "on the wall clock"))
 
     r = g["ray"]
     r.add_argument("--ray", action="store_true", help="run the job's workers on a Ray cluster")

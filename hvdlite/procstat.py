@@ -1,6 +1,7 @@
 """A process's state as /proc/PID/stat tells it, for whoever watches a process it cannot wait
-for: the driver (a template's child), the worker's vouch helper (its worker) and a Ray slot's
-actor (its node's template). Standard library only: it runs on every side.
+for: the driver (a template's child, a starting worker's wait for a CPU), the worker's vouch
+helper (its worker) and a Ray slot's actor (its node's template). Standard library only: it
+runs on every side.
 
 The command name (field 2) is in parentheses and may hold spaces or ")", so the fields are read
 after the last ")".
@@ -58,3 +59,22 @@ def age(pid: int) -> float:
     with open("/proc/uptime") as f:
         uptime = float(f.read().split()[0])
     return uptime - int(stat_fields(pid)[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def run_wait(pid: int):
+    """Seconds the process waited for a CPU while it could run, since it started: the most any
+    of its live threads waited (/proc/PID/task/TID/schedstat's second field, nanoseconds on
+    the run queue; a CFS quota's throttled time counts, measured here). None when there is no
+    such process or the kernel keeps no such count."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    waits = []
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                waits.append(int(f.read().split()[1]))
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile
+    return max(waits) / 1e9 if waits else None

@@ -12,10 +12,10 @@ import time
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hvdlite import exitcodes
+from hvdlite import exitcodes, procstat
 from hvdlite.driver.decisions.cause import CAUSE_WAIT, ECHO_WAIT, Causes
 from hvdlite.driver.decisions.messages import (
-    DRIVER, HOST, LAUNCHER, Exited, HostsFound, Launch, Launched, LaunchFailed, Stop, Tick)
+    DRIVER, HOST, LAUNCHER, AskRunWait, Exited, HostsFound, Launch, Launched, LaunchFailed, RunWait, Stop, Tick)
 from hvdlite.driver.executor import _whose
 from hvdlite.driver.launchers.base import LaunchError, StartTimedOut
 from hvdlite.driver.launchers.srun import SrunWorker
@@ -84,6 +84,97 @@ def test_a_launch_that_never_starts_meets_the_start_deadline():
     assert sim.logged("launch_overdue")[-1]["worker"] == "b/0#2"
     sim.send(LaunchFailed("b/0#2", "SSH connection to b port 22 timed out after 10 s", HOST))
     assert [e["key"] for e in sim.logged("blacklisted")] == ["b"]
+
+
+def test_a_start_is_judged_by_the_time_it_could_run():
+    # A burst of process starts starves healthy workers: the seconds one waited for a CPU (read
+    # from its /proc when the wall clock says it is late) are not charged to it. One asleep in
+    # its start (no wait) is named at --start-timeout, one of another host (no reading) by the
+    # wall clock, and one that keeps waiting for a CPU at the ceiling, 10 x --start-timeout.
+    sim = Sim([("a", 1), ("b", 1), ("c", 1), ("d", 1)], start_timeout=10.0)
+    a, b, c, d = sim.launched()
+    share = {a: 0.1, b: 1.0, c: 1.0, d: 0.0}  # of the CPU each gets while it waits for one
+    out = sim.send(Tick(), after=10.5)
+    assert sorted(x.worker for x in out if isinstance(x, AskRunWait)) == [a, b, c, d]
+    assert not sim.logged("worker_start_timeout")  # not before its wait for a CPU is read
+    while sim.now < 101.0:
+        for ask in [x for x in out if isinstance(x, AskRunWait)]:
+            wall = sim.now - sim.core.workers[ask.worker].launched_at
+            sim.send(RunWait(ask.worker, None if ask.worker == c else wall * (1 - share[ask.worker])), after=0.0)
+        if sim.now >= 50.0 and sim.core.workers[a].answer is None:
+            sim.ready(a)  # ready after 50 s, 5 s of them running
+        out = sim.send(Tick(), after=0.5)
+    named = [(f["worker"], f["reason"]) for f in sim.logged("worker_start_timeout")]
+    assert named == [(b, "not ready within 10 s"), (c, "not ready within 10 s"),
+                     (d, "not ready within 100 s, most of them waiting for a CPU")]
+    for worker in (b, c, d):
+        sim.send(Exited(worker, -9))
+    assert sim.world() == {"a/0": 0}
+    # A's wait was read a handful of times, not at every tick.
+    assert 3 <= len([x for x in sim.actions if isinstance(x, AskRunWait) and x.worker == a]) <= 10
+
+
+def test_a_process_wait_for_a_cpu_is_read_from_its_threads():
+    assert 0.0 <= procstat.run_wait(os.getpid()) < time.monotonic()
+    assert procstat.run_wait(2 ** 22 + 1) is None  # above pid_max: no such process
+
+
+@pytest.fixture
+def cpu_quota(tmp_path):
+    """A cgroup whose processes share 10% of one CPU (CFS quota), as a burst of process starts
+    starves a job: its path (v1 or v2), emptied and removed afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("a CFS quota needs root: mkdir in /sys/fs/cgroup")
+    for root, quota in (("/sys/fs/cgroup/cpu", {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": "10000"}),
+                        ("/sys/fs/cgroup", {"cpu.max": "10000 100000"})):
+        group = os.path.join(root, f"hvdlite-test-{os.getpid()}")
+        try:
+            os.mkdir(group)
+        except OSError:
+            continue
+        try:
+            for name, value in quota.items():
+                with open(os.path.join(group, name), "w") as f:
+                    f.write(value)
+        except OSError:
+            os.rmdir(group)
+            continue
+        yield group
+        with open(os.path.join(group, "cgroup.procs")) as f:
+            leftover = f.read().split()
+        for pid in leftover:  # the job stopped every worker; nothing should be left
+            with open(os.path.join(root, "cgroup.procs"), "w") as f:
+                f.write(pid)
+        os.rmdir(group)
+        assert not leftover, f"processes left in the quota: {leftover}"
+        return
+    pytest.skip("no cgroup with a CPU controller can be made here (cgroup v1 cpu or v2 cpu.max)")
+
+
+def test_a_start_starved_by_a_cpu_quota_forms_and_a_hung_one_is_still_named_in_time(tmp_path, cpu_quota):
+    # The worker on 127.0.0.1 starts under a 10% CPU quota: about 0.4 s of CPU (Python, the numpy
+    # backend, the rendezvous) take it several seconds of wall clock, past --start-timeout 2. It
+    # is not named: it forms a world of one and finishes. The one on 127.0.0.2 sleeps in its
+    # start and is named at 2 s. (Before the start rule read the wait for a CPU: both were named
+    # at 2 s, both hosts blacklisted, and the job failed.)
+    from jobs import Job
+    from test_numpy_backend import PYTHON, needs_pygloo
+    if needs_pygloo.args[0]:
+        pytest.skip(needs_pygloo.kwargs["reason"])
+    start = (f'[ "$HVDLITE_SLOT" = 127.0.0.2/0 ] && exec sleep 60; echo $$ > {cpu_quota}/cgroup.procs && '
+             f'exec {PYTHON} -c "import hvdlite.numpy as hvd; hvd.init()"')
+    with Job(["-H", "127.0.0.1:1,127.0.0.2:1", "--min-np", "1", "--start-timeout", "2", "sh", "-c", start],
+             tmp_path) as job:
+        r = job.finish(60)
+    assert r.code == 0, r.stderr[-3000:]
+    started = {e["slot"]: e["time"] for e in r.of("worker_start")}
+    (named,) = r.of("worker_start_timeout")
+    assert named["slot"] == "127.0.0.2/0" and named["reason"].startswith("not ready within 2 s")
+    assert named["time"] - started["127.0.0.2/0"] < 2 + 1.5  # ticks, and this machine's load
+    (formed,) = r.of("round_complete")
+    assert formed["size"] == 1 and formed["time"] - started["127.0.0.1/0"] > 2, \
+        "the start was not slowed past --start-timeout: the test proves nothing"
+    assert [e["key"] for e in r.of("blacklisted")] == ["127.0.0.2"]
 
 
 def test_a_worker_that_lost_the_driver_is_not_blamed_on_its_host():

@@ -6,6 +6,8 @@ The workers are modelled just enough to behave like real ones: they wait in the 
 told, crash at any time, die with their template, fail to load a checkpoint, sit in a pygloo
 collective of a broken world (their stand-in process beating for them), lose the driver, hang in
 their own code while their peers wait in the next collective (hangs.py: named with their stack),
+start on a starved machine (waiting for a CPU: never named while the time they could run stays
+under --start-timeout),
 straggle (stragglers.py: named, and with --straggler-policy evict failed), run out of data and
 idle in hvd.join() while the others step (never named, nor the others' baseline), are paused (SIGSTOP) on
 a node that answers probes, or lose their node (cut off: probes go silent).
@@ -35,11 +37,11 @@ from hvdlite.driver.decisions.hangs import ceiling
 from hvdlite.driver.decisions.stragglers import PERSIST, WINDOW
 from hvdlite.driver.decisions.ledger import Ledger
 from hvdlite.driver.decisions.policy import Policy
-from hvdlite.driver.decisions.workers import Phase, overdue_from
+from hvdlite.driver.decisions.workers import STARVED_CEILING, Phase, overdue_from
 from hvdlite.driver.decisions.messages import (
-    DRIVER, HOST, LAUNCHER, Answer, AskStack, EndJob, Exited, Exiting, Heartbeats, HostsFound, Launch,
+    DRIVER, HOST, LAUNCHER, Answer, AskRunWait, AskStack, EndJob, Exited, Exiting, Heartbeats, HostsFound, Launch,
     Launched, LISTENING, REFUSED, SILENT, LaunchFailed, LeaseDoubt, Leaving, LinkBroken, LoadFailed, Log, Probe,
-    Probed, Publish, Ready, StackDump, Stop, StopRequested, TemplateDied, Tick, Written)
+    Probed, Publish, Ready, RunWait, StackDump, Stop, StopRequested, TemplateDied, Tick, Written)
 from hvdlite.driver.decisions.nodeloss import REPROBE
 from hvdlite.worker import beacon
 
@@ -75,6 +77,8 @@ class Proc:
         self.first_step_in = None  # the round whose first step it took (first_step_takes_long)
         self.paused = False  # SIGSTOP: silent, its node answers probes for it
         self.cut = False  # its node is gone: silent, and so are probes of it
+        self.starved = 0.0  # seconds it waited for a CPU (what the driver reads in its /proc)
+        self.remote = worker.startswith("d/")  # host d is an SSH host: no /proc of it to read
 
 
 class ElasticJob(RuleBasedStateMachine):
@@ -99,6 +103,7 @@ class ElasticJob(RuleBasedStateMachine):
         self.named_hung = set()  # workers the driver named hung
         self.straggling = set()  # workers the driver named stragglers and not recovered since
         self.probes = []  # workers the driver asked to probe, not answered yet
+        self.readings = []  # workers whose CPU wait the driver asked for (AskRunWait), not read yet
         self.failed = set()  # workers the driver blamed for their failure (their host's)
         # The job's drivers (--checkpoint-dir): [lease epoch, when it last renewed] of each; the
         # last one decides, the store's newest lease is self.epoch. What the workers accepted:
@@ -243,6 +248,10 @@ class ElasticJob(RuleBasedStateMachine):
         if isinstance(action, Log) and action.event == "blacklisted":
             host = action.fields["key"].split("/")[0]
             assert host not in self.core.drained, f"{action.fields['key']} blacklisted though drained"
+        if isinstance(action, Log) and action.event == "worker_start_timeout":
+            self.check_start_timeout(action.fields["worker"])
+        if isinstance(action, AskRunWait):
+            self.readings.append(action.worker)
         if isinstance(action, Probe):
             self.probes.append(action.worker)
         elif isinstance(action, Launch):
@@ -293,6 +302,32 @@ class ElasticJob(RuleBasedStateMachine):
             self.check_stop_line(action.fields)
         elif isinstance(action, Publish) and action.stop:
             self.stop_published = True
+
+    def check_start_timeout(self, worker):
+        """A start that kept getting CPU time is never named by the start rule while the time
+        it could run (the wall clock less its wait for a CPU) stays under --start-timeout, up to
+        the ceiling's wall clock; one of another host (no reading) goes by the wall clock."""
+        inc, proc, limit = self.core.workers[worker], self.procs[worker], self.core.policy.start_timeout
+        wall, starved = self.now - inc.launched_at, 0.0 if proc.remote else proc.starved
+        assert wall - starved > limit - 1e-9 or wall > limit * STARVED_CEILING - 1e-9, \
+            f"{worker} named after {wall:.2f} s, {starved:.2f} s of them waiting for a CPU"
+
+    def readings_answer(self):
+        """The executor reads a local worker's CPU wait in its /proc at once; None for host d's."""
+        readings, self.readings = self.readings, []
+        for worker in readings:
+            proc = self.procs[worker]
+            self.send(RunWait(worker, None if proc.remote or not proc.alive else proc.starved))
+
+    @rule(dt=st.sampled_from([2.0, 6.0, 12.0]), share=st.sampled_from([0.0, 0.05, 0.5]))
+    def the_machine_starves_starting_workers(self, dt, share):
+        """A burst of process starts, or a CFS quota: for dt seconds every starting worker gets
+        `share` of the CPU it wants and waits on the run queue the rest of the time."""
+        for proc in self.running():
+            if proc.round is None and proc.waiting is None and proc.exit_code is None:
+                proc.starved += dt * (1 - share)
+        self.send(Tick(), dt=dt)
+        self.readings_answer()
 
     def said(self, proc):
         """The commit a worker reports when it asks for a world: the newest it holds in memory
@@ -388,6 +423,7 @@ class ElasticJob(RuleBasedStateMachine):
         self.epoch += 1
         self.drivers.append([self.epoch, self.now])
         self.probes = []  # the old driver's probes in flight answer nobody now
+        self.readings = []
         if not paused:
             self.drivers.pop(-2)  # dead: it never decides again
         running = {p.worker: 1000 + i for i, p in enumerate(self.procs.values()) if p.alive and p.started}
@@ -1058,6 +1094,7 @@ class ElasticJob(RuleBasedStateMachine):
         out (10 s)."""
         self.probes_answer()  # within the probe's timeout (0.4 s): none is in flight at a tick ...
         self.send(Tick(), dt=dt)
+        self.readings_answer()
         c = self.core
         if not c.ended and not c._stop_overdue():  # the tick ended no live worker that is overdue
             late = [(w, c._overdue(inc)) for w, inc in c.workers.items() if inc.alive and c._overdue(inc)]
@@ -1220,6 +1257,7 @@ class ElasticJob(RuleBasedStateMachine):
         self.send(LeaseDoubt(False), dt=0.01)
         for _ in range(400):
             self.probes_answer()
+            self.readings_answer()
             if self.ended is not None:
                 return
             for proc in list(self.procs.values()):

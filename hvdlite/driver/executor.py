@@ -8,8 +8,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from hvdlite.driver.decisions.messages import (
-    DRIVER, HOST, LAUNCHER, Answer, AskStack, DropScope, EndJob, Exited, Launch, Launched, LaunchFailed,
-    Log, Probe, Publish, Stop, TemplateDied)
+    DRIVER, HOST, LAUNCHER, Answer, AskRunWait, AskStack, DropScope, EndJob, Exited, Launch, Launched,
+    LaunchFailed, Log, Probe, Publish, RunWait, Stop, TemplateDied)
 from hvdlite import procstat
 from hvdlite.driver.launchers.adopted import AdoptedWorker
 from hvdlite.driver.launchers.base import StartTimedOut, TemplateGone
@@ -50,7 +50,7 @@ class Executor:
         self._handlers = {Launch: self._launch, Stop: self._stop, Answer: self._answer,
                           Publish: self._publish, Log: self._log, DropScope: self._drop_scope,
                           AskStack: lambda a: self.rendezvous.ask_stack(a.worker),
-                          Probe: lambda a: self.prober.probe(a.worker)}
+                          Probe: lambda a: self.prober.probe(a.worker), AskRunWait: self._read_run_wait}
 
     def apply(self, actions):
         """Perform the actions; returns the EndJob among them, if any."""
@@ -126,6 +126,14 @@ class Executor:
             if identity is not None:
                 self._identities[w] = identity
         return dict(self._identities)
+
+    def _read_run_wait(self, a: AskRunWait):
+        """How long a starting worker of this machine waited for a CPU (its /proc); None for one
+        elsewhere: an SSH host's, a Ray actor's or an srun step's start is judged by the wall clock."""
+        with self._lock:
+            handle, host = self.handles.get(a.worker), self._host_of.get(a.worker, "")
+        local = handle is not None and self.launchers.is_local(host)
+        self.post(RunWait(a.worker, procstat.run_wait(handle.pid) if local else None))
 
     def _wait(self, worker, handle, grace):
         if grace is not None:

@@ -23,16 +23,16 @@ from hvdlite.driver.decisions.hostchanges import HostChanges
 from hvdlite.driver.decisions.hostrule import RETRY_RANGE, HostRule
 from hvdlite.driver.decisions.ledger import Ledger
 from hvdlite.driver.decisions.messages import (
-    DRIVER, HOST, LAUNCHER, Answer, DiscoveryFailed, EndJob, Exited, Exiting, Heartbeats,
+    DRIVER, HOST, LAUNCHER, Answer, AskRunWait, DiscoveryFailed, EndJob, Exited, Exiting, Heartbeats,
     HostsFound, Launched, LaunchFailed, Leaving, LinkBroken, LoadFailed, Log, Probed, Publish, Ready,
-    LeaseDoubt, StackDump, Stop, StopRequested, TemplateDied, Tick, WriteFailed, Written)
+    LeaseDoubt, RunWait, StackDump, Stop, StopRequested, TemplateDied, Tick, WriteFailed, Written)
 from hvdlite.driver.decisions.nodeloss import NodeLoss
 from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.stopping import GracefulStop
 from hvdlite.driver.decisions.stragglers import Stragglers
 from hvdlite.driver.decisions.watching import Watching
 from hvdlite.driver.decisions.workers import (
-    Incarnation, Phase, cannot_load, describe_exit, overdue, overdue_from)
+    READ_RUN_WAIT, Incarnation, Phase, cannot_load, describe_exit, overdue, overdue_from)
 
 REMOVED = {"removed": True}
 
@@ -113,7 +113,8 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching, NodeLo
                           WriteFailed: self._on_write_failed, Leaving: self._on_leaving,
                           Written: self._on_written, Tick: self._on_tick, StopRequested: self._on_stop,
                           StackDump: self._on_stack, LinkBroken: self._on_link_broken,
-                          Probed: self._on_probed, LeaseDoubt: self._on_lease_doubt}
+                          Probed: self._on_probed, LeaseDoubt: self._on_lease_doubt,
+                          RunWait: self._on_run_wait}
 
     # ---- entry ------------------------------------------------------------------------
     def handle(self, event, now: float) -> list:
@@ -202,6 +203,16 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching, NodeLo
             # (a host update announced, a member leaving) or on an error it rolls back from.
             self._mark_broken(self.disrupted[1] if self.disrupted else
                               "failure" if event.rolled_back else "a worker left")
+
+    def _on_run_wait(self, event: RunWait):
+        inc = self.workers[event.worker]
+        inc.reading, inc.starved_read_at = False, self._now
+        if event.seconds is not None:  # a thread that waited and ended takes its count along
+            inc.starved = max(inc.starved, event.seconds)
+        why = self._overdue(inc)
+        if why is not None and why[0] == "worker_start_timeout":
+            self._kill(inc, *why)
+        self._schedule(inc)
 
     def _on_heartbeats(self, event: Heartbeats):
         for worker, commit in event.beats:
@@ -330,6 +341,12 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching, NodeLo
                 inc.overdue = True
                 self._remove(inc)
                 self._blame(inc, LAUNCHER, None)
+            elif why[0] == READ_RUN_WAIT:
+                # Past --start-timeout by the wall clock: first read how long it waited for a
+                # CPU (a starved machine's healthy worker is not named), then judge (_on_run_wait).
+                if not inc.reading:
+                    inc.reading = True
+                    self._emit(AskRunWait(inc.id))
             else:
                 self._kill(inc, *why)
         for inc in looked:  # their times moved on (a heartbeat came), or came to nothing

@@ -43,6 +43,15 @@ class LaunchFailed:
 
 
 @dataclass(frozen=True)
+class RunWait:
+    """Seconds the starting worker's process waited for a CPU while it could run (its threads'
+    run-queue wait: a starved machine, a CFS quota), read when the core asked (AskRunWait);
+    None where the driver cannot read it (another host, a process gone)."""
+    worker: str
+    seconds: Optional[float]
+
+
+@dataclass(frozen=True)
 class Ready:
     """The worker waits in the rendezvous for a world formed after round `after`
     (-1: any), holding `commit` commits of training state."""
@@ -186,6 +195,12 @@ class Publish:
 @dataclass(frozen=True)
 class AskStack:
     """Ask the worker, in its heartbeat answers, for its main thread's stack (a StackDump)."""
+    worker: str
+
+
+@dataclass(frozen=True)
+class AskRunWait:
+    """Read how long the starting worker waited for a CPU, answer with RunWait."""
     worker: str
 
 

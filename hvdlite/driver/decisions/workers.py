@@ -6,6 +6,12 @@ from typing import Optional
 
 from hvdlite.driver.decisions.policy import Policy
 
+# A start is judged by the time its process could run: the seconds it waited for a CPU are not
+# charged to it (a burst of process starts, a CFS quota starve a healthy worker). However starved,
+# it is named once this many --start-timeout passed on the wall clock: every wait ends.
+STARVED_CEILING = 10
+READ_RUN_WAIT = "read_run_wait"  # overdue()'s answer: the start rule needs a fresh reading first
+
 
 class Phase(enum.Enum):
     STARTING = "starting"  # launch asked for or process running; not waiting for a world yet
@@ -43,6 +49,12 @@ class Incarnation:
     probing: bool = False
     link_broken_at: Optional[float] = None
     refused_at: Optional[float] = None
+    # Seconds its process waited for a CPU while it could run, as last read (RunWait), when
+    # (the start rule names a worker only on a reading taken that moment), and whether a
+    # reading was asked for and has not come yet.
+    starved: float = 0.0
+    starved_read_at: Optional[float] = None
+    reading: bool = False
 
     @property
     def alive(self) -> bool:
@@ -62,9 +74,10 @@ class Incarnation:
         return f"rank {self.rank}" if self.rank is not None else f"worker {self.slot}"
 
 
-def _limits(inc: Incarnation, p: Policy, broke_at: Optional[float]):
+def _limits(inc: Incarnation, p: Policy, broke_at: Optional[float], now: Optional[float] = None):
     """(since, limit, event, reason) of each rule that ends the live worker once more than
-    `limit` seconds passed since `since`, the first to apply first; a reason's {:g} is the limit."""
+    `limit` seconds passed since `since`, the first to apply first; a reason's {:g} is the limit.
+    The start rule's event is READ_RUN_WAIT unless its CPU wait was read at `now`."""
     if inc.phase is Phase.STARTING and inc.pid is None:  # its launch never started it
         return ((inc.launched_at, p.start_timeout, "launch_overdue", None),)
     if inc.killed is not None or inc.pid is None:
@@ -75,7 +88,12 @@ def _limits(inc: Incarnation, p: Policy, broke_at: Optional[float]):
     if inc.heard_at is not None:
         rules.append((inc.heard_at, p.liveness_timeout, "worker_unresponsive", "no heartbeat for {:g} s"))
     if inc.phase is Phase.STARTING and inc.answer is None:
-        rules.append((inc.launched_at, p.start_timeout, "worker_start_timeout", "not ready within {:g} s"))
+        rules.append((inc.launched_at, p.start_timeout * STARVED_CEILING, "worker_start_timeout",
+                      "not ready within {:g} s, most of them waiting for a CPU"))
+        besides = f", besides {inc.starved:.1f} s waiting for a CPU" if inc.starved >= 0.05 else ""
+        rules.append((inc.launched_at + inc.starved, p.start_timeout,
+                      "worker_start_timeout" if inc.starved_read_at == now else READ_RUN_WAIT,
+                      "not ready within {:g} s" + besides))
     if broke_at is not None:
         rules.append((broke_at, p.elastic_timeout, "worker_stuck",
                       "still in a world that broke over --elastic-timeout {:g} s ago"))
@@ -84,11 +102,13 @@ def _limits(inc: Incarnation, p: Policy, broke_at: Optional[float]):
 
 def overdue(inc: Incarnation, now: float, p: Policy, broke_at: Optional[float]):
     """(event, reason) when the driver must end the live worker now, else None: "launch_overdue"
-    (reason None) for a launch that gave no process within --start-timeout, else a kill as failed.
-    `broke_at`: when the world it is still in broke (None: it is in no broken world)."""
-    for since, limit, event, reason in _limits(inc, p, broke_at):
+    (reason None) for a launch that gave no process within --start-timeout, READ_RUN_WAIT
+    (reason None) for a start past --start-timeout by a reading of its CPU wait older than
+    `now`, else a kill as failed. `broke_at`: when the world it is still in broke (None: it is
+    in no broken world)."""
+    for since, limit, event, reason in _limits(inc, p, broke_at, now):
         if now - since > limit:
-            return event, reason and reason.format(limit)
+            return event, None if event == READ_RUN_WAIT else reason and reason.format(limit)
     return None
 
 
