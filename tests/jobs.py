@@ -11,10 +11,15 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from hvdlite.template import DEFAULT_PRELOAD
 from scripts.jobdata import batch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = os.path.join(HERE, "scripts")
+# Flags that fork every worker of a job from a template that imported torch (numpy under the
+# numpy backend): one import a job instead of one a worker, for jobs whose proof does not hang
+# on how a worker started (the suite is CPU-bound).
+PRELOADED = ["--preload", ",".join(DEFAULT_PRELOAD)]
 
 
 @dataclass
