@@ -35,6 +35,11 @@ def test_scale_up_then_down_moves_rank0_to_a_survivor(tmp_path):
     assert [e["kind"] for e in r.of("hosts_changed")] == ["added", "added", "removed"]
     removed = [e for e in r.of("worker_exit") if e["slot"] == "127.0.0.1/0"]
     assert removed and removed[0]["code"] == 0 and removed[0].get("removed")
+    # By default the first world starts plainly and the joining worker forks from the
+    # template warmed meanwhile (docs/internals.md, preloaded workers).
+    assert "without a preloaded template" not in r.stderr
+    assert {e["slot"]: e["started"] for e in r.of("worker_start")} == \
+        {"127.0.0.1/0": "process", "127.0.0.2/0": "process", "127.0.0.3/0": "template"}
 
 
 @pytest.mark.parametrize("hosts, victim, blacklisted", [
