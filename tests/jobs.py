@@ -18,8 +18,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = os.path.join(HERE, "scripts")
 # Flags that fork every worker of a job from a template that imported torch (numpy under the
 # numpy backend): one import a job instead of one a worker, for jobs whose proof does not hang
-# on how a worker started (the suite is CPU-bound).
-PRELOADED = ["--preload", ",".join(DEFAULT_PRELOAD)]
+# on how a worker started (the suite is CPU-bound). The launches wait for the template's imports,
+# which are more than a plain worker's before it is ready (torch._dynamo, numpy): --start-timeout
+# counts them, so it is the template's own bound on them (120 s) here.
+PRELOADED = ["--preload", ",".join(DEFAULT_PRELOAD), "--start-timeout", "120"]
 
 
 @dataclass
