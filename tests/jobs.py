@@ -11,17 +11,16 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from hvdlite.template import DEFAULT_PRELOAD
 from scripts.jobdata import batch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = os.path.join(HERE, "scripts")
-# Flags that fork every worker of a job from a template that imported torch (numpy under the
-# numpy backend): one import a job instead of one a worker, for jobs whose proof does not hang
-# on how a worker started (the suite is CPU-bound). The launches wait for the template's imports,
-# which are more than a plain worker's before it is ready (torch._dynamo, numpy): --start-timeout
-# counts them, so it is the template's own bound on them (120 s) here.
-PRELOADED = ["--preload", ",".join(DEFAULT_PRELOAD), "--start-timeout", "120"]
+# Flags that fork every worker of a job from a template that imported torch: one import a job
+# instead of one a worker, for jobs whose proof does not hang on how a worker started (the suite
+# is CPU-bound). Only what a plain worker imports before it is ready: the launches wait for the
+# template's imports, and --start-timeout counts them (the default list's torch._dynamo and numpy
+# made launches overdue under load).
+PRELOADED = ["--preload", "torch,hvdlite.torch"]
 
 
 @dataclass
