@@ -43,9 +43,9 @@ def test_an_elastic_fit_survives_a_kill_9_in_process(tmp_path, commit_every):
     (--preload): one import of 7 CPU-s instead of three (the fit above starts them plainly)."""
     # --start-timeout: under CI's load a third start past 30 s formed epoch 0 without it.
     with Job(["-H", "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1", "--min-np", "1", "--start-timeout", "120",
-              "--preload", "hvdlite.lightning", sys.executable, os.path.join(SCRIPTS, "lightning_elastic.py")], tmp_path,
-             env={"LOG_DIR": str(tmp_path), "KILL_EPOCH": "1", "VICTIM": "127.0.0.3/0",
-                  "COMMIT_EVERY": str(commit_every)}) as job:
+              "--preload", "hvdlite.lightning", sys.executable, os.path.join(SCRIPTS, "lightning_elastic.py")],
+             tmp_path, env={"LOG_DIR": str(tmp_path), "KILL_EPOCH": "1", "VICTIM": "127.0.0.3/0",
+                            "COMMIT_EVERY": str(commit_every)}) as job:
         result = job.finish(300)
     assert result.code == 0, result.stderr[-3000:]
     epochs = [line.split() for line in (tmp_path / "epochs").read_text().splitlines()]
