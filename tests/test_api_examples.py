@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from jobs import Job, run_job, slot_pid
+from jobs import PRELOADED, Job, run_job, slot_pid
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 
@@ -22,7 +22,8 @@ def test_elastic_synthetic_benchmark(tmp_path):
 
 
 def test_elastic_mnist_learns_and_survives_a_kill_9(tmp_path):
-    with Job(["-H", "localhost:3", "--min-np", "1", sys.executable,
+    # Its workers fork from a template that imported torch: one import instead of three.
+    with Job(["-H", "localhost:3", "--min-np", "1", *PRELOADED, sys.executable,
               os.path.join(EXAMPLES, "elastic_mnist.py"), "--epochs", "3", "--samples", "1536"],
              tmp_path) as job:
         job.wait_for(lambda _: "epoch 0:" in Job.read(job.out), 90)

@@ -12,17 +12,20 @@ import time
 
 import pytest
 
-from jobs import (SCRIPTS, Job, check_training_continuous, discovery, effective_steps, job_env,
-                  next_world, run_connect_victims, run_job, sizes, slot_pid, steps_log, wait_progress)
+from jobs import (PRELOADED, SCRIPTS, Job, check_training_continuous, discovery, effective_steps,
+                  job_env, next_world, run_connect_victims, run_job, sizes, slot_pid, steps_log, wait_progress)
 
-JOB = [sys.executable, os.path.join(SCRIPTS, "elastic_job.py")]
+PLAIN = [sys.executable, os.path.join(SCRIPTS, "elastic_job.py")]
+# Every worker forks from a template (jobs.PRELOADED); the first test starts them as a job does by
+# default (its first world plainly, its joiner from the template).
+JOB = [*PRELOADED, *PLAIN]
 
 
 def test_scale_up_then_down_moves_rank0_to_a_survivor(tmp_path):
     schedule = [[0, ["127.0.0.1:1", "127.0.0.2:1"]],
                 [8, ["127.0.0.1:1", "127.0.0.2:1", "127.0.0.3:1"]],
                 [24, ["127.0.0.2:1", "127.0.0.3:1"]]]
-    r = run_job([*discovery(tmp_path, schedule), "--min-np", "1", *JOB], tmp_path,
+    r = run_job([*discovery(tmp_path, schedule), "--min-np", "1", *PLAIN], tmp_path,
                 env=job_env(tmp_path, TOTAL_STEPS=40, STEP_SLEEP=0.1, RESIZE="20:3,30:2"))
     assert r.code == 0, r.stderr
     records = check_training_continuous(tmp_path, 40)
@@ -32,6 +35,11 @@ def test_scale_up_then_down_moves_rank0_to_a_survivor(tmp_path):
     assert [e["kind"] for e in r.of("hosts_changed")] == ["added", "added", "removed"]
     removed = [e for e in r.of("worker_exit") if e["slot"] == "127.0.0.1/0"]
     assert removed and removed[0]["code"] == 0 and removed[0].get("removed")
+    # By default the first world starts plainly and the joining worker forks from the
+    # template warmed meanwhile (docs/internals.md, preloaded workers).
+    assert "without a preloaded template" not in r.stderr
+    assert {e["slot"]: e["started"] for e in r.of("worker_start")} == \
+        {"127.0.0.1/0": "process", "127.0.0.2/0": "process", "127.0.0.3/0": "template"}
 
 
 @pytest.mark.parametrize("hosts, victim, blacklisted", [
@@ -203,7 +211,7 @@ def test_sigstopped_worker_is_evicted_within_liveness_timeout(tmp_path):
 
 
 def test_first_discovery_failure_is_fatal(tmp_path):
-    r = run_job([*discovery(tmp_path, [[0, ["FAIL"]]]), *JOB], tmp_path, timeout=30,
+    r = run_job([*discovery(tmp_path, [[0, ["FAIL"]]]), *PLAIN], tmp_path, timeout=30,
                 env=job_env(tmp_path))
     assert r.code == 1
     assert r.stderr.strip().splitlines()[-1] == "hvdlite: error: host discovery script exited with code 1"
@@ -211,7 +219,7 @@ def test_first_discovery_failure_is_fatal(tmp_path):
 
 
 def test_garbage_discovery_output_is_a_clear_error(tmp_path):
-    r = run_job([*discovery(tmp_path, [[0, ["h1:2 h2:3"]]]), *JOB], tmp_path, timeout=30,
+    r = run_job([*discovery(tmp_path, [[0, ["h1:2 h2:3"]]]), *PLAIN], tmp_path, timeout=30,
                 env=job_env(tmp_path))
     assert r.code == 1
     assert "host discovery script: discovery output line 1: invalid host name" in r.stderr

@@ -18,7 +18,7 @@ from hvdlite.driver.launchers.template import Templates, TemplateWorker
 from hvdlite.driver.output import RankOutput
 from hvdlite.template.command import Refused, plan
 from hvdlite.template.spawn import MARK, TEMPLATE_DIED
-from jobs import (SCRIPTS, Job, _tree, check_training_continuous, discovery, job_env, run_job, sizes,
+from jobs import (SCRIPTS, Job, _tree, check_training_continuous, discovery, job_env, run_job,
                   wait_progress, wait_until)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -466,21 +466,8 @@ def test_static_job_with_preloading(tmp_path, python, check):
     assert "without a preloaded template" not in r.stderr
 
 
-def test_elastic_job_grows_and_shrinks_with_preloading(tmp_path):
-    schedule = [[0, ["127.0.0.1:1", "127.0.0.2:1"]],
-                [8, ["127.0.0.1:1", "127.0.0.2:1", "127.0.0.3:1"]],
-                [24, ["127.0.0.2:1", "127.0.0.3:1"]]]
-    # By default the first world starts plainly and the joining worker forks from the
-    # template warmed meanwhile.
-    r = run_job([*discovery(tmp_path, schedule), "--min-np", "1", *ELASTIC_JOB], tmp_path,
-                env=job_env(tmp_path, TOTAL_STEPS=40, STEP_SLEEP=0.1, RESIZE="20:3,30:2"))
-    assert r.code == 0, r.stderr
-    assert sizes(check_training_continuous(tmp_path, 40)) == [2, 3, 2]
-    assert "without a preloaded template" not in r.stderr
-    assert {e["slot"]: e["started"] for e in r.of("worker_start")} == \
-        {"127.0.0.1/0": "process", "127.0.0.2/0": "process", "127.0.0.3/0": "template"}
-
-
+# A growing job's default starts (its first world plainly, its joiner forked from the template
+# warmed meanwhile): test_elastic.py's first test, in the same job as its other checks.
 @pytest.mark.parametrize("local_workers, cores, forked", [(1, 2, False), (3, 4, False), (2, 2, True), (7, 2, True)])
 def test_first_world_forks_from_the_template_from_one_worker_per_core(local_workers, cores, forked):
     assert fork_first_world(local_workers, cores) is forked
