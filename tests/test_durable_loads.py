@@ -63,7 +63,7 @@ def check_ended_by(result, path, cause):
                     rf"{cause}.*Nothing was deleted.*--fresh$", naming[0]), naming
     assert result.code == exitcodes.UNLOADABLE, everything
     assert not [line for line in everything.splitlines() if "<stderr>:" in line], everything
-    assert len(result.stderr) < 2000, result.stderr
+    assert "Traceback" not in everything, everything  # nor the driver (its liveness lines may come on a busy machine)
     assert not result.of("blacklisted") and not result.of("round_broken")
     (end,) = result.of("job_end")
     assert end["result"] == "failure" and str(path) in end["reason"]
