@@ -275,7 +275,7 @@ def test_a_killed_driver_leaves_nothing_on_the_nodes_and_the_same_command_resume
     with its actor, on every node within DRIVER_GONE s; the same command, run again at once,
     resumes from the newest commit on disk (not refused for --driver-grace, as where workers
     train on): nothing lost, each epoch's samples once, nothing left on the nodes at its end."""
-    total, ckpt = 40, tmp_path / "ckpt"
+    total, ckpt = 30, tmp_path / "ckpt"
     argv = ["--ray", "--min-np", "1", "--liveness-timeout", str(LIVENESS), "--checkpoint-dir", str(ckpt),
             "--checkpoint-interval", "0", *JOB]
     for run in ("run1", "run2"):
