@@ -286,7 +286,7 @@ class RayCluster(NamespacedNodes):
         log.close()
 
     # ray.nodes() as the GCS tells, asked of one long-lived process (see _Watcher): a client
-    # started per question imported Ray and joined as a driver each time, ~2 CPU-s per look.
+    # started per question imported Ray (0.7 CPU-s alone) and joined as a driver each time.
     def _alive_nodes(self, every=False):
         """ray.nodes() (the fields tests read), or None while the head does not answer."""
         try:  # a GCS that does not listen yet would keep the watcher's first question 15 s
