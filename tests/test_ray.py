@@ -1,7 +1,9 @@
 """hvdlite run --ray on a real Ray 2.60 cluster (tests/raycluster.py: a head and three one-CPU
 nodes in network namespaces, one cluster for the whole module): static and elastic jobs on both
 backends, workers forked from their node's template and a template killed or hung, a node
-killed, added, drained and cut off, a cluster too small (with an autoscaler and without).
+killed, added, drained and cut off (faults that prove independent things share one job: each
+Ray job and node restart costs tens of CPU-s), a cluster too small (with an autoscaler and
+without), the driver killed and the job resumed.
 
 After each test the cluster is reset (RayCluster.reset): a node the test killed, drained or cut
 off runs a new raylet (a new Ray node, a new NodeID), and Ray lists no node of the past alive."""
