@@ -27,6 +27,7 @@ behind is removed by the next one (sshhosts' remove_stale: names carry the owner
 """
 import json
 import os
+import select
 import shutil
 import socket
 import subprocess
@@ -42,6 +43,7 @@ NODE_RETRIES = 2  # starts of a node's raylet that may fail while it starts
 OBJECT_STORE = "--object-store-memory=80000000"  # bytes of /dev/shm per node: tests move little
 RAY_DAEMONS = ("raylet", "gcs_server", "ray start", "ray::", "default_worker", "dashboard",
                "log_monitor", "runtime_env", "monitor.py", "ray/_private", "ray/autoscaler")
+JOB_ACTORS = ("ray::Slot", "ray::NodeTemplate")  # Ray worker processes that are a job's (their title)
 
 
 def missing():
@@ -97,6 +99,8 @@ class RayCluster(NamespacedNodes):
         self._ids = {}  # node name -> NodeID of its current raylet
         self._gone = set()  # NodeIDs of raylets killed here (Ray may list them alive for 15 s)
         self._disturbed = set()  # names of nodes drained or cut off: reset() starts them anew
+        self._touched = False  # a node was killed, stopped, started, drained or cut off since the last reset
+        self._watcher = None  # the process that asks the GCS for the node table (_Watcher)
         try:
             self.bridge = Bridge(f"{PREFIX}{self.tag}", os.getpid(), second="213")
             self.head = self.bridge.address
@@ -112,6 +116,7 @@ class RayCluster(NamespacedNodes):
             for name in self.names:
                 self.start_node(name, wait=False)
             self._wait("the nodes", lambda: self._refresh() >= set(self.names))
+            self._touched = False
         except BaseException:
             self.close()
             raise
@@ -129,6 +134,7 @@ class RayCluster(NamespacedNodes):
     def start_node(self, name: str, wait: bool = True) -> None:
         """A raylet in the node's namespaces; with `wait`, until Ray lists it alive."""
         self._ids.pop(name, None)
+        self._touched = True
         ray = os.path.join(os.path.dirname(sys.executable), "ray")
         # A node takes the head's temp folder from the GCS: a private one over it, per node.
         script = (f"mount --bind {self.hosts_file} /etc/hosts && "
@@ -144,12 +150,16 @@ class RayCluster(NamespacedNodes):
     def kill_node(self, name: str) -> None:
         if name in self._ids:
             self._gone.add(self._ids[name])
+        self._touched = True
         super().kill_node(name)
 
     def reset(self) -> None:
         """Back to a known cluster: each node runs an undisturbed raylet, and Ray lists alive
         exactly one node per name. A killed raylet stays listed alive until Ray notices (up to
-        15 s): a job would take it for a host and fail to place its actor there."""
+        15 s): a job would take it for a host and fail to place its actor there. A cluster no
+        node of which was touched since the last reset is known to be so already."""
+        if not self._touched:
+            return
         for name in self.names:
             if name in self._disturbed or name not in self.procs:
                 self.heal(name)
@@ -157,6 +167,7 @@ class RayCluster(NamespacedNodes):
                 self.start_node(name, wait=False)
         self._disturbed.clear()
         self._wait("a clean cluster", self._clean)
+        self._touched = False
 
     def _clean(self) -> bool:
         nodes = self._alive_nodes()
@@ -168,6 +179,7 @@ class RayCluster(NamespacedNodes):
     def drain_node(self, name: str, deadline: int = 30) -> None:
         """Ask Ray to drain the node (preemption with a deadline); Ray itself never stops it."""
         self._disturbed.add(name)
+        self._touched = True
         self.ray(["drain-node", f"--address={self.address}", f"--node-id={self.node_id(name)}",
                   "--reason=DRAIN_NODE_REASON_PREEMPTION", "--reason-message=test drain",
                   f"--deadline-remaining-seconds={deadline}"])
@@ -185,13 +197,15 @@ class RayCluster(NamespacedNodes):
 
     def partition(self, name: str) -> None:
         self._disturbed.add(name)
+        self._touched = True
         super().partition(name)
 
     def leftovers(self, name: str):
-        """Command lines of the node's processes that are not Ray's own."""
+        """Command lines of the node's processes that are not Ray's own: a job's workers and
+        their children, and its actors."""
         lines = [cmdline(pid) for pid in self.node_pids(name)]
-        return [line for line in lines if line and not any(d in line for d in RAY_DAEMONS)
-                and not line.startswith("sh -c mount")]
+        return [line for line in lines if line and (line.startswith(JOB_ACTORS) or not any(
+            d in line for d in RAY_DAEMONS) and not line.startswith("sh -c mount"))]
 
     def template(self, name: str):
         """The pid of the worker template serving on the node, or None: a template whose parent
@@ -238,6 +252,8 @@ class RayCluster(NamespacedNodes):
                               check=check)
 
     def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.close()
         for name in list(self.netns):
             self.kill_node(name)
         proc = self.procs.pop("head", None)
@@ -269,24 +285,20 @@ class RayCluster(NamespacedNodes):
                                             preexec_fn=_die_with_parent)
         log.close()
 
-    _PROBE = ("import json, ray\nray.init(address='{a}', logging_level='ERROR', log_to_driver=False)\n"
-              "print(json.dumps([{{k: n[k] for k in ('NodeID', 'Alive', 'NodeManagerAddress', "
-              "'Resources', 'DeathReason', 'DeathReasonMessage') if k in n}} for n in ray.nodes()]))")
-
+    # ray.nodes() as the GCS tells, asked of one long-lived process (see _Watcher): a client
+    # started per question imported Ray (0.7 CPU-s alone) and joined as a driver each time.
     def _alive_nodes(self, every=False):
-        """ray.nodes() from a short-lived client process, or None while the head does not answer."""
-        try:
-            r = subprocess.run([sys.executable, "-c", self._PROBE.format(a=self.address)],
-                               env=self.env, capture_output=True, text=True, timeout=30)
-        except subprocess.TimeoutExpired:
+        """ray.nodes() (the fields tests read), or None while the head does not answer."""
+        try:  # a GCS that does not listen yet would keep the watcher's first question 15 s
+            socket.create_connection(self.address.rsplit(":", 1), 1.0).close()
+        except OSError:
             return None
-        if r.returncode != 0:
-            return None
-        try:
-            nodes = json.loads(r.stdout.strip().splitlines()[-1])
-        except (IndexError, ValueError):  # Ray printed something else last: ask again
-            return None
-        return nodes if every else [n for n in nodes if n["Alive"]]
+        if self._watcher is None:
+            self._watcher = _Watcher(self.address, self.env, os.path.join(self.dir, "watcher.out"))
+        nodes = self._watcher.ask()
+        if self._watcher.proc.poll() is not None:  # it gave no answer: the next look starts another
+            self._watcher = None
+        return None if nodes is None else nodes if every else [n for n in nodes if n["Alive"]]
 
     def alive(self):
         """The names of the nodes Ray lists alive now."""
@@ -330,3 +342,47 @@ class RayCluster(NamespacedNodes):
         except OSError:
             return ""
 
+
+
+class _Watcher:
+    """One process that answers each question with the GCS's node table as JSON (null while
+    the GCS does not answer): a client of the GCS only, no Ray driver (no job, no worker)."""
+
+    SCRIPT = ("import json, sys\n"
+              "from ray._private.internal_api import get_state_from_address\n"
+              "state = get_state_from_address(sys.argv[1])\n"
+              "keys = ('NodeID', 'Alive', 'NodeManagerAddress', 'Resources', 'DeathReason', 'DeathReasonMessage')\n"
+              "for _ in sys.stdin:\n"
+              "    try:\n"
+              "        nodes = [{k: n[k] for k in keys if k in n} for n in state.node_table()]\n"
+              "    except Exception:  # the GCS does not answer (yet)\n"
+              "        nodes = None\n"
+              "    print(json.dumps(nodes), flush=True)\n")
+    TIMEOUT = 30.0  # seconds one answer may take
+
+    def __init__(self, address, env, log):
+        with open(log, "ab") as err:
+            self.proc = subprocess.Popen([sys.executable, "-c", self.SCRIPT, address], env=env,
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                                         start_new_session=True, preexec_fn=_die_with_parent)
+
+    def ask(self):
+        """The node table, or None: the GCS did not answer it, or the watcher gave no answer
+        within TIMEOUT (then it is ended)."""
+        try:
+            self.proc.stdin.write(b"?\n")
+            self.proc.stdin.flush()
+            ready, _, _ = select.select([self.proc.stdout], [], [], self.TIMEOUT)
+            return json.loads(self.proc.stdout.readline() if ready else b"")
+        except (OSError, ValueError):
+            self.close()
+            return None
+
+    def close(self):
+        self.proc.kill()
+        self.proc.wait(5)
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            try:
+                pipe.close()
+            except OSError:  # a write the watcher never read: nothing to keep
+                pass

@@ -10,11 +10,13 @@ import time
 
 import pytest
 
+from hvdlite import procstat
 from hvdlite.cli import parse_settings
 from hvdlite.discovery.raynodes import SlotShape, can_add_nodes, listing
 from hvdlite.discovery.sources import host_source
+from hvdlite.driver.decisions import adoption
 from hvdlite.driver.launchers.hosttemplates import template_argv
-from hvdlite.driver.launchers.rayslot import Slot
+from hvdlite.driver.launchers.rayslot import Slot, running
 from hvdlite.driver.launchers.raytemplate import NodeTemplate
 from hvdlite.driver.launchers.start import spawn_argv
 from hvdlite.errors import UsageError
@@ -123,6 +125,27 @@ def finish(slot, timeout=30):
     raise AssertionError("the worker did not end")
 
 
+@pytest.mark.parametrize("adoptable", [True, False])
+def test_a_rerun_waits_for_the_last_drivers_ray_workers_to_end_then_resumes_from_the_disk(adoptable):
+    """kill -9 of a --ray driver: Ray ends its actors, and their workers with them
+    (RayLauncher.ends_with_driver). A rerun that finds one still running on its node waits for
+    it (`ending`) and never takes it over; once none runs it resumes from the disk, where it
+    would be refused for --driver-grace if they trained on (srun's). `adoptable`: or the driver
+    died ending the job."""
+    saved = {"adoptable": adoptable, "round": 1, "command": ["train.py"], "written_at": 0.0,
+             "driver_host": "here", "workers": [{"id": f"N{i}/0#1", "host": f"N{i}", "phase": "training"}
+                                                for i in (1, 2)]}
+
+    def rerun(elsewhere, how=adoption.ENDS):
+        return adoption.rerun(saved, {}, elsewhere, set(), {"N1": how, "N2": how}, ["train.py"], "here",
+                              1.0, 60.0, "/ckpt")
+    assert rerun({"N2/0#1"}) == adoption.Rerun(ending=("N2/0#1",))
+    assert rerun(set()) == adoption.Rerun()
+    assert "N2/0#1" in adoption.not_ended(("N2/0#1",))
+    if adoptable:  # srun's workers train on: a rerun is refused until the grace ends
+        assert rerun(set(), adoption.OTHER).refused
+
+
 def test_a_slot_forks_from_its_nodes_template_and_tells_a_kill_from_the_templates_death(tmp_path):
     keeper = NodeTemplate()
     ready = keeper.start(template_argv([sys.executable], ["json"]), dict(os.environ), str(tmp_path), 60)
@@ -133,9 +156,10 @@ def test_a_slot_forks_from_its_nodes_template_and_tells_a_kill_from_the_template
 
     def forked():
         slots.append(Slot())
-        pid, how, fallback = slots[-1].start(spawn_argv([sys.executable, str(script)], ready["socket"]),
-                                             dict(os.environ), str(tmp_path), ready["pid"])
+        pid, how, fallback, identity = slots[-1].start(spawn_argv([sys.executable, str(script)], ready["socket"]),
+                                                       dict(os.environ), str(tmp_path), ready["pid"])
         assert (how, fallback, parent(pid)) == ("template", None, ready["pid"])
+        assert running([identity, f"{pid}:1"]) == [identity] == [procstat.identity(pid)]  # what a rerun asks
         return slots[-1], pid
 
     try:

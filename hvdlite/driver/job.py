@@ -52,6 +52,7 @@ from hvdlite.errors import HvdliteError, JobError, Unloadable
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 TICK = 0.1  # seconds between timer events
 JOURNAL_EVERY = 1.0  # seconds between journal writes (the commits the ledger names move on)
+ENDING_POLL = 0.5  # seconds between looks at the last driver's workers Ray is ending (adoption.ENDS)
 
 
 def _pid(identity: str) -> int:
@@ -214,18 +215,27 @@ class Job:
         procs = saved.get("procs", {}) if saved is not None else {}
         hosts = {w["id"]: w["host"] for w in saved.get("workers", ())} if saved is not None else {}
         reached = {h: adoption.LOCAL if self.launchers.is_local(h) else adoption.ADOPTS
-                   if hasattr(self.launchers.for_host(h), "adopt") else adoption.OTHER
+                   if hasattr(self.launchers.for_host(h), "adopt") else adoption.ENDS
+                   if getattr(self.launchers.for_host(h), "ends_with_driver", False) else adoption.OTHER
                    for h in adoption.live_hosts(saved)}
         # A process listed without its worker (one the last driver was removing) is looked for here.
         running = {w: _pid(identity) for w, identity in procs.items()
                    if (w not in hosts or self.launchers.is_local(hosts[w])) and _runs(identity)}
-        now = time.time()  # one clock reading: what is asked over SSH and what rerun() judges agree
-        elsewhere = self._running_elsewhere(saved, procs, reached) \
-            if adoption.in_grace(saved, now, s.driver_grace) else set()
         exited = {w for w in procs
                   if s.checkpoint_dir and os.path.exists(beacon.output_path(s.checkpoint_dir, w, "exit"))}
-        decision = adoption.rerun(saved, running, elsewhere, exited, reached, s.command, socket.gethostname(),
+
+        def decide():
+            now = time.time()  # one clock reading: what is asked over SSH and what rerun() judges agree
+            elsewhere = self._running_elsewhere(saved, procs, reached) \
+                if adoption.in_grace(saved, now, s.driver_grace) else set()
+            return adoption.rerun(saved, running, elsewhere, exited, reached, s.command, socket.gethostname(),
                                   now, s.driver_grace, s.checkpoint_dir)
+        decision, waited_until = decide(), time.monotonic() + adoption.ENDING_WAIT
+        while decision.ending and time.monotonic() < waited_until:  # Ray is ending them
+            time.sleep(ENDING_POLL)
+            decision = decide()
+        if decision.ending:
+            raise JobError(adoption.not_ended(decision.ending))
         if decision.refused is not None:
             raise JobError(decision.refused)
         for pid in decision.kill:
@@ -241,11 +251,11 @@ class Job:
         return saved
 
     def _running_elsewhere(self, saved, procs, reached) -> set:
-        """The journal's workers on SSH hosts whose processes run (pid and start time), as
-        each host tells over SSH (every host at once; none of a host that cannot be reached)."""
+        """The journal's workers on SSH hosts and Ray nodes whose processes run (pid and start
+        time), as each host tells (every host at once; none of a host that cannot be reached)."""
         remote = {}  # host -> identity -> worker
         for w in saved.get("workers", ()):
-            if reached.get(w["host"]) == adoption.ADOPTS and w["id"] in procs:
+            if reached.get(w["host"]) in (adoption.ADOPTS, adoption.ENDS) and w["id"] in procs:
                 remote.setdefault(w["host"], {})[procs[w["id"]]] = w["id"]
         with ThreadPoolExecutor(max(1, len(remote))) as pool:
             found = pool.map(lambda host: self.launchers.for_host(host).running(host, remote[host]), remote)

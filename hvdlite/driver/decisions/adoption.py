@@ -34,8 +34,12 @@ from hvdlite.worker.world import WorldInfo
 
 VERSION = 1
 # How a journaled worker's host is reached: this machine, a launcher that can take workers over
-# (SSH), or one that cannot yet (srun, Ray).
-LOCAL, ADOPTS, OTHER = "local", "adopts", "other"
+# (SSH), one whose workers end with the driver that launched them and can tell which still run
+# (Ray: an actor dies with its owner), or one that can do neither (srun).
+LOCAL, ADOPTS, ENDS, OTHER = "local", "adopts", "ends", "other"
+# Seconds a rerun waits for ENDS workers to end: Ray ends the actors of a driver whose process
+# died within a second; of one whose host died, once its health check gave the host up (~15 s).
+ENDING_WAIT = 30.0
 
 
 def may_decide(holds_newest: bool, renewed_at: float, now: float, ttl: float) -> bool:
@@ -128,6 +132,14 @@ class Rerun:
     kill: tuple = ()  # pids of the last driver's workers to kill first: they trained nothing
     refused: Optional[str] = None  # why it must not run now (one line for the user)
     gone: tuple = ()  # workers taken over whose process ended without a word: launched again, unblamed
+    ending: tuple = ()  # ENDS workers that still run: ask again (up to ENDING_WAIT), then decide
+
+
+def not_ended(ending) -> str:
+    """The refusal when ENDS workers still run after ENDING_WAIT."""
+    return (f"the last driver's workers {', '.join(ending)} still run {ENDING_WAIT:g} s after this "
+            f"driver started, though their launcher ends them with it (Ray: the actors of a driver "
+            f"that died); run this again once they ended, or stop them first")
 
 
 def live_hosts(saved: Optional[dict]) -> set:
@@ -147,11 +159,16 @@ def rerun(saved: Optional[dict], running: dict, elsewhere: set, exited: set, rea
           host: str, now: float, grace: float, checkpoint_dir: str) -> Rerun:
     """`saved`: the last driver's journal (None: none); `running`: worker id -> pid of its
     journaled processes that still run on this machine; `elsewhere`: the ids of those that run on
-    SSH hosts (asked while in_grace()); `exited`: the ids whose process said it exits (beacon);
-    `reached`: host -> LOCAL, ADOPTS or OTHER for live_hosts(saved); `command`: this job's;
-    `host`: this machine's name; `now`: the wall clock; `grace`: --driver-grace."""
+    SSH hosts and Ray nodes (asked while in_grace()); `exited`: the ids whose process said it
+    exits (beacon); `reached`: host -> LOCAL, ADOPTS, ENDS or OTHER for live_hosts(saved);
+    `command`: this job's; `host`: this machine's name; `now`: the wall clock; `grace`:
+    --driver-grace."""
     if saved is None:
         return Rerun()
+    ending = tuple(sorted(w["id"] for w in saved.get("workers", ())
+                          if reached.get(w["host"]) == ENDS and w["id"] in elsewhere))
+    if ending:  # they end with their driver, never taken over: a fresh start waits for that
+        return Rerun(ending=ending)
     if not saved.get("adoptable"):
         # Every journaled process that runs: one the last driver was taking out too (the journal
         # lists no leaving worker), which may not have heard.
@@ -171,8 +188,8 @@ def rerun(saved: Optional[dict], running: dict, elsewhere: set, exited: set, rea
                              f"them over, or stop them first")
     live = [w for w in saved["workers"] if w["phase"] != Phase.GONE.value]
     remote = sorted({w["host"] for w in live if reached[w["host"]] != LOCAL})
-    # Workers on SSH hosts are taken over too; those of other launchers (srun, Ray) not yet,
-    # nor, from another machine, those the last driver ran on its own (named localhost).
+    # Workers on SSH hosts are taken over too; those of srun not yet, nor, from another machine,
+    # those the last driver ran on its own (named localhost); those of Ray ended (above).
     others = [h for h in remote if reached[h] == OTHER]
     if saved.get("driver_host", host) != host:
         others += sorted({f"{w['host']} of {saved['driver_host']}" for w in live if reached[w["host"]] == LOCAL})

@@ -21,7 +21,7 @@ from hvdlite.discovery.raynodes import SlotShape, connect
 from hvdlite.driver.launchers.base import LaunchError, StartTimedOut
 from hvdlite.driver.launchers.hosttemplates import HostTemplate, HostTemplates
 from hvdlite.driver.launchers.raytemplate import NodeTemplate
-from hvdlite.driver.launchers.rayslot import Slot
+from hvdlite.driver.launchers.rayslot import Slot, running
 from hvdlite.driver.launchers.start import StartRule, spawn_argv
 from hvdlite.driver.launchers.template import READY_TIMEOUT
 
@@ -33,6 +33,9 @@ STOP_ANSWER = 2.0  # seconds a stop waits (beyond its grace) for the actor befor
 
 class RayLauncher:
     private = False  # Ray's task specs cross the network in clear
+    # Ray ends an actor whose owner (the driver) died, and the worker dies with its actor: a
+    # later driver waits for them to end (decisions/adoption.py's ENDS) and never takes them over.
+    ends_with_driver = True
 
     def __init__(self, settings, say):
         self.ray = connect(settings.ray_address)
@@ -43,6 +46,7 @@ class RayLauncher:
         self.shape = SlotShape(settings.cpus_per_slot, settings.gpus_per_slot, settings.slot_resource)
         self._actor = self.ray.remote(max_concurrency=4, max_restarts=0)(Slot)
         self._template_actor = self.ray.remote(max_concurrency=2, max_restarts=0)(NodeTemplate)
+        self._running = self.ray.remote(num_cpus=0, max_retries=0)(running)
         self._rule = StartRule(settings)
         self._templates = HostTemplates(settings.preload, say, self._template) if settings.preload else None
         self._route = None
@@ -74,7 +78,7 @@ class RayLauncher:
             scheduling_strategy=self._pin(host, soft=False), num_cpus=bundle.pop("CPU", 0),
             num_gpus=bundle.pop("GPU", 0), resources=bundle or None).remote()
         try:
-            pid, how, fallback = self.ray.get(actor.start.remote(
+            pid, how, fallback, identity = self.ray.get(actor.start.remote(
                 argv, env, os.getcwd(), template.pid if template else None, self.start_timeout),
                 timeout=self.start_timeout)
         except Exception as e:  # noqa: BLE001 - whatever Ray raises, the launch failed
@@ -86,7 +90,7 @@ class RayLauncher:
             raise LaunchError(f"cannot start a worker on Ray node {host[:12]}: {why}") from None
         if fallback:
             self._templates.fell_back(host, socket_path, fallback)
-        return RayWorker(self, actor, host, pid, output, how)
+        return RayWorker(self, actor, host, pid, identity, output, how)
 
     def _template(self, host, command, env: dict, cwd: str, preload, failed):
         actor = self._template_actor.options(scheduling_strategy=self._pin(host, soft=False),
@@ -100,6 +104,16 @@ class RayLauncher:
             return True
         node = next((n for n in self.ray.nodes() if n["NodeID"] == host), None)
         return node is not None and not node["Alive"] and node.get("DeathReason") in GRACEFUL
+
+    def running(self, host, identities) -> set:
+        """Which of `identities` (PID:STARTTIME, journaled by an earlier driver) still run on
+        Ray node `host`, asked there by a task that takes no resources; none when the node is
+        gone or gives no answer within the start timeout (a Python process starts there first)."""
+        ref = self._running.options(scheduling_strategy=self._pin(host, soft=False)).remote(sorted(identities))
+        try:
+            return set(self.ray.get(ref, timeout=self.start_timeout))
+        except Exception:  # noqa: BLE001 - the node is gone or does not answer
+            return set()
 
     def warm(self):
         if self._templates:
@@ -153,9 +167,10 @@ class RayWorker:
     error = None
     drained = False  # the worker went with a node Ray drained
 
-    def __init__(self, launcher: RayLauncher, actor, host: str, pid: int, output, started: str):
+    def __init__(self, launcher: RayLauncher, actor, host: str, pid: int, identity, output, started: str):
         self.launcher, self.ray, self.actor, self.host = launcher, launcher.ray, actor, host
         self._pid, self.output, self.started = pid, output, started
+        self.identity = identity  # PID:STARTTIME on its node: journaled (executor.identities)
         self.template_died = False  # it died with the template it was forked from
         self._code = None
         self._ended = threading.Event()

@@ -17,7 +17,7 @@ import subprocess
 import threading
 import time
 
-from hvdlite.procstat import exiting
+from hvdlite.procstat import exiting, identity
 from hvdlite.template.spawn import MARK, TEMPLATE_DIED, marked
 from hvdlite.worker.gpus import VISIBLE
 
@@ -52,7 +52,8 @@ class Slot:
     def start(self, argv, env: dict, cwd: str, template_pid: int = None, timeout: float = 30.0):
         """Start the worker: `argv`, or with `template_pid` a spawn client's argv that has the
         node's template (that process) fork it. Returns (process group, how it started, why
-        plainly after all or None)."""
+        plainly after all or None, the group leader's PID:STARTTIME for a later driver's
+        running())."""
         import ray
         # Exactly the GPUs Ray reserved for this actor (--gpus-per-slot), none if it reserved none.
         # (Outside an actor, get_gpu_ids() would start a Ray instance of its own.)
@@ -71,7 +72,8 @@ class Slot:
         if errors:
             raise errors[0]
         self.marked.wait(timeout)
-        return self.pgid or self.proc.pid, *self.how
+        pgid = self.pgid or self.proc.pid
+        return pgid, *self.how, identity(pgid)
 
     def _run(self, argv, env, cwd, started, errors):
         try:
@@ -163,3 +165,9 @@ class Slot:
             return self.proc.wait(5.0)
         except subprocess.TimeoutExpired:
             return None
+
+
+def running(identities) -> list:
+    """Which of `identities` (PID:STARTTIME) run on this node: a task of a driver that takes a
+    job over (RayLauncher.running)."""
+    return [i for i in identities if identity(int(i.split(":")[0])) == i]
