@@ -2,11 +2,13 @@
 once for the module): jobs started inside `salloc` or `sbatch` with no host flags run on the
 allocation as srun steps; a node killed outright under --no-kill costs one re-form within
 hvdlite's liveness timeout, long before Slurm notices."""
+import contextlib
 import json
 import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import time
 
@@ -14,11 +16,11 @@ import pytest
 
 from capture import HOLD, check_the_wire, watched_job
 from jobs import (SCRIPTS, Job, _tree, check_training_continuous, effective_steps, frozen_until_probed,
-                  job_env, next_world, progress, run_job, sizes, steps_log, wait_progress)
+                  job_env, next_world, progress, run_job, sizes, slot_pid, steps_log, wait_progress, wait_until)
 from slurmcluster import missing, SlurmCluster
 from test_elastic import check_exactly_once_per_epoch
 from hvdlite import exitcodes
-from hvdlite.worker import checkpointdir
+from hvdlite.worker import beacon, checkpointdir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYGLOO = os.path.join(ROOT, ".venv-pygloo", "bin", "python")
@@ -222,44 +224,139 @@ def _job_id(job):
     return [line.split()[3] for line in job.read(job.err).splitlines() if "Slurm allocation" in line][0]
 
 
-def test_sigterm_to_one_step_shrinks_the_world_then_usr1_to_the_steps_stops_at_a_commit_and_it_resumes(
+@contextlib.contextmanager
+def allocation(cluster, tmp_path, *flags):
+    """An allocation held by `salloc FLAGS` for the block, as a user's interactive salloc shell
+    holds it: yields the environment its shell has (drivers run in it as children of this test,
+    and outlive none of its steps' decisions: kill -9 of one leaves the allocation be)."""
+    told = tmp_path / "allocation.env"
+    holder = subprocess.Popen(["salloc", *flags, "sh", "-c", f'env > "{told}.part" && mv "{told}.part" "{told}"'
+                                                         " && exec sleep 600"],
+                              env=cluster.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_until(told.exists, 60, "the allocation")
+        yield dict(line.split("=", 1) for line in told.read_text().splitlines()
+                   if line.startswith(("SLURM_", "SALLOC_")))
+    finally:
+        if told.exists():  # salloc ends once Slurm revoked it
+            job_id = [line for line in told.read_text().splitlines() if line.startswith("SLURM_JOB_ID=")][0]
+            cluster.run(["scancel", job_id.split("=")[1]], check=False)
+        else:
+            holder.send_signal(signal.SIGINT)  # a request still pending is withdrawn
+        try:
+            holder.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(holder.pid, signal.SIGKILL)
+            holder.wait(10)
+
+
+def test_sigterm_to_one_step_shrinks_the_world_then_usr1_stops_it_and_a_killed_driver_leaves_the_steps_to_their_grace(
         tmp_path, cluster, env):
     """SIGTERM to one worker's step shrinks the world, with no rollback and no blacklisting;
     then `scancel -s USR1 JOB`, which signals the job's steps and not the shell the driver runs
     in (as `#SBATCH --signal=USR1@90` does before the allocation ends), stops the job at a
-    commit; the same command resumes exactly there."""
-    ckpt, total = tmp_path / "ckpt", 60
-    flags = ["--min-np", "2", "--checkpoint-dir", str(ckpt), "--checkpoint-interval", "600", *JOB]
-    alloc = ["salloc", "-N3", "--no-kill"]
-    for run in ("run1", "run2"):
-        (tmp_path / run).mkdir()
-    jenv = {**env, "SALLOC_NO_KILL": ""}
-    with Job(flags, tmp_path / "run1", env={**jenv, **job_env(tmp_path, TOTAL_STEPS=total, RUN=1, STEP_SLEEP=0.1)},
-             prefix=alloc) as job:
-        wait_progress(job, tmp_path, 8)
-        step = _step_of(cluster, "n3")
-        # 22.05's scancel says "Invalid job id specified" for a signalled step, and delivers it
-        _, world = next_world(job, lambda: cluster.run(["scancel", "-s", "TERM", step],
-                                                       check=False))
-        wait_progress(job, tmp_path, progress(tmp_path) + 2)  # the world of two trains
-        cluster.run(["scancel", "-s", "USR1", _job_id(job)], check=False)
-        first = job.finish(60)
-    assert world["size"] == 2
-    assert first.code == exitcodes.RESUMABLE, first.stderr
-    assert not first.of("blacklisted")
-    assert not first.of("rolled_back") and not first.of("rollback")
-    assert sizes(steps_log(tmp_path)) == [3, 2]
-    stopped = first.of("job_end")[-1]
-    written = checkpointdir.newest(str(ckpt))[0]
-    assert stopped["result"] == "stopped" and written == stopped["commit"] > 0
-    with Job(flags, tmp_path / "run2", env={**jenv, **job_env(tmp_path, TOTAL_STEPS=total, RUN=2, STEP_SLEEP=0.05)},
-             prefix=alloc) as job:
-        second = job.finish(120)
-    assert second.code == 0, second.stderr
+    commit; the same command resumes exactly there. Then kill -9 of that driver (docs/slurm.md):
+    its srun clients and steps live on, the same command run at once is refused in one line
+    while they may train, and again past the grace while one still runs (rank 0, stopped here:
+    a fresh start beside it would race its last commit); they exit 75, rank 0's newest commit
+    on disk, and the same command resumes from it: nothing lost, nothing trained twice."""
+    ckpt, total, grace = tmp_path / "ckpt", 90, 5
+    flags = ["--min-np", "2", "--checkpoint-dir", str(ckpt), "--checkpoint-interval", "600",
+             "--driver-grace", str(grace), *JOB]  # the grace: the liveness timeout's 5 s
+    runs = [tmp_path / f"run{k}" for k in range(1, 6)]
+    for folder in runs:
+        folder.mkdir()
+    with allocation(cluster, tmp_path, "-N3", "--no-kill") as alloc:
+        jenv = {**env, **alloc, "SALLOC_NO_KILL": ""}
+
+        def job(k, **knobs):
+            return Job(flags, runs[k - 1], env={**jenv, **job_env(tmp_path, TOTAL_STEPS=total, RUN=k, **knobs)})
+
+        with job(1, STEP_SLEEP=0.1) as first:
+            wait_progress(first, tmp_path, 8)
+            step = _step_of(cluster, "n3")
+            # 22.05's scancel says "Invalid job id specified" for a signalled step, and delivers it
+            _, world = next_world(first, lambda: cluster.run(["scancel", "-s", "TERM", step], check=False))
+            wait_progress(first, tmp_path, progress(tmp_path) + 2)  # the world of two trains
+            cluster.run(["scancel", "-s", "USR1", alloc["SLURM_JOB_ID"]], check=False)
+            first = first.finish(60)
+        assert world["size"] == 2
+        assert first.code == exitcodes.RESUMABLE, first.stderr
+        assert not first.of("blacklisted")
+        assert not first.of("rolled_back") and not first.of("rollback")
+        assert sizes(steps_log(tmp_path)) == [3, 2]
+        stopped = first.of("job_end")[-1]
+        written = checkpointdir.newest(str(ckpt))[0]
+        assert stopped["result"] == "stopped" and written == stopped["commit"] > 0
+
+        second = job(2, STEP_SLEEP=0.1)  # resumes there; its close() would kill the workers it names
+        try:
+            wait_progress(second, tmp_path, written + 5)
+            sruns = _tree(second.proc.pid)[1:]
+        finally:
+            second.proc.kill()
+            second.proc.wait(10)
+            second.out.close()
+            second.err.close()
+        killed, killed_at = time.time(), progress(tmp_path)
+        events = second.events()
+        members = [e for e in events if e["event"] == "round_complete"][-1]["members"]
+        root_slot = next(slot for slot, rank in members.items() if rank == 0)
+        root = slot_pid(second, root_slot)
+        assert len(_steps(cluster)) == len(members) and all(map(_alive, sruns)), \
+            "the srun clients or steps died with the driver"
+        wait_until(lambda: progress(tmp_path) > killed_at + 2, 30, "steps while no driver runs")
+        os.kill(root, signal.SIGSTOP)  # rank 0 outlives the grace: its newest commits only it holds
+        try:
+            # At once, and past the grace (the others ended then; the journal may be a little
+            # younger than their last heartbeat): refused while one may train, or still runs.
+            at_once = run_job(flags, runs[2], timeout=60, env={**jenv, **job_env(tmp_path, RUN=3)})
+            wait_until(lambda: len(_steps(cluster)) == 1 and time.time() > killed + grace, 30, "the others' end")
+            late = run_job(flags, runs[3], timeout=60, env={**jenv, **job_env(tmp_path, RUN=4)})
+        finally:
+            os.kill(root, signal.SIGCONT)
+        assert at_once.code == exitcodes.FAILED and _one_error(at_once) and \
+            "the last driver of this job left workers on n" in at_once.stderr, at_once.stderr
+        assert late.code == exitcodes.FAILED and _one_error(late) and \
+            f"left workers on {root_slot.split('/')[0]} that still run past their --driver-grace" in late.stderr, \
+            late.stderr
+        wait_until(lambda: not _steps(cluster), 30, "rank 0's step's end")
+        wait_until(lambda: not any(_alive(p) for p in sruns), 10, "the srun clients' end")
+        words = {w: open(beacon.output_path(str(ckpt), w, "exit")).read()
+                 for w in (e["worker"] for e in events if e["event"] == "worker_start")}
+        assert set(words.values()) == {str(exitcodes.LOST_DRIVER)}, words
+        on_disk = checkpointdir.newest(str(ckpt))[0]
+        # (progress is written as a commit begins: rank 0 may have stopped inside that one)
+        assert progress(tmp_path) - 1 <= on_disk and on_disk >= killed_at + 2, "rank 0's newest commit is not on disk"
+
+        with job(5, STEP_SLEEP=0.02) as last:
+            last = last.finish(120)
+    assert last.code == 0, last.stderr
     records = check_training_continuous(tmp_path, total)
-    assert min(r["step"] for r in records if r["run"] == 2) == written  # nothing lost, nothing again
+    for run, commit in ((2, written), (5, on_disk)):  # nothing lost, nothing again
+        assert min(r["step"] for r in records if r["run"] == run) == commit
     check_exactly_once_per_epoch(records, dataset=64)
     assert_nothing_left(cluster)
+
+
+def _steps(cluster):
+    """The running srun steps (JOB.STEP) of the cluster."""
+    return cluster.run(["squeue", "-h", "-s", "-o", "%i"]).stdout.split()
+
+
+def _alive(pid):
+    """Whether the process runs (a zombie nobody reaped has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _one_error(result):
+    errors = [line for line in result.stderr.splitlines() if line.startswith("hvdlite: error:")]
+    return len(errors) == 1 and "Traceback" not in result.stderr
 
 
 def _nodelist(cluster, job_id):
