@@ -147,9 +147,10 @@ def rerun(saved: Optional[dict], running: dict, elsewhere: set, exited: set, rea
           host: str, now: float, grace: float, checkpoint_dir: str) -> Rerun:
     """`saved`: the last driver's journal (None: none); `running`: worker id -> pid of its
     journaled processes that still run on this machine; `elsewhere`: the ids of those that run on
-    SSH hosts (asked while in_grace()) and as srun steps (asked always); `exited`: the ids whose process said it exits (beacon);
-    `reached`: host -> LOCAL, ADOPTS or OTHER for live_hosts(saved); `command`: this job's;
-    `host`: this machine's name; `now`: the wall clock; `grace`: --driver-grace."""
+    SSH hosts (asked while in_grace()) and as srun steps (asked always); `exited`: the ids whose
+    process said it exits (beacon); `reached`: host -> LOCAL, ADOPTS or OTHER for
+    live_hosts(saved); `command`: this job's; `host`: this machine's name; `now`: the wall clock;
+    `grace`: --driver-grace."""
     if saved is None:
         return Rerun()
     if not saved.get("adoptable"):
@@ -183,7 +184,7 @@ def rerun(saved: Optional[dict], running: dict, elsewhere: set, exited: set, rea
                              f"on until about {time.strftime('%H:%M:%S', time.localtime(until))} "
                              f"(--driver-grace); only workers on this machine and on SSH hosts are taken "
                              f"over (docs/failover.md): run this again after that, or stop them first")
-    # Past the grace, one its launcher still lists (an srun step, stopped or exiting) would race a fresh start too.
+    # Past the grace, one that Slurm still lists (a stopped or exiting step) would race a fresh start too.
     late = sorted({w["host"] for w in live if reached[w["host"]] == OTHER and w["id"] in elsewhere})
     if late:
         return Rerun(refused=f"the last driver of this job left workers on {', '.join(late)} that still run "
