@@ -226,8 +226,8 @@ def _job_id(job):
 @contextlib.contextmanager
 def allocation(cluster, tmp_path, *flags):
     """An allocation held by `salloc FLAGS` for the block, as a user's interactive salloc shell
-    holds it: yields the environment its shell has (drivers run in it as children of this test,
-    and outlive none of its steps' decisions: kill -9 of one leaves the allocation be)."""
+    holds it: yields the environment its shell has. Drivers run in it as this test's children,
+    so the death of one leaves the allocation be."""
     told = tmp_path / "allocation.env"
     holder = subprocess.Popen(["salloc", *flags, "sh", "-c", f'env > "{told}.part" && mv "{told}.part" "{told}"'
                                                          " && exec sleep 600"],
