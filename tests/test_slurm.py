@@ -145,7 +145,7 @@ def test_bad_requests_in_an_allocation_are_one_line_errors(tmp_path, cluster, en
 
 
 def test_an_elastic_job_without_no_kill_is_warned(tmp_path, cluster, env):
-    """The driver's warning at the start (the worker, `true`, only has to run: it is no check)."""
+    """The warning is the driver's, at the job's start: the worker can be `true`."""
     warning = "shows no --no-kill: one node's failure cancels the whole allocation"
     args = ["--min-np", "1", "true"]
     r = run_job(args, tmp_path, timeout=120, env=env, prefix=["salloc", "-N1"])
