@@ -267,7 +267,7 @@ def test_sigterm_to_one_step_shrinks_the_world_then_usr1_stops_it_and_a_killed_d
     for folder in runs:
         folder.mkdir()
     with allocation(cluster, tmp_path, "-N2", "--no-kill") as alloc:
-        jenv = {**env, **alloc, "SALLOC_NO_KILL": ""}
+        jenv, job_id = {**env, **alloc, "SALLOC_NO_KILL": ""}, alloc["SLURM_JOB_ID"]
 
         def job(k, **knobs):
             return Job(flags, runs[k - 1], env={**jenv, **job_env(tmp_path, TOTAL_STEPS=total, RUN=k, **knobs)})
@@ -278,7 +278,7 @@ def test_sigterm_to_one_step_shrinks_the_world_then_usr1_stops_it_and_a_killed_d
             # 22.05's scancel says "Invalid job id specified" for a signalled step, and delivers it
             _, world = next_world(first, lambda: cluster.run(["scancel", "-s", "TERM", step], check=False))
             wait_progress(first, tmp_path, progress(tmp_path) + 2)  # the world of one trains
-            cluster.run(["scancel", "-s", "USR1", alloc["SLURM_JOB_ID"]], check=False)
+            cluster.run(["scancel", "-s", "USR1", job_id], check=False)
             first = first.finish(60)
         assert world["size"] == 1
         assert first.code == exitcodes.RESUMABLE, first.stderr
@@ -303,7 +303,7 @@ def test_sigterm_to_one_step_shrinks_the_world_then_usr1_stops_it_and_a_killed_d
         members = [e for e in events if e["event"] == "round_complete"][-1]["members"]
         root_slot = next(slot for slot, rank in members.items() if rank == 0)
         root = slot_pid(second, root_slot)
-        assert len(_steps(cluster)) == len(members) and all(map(_alive, sruns)), \
+        assert len(_steps(cluster, job_id)) == len(members) and all(map(_alive, sruns)), \
             "the srun clients or steps died with the driver"
         wait_until(lambda: progress(tmp_path) > killed_at + 2, 30, "steps while no driver runs")
         os.kill(root, signal.SIGSTOP)  # rank 0 outlives the grace: its newest commits only it holds
@@ -311,7 +311,8 @@ def test_sigterm_to_one_step_shrinks_the_world_then_usr1_stops_it_and_a_killed_d
             # At once, and past the grace (the other ended then; the journal may be a little
             # younger than their last heartbeat): refused while one may train, or still runs.
             at_once = run_job(flags, runs[2], timeout=60, env={**jenv, **job_env(tmp_path, RUN=3)})
-            wait_until(lambda: len(_steps(cluster)) == 1 and time.time() > killed + grace, 30, "the other's end")
+            wait_until(lambda: len(_steps(cluster, job_id)) == 1 and time.time() > killed + grace, 30,
+                       "the other's end")
             late = run_job(flags, runs[3], timeout=60, env={**jenv, **job_env(tmp_path, RUN=4)})
         finally:
             os.kill(root, signal.SIGCONT)
@@ -320,7 +321,7 @@ def test_sigterm_to_one_step_shrinks_the_world_then_usr1_stops_it_and_a_killed_d
         assert late.code == exitcodes.FAILED and _one_error(late) and \
             f"left workers on {root_slot.split('/')[0]} that still run past their --driver-grace" in late.stderr, \
             late.stderr
-        wait_until(lambda: not _steps(cluster), 30, "rank 0's step's end")
+        wait_until(lambda: not _steps(cluster, job_id), 30, "rank 0's step's end")
         wait_until(lambda: not any(_alive(p) for p in sruns), 10, "the srun clients' end")
         words = {w: open(beacon.output_path(str(ckpt), w, "exit")).read()
                  for w in (e["worker"] for e in events if e["event"] == "worker_start")}
@@ -339,9 +340,10 @@ def test_sigterm_to_one_step_shrinks_the_world_then_usr1_stops_it_and_a_killed_d
     assert_nothing_left(cluster)
 
 
-def _steps(cluster):
-    """The running srun steps (JOB.STEP) of the cluster."""
-    return cluster.run(["squeue", "-h", "-s", "-o", "%i"]).stdout.split()
+def _steps(cluster, job_id):
+    """The running srun steps (JOB.STEP) of the job (a node cut and killed by an earlier test
+    may leave its job's step listed for a while)."""
+    return cluster.run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i"]).stdout.split()
 
 
 def _alive(pid):
