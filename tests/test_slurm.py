@@ -2,11 +2,13 @@
 once for the module): jobs started inside `salloc` or `sbatch` with no host flags run on the
 allocation as srun steps; a node killed outright under --no-kill costs one re-form within
 hvdlite's liveness timeout, long before Slurm notices."""
+import contextlib
 import json
 import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import time
 
@@ -14,11 +16,11 @@ import pytest
 
 from capture import HOLD, check_the_wire, watched_job
 from jobs import (SCRIPTS, Job, _tree, check_training_continuous, effective_steps, frozen_until_probed,
-                  job_env, next_world, progress, run_job, sizes, steps_log, wait_progress)
+                  job_env, next_world, progress, run_job, sizes, slot_pid, steps_log, wait_progress, wait_until)
 from slurmcluster import missing, SlurmCluster
 from test_elastic import check_exactly_once_per_epoch
 from hvdlite import exitcodes
-from hvdlite.worker import checkpointdir
+from hvdlite.worker import beacon, checkpointdir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYGLOO = os.path.join(ROOT, ".venv-pygloo", "bin", "python")
@@ -89,19 +91,20 @@ def run_in(via, cluster, tmp_path, flags, command, env):
     return sbatch(cluster, tmp_path, flags, [driver(*command)], env)
 
 
-@pytest.mark.parametrize("nodes, via", [(2, "salloc"), (4, "sbatch")])
-def test_torch_static_job_with_no_host_flags(tmp_path, cluster, env, nodes, via):
+@pytest.mark.parametrize("nodes, per_node, via", [(2, 2, "salloc"), (4, 1, "sbatch")])
+def test_torch_static_job_with_no_host_flags(tmp_path, cluster, env, nodes, per_node, via):
     files = tmp_path / "out"
-    code, out = run_in(via, cluster, tmp_path, [f"-N{nodes}", "--ntasks-per-node=2"],
+    tasks = nodes * per_node
+    code, out = run_in(via, cluster, tmp_path, [f"-N{nodes}", f"--ntasks-per-node={per_node}"],
                        ["--output-filename", str(files), *WHERE], env)
     assert code == 0, out
-    assert "Slurm allocation" in out and f"({nodes} nodes, {2 * nodes} tasks)" in out
+    assert "Slurm allocation" in out and f"({nodes} nodes, {tasks} tasks)" in out
     assert "workers started as srun steps" in out
     lines = sorted((line.split(":", 1)[1].split() for line in out.splitlines()
                     if "<stdout>:" in line), key=lambda w: int(w[0]))
-    assert [(int(w[0]), w[1]) for w in lines] == [(k, f"n{k // 2 + 1}") for k in range(2 * nodes)]
-    for k in range(2 * nodes):  # --output-filename: each rank's lines in its own file too
-        assert (files / f"rank.{k}" / "stdout").read_text().split()[:2] == [str(k), f"n{k // 2 + 1}"]
+    assert [(int(w[0]), w[1]) for w in lines] == [(k, f"n{k // per_node + 1}") for k in range(tasks)]
+    for k in range(tasks):  # --output-filename: each rank's lines in its own file too
+        assert (files / f"rank.{k}" / "stdout").read_text().split()[:2] == [str(k), f"n{k // per_node + 1}"]
     assert_nothing_left(cluster)
 
 
@@ -142,14 +145,13 @@ def test_bad_requests_in_an_allocation_are_one_line_errors(tmp_path, cluster, en
 
 
 def test_an_elastic_job_without_no_kill_is_warned(tmp_path, cluster, env):
+    """The warning is the driver's, at the job's start: the worker can be `true`."""
     warning = "shows no --no-kill: one node's failure cancels the whole allocation"
-    args = ["--min-np", "1", *JOB]
-    jenv = {**env, **job_env(tmp_path, TOTAL_STEPS=2)}
-    r = run_job(args, tmp_path, timeout=120, env=jenv, prefix=["salloc", "-N1"])
+    args = ["--min-np", "1", "true"]
+    r = run_job(args, tmp_path, timeout=120, env=env, prefix=["salloc", "-N1"])
     assert r.code == 0, r.stderr
     assert sum(warning in line for line in r.stderr.splitlines()) == 1
-    code, out = sbatch(cluster, tmp_path, ["-N1", "--no-kill"], [driver("--min-np", "1", *JOB)],
-                       jenv)
+    code, out = sbatch(cluster, tmp_path, ["-N1", "--no-kill"], [driver(*args)], env)
     assert code == 0, out
     assert "Slurm allocation" in out and warning not in out
 
@@ -163,7 +165,7 @@ def test_a_lost_node_is_known_in_a_second_not_after_the_liveness_timeout(tmp_pat
     jenv = {**env, "SALLOC_NO_KILL": "", **job_env(tmp_path, TOTAL_STEPS=100000, STEP_SLEEP=0.1)}
     try:
         with Job(["--min-np", "2", "--liveness-timeout", str(liveness), *JOB], tmp_path, env=jenv,
-                 prefix=["salloc", "-N4", "--no-kill"]) as job:
+                 prefix=["salloc", "-w", "n[2-4]", "--no-kill"]) as job:
             wait_progress(job, tmp_path, 8)
             try:
                 frozen_until_probed(job, cluster, "n4", "n4/")
@@ -178,7 +180,7 @@ def test_a_lost_node_is_known_in_a_second_not_after_the_liveness_timeout(tmp_pat
         cluster.kill_node("n4")  # a cut node's orphaned task runs on (the notes)
         cluster.start_node("n4")
     assert r.code == 143, r.stderr
-    assert world["size"] == 3 and not any(m.startswith("n4/") for m in world["members"])
+    assert world["size"] == 2 and not any(m.startswith("n4/") for m in world["members"])
     # A hang guard against the liveness timeout (15 s) only; the figure: bench/slurm.py
     assert seconds < 5, f"re-formed after {seconds:.1f} s"
     assert [e["outcome"] for e in r.of("node_probed") if e["slot"].startswith("n4/")][-1] == \
@@ -188,33 +190,32 @@ def test_a_lost_node_is_known_in_a_second_not_after_the_liveness_timeout(tmp_pat
 def test_a_killed_node_costs_one_reform_long_before_slurm_notices(tmp_path, cluster, env):
     liveness = 3.0
     # SALLOC_NO_KILL: salloc's --no-kill in a form the job can see (22.05 shows it nowhere)
-    jenv = {**env, "SALLOC_NO_KILL": "", **job_env(tmp_path, TOTAL_STEPS=100000, STEP_SLEEP=0.1)}
+    jenv = {**env, "SALLOC_NO_KILL": "", **job_env(tmp_path, TOTAL_STEPS=100000, STEP_SLEEP=0.2)}
     with Job(["--min-np", "2", "--liveness-timeout", str(liveness), "--discovery-interval", "1",
-              *JOB], tmp_path, env=jenv, prefix=["salloc", "-N4", "--no-kill"]) as job:
+              *JOB], tmp_path, env=jenv, prefix=["salloc", "-w", "n[2-4]", "--no-kill"]) as job:
         wait_progress(job, tmp_path, 8)
         job_id = _job_id(job)
         seconds, world = next_world(job, lambda: cluster.kill_node("n4"))
         listed = _nodelist(cluster, job_id)
         assert seconds < liveness + 3, f"re-formed after {seconds:.1f} s"
-        assert world["size"] == 3 and not any(m.startswith("n4/") for m in world["members"])
-        assert listed == "n[1-4]", "Slurm had noticed the dead node already: this proves nothing"
+        assert world["size"] == 2 and not any(m.startswith("n4/") for m in world["members"])
+        assert listed == "n[2-4]", "Slurm had noticed the dead node already: this proves nothing"
         events = job.wait_for(lambda events: any(
             e["event"] == "hosts_changed" and "n4" in e["removed"] for e in events),
             SLURMD_TIMEOUT * 3 + 20)
-        assert _nodelist(cluster, job_id) == "n[1-3]"
+        assert _nodelist(cluster, job_id) == "n[2-3]"
         wait_progress(job, tmp_path, progress(tmp_path) + 10)  # training goes on after the shrink
         driver_pid = _tree(job.proc.pid)[1]  # salloc's child
         os.kill(driver_pid, signal.SIGTERM)
         r = job.finish(60)
     assert r.code == 143, r.stderr
-    assert [e for e in events if e["event"] == "hosts_changed"][-1]["hosts"] == \
-        ["n1:1", "n2:1", "n3:1"]
+    assert [e for e in events if e["event"] == "hosts_changed"][-1]["hosts"] == ["n2:1", "n3:1"]
     assert "shows no --no-kill" not in r.stderr
     records = steps_log(tmp_path)
     done = sorted(effective_steps(records))
     assert done == list(range(len(done))), "a committed step was lost"
-    assert sizes(records)[:2] == [4, 3]
-    assert_nothing_left(cluster, ["n1", "n2", "n3"])
+    assert sizes(records)[:2] == [3, 2]
+    assert_nothing_left(cluster, ["n2", "n3"])
     cluster.start_node("n4")
 
 
@@ -222,44 +223,141 @@ def _job_id(job):
     return [line.split()[3] for line in job.read(job.err).splitlines() if "Slurm allocation" in line][0]
 
 
-def test_sigterm_to_one_step_shrinks_the_world_then_usr1_to_the_steps_stops_at_a_commit_and_it_resumes(
+@contextlib.contextmanager
+def allocation(cluster, tmp_path, *flags):
+    """An allocation held by `salloc FLAGS` for the block, as a user's interactive salloc shell
+    holds it: yields the environment its shell has. Drivers run in it as this test's children,
+    so the death of one leaves the allocation be."""
+    told = tmp_path / "allocation.env"
+    holder = subprocess.Popen(["salloc", *flags, "sh", "-c", f'env > "{told}.part" && mv "{told}.part" "{told}"'
+                                                         " && exec sleep 600"],
+                              env=cluster.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_until(told.exists, 60, "the allocation")
+        yield dict(line.split("=", 1) for line in told.read_text().splitlines()
+                   if line.startswith(("SLURM_", "SALLOC_")))
+    finally:
+        if told.exists():  # salloc ends once Slurm revoked it
+            job_id = [line for line in told.read_text().splitlines() if line.startswith("SLURM_JOB_ID=")][0]
+            cluster.run(["scancel", job_id.split("=")[1]], check=False)
+        else:
+            holder.send_signal(signal.SIGINT)  # a request still pending is withdrawn
+        try:
+            holder.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(holder.pid, signal.SIGKILL)
+            holder.wait(10)
+
+
+def test_sigterm_to_one_step_shrinks_the_world_then_usr1_stops_it_and_a_killed_driver_leaves_the_steps_to_their_grace(
         tmp_path, cluster, env):
     """SIGTERM to one worker's step shrinks the world, with no rollback and no blacklisting;
     then `scancel -s USR1 JOB`, which signals the job's steps and not the shell the driver runs
     in (as `#SBATCH --signal=USR1@90` does before the allocation ends), stops the job at a
-    commit; the same command resumes exactly there."""
-    ckpt, total = tmp_path / "ckpt", 60
-    flags = ["--min-np", "2", "--checkpoint-dir", str(ckpt), "--checkpoint-interval", "600", *JOB]
-    alloc = ["salloc", "-N3", "--no-kill"]
-    for run in ("run1", "run2"):
-        (tmp_path / run).mkdir()
-    jenv = {**env, "SALLOC_NO_KILL": ""}
-    with Job(flags, tmp_path / "run1", env={**jenv, **job_env(tmp_path, TOTAL_STEPS=total, RUN=1, STEP_SLEEP=0.1)},
-             prefix=alloc) as job:
-        wait_progress(job, tmp_path, 8)
-        step = _step_of(cluster, "n3")
-        # 22.05's scancel says "Invalid job id specified" for a signalled step, and delivers it
-        _, world = next_world(job, lambda: cluster.run(["scancel", "-s", "TERM", step],
-                                                       check=False))
-        wait_progress(job, tmp_path, progress(tmp_path) + 2)  # the world of two trains
-        cluster.run(["scancel", "-s", "USR1", _job_id(job)], check=False)
-        first = job.finish(60)
-    assert world["size"] == 2
-    assert first.code == exitcodes.RESUMABLE, first.stderr
-    assert not first.of("blacklisted")
-    assert not first.of("rolled_back") and not first.of("rollback")
-    assert sizes(steps_log(tmp_path)) == [3, 2]
-    stopped = first.of("job_end")[-1]
-    written = checkpointdir.newest(str(ckpt))[0]
-    assert stopped["result"] == "stopped" and written == stopped["commit"] > 0
-    with Job(flags, tmp_path / "run2", env={**jenv, **job_env(tmp_path, TOTAL_STEPS=total, RUN=2, STEP_SLEEP=0.05)},
-             prefix=alloc) as job:
-        second = job.finish(120)
-    assert second.code == 0, second.stderr
+    commit; the same command resumes exactly there. Then kill -9 of that driver (docs/slurm.md):
+    its srun clients and steps live on, the same command run at once is refused in one line
+    while they may train, and again past the grace while one still runs (rank 0, stopped here:
+    a fresh start beside it would race its last commit); they exit 75, rank 0's newest commit
+    on disk, and the same command resumes from it: nothing lost, nothing trained twice."""
+    ckpt, total, grace = tmp_path / "ckpt", 60, 5
+    flags = ["--min-np", "1", "--checkpoint-dir", str(ckpt), "--checkpoint-interval", "600",
+             "--driver-grace", str(grace), *JOB]  # the grace: the liveness timeout's 5 s
+    runs = [tmp_path / f"run{k}" for k in range(1, 6)]
+    for folder in runs:
+        folder.mkdir()
+    with allocation(cluster, tmp_path, "-N2", "--no-kill") as alloc:
+        jenv, job_id = {**env, **alloc, "SALLOC_NO_KILL": ""}, alloc["SLURM_JOB_ID"]
+
+        def job(k, **knobs):
+            return Job(flags, runs[k - 1], env={**jenv, **job_env(tmp_path, TOTAL_STEPS=total, RUN=k, **knobs)})
+
+        with job(1, STEP_SLEEP=0.1) as first:
+            wait_progress(first, tmp_path, 8)
+            step = _step_of(cluster, "n2")
+            # 22.05's scancel says "Invalid job id specified" for a signalled step, and delivers it
+            _, world = next_world(first, lambda: cluster.run(["scancel", "-s", "TERM", step], check=False))
+            wait_progress(first, tmp_path, progress(tmp_path) + 2)  # the world of one trains
+            cluster.run(["scancel", "-s", "USR1", job_id], check=False)
+            first = first.finish(60)
+        assert world["size"] == 1
+        assert first.code == exitcodes.RESUMABLE, first.stderr
+        assert not first.of("blacklisted")
+        assert not first.of("rolled_back") and not first.of("rollback")
+        assert sizes(steps_log(tmp_path)) == [2, 1]
+        stopped = first.of("job_end")[-1]
+        written = checkpointdir.newest(str(ckpt))[0]
+        assert stopped["result"] == "stopped" and written == stopped["commit"] > 0
+
+        second = job(2, STEP_SLEEP=0.1)  # resumes there; its close() would kill the workers it names
+        try:
+            wait_progress(second, tmp_path, written + 5)
+            sruns = _tree(second.proc.pid)[1:]
+        finally:
+            second.proc.kill()
+            second.proc.wait(10)
+            second.out.close()
+            second.err.close()
+        killed, killed_at = time.time(), progress(tmp_path)
+        events = second.events()
+        members = [e for e in events if e["event"] == "round_complete"][-1]["members"]
+        root_slot = next(slot for slot, rank in members.items() if rank == 0)
+        root = slot_pid(second, root_slot)
+        assert len(_steps(cluster, job_id)) == len(members) and all(map(_alive, sruns)), \
+            "the srun clients or steps died with the driver"
+        wait_until(lambda: progress(tmp_path) > killed_at + 2, 30, "steps while no driver runs")
+        os.kill(root, signal.SIGSTOP)  # rank 0 outlives the grace: its newest commits only it holds
+        try:
+            # At once, and past the grace (the other ended then; the journal may be a little
+            # younger than their last heartbeat): refused while one may train, or still runs.
+            at_once = run_job(flags, runs[2], timeout=60, env={**jenv, **job_env(tmp_path, RUN=3)})
+            wait_until(lambda: len(_steps(cluster, job_id)) == 1 and time.time() > killed + grace, 30,
+                       "the other's end")
+            late = run_job(flags, runs[3], timeout=60, env={**jenv, **job_env(tmp_path, RUN=4)})
+        finally:
+            os.kill(root, signal.SIGCONT)
+        assert at_once.code == exitcodes.FAILED and _one_error(at_once) and \
+            "the last driver of this job left workers on n" in at_once.stderr, at_once.stderr
+        assert late.code == exitcodes.FAILED and _one_error(late) and \
+            f"left workers on {root_slot.split('/')[0]} that still run past their --driver-grace" in late.stderr, \
+            late.stderr
+        wait_until(lambda: not _steps(cluster, job_id), 30, "rank 0's step's end")
+        wait_until(lambda: not any(_alive(p) for p in sruns), 10, "the srun clients' end")
+        words = {w: open(beacon.output_path(str(ckpt), w, "exit")).read()
+                 for w in (e["worker"] for e in events if e["event"] == "worker_start")}
+        assert set(words.values()) == {str(exitcodes.LOST_DRIVER)}, words
+        on_disk = checkpointdir.newest(str(ckpt))[0]
+        # (progress is written as a commit begins: rank 0 may have stopped inside that one)
+        assert progress(tmp_path) - 1 <= on_disk and on_disk >= killed_at + 2, "rank 0's newest commit is not on disk"
+
+        with job(5, STEP_SLEEP=0.02) as last:
+            last = last.finish(120)
+    assert last.code == 0, last.stderr
     records = check_training_continuous(tmp_path, total)
-    assert min(r["step"] for r in records if r["run"] == 2) == written  # nothing lost, nothing again
+    for run, commit in ((2, written), (5, on_disk)):  # nothing lost, nothing again
+        assert min(r["step"] for r in records if r["run"] == run) == commit
     check_exactly_once_per_epoch(records, dataset=64)
     assert_nothing_left(cluster)
+
+
+def _steps(cluster, job_id):
+    """The running srun steps (JOB.STEP) of the job (a node cut and killed by an earlier test
+    may leave its job's step listed for a while)."""
+    return cluster.run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i"]).stdout.split()
+
+
+def _alive(pid):
+    """Whether the process runs (a zombie nobody reaped has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _one_error(result):
+    errors = [line for line in result.stderr.splitlines() if line.startswith("hvdlite: error:")]
+    return len(errors) == 1 and "Traceback" not in result.stderr
 
 
 def _nodelist(cluster, job_id):

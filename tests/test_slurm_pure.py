@@ -12,6 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 from hvdlite.discovery.hostlist import SlurmFormatError, expand, tasks_per_node
 from hvdlite.discovery.slurm import _directs_no_kill, allocation
+from hvdlite.driver.decisions import adoption
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
@@ -188,3 +189,28 @@ def test_bad_requests_in_an_allocation(in_allocation):
     in_allocation.setenv("PATH", "/nonexistent")
     with pytest.raises(UsageError, match="srun not found on PATH"):
         parse_settings(CMD)
+
+
+# ---- a rerun after the driver of srun steps died (decisions/adoption.py's rerun) -----------
+def _journal(adoptable=True):
+    workers = [{"id": f"n{k}/0#1", "host": f"n{k}", "phase": "training"} for k in (1, 2)]
+    return {"adoptable": adoptable, "round": 1, "command": ["train.py"], "written_at": 100.0,
+            "driver_host": "here", "workers": workers}
+
+
+@pytest.mark.parametrize("adoptable", [True, False])  # False: its driver died ending the job
+def test_a_rerun_refuses_while_a_step_of_the_last_driver_runs_past_its_grace(adoptable):
+    """srun steps are not taken over: a rerun refuses while they may train (their grace), and
+    after it while Slurm still lists one (stopped, or writing its last commit: a fresh start
+    beside it would race that commit); once none runs, it resumes from the disk."""
+    def rerun(now, steps):
+        return adoption.rerun(_journal(adoptable), {}, steps, set(), {"n1": adoption.OTHER, "n2": adoption.OTHER},
+                              ["train.py"], "here", now, 5.0, "/ckpt")
+
+    if adoptable:
+        assert "left workers on n1, n2, which train on until" in rerun(101.0, set()).refused
+        assert rerun(106.0, {"n1/0#1"}).refused.startswith(
+            "the last driver of this job left workers on n1 that still run past their --driver-grace")
+    else:
+        assert "its workers still run (n1/0#1)" in rerun(106.0, {"n1/0#1"}).refused
+    assert rerun(106.0, set()) == adoption.Rerun()

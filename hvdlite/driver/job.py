@@ -60,8 +60,10 @@ def _pid(identity: str) -> int:
 
 
 def _runs(identity: str) -> bool:
-    """Whether the process a journal names by its identity ("pid:start") still runs."""
-    return procstat.identity(_pid(identity)) == identity
+    """Whether the process a journal names by its identity ("pid:start") still runs here (an
+    srun worker's identity is its step, JOB.STEP: Slurm tells whether that runs)."""
+    pid = identity.partition(":")[0]
+    return pid.isdigit() and procstat.identity(int(pid)) == identity
 
 
 class Job:
@@ -226,8 +228,8 @@ class Job:
 
         def decide():
             now = time.time()  # one clock reading: what is asked over SSH and what rerun() judges agree
-            elsewhere = self._running_elsewhere(saved, procs, reached) \
-                if adoption.in_grace(saved, now, s.driver_grace) else set()
+            elsewhere = self._running_elsewhere(saved, procs, reached, adoption.in_grace(saved, now, s.driver_grace)) \
+                if saved is not None else set()
             return adoption.rerun(saved, running, elsewhere, exited, reached, s.command, socket.gethostname(),
                                   now, s.driver_grace, s.checkpoint_dir)
         decision, waited_until = decide(), time.monotonic() + adoption.ENDING_WAIT
@@ -250,12 +252,17 @@ class Job:
         self.secret = self.leader.take_secret(adopting=saved is not None)
         return saved
 
-    def _running_elsewhere(self, saved, procs, reached) -> set:
-        """The journal's workers on SSH hosts and Ray nodes whose processes run (pid and start
-        time), as each host tells (every host at once; none of a host that cannot be reached)."""
+    def _running_elsewhere(self, saved, procs, reached, graced) -> set:
+        """The journal's workers on other hosts whose processes run, as each host's launcher
+        tells (every host at once; none of a host that cannot be reached): on SSH hosts (pid and
+        start time) while their grace lasts; on Ray nodes (pid and start time) and as srun steps
+        always (Ray ends a dead driver's workers only in its own time; Slurm lists a step that
+        outlives its grace, a stopped one say: a fresh start must not run beside either)."""
         remote = {}  # host -> identity -> worker
         for w in saved.get("workers", ()):
-            if reached.get(w["host"]) in (adoption.ADOPTS, adoption.ENDS) and w["id"] in procs:
+            how = reached.get(w["host"])
+            if w["id"] in procs and (how == adoption.ADOPTS and graced or how == adoption.ENDS or
+                                     how == adoption.OTHER and hasattr(self.launchers.for_host(w["host"]), "running")):
                 remote.setdefault(w["host"], {})[procs[w["id"]]] = w["id"]
         with ThreadPoolExecutor(max(1, len(remote))) as pool:
             found = pool.map(lambda host: self.launchers.for_host(host).running(host, remote[host]), remote)

@@ -159,10 +159,10 @@ def rerun(saved: Optional[dict], running: dict, elsewhere: set, exited: set, rea
           host: str, now: float, grace: float, checkpoint_dir: str) -> Rerun:
     """`saved`: the last driver's journal (None: none); `running`: worker id -> pid of its
     journaled processes that still run on this machine; `elsewhere`: the ids of those that run on
-    SSH hosts and Ray nodes (asked while in_grace()); `exited`: the ids whose process said it
-    exits (beacon); `reached`: host -> LOCAL, ADOPTS, ENDS or OTHER for live_hosts(saved);
-    `command`: this job's; `host`: this machine's name; `now`: the wall clock; `grace`:
-    --driver-grace."""
+    SSH hosts (asked while in_grace()), on Ray nodes and as srun steps (asked always); `exited`:
+    the ids whose process said it exits (beacon); `reached`: host -> LOCAL, ADOPTS, ENDS or OTHER
+    for live_hosts(saved); `command`: this job's; `host`: this machine's name; `now`: the wall
+    clock; `grace`: --driver-grace."""
     if saved is None:
         return Rerun()
     ending = tuple(sorted(w["id"] for w in saved.get("workers", ())
@@ -200,6 +200,12 @@ def rerun(saved: Optional[dict], running: dict, elsewhere: set, exited: set, rea
                              f"on until about {time.strftime('%H:%M:%S', time.localtime(until))} "
                              f"(--driver-grace); only workers on this machine and on SSH hosts are taken "
                              f"over (docs/failover.md): run this again after that, or stop them first")
+    # Past the grace, one that Slurm still lists (a stopped or exiting step) would race a fresh start too.
+    late = sorted({w["host"] for w in live if reached[w["host"]] == OTHER and w["id"] in elsewhere})
+    if late:
+        return Rerun(refused=f"the last driver of this job left workers on {', '.join(late)} that still run "
+                             f"past their --driver-grace (stopped, or ending): run this again once they "
+                             f"ended, or stop them first")
     if others or remote and not graced or not any(w["id"] in running or w["id"] in elsewhere for w in live):
         return Rerun()  # every one of them ended (its grace ran out, its host died): a plain resume from disk
     # One on an SSH host gone without a word (with its host, say) is not taken over.

@@ -39,6 +39,7 @@ _CANCELLED = re.compile(r"^slurmstepd\S*: error: \*\*\* STEP \S+ ON \S+ CANCELLE
 _NODE_FAILED = re.compile(r"^srun: error: Node failure on (\S+)")
 LOST = 255  # the exit code of a worker whose node Slurm declared failed (as the SSH launcher's)
 SCANCEL_TIMEOUT = 60.0  # seconds before a scancel still waiting on slurmctld is killed
+SQUEUE_TIMEOUT = 30.0  # seconds a rerun waits for slurmctld to list the running steps
 KILL_WAIT = 1.0  # seconds for srun to end after scancel -s KILL before srun itself is killed
 
 
@@ -80,6 +81,16 @@ class SrunLauncher:
     def start(self, host, env: dict, output, joining: bool, local_workers: int = 1):
         return SrunWorker(host, self.command, env, output, self.start_timeout)
 
+    def running(self, host, identities) -> set:
+        """Which of `identities` (JOB.STEP, the journal's) Slurm still lists as running steps,
+        in one squeue; none when Slurm cannot be asked (a rerun then goes by --driver-grace)."""
+        try:
+            out = subprocess.run(["squeue", "-h", "-s", "-o", "%i"], env=self.env, stdin=subprocess.DEVNULL,
+                                 capture_output=True, text=True, timeout=SQUEUE_TIMEOUT)
+        except (OSError, subprocess.TimeoutExpired):
+            return set()
+        return set(identities) & set(out.stdout.split()) if out.returncode == 0 else set()
+
     def warm(self):
         pass  # no templates: each step starts its worker plainly
 
@@ -118,6 +129,11 @@ class SrunWorker:
     @property
     def pid(self) -> int:
         return self.task_pid
+
+    @property
+    def identity(self):
+        """The journal's name of this worker's process: its step (SrunLauncher.running)."""
+        return self.step
 
     def _pump(self, stream, pipe):
         with pipe:
