@@ -526,6 +526,7 @@ class ElasticJob(RuleBasedStateMachine):
         self.procs, self.ended, self.success_allowed, self.lost, self.loads = {}, None, False, 0, []
         self.newest, self.stop_published, self.last_world, self.counts = self.disk, False, {}, {}
         self.asked, self.named_hung, self.straggling, self.probes, self.failed = set(), set(), set(), [], set()
+        self.readings = []  # the last driver's, in flight, answer nobody (as its probes)
         self.epoch += 1
         self.drivers, self.accepted = [[self.epoch, self.now]], self.epoch
         self.send(HostsFound(hosts), dt=0.01)
@@ -1643,3 +1644,23 @@ def test_a_worker_taken_over_that_never_asks_the_new_driver_is_ended_after_the_e
     assert beat_and_tick(job, 1.5) == [(a, "did not ask the driver that took the job over within "
                                            "--elastic-timeout 20 s")]
     assert job.now - took > 20 and job.procs[a].exit_code == -9
+
+
+def test_a_cpu_reading_the_last_driver_asked_for_answers_nobody_after_a_fresh_start():
+    """A falsifying example of a 300-example run (seed 11): the last driver asked for a
+    starting worker's CPU wait, then died where nobody takes over; the rerun starts afresh.
+    The reading in flight, as its probes, answers nobody (the model answered it to the new
+    driver, for a worker it never had)."""
+    job = ElasticJob()
+    job.fail_on_worker_failure(fail=False)
+    job.checkpoint_dir(durable=True, on_disk=0)
+    job.straggler_policy(evict=False)
+    job.launches_complete()
+    job.driver_stops_for_a_while()
+    job.driver_stops_for_a_while()
+    job.launches_complete()
+    job.enters_rendezvous(Picks("a/0#2"))
+    job.wait_outlasts_the_elastic_timeout(Picks("a/0#2"))
+    job.driver_dies_where_none_takes_over(Picks(), heard=False, steps=0)
+    job.teardown()
+    assert job.ended is not None
