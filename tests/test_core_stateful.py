@@ -77,6 +77,7 @@ class Proc:
         self.first_step_in = None  # the round whose first step it took (first_step_takes_long)
         self.paused = False  # SIGSTOP: silent, its node answers probes for it
         self.cut = False  # its node is gone: silent, and so are probes of it
+        self.asked_old = False  # its rendezvous request went to a driver that is gone: asked again on resuming
         self.starved = 0.0  # seconds it waited for a CPU (what the driver reads in its /proc)
         self.remote = worker.startswith("d/")  # host d is an SSH host: no /proc of it to read
 
@@ -450,6 +451,13 @@ class ElasticJob(RuleBasedStateMachine):
         if victim is not None:  # its process is gone: the executor says so at once
             self.send(Exited(victim, exitcodes.LOST_DRIVER if on_ssh else -9), dt=0.01)
         self.send(self.beats(self.running()), dt=0.01)
+        # A worker waiting in the rendezvous asks the new driver at once: going over to it cuts
+        # the long poll to the old one, and the request is sent again there (session.py's
+        # _switch, kvclient's move). A stopped one does so once it runs again.
+        for p in self.procs.values():
+            if p.alive and p.started and p.waiting is not None and not p.cut:
+                p.asked_old = True
+        self.asks_the_new_driver()
         held = [p.commit for p in self.running() if p.worker in new.workers and new.workers[p.worker].alive]
         assert new.ledger.newest >= max(held, default=0), "a commit the live workers hold was lost"
 
@@ -518,6 +526,7 @@ class ElasticJob(RuleBasedStateMachine):
         self.procs, self.ended, self.success_allowed, self.lost, self.loads = {}, None, False, 0, []
         self.newest, self.stop_published, self.last_world, self.counts = self.disk, False, {}, {}
         self.asked, self.named_hung, self.straggling, self.probes, self.failed = set(), set(), set(), [], set()
+        self.readings = []  # the last driver's, in flight, answer nobody (as its probes)
         self.epoch += 1
         self.drivers, self.accepted = [[self.epoch, self.now]], self.epoch
         self.send(HostsFound(hosts), dt=0.01)
@@ -1068,6 +1077,13 @@ class ElasticJob(RuleBasedStateMachine):
         if told and survivors:
             self.send(LinkBroken(data.draw(st.sampled_from(survivors)), tuple(p.worker for p in lost)), dt=0.01)
 
+    def asks_the_new_driver(self):
+        for p in self.running():
+            if p.asked_old:
+                p.asked_old = False
+                if p.waiting is not None:
+                    self.ask(p)
+
     @rule(data=st.data())
     def pauses_or_resumes(self, data):
         """A worker is stopped (SIGSTOP, CPU starvation) on a node that still answers, or goes on."""
@@ -1075,6 +1091,7 @@ class ElasticJob(RuleBasedStateMachine):
         live = sorted(p.worker for p in self.running())
         if paused and data.draw(st.booleans()):
             self.procs[data.draw(st.sampled_from(paused))].paused = False
+            self.asks_the_new_driver()
         elif live:
             proc = self.procs[data.draw(st.sampled_from(live))]
             self.send(self.beats([proc]), dt=0.01)  # its last beat
@@ -1255,6 +1272,7 @@ class ElasticJob(RuleBasedStateMachine):
         for proc in self.procs.values():
             proc.paused = False
         self.send(LeaseDoubt(False), dt=0.01)
+        self.asks_the_new_driver()
         for _ in range(400):
             self.probes_answer()
             self.readings_answer()
@@ -1525,3 +1543,124 @@ def test_a_driver_cut_off_from_everything_blames_nobody_and_forms_no_world():
     job.launches_complete()
     job.idle_workers_enter_rendezvous()
     assert job.core.round == 2 and not job.core.blacklist.count and not job.core.failures
+
+
+
+def holder_unheard_while_it_waits(how):
+    """The model's falsifying example (replay database of 5703a64), by hand: the one member,
+    on b, commits past the disk; b is drained and a listed (a/0, a/1 start): the member leaves
+    its world and waits with its commit (state_kept: no usable worker waits). Its node is cut
+    off (`how`: "cut"), or it is stopped (SIGSTOP: "paused"); the driver is killed and the same
+    command takes the job over."""
+    job = ElasticJob()
+    job.checkpoint_dir(durable=True, on_disk=2)
+    job.straggler_policy(evict=False)
+    job.discover(hosts=[("b", 1)], how="")
+    job.launches_complete()
+    job.idle_workers_enter_rendezvous()
+    job.syncs_from_the_root(fails=set())
+    (holder,) = [p.worker for p in job.members()]
+    job.commits(Picks([holder]))
+    for proc in [p for p in job.procs.values() if p.exit_code is not None]:
+        job.exits(proc)  # a's first workers, stopped as a was unlisted
+    job.time_passes(6.0)  # their slots' cooldown
+    job.discover(hosts=[("a", 2)], how="drained")
+    job.launches_complete()  # a/0#2, a/1#2 start
+    job.world_leaves_together()
+    assert job.core.phases[Phase.WAITING].keys() == {holder} and job.procs[holder].commit == 3
+    if how == "cut":
+        job.node_is_cut_off(Picks("b"), dice=0, told=False, beat=True)
+    else:
+        job.pauses_or_resumes(Picks(holder))
+    job.driver_dies_and_a_new_one_takes_over(Picks(), steps=0, peer_dies=False, paused=False)
+    job.idle_workers_enter_rendezvous()  # a/0#2, a/1#2 ask the new driver: commit 2, from the disk
+    return job, holder
+
+
+@pytest.mark.parametrize("how", ["cut", "paused"])
+def test_a_driver_taking_over_forms_no_world_from_less_before_a_waiting_holder_asked_it(how):
+    """A worker that waited in the last driver's rendezvous asks the new one once it goes over
+    to it (at once, or once it runs again), or it is found gone: until then the new driver
+    forms no world from a commit older than the newest. (It formed one at once from the disk
+    when a fresh worker asked first, the live holder's newer commit lost: the model found it.)
+    Its node gone, a probe finds it so and the world forms from the disk, saying the commit is
+    lost; stopped, its node answers the probe, and once it runs it hands its commit over."""
+    job, holder = holder_unheard_while_it_waits(how)
+    assert job.core.round == 1, "a world formed before the holder asked"
+    if how == "cut":
+        job.time_passes(1.5)  # its probe: silent
+        assert job.core.round == 2 and holder not in job.core.world and job.lost == 3
+        assert job.procs[holder].exit_code == -9
+    else:
+        job.time_passes(1.5)  # its probe: its node answers for it
+        assert job.core.round == 1
+        job.pauses_or_resumes(Picks(True, holder))  # it runs again and asks
+        assert job.core.round == 2 and job.core.world[holder].handover and job.lost == 0
+
+
+def test_a_worker_waiting_in_the_last_drivers_rendezvous_asks_the_new_one_and_the_job_ends():
+    """The model's other falsifying example ("the job did not end"): members that waited in the
+    rendezvous when the driver died never asked the new one in the model (their long poll was
+    left on the dead driver), so nobody answered them. A real worker's request is cut as it
+    goes over to the new driver and sent there again (session.py's _switch, kvclient's move):
+    the model now does so, and the new driver takes it into the next world."""
+    job, (a, b, c) = formed(durable=True)
+    job.enters_rendezvous(Picks(a))
+    job.driver_dies_and_a_new_one_takes_over(Picks(), steps=0, peer_dies=False, paused=True)
+    assert job.core.workers[a].phase is Phase.WAITING
+    job.world_leaves_together()
+    assert job.core.round == 2 and set(job.core.world) == {a, b, c}
+    job.teardown()
+    assert job.ended is not None and job.ended.code == exitcodes.FINISHED
+
+
+def beat_and_tick(job, seconds):
+    """The running workers beat and the driver ticks every 0.5 s (a longer gap is its own
+    stall); the worker_unresponsive lines logged meanwhile."""
+    named = []
+    for _ in range(int(seconds / 0.5)):
+        job.send(job.beats(job.running()))
+        job.time_passes(0.5)
+        named += [(a.fields["worker"], a.fields["reason"]) for a in job.last_actions
+                  if isinstance(a, Log) and a.event == "worker_unresponsive"]
+    return named
+
+
+def test_a_worker_taken_over_that_never_asks_the_new_driver_is_ended_after_the_elastic_timeout():
+    """A member stuck in its own code, left behind by the next world, is ended --elastic-timeout
+    after its world broke (worker_stuck); the journal does not carry that over, and the driver
+    that takes the job over gave it no bound at all. One the last driver had answered that does
+    not ask the new one is now ended --elastic-timeout after the take-over (and no world waits
+    for it longer while it may hold the newest commit: forming.py)."""
+    job, (a, b, c) = formed(durable=True)
+    job.crashes(Picks(c), code=1, dice=0)
+    job.gets_stuck(Picks(a), dice=0)
+    job.world_leaves_together()  # b asks; a is stuck in its own code, beating
+    assert not beat_and_tick(job, 7.0)  # past the liveness timeout: a is left behind
+    assert job.core.round == 2 and a not in job.core.world and job.core.workers[a].left_behind is not None
+    job.driver_dies_and_a_new_one_takes_over(Picks(), steps=0, peer_dies=False, paused=True)
+    took = job.now
+    assert not beat_and_tick(job, 19.5)
+    assert beat_and_tick(job, 1.5) == [(a, "did not ask the driver that took the job over within "
+                                           "--elastic-timeout 20 s")]
+    assert job.now - took > 20 and job.procs[a].exit_code == -9
+
+
+def test_a_cpu_reading_the_last_driver_asked_for_answers_nobody_after_a_fresh_start():
+    """A falsifying example of a 300-example run (seed 11): the last driver asked for a
+    starting worker's CPU wait, then died where nobody takes over; the rerun starts afresh.
+    The reading in flight, as its probes, answers nobody (the model answered it to the new
+    driver, for a worker it never had)."""
+    job = ElasticJob()
+    job.fail_on_worker_failure(fail=False)
+    job.checkpoint_dir(durable=True, on_disk=0)
+    job.straggler_policy(evict=False)
+    job.launches_complete()
+    job.driver_stops_for_a_while()
+    job.driver_stops_for_a_while()
+    job.launches_complete()
+    job.enters_rendezvous(Picks("a/0#2"))
+    job.wait_outlasts_the_elastic_timeout(Picks("a/0#2"))
+    job.driver_dies_where_none_takes_over(Picks(), heard=False, steps=0)
+    job.teardown()
+    assert job.ended is not None

@@ -73,6 +73,11 @@ class Forming:
         top = self.ledger.start(max(c.commit for c in members))
         if any(inc.commit > top for inc in self._behind()):
             return  # it comes back and joins, or is killed after --elastic-timeout and counted
+        # One the last driver had answered (taken over: adoption.adopt) may hold the newer
+        # commit: it asks this driver once it goes over to it, or is found gone.
+        if top < self.ledger.newest and any(inc.answer is not None and inc.killed is None
+                                            for inc in self.phases[Phase.STARTING].values()):
+            return
         if top < self.ledger.newest:
             if top == 0:
                 raise JobFailed(f"every worker holding the training state is gone (last commit "

@@ -94,6 +94,12 @@ def _limits(inc: Incarnation, p: Policy, broke_at: Optional[float], now: Optiona
         rules.append((inc.launched_at + inc.starved, p.start_timeout,
                       "worker_start_timeout" if inc.starved_read_at == now else READ_RUN_WAIT,
                       "not ready within {:g} s" + besides))
+    if inc.phase is Phase.STARTING and inc.answer is not None:
+        # Taken over (adoption.adopt) from a driver that had answered it: it asks this one as
+        # it goes over to it, else it is stuck (a world does not form from less while it may
+        # hold the newer commit: forming.py).
+        rules.append((inc.launched_at, p.elastic_timeout, "worker_unresponsive",
+                      "did not ask the driver that took the job over within --elastic-timeout {:g} s"))
     if broke_at is not None:
         rules.append((broke_at, p.elastic_timeout, "worker_stuck",
                       "still in a world that broke over --elastic-timeout {:g} s ago"))
