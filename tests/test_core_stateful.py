@@ -1471,8 +1471,8 @@ def test_a_driver_killed_before_the_first_world_is_rerun_from_the_disk_and_its_w
 
 
 def test_a_driver_killed_before_the_first_world_while_taking_a_worker_out_leaves_none_behind():
-    """Discovery dropped host b as the first world waited: its worker was being stopped (the
-    journal lists no leaving worker) when the driver died. The rerun kills it too (the model
+    """Discovery dropped host b as the first world waited: its worker was being stopped when
+    the driver died. The rerun kills it too (the model
     found it left running beside the fresh start)."""
     job = ElasticJob()
     job.checkpoint_dir(durable=True, on_disk=2)
@@ -1664,3 +1664,23 @@ def test_a_cpu_reading_the_last_driver_asked_for_answers_nobody_after_a_fresh_st
     job.driver_dies_where_none_takes_over(Picks(), heard=False, steps=0)
     job.teardown()
     assert job.ended is not None
+
+
+def test_a_driver_killed_while_removing_a_member_is_taken_over_awaiting_its_exit():
+    """The model's falsifying example (seed 15): a member waiting in the rendezvous got SIGTERM
+    and was let go (removed: told so, its exit awaited) when the driver died. The journal left
+    it out of the workers but kept it in the world, so the new driver's world named a worker it
+    did not know (a KeyError in _maybe_form). It is taken over as leaving: the others re-form
+    without it, its exit is not judged, and the job ends."""
+    job, (a, b, c) = formed(durable=True)
+    job.enters_rendezvous(Picks(a))
+    job.sigterm_to_a_worker(Picks(a), dice=0)
+    assert job.core.workers[a].phase is Phase.LEAVING and a in job.core.world
+    job.driver_dies_and_a_new_one_takes_over(Picks(), steps=0, peer_dies=False, paused=False)
+    assert job.core.workers[a].phase is Phase.LEAVING
+    job.exits_as_told(Picks(a))
+    assert a not in job.core.workers or not job.core.workers[a].alive
+    job.world_leaves_together()
+    assert job.core.round == 2 and set(job.core.world) == {b, c} and not job.core.failures
+    job.teardown()
+    assert job.ended is not None and job.ended.code == exitcodes.FINISHED

@@ -11,6 +11,8 @@ every step, and the workers tell the new driver in their first heartbeats.
 `adopt(policy, journal, now)` is the core of the driver that takes over: every journaled live
 worker as it was, heard from now (its liveness timeout runs from the take-over), so one that
 died while no driver ran is found by the executor (its process is gone) or by that timeout.
+One the last driver was removing is journaled too, and taken over as leaving: a member of the
+world may be one, and the world names only workers the journal lists.
 
 `rerun(...)` decides what a new driver does with the job its journal describes: take the
 workers over, start from --checkpoint-dir (killing first the last driver's workers that never
@@ -65,8 +67,7 @@ def journal(core: ElasticCore, now: float) -> dict:
         "staying": sorted(core.staying),
         "workers": [{"id": inc.id, "slot": inc.slot, "host": inc.host, "pid": inc.pid, "rank": inc.rank,
                      "phase": inc.phase.value, "answer": list(inc.answer) if inc.answer else None}
-                    for inc in sorted(core.workers.values(), key=lambda inc: inc.id)
-                    if inc.phase is not Phase.LEAVING],  # one being removed is the old driver's
+                    for inc in sorted(core.workers.values(), key=lambda inc: inc.id)],
     }
 
 
@@ -100,16 +101,19 @@ def adopt(core: ElasticCore, saved: dict, now: float) -> ElasticCore:
     for w in saved["workers"]:
         member = w["id"] in core.world and w["phase"] == Phase.TRAINING.value
         gone = w["phase"] == Phase.GONE.value
+        # One being removed (told to go; a member of the world may be one) stays so: its exit
+        # is awaited, never judged, and it is in no world this driver forms.
+        kept = Phase(w["phase"]) if w["phase"] in (Phase.GONE.value, Phase.LEAVING.value) else None
         inc = Incarnation(w["id"], w["slot"], w["host"], launched_at=now, pid=w["pid"], rank=w["rank"],
                           heard_at=now, own_at=now, answer=tuple(w["answer"]) if w["answer"] else None,
-                          phase=Phase.GONE if gone else Phase.TRAINING if member else Phase.STARTING)
+                          phase=kept or (Phase.TRAINING if member else Phase.STARTING))
         if gone and inc.id not in core.world:
             continue
         core.workers[inc.id] = inc
         if gone:
             continue
         core.phases[inc.phase][inc.id] = inc
-        if not member:  # it asks the rendezvous again (it was waiting, or starting)
+        if inc.phase is Phase.STARTING:  # it asks the rendezvous again (it was waiting, or starting)
             core.joiners[inc.id] = inc
         core._schedule(inc)
     core.staying = {w for w in saved["staying"] if w in core.phases[Phase.TRAINING]}
@@ -170,8 +174,8 @@ def rerun(saved: Optional[dict], running: dict, elsewhere: set, exited: set, rea
     if ending:  # they end with their driver, never taken over: a fresh start waits for that
         return Rerun(ending=ending)
     if not saved.get("adoptable"):
-        # Every journaled process that runs: one the last driver was taking out too (the journal
-        # lists no leaving worker), which may not have heard.
+        # Every journaled process that runs: one the last driver was taking out too, which may
+        # not have heard.
         alive = sorted(running.values())
         if (alive or elsewhere) and saved.get("round", 0) > 0:
             # Its driver died while ending the job: the workers that had not heard train on.
