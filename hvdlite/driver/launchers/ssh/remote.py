@@ -16,7 +16,10 @@ from hvdlite.driver.output import RankOutput
 from hvdlite.template.spawn import MARK, TEMPLATE_DIED, marked
 
 LOST = 255  # exit code of a worker whose connection ended before its exit status arrived
-TEMPLATE_DIED_WAIT = 2.0  # seconds for the spawn client's last line once its worker ended
+# Seconds for the spawn client's last line once its worker ended. The output pump ends at the
+# channel's EOF, which came before the exit status, as soon as it gets a CPU: the bound costs
+# nothing then, and 2 s was too short at load 17 (the template's death counted against the worker).
+TEMPLATE_DIED_WAIT = 10.0
 _ENV_END = "__hvdlite_env_end"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Read-only in bash (when /bin/sh is bash): exporting them would end the remote shell.
