@@ -1664,3 +1664,34 @@ def test_a_cpu_reading_the_last_driver_asked_for_answers_nobody_after_a_fresh_st
     job.driver_dies_where_none_takes_over(Picks(), heard=False, steps=0)
     job.teardown()
     assert job.ended is not None
+
+
+@pytest.mark.parametrize("how", ["joined", "mid_commit"])
+def test_the_last_world_of_a_failure_says_the_dead_writers_newer_commit_is_lost(how):
+    """Rank 0 holds a newer commit than the others (they stepped while it idled in hvd.join(),
+    from commit 2 they never synced: the model's falsifying example; or the world broke
+    mid-commit), a member enters the rendezvous, and rank 0 exits 65 (a checkpoint that does
+    not load). The job ends, but first the last world of the best holder left writes its older
+    commit: it said nothing of the newer one, gone with the writer (only a world formed by the
+    forming rule said commit_lost)."""
+    job = ElasticJob()
+    job.fail_on_worker_failure(fail=False)
+    job.checkpoint_dir(durable=True, on_disk=2)
+    job.straggler_policy(evict=False)
+    job.launches_complete()
+    job.idle_workers_enter_rendezvous()
+    a, b, c = sorted(job.procs)
+    if how == "joined":
+        job.joins_with_uneven_data(Picks(a, 1.0, 3))
+    else:
+        job.syncs_from_the_root(fails=set())
+        job.commits(Picks([a, b, c]))
+        job.commits(Picks([a]))
+        job.heartbeats(Picks(sorted(job.procs)), stand_ins=False)
+    held = {w: p.commit for w, p in job.procs.items()}
+    assert held[a] > held[b] == held[c] > 2 and job.core.ledger.newest == held[a], held
+    job.enters_rendezvous(Picks(b))
+    job.idle_workers_enter_rendezvous()
+    job.crashes(Picks(a), code=exitcodes.UNLOADABLE, dice=0)
+    job.teardown()  # the last world forms (check_new_world) and the job ends
+    assert job.lost == held[a] and job.ended.code == exitcodes.UNLOADABLE, (job.lost, job.ended)
