@@ -1324,11 +1324,18 @@ class Picks:
         return self.picks.pop(0)
 
 
-def formed(durable=False):
+def launched(durable=False, on_disk=0):
+    """A job whose first launches completed (a failure does not fail it)."""
     job = ElasticJob()
-    job.checkpoint_dir(durable=durable, on_disk=0)
+    job.fail_on_worker_failure(fail=False)
+    job.checkpoint_dir(durable=durable, on_disk=on_disk)
     job.straggler_policy(evict=False)
     job.launches_complete()
+    return job
+
+
+def formed(durable=False):
+    job = launched(durable)
     job.idle_workers_enter_rendezvous()
     job.syncs_from_the_root(fails=set())
     return job, sorted(p.worker for p in job.members())
@@ -1651,11 +1658,7 @@ def test_a_cpu_reading_the_last_driver_asked_for_answers_nobody_after_a_fresh_st
     starting worker's CPU wait, then died where nobody takes over; the rerun starts afresh.
     The reading in flight, as its probes, answers nobody (the model answered it to the new
     driver, for a worker it never had)."""
-    job = ElasticJob()
-    job.fail_on_worker_failure(fail=False)
-    job.checkpoint_dir(durable=True, on_disk=0)
-    job.straggler_policy(evict=False)
-    job.launches_complete()
+    job = launched(durable=True)
     job.driver_stops_for_a_while()
     job.driver_stops_for_a_while()
     job.launches_complete()
@@ -1684,3 +1687,30 @@ def test_a_driver_killed_while_removing_a_member_is_taken_over_awaiting_its_exit
     assert job.core.round == 2 and set(job.core.world) == {b, c} and not job.core.failures
     job.teardown()
     assert job.ended is not None and job.ended.code == exitcodes.FINISHED
+
+
+@pytest.mark.parametrize("how", ["joined", "mid_commit"])
+def test_the_last_world_of_a_failure_says_the_dead_writers_newer_commit_is_lost(how):
+    """Rank 0 holds a newer commit than the others (they stepped while it idled in hvd.join(),
+    from commit 2 they never synced: the model's falsifying example; or the world broke
+    mid-commit), a member enters the rendezvous, and rank 0 exits 65 (a checkpoint that does
+    not load). The job ends, but first the last world of the best holder left writes its older
+    commit: it said nothing of the newer one, gone with the writer (only a world formed by the
+    forming rule said commit_lost)."""
+    job = launched(durable=True, on_disk=2)
+    job.idle_workers_enter_rendezvous()
+    a, b, c = sorted(job.procs)
+    if how == "joined":
+        job.joins_with_uneven_data(Picks(a, 1.0, 3))
+    else:
+        job.syncs_from_the_root(fails=set())
+        job.commits(Picks([a, b, c]))
+        job.commits(Picks([a]))
+        job.heartbeats(Picks(sorted(job.procs)), stand_ins=False)
+    held = {w: p.commit for w, p in job.procs.items()}
+    assert held[a] > held[b] == held[c] > 2 and job.core.ledger.newest == held[a], held
+    job.enters_rendezvous(Picks(b))
+    job.idle_workers_enter_rendezvous()
+    job.crashes(Picks(a), code=exitcodes.UNLOADABLE, dice=0)
+    job.teardown()  # the last world forms (check_new_world) and the job ends
+    assert job.lost == held[a] and job.ended.code == exitcodes.UNLOADABLE, (job.lost, job.ended)

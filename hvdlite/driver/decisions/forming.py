@@ -78,11 +78,9 @@ class Forming:
         if top < self.ledger.newest and any(inc.answer is not None and inc.killed is None
                                             for inc in self.phases[Phase.STARTING].values()):
             return
-        if top < self.ledger.newest:
-            if top == 0:
-                raise JobFailed(f"every worker holding the training state is gone (last commit "
-                                f"{self.ledger.newest}); stopping rather than training from scratch")
-            self._log("commit_lost", newest=self.ledger.newest, resumed=top)
+        if top == 0 < self.ledger.newest:
+            raise JobFailed(f"every worker holding the training state is gone (last commit "
+                            f"{self.ledger.newest}); stopping rather than training from scratch")
         if self.round >= 1 and self.policy.reset_limit is not None \
                 and self.resets >= self.policy.reset_limit:
             raise JobFailed(f"reset limit {self.policy.reset_limit} reached (--reset-limit); "
@@ -138,6 +136,10 @@ class Forming:
     def _form(self, plan, candidates, commit, handover=False, last=False):
         """`last`: the stop's last world, which only writes `commit` (a hand-over to nobody)."""
         handover = handover or last
+        # Every holder of a newer commit died or left: said for any world, the last one of a
+        # stop or failure too (its best holder may hold less than the writer that died).
+        if commit < self.ledger.newest:
+            self._log("commit_lost", newest=self.ledger.newest, resumed=commit)
         if self.round >= 1:
             self.resets += 1
         old_round, self.round = self.round, self.round + 1
