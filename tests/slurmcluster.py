@@ -101,13 +101,7 @@ class SlurmCluster(NamespacedNodes):
                            "--mount", "--propagation", "private", "sh", "-c", script])
         if wait:
             self.run(["scontrol", "update", f"nodename={name}", "state=resume"], check=False)
-            # sinfo may call it idle while a job that held it still ends there: the next salloc
-            # of the node would wait for it
-            self._wait(f"slurmd of {name}", lambda: name in self.idle() and not self.holding(name))
-
-    def holding(self, name: str) -> str:
-        """The jobs Slurm still lists on the node."""
-        return self.run(["squeue", "-h", "-w", name, "-o", "%i"], check=False).stdout.strip()
+            self._wait(f"slurmd of {name}", lambda: name in self.idle())
 
     def leftovers(self, name: str):
         """Command lines of the node's processes other than its slurmd."""
