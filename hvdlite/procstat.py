@@ -53,6 +53,13 @@ def identity(pid: int, stat: str = None):
     return f"{pid}:{fields[19]}" if fields and len(fields) > 19 and fields[0] not in GONE else None
 
 
+def runs(name: str) -> bool:
+    """Whether the process an identity ("PID:STARTTIME") names still runs on this host; False
+    for a name of another form (an srun step's JOB.STEP)."""
+    pid = name.partition(":")[0]
+    return pid.isdigit() and identity(int(pid)) == name
+
+
 def age(pid: int) -> float:
     """Seconds since the process started (its start time and the uptime both count from boot;
     10 ms steps)."""

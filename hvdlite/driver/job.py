@@ -59,13 +59,6 @@ def _pid(identity: str) -> int:
     return int(identity.split(":")[0])
 
 
-def _runs(identity: str) -> bool:
-    """Whether the process a journal names by its identity ("pid:start") still runs here (an
-    srun worker's identity is its step, JOB.STEP: Slurm tells whether that runs)."""
-    pid = identity.partition(":")[0]
-    return pid.isdigit() and procstat.identity(int(pid)) == identity
-
-
 class Job:
     def __init__(self, settings, log: EventLog, stats=None):
         self.settings, self.log = settings, log
@@ -222,7 +215,7 @@ class Job:
                    for h in adoption.live_hosts(saved)}
         # A process listed without its worker (one the last driver was removing) is looked for here.
         running = {w: _pid(identity) for w, identity in procs.items()
-                   if (w not in hosts or self.launchers.is_local(hosts[w])) and _runs(identity)}
+                   if (w not in hosts or self.launchers.is_local(hosts[w])) and procstat.runs(identity)}
         exited = {w for w in procs
                   if s.checkpoint_dir and os.path.exists(beacon.output_path(s.checkpoint_dir, w, "exit"))}
 

@@ -17,7 +17,7 @@ import subprocess
 import threading
 import time
 
-from hvdlite.procstat import exiting, identity
+from hvdlite.procstat import exiting, identity, runs
 from hvdlite.template.spawn import MARK, TEMPLATE_DIED, marked
 from hvdlite.worker.gpus import VISIBLE
 
@@ -170,4 +170,4 @@ class Slot:
 def running(identities) -> list:
     """Which of `identities` (PID:STARTTIME) run on this node: a task of a driver that takes a
     job over (RayLauncher.running)."""
-    return [i for i in identities if identity(int(i.split(":")[0])) == i]
+    return [i for i in identities if runs(i)]
