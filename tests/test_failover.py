@@ -7,6 +7,7 @@ run. The rest are decisions and one small torch-free worker: in-process where th
 """
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -23,10 +24,11 @@ from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.workers import Phase
 from hvdlite.driver.leadership import Leadership, NotLeader
 from hvdlite.driver.store.filestore import FileStore
-from hvdlite.worker import beacon, env
+from hvdlite.worker import beacon, checkpointdir, env
 from hvdlite.worker.kvclient import KVClient
 from hvdlite.worker.session import Session
-from jobs import SCRIPTS, Job, job_env, progress, run_job, sizes, wait_until
+from jobs import (PRELOADED, SCRIPTS, Job, check_training_continuous as check_continuous, job_env, progress, run_job,
+                  sizes, wait_until)
 from test_core import first_world
 from test_numpy_backend import JOB as NUMPY_JOB, check_training_continuous as check_numpy, needs_pygloo
 
@@ -109,6 +111,42 @@ def test_numpy_workers_train_on_without_a_driver_and_are_taken_over(tmp_path):
 
 
 # ---- without a driver for the grace: today's end ------------------------------------------
+ELASTIC_JOB = [sys.executable, os.path.join(SCRIPTS, "elastic_job.py")]
+
+
+def test_rank_0_killed_while_no_driver_runs_its_survivor_writes_the_newest_commit_at_the_grace_end(tmp_path):
+    """kill -9 of the driver, then of rank 0 while none runs; no driver comes within the grace.
+    The survivor exits 75, writing the commit it holds first: rank 0's writer wrote only the
+    first commit (--checkpoint-interval 600) and died with the rest. The rerun resumes from it."""
+    held = 6  # every worker waits at this step, its commit made, until the test's go
+    ckpt, first, second = tmp_path / "ckpt", tmp_path / "run1", tmp_path / "run2"
+    first.mkdir()
+    second.mkdir()
+    args = [*ARGS, *PRELOADED, "--driver-grace", "3", "--checkpoint-dir", str(ckpt), "--checkpoint-interval", "600",
+            *ELASTIC_JOB]
+    knobs = job_env(tmp_path, TOTAL_STEPS=10, STEP_SLEEP=0, HOLD_AT=held)
+    with Job(args, first, {**knobs, "RUN": "1"}) as a:
+        wait_until(lambda: all((tmp_path / f"held.localhost_{i}").exists() for i in (0, 1)), 90, "both held")
+        (world,) = [e for e in a.events() if e["event"] == "round_complete"]
+        pids = {e["slot"]: e["pid"] for e in a.events() if e["event"] == "worker_start"}
+        rank0, survivor = sorted(world["members"], key=world["members"].get)
+        a.proc.kill()
+        a.proc.wait(10)
+        os.killpg(pids[rank0], signal.SIGKILL)
+        (tmp_path / "go").touch()  # the survivor's next allreduce fails: it rolls back to its commit
+        wait_until(lambda: procstat.identity(pids[survivor]) is None, 60, "the survivor's exit")
+    word = beacon.output_path(str(ckpt), f"{survivor}#1", "exit")
+    assert open(word).read() == str(exitcodes.LOST_DRIVER)
+    # Rank 0's writer wrote commit 1 at most (or was writing it when killed).
+    assert checkpointdir.newest(str(ckpt))[0] == held and {c for c, _ in checkpointdir.files(str(ckpt))} <= {1, held}
+    with Job(args, second, {**knobs, "RUN": "2"}) as b:
+        r = b.finish(120)
+    assert r.code == 0, r.stderr[-3000:]
+    assert f"resumed from commit {held} (" in r.stdout + r.stderr
+    records = check_continuous(tmp_path, 10)
+    assert min(rec["step"] for rec in records if rec["run"] == 2) == held
+
+
 WORKER = """
 import sys, time
 from hvdlite.worker.session import session

@@ -9,7 +9,8 @@ With --checkpoint-dir it trains on without a driver for --driver-grace instead (
 its commits), polling the beacon (beacon.py) for a driver that takes the job over; it goes over
 to one whose lease epoch is greater than any it accepted, and refuses answers from a driver
 with a smaller one (an old driver back from a pause or a partition). A change of world in the
-gap (a peer died) waits for the new driver. When the grace ends with none, it exits as above.
+gap (a peer died) waits for the new driver. When the grace ends with none, it exits as above,
+writing first the newest commit it holds where the folder lacks it (rank 0 may be dead: durable.finish).
 """
 import atexit
 import dataclasses
@@ -94,7 +95,7 @@ class Session:
         self.on_round_broken = None  # callback(round), called on every heartbeat answer
         self.probed = None  # (addr, port) the driver probes this worker's node at (probed.py)
         self._joins = {}  # round -> times this process was given a place in it
-        durable.install(self.tell)  # its checkpoints' word to the driver goes through here
+        durable.install(self.tell, holding=bool(self.grace))  # its checkpoints' word to the driver goes through here
         self._heartbeat = threading.Thread(target=self._beat, daemon=True, name="hvdlite-heartbeat")
         self._heartbeat.start()
         atexit.register(self._say_goodbye)
@@ -256,7 +257,9 @@ class Session:
                 _say(f"lost contact with the driver at {self.addr}:{self.port} for "
                      f"{max(self.liveness_timeout, self.grace):g} s; exiting").join(STALL)
                 try:
-                    durable.finish()  # rank 0's newest commit reaches the disk first
+                    # Rank 0's newest commit offered reaches the disk first; between drivers any
+                    # worker's newest held, into its own driver generation's folder only.
+                    durable.finish((lambda: (self._watch.epoch(), self.epoch)) if self._watch else None)
                     self._leave_word(exitcodes.LOST_DRIVER)
                     rescue.finish()
                 finally:
