@@ -24,7 +24,7 @@ from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.workers import Phase
 from hvdlite.driver.leadership import Leadership, NotLeader
 from hvdlite.driver.store.filestore import FileStore
-from hvdlite.worker import beacon, checkpointdir, env
+from hvdlite.worker import beacon, checkpointdir, durable, env
 from hvdlite.worker.kvclient import KVClient
 from hvdlite.worker.session import Session
 from jobs import (PRELOADED, SCRIPTS, Job, check_training_continuous as check_continuous, job_env, progress, run_job,
@@ -177,6 +177,49 @@ def test_a_worker_trains_on_without_a_driver_for_the_grace_then_exits_75(tmp_pat
                               env={**environ, env.WORKER: "localhost/1#1"}, timeout=60)
     assert finished.returncode == 0
     assert open(beacon.output_path(str(tmp_path), "localhost/1#1", "exit")).read() == "0"
+
+
+def test_a_last_write_goes_only_into_its_own_generations_folder_once_and_after_a_live_writer(tmp_path):
+    """What the grace's end writes (durable.finish with a fence), in-process: nothing where this
+    host sees no beacon of the job (another host's folder: none is made), nor into a folder a
+    newer driver took over; a commit the folder holds already is not written again, and a
+    survivor waits for the lock a live rank 0's write holds, then finds its commit there."""
+    lineage, secret = "0" * 20, "s" * 32
+    watch = beacon.Watch(str(tmp_path), secret)
+
+    def last_write(commit, accepted, timeout=10.0):
+        writer = durable.Writer(durable.Config(str(tmp_path), interval=0, keep=2),
+                                fence=lambda: (watch.epoch(), accepted))
+        writer.offer(lineage, commit, {"c": commit})
+        return writer.flush(timeout, last=True)
+
+    assert last_write(3, accepted=1) and os.listdir(tmp_path) == []  # no beacon here: nothing made
+    os.makedirs(beacon.folder(str(tmp_path)))
+    beacon.publish(str(tmp_path), secret, 2, "127.0.0.1", 1)
+    assert last_write(3, accepted=1) and checkpointdir.newest(str(tmp_path)) is None  # a newer driver's
+    assert last_write(3, accepted=2) and checkpointdir.newest(str(tmp_path))[0] == 3
+    first = os.stat(checkpointdir.newest(str(tmp_path))[2]).st_ino
+    assert last_write(3, accepted=2) and os.stat(checkpointdir.newest(str(tmp_path))[2]).st_ino == first
+    with durable._locked(str(tmp_path)):  # rank 0's writer, writing commit 4
+        assert not last_write(4, accepted=2, timeout=0.3)
+        checkpointdir.write(str(tmp_path), lineage, 4, {"c": 4}, keep=2)
+        written = os.stat(checkpointdir.newest(str(tmp_path))[2]).st_ino
+    assert last_write(4, accepted=2) and os.stat(checkpointdir.newest(str(tmp_path))[2]).st_ino == written
+
+
+def test_any_rank_takes_the_snapshot_rank_0_would_write():
+    """A survivor of rank 0 writes rank 0's own parts (its per-rank objects, its gradients not
+    reduced yet), as the commit's parts by rank hold them; its own would differ."""
+    import torch
+    from hvdlite.torch.elastic import TorchState
+    model = torch.nn.Linear(2, 1)
+    state = TorchState(model, noise=torch.Generator().manual_seed(1), step=3)
+    own = state._snapshot()[1]
+    state._every_rank = [{"generators": "rank 0's", "handlers": {"noise": "rank 0's"}, "grads": "rank 0's"},
+                         {"generators": "rank 1's", "handlers": {"noise": "rank 1's"}, "grads": "rank 1's"}]
+    snapshot = state._snapshot()[1]
+    assert snapshot["handlers"]["noise"] == snapshot["gradients"]["grads"] == "rank 0's" != own["handlers"]["noise"]
+    assert snapshot["handlers"]["model"] is own["handlers"]["model"] and snapshot["values"] == {"step": 3}
 
 
 # ---- the journal and the take-over, in-process ----------------------------------------------
