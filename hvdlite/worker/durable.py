@@ -183,7 +183,6 @@ class Writer:
                     self._busy = False
                     self._cond.notify_all()
 
-
     def _write(self, lineage, commit, snapshot) -> bool:
         """Write `commit` unless the folder holds it or a newer one of its lineage already (another
         worker wrote it as it exited); whether the folder holds it now."""
@@ -277,7 +276,7 @@ def saving(state):
     _held = None
     try:
         yield
-    finally:  # a sync that failed leaves the saved copies as they were: those
+    finally:  # after a sync that failed too: its saved copies are as they were
         _held = (state._lineage, *state._snapshot())
 
 
