@@ -128,14 +128,14 @@ def test_rank_0_killed_while_no_driver_runs_its_survivor_writes_the_newest_commi
     with Job(args, first, {**knobs, "RUN": "1"}) as a:
         wait_until(lambda: all((tmp_path / f"held.localhost_{i}").exists() for i in (0, 1)), 90, "both held")
         (world,) = [e for e in a.events() if e["event"] == "round_complete"]
-        pids = {e["slot"]: e["pid"] for e in a.events() if e["event"] == "worker_start"}
+        started = {e["slot"]: e for e in a.events() if e["event"] == "worker_start"}  # the last launch of each
         rank0, survivor = sorted(world["members"], key=world["members"].get)
         a.proc.kill()
         a.proc.wait(10)
-        os.killpg(pids[rank0], signal.SIGKILL)
+        os.killpg(started[rank0]["pid"], signal.SIGKILL)
         (tmp_path / "go").touch()  # the survivor's next allreduce fails: it rolls back to its commit
-        wait_until(lambda: procstat.identity(pids[survivor]) is None, 60, "the survivor's exit")
-    word = beacon.output_path(str(ckpt), f"{survivor}#1", "exit")
+        wait_until(lambda: procstat.identity(started[survivor]["pid"]) is None, 60, "the survivor's exit")
+    word = beacon.output_path(str(ckpt), started[survivor]["worker"], "exit")
     assert open(word).read() == str(exitcodes.LOST_DRIVER)
     # Rank 0's writer wrote commit 1 at most (or was writing it when killed).
     assert checkpointdir.newest(str(ckpt))[0] == held and {c for c, _ in checkpointdir.files(str(ckpt))} <= {1, held}
