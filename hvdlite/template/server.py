@@ -229,14 +229,13 @@ class Template:
             return None
         sys.stdout.flush()
         sys.stderr.flush()
-        # Out of every collection from now on, the child's too: the child's first full one would
-        # otherwise walk all that was preloaded (400,000 objects with transformers: 0.2-0.3 s of
-        # CPU, copying each page it touches) holding the GIL, its heartbeat silent for seconds
-        # on a busy machine.
-        gc.freeze()
         ready_r, ready_w = os.pipe()
         pid = os.fork()
         if pid == 0:
+            # What it inherited, out of its collections: its first full one would walk all that
+            # was preloaded (400,000 objects with transformers: 0.2-0.3 s of CPU, copying each
+            # page it touches) holding the GIL, its heartbeat silent for seconds on a busy machine.
+            gc.freeze()
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             os.close(ready_r)
