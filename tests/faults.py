@@ -35,10 +35,13 @@ def _wait(predicate, timeout):
 
 
 class LocalHosts:
-    """Hosts as loopback addresses of this machine: workers are local processes."""
+    """Hosts as loopback addresses of this machine: workers are local processes, started with
+    `flags` (the tests fork them from a template: the suite is CPU-bound)."""
     names = [f"127.0.0.{i}" for i in range(1, 5)]
-    flags = []
     faults = ["kill", "kill", "stop", "hosts"]
+
+    def __init__(self, flags=()):
+        self.flags = list(flags)
 
     def state(self, slot, pid):
         return procstat.state(pid)

@@ -5,6 +5,7 @@
     cluster.run(["sinfo", "-N"])     # a Slurm client command against this cluster
     cluster.kill_node("n2")          # kill -9 every process in the node's network namespace
     cluster.start_node("n2")         # slurmd again (ReturnToService=2 takes the node back)
+    cluster.free()                   # after a test: no job listed, nothing left, every slurmd up
     cluster.leftovers("n1")          # processes on the node other than its slurmd
     cluster.close()
 
@@ -102,6 +103,33 @@ class SlurmCluster(NamespacedNodes):
         if wait:
             self.run(["scontrol", "update", f"nodename={name}", "state=resume"], check=False)
             self._wait(f"slurmd of {name}", lambda: name in self.idle())
+
+    def jobs(self):
+        """The jobs Slurm lists (pending, running or completing): `ID STATE NODES` lines."""
+        return self.run(["squeue", "-h", "-o", "%i %T %N"], check=False).stdout.split("\n")[:-1]
+
+    def free(self, timeout: float = 30.0) -> None:
+        """Back to every node free, after a test: slurmd restarted where a test killed it, every
+        job cancelled and waited for until Slurm lists none, nothing left on the nodes. A node's
+        slurmd killed while it ends a job leaves the node COMPLETING until slurmctld's periodic
+        resend of the terminate request (60 s here; MessageTimeout and KillWait do not shorten
+        it): the next allocation of the node waits that long. So nodes are restarted, never
+        killed, here."""
+        for name in self.names:
+            if name not in self.procs or self.procs[name].poll() is not None:
+                self.start_node(name)
+        listed = self.jobs()
+        if listed:
+            self.run(["scancel", *(line.split()[0] for line in listed)], check=False)
+        deadline = time.monotonic() + timeout
+        while listed or any(self.leftovers(n) for n in self.names):
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the nodes not free {timeout:g} s after the test: jobs {listed}, processes "
+                    f"{ {n: self.leftovers(n) for n in self.names} }, nodes "
+                    f"{self.run(['sinfo', '-h', '-N', '-o', '%N %T'], check=False).stdout.split()}")
+            time.sleep(0.1)
+            listed = self.jobs()
 
     def leftovers(self, name: str):
         """Command lines of the node's processes other than its slurmd."""

@@ -68,7 +68,9 @@ def test_a_launch_that_never_starts_meets_the_start_deadline():
     sim.send(Launched("a/0#1", 101))
     sim.ready("a/0#1")
     assert sim.core.round == 0
-    sim.send(Tick(), after=10.5)
+    out = sim.send(Tick(), after=10.5)
+    assert AskRunWait("b/0#1") in out and Stop("b/0#1", 3.0) not in sim.actions
+    sim.send(RunWait("b/0#1", None))  # no template it waits for: the wall clock
     assert Stop("b/0#1", 3.0) in sim.actions
     assert sim.logged("launch_overdue")[0]["worker"] == "b/0#1"
     assert sim.world() == {"a/0": 0}
@@ -80,10 +82,42 @@ def test_a_launch_that_never_starts_meets_the_start_deadline():
     # A launch that ends late with the host's refusal (an SSH connect timeout longer than
     # --start-timeout) still counts as the host's.
     for _ in range(22):
-        sim.send(Tick(), after=0.5)
+        for ask in [x for x in sim.send(Tick(), after=0.5) if isinstance(x, AskRunWait)]:
+            sim.send(RunWait(ask.worker, None))
     assert sim.logged("launch_overdue")[-1]["worker"] == "b/0#2"
     sim.send(LaunchFailed("b/0#2", "SSH connection to b port 22 timed out after 10 s", HOST))
     assert [e["key"] for e in sim.logged("blacklisted")] == ["b"]
+
+
+def test_a_launch_waiting_for_a_starved_template_is_judged_by_the_time_it_could_run():
+    # The local launch waits for its template's imports on a starved machine: the seconds the
+    # template waited for a CPU do not count; once its wait no longer explains the delay, the
+    # launch is overdue, the launcher's trouble, nobody blamed.
+    def ticks(sim, seconds, waited):
+        asked = []
+        for _ in range(int(seconds / 0.5)):
+            for ask in [x for x in sim.send(Tick(), after=0.5) if isinstance(x, AskRunWait)]:
+                asked.append(sim.now)
+                sim.send(RunWait(ask.worker, waited(sim.now)))
+        return asked
+
+    sim = Sim([("a", 1), ("b", 1)], start_timeout=10.0)
+    sim.send(Launched("a/0#1", 101))
+    sim.ready("a/0#1")
+    start = sim.now
+    asked = ticks(sim, 25.0, lambda now: 0.9 * (now - start))  # 90 % of the time on the run queue
+    assert len(asked) >= 2 and not sim.logged("launch_overdue")
+    sim.send(Launched("b/0#1", 102))
+    sim.ready("b/0#1")  # the start rule takes the template's wait along
+    assert not sim.logged("launch_overdue") and sim.core.round == 1
+    assert not sim.logged("worker_unresponsive")
+    # The same launch on a template whose wait explains none of its delay: overdue.
+    sim = Sim([("a", 1), ("b", 1)], start_timeout=10.0)
+    sim.send(Launched("a/0#1", 101))
+    sim.ready("a/0#1")
+    ticks(sim, 12.0, lambda now: 0.2)
+    assert [e["worker"] for e in sim.logged("launch_overdue")] == ["b/0#1"]
+    assert not sim.logged("blacklisted")
 
 
 def test_a_start_is_judged_by_the_time_it_could_run():

@@ -166,30 +166,26 @@ def kill(victim, sig=signal.SIGKILL):
     return lambda job: os.kill(slot_pid(job, member(job, victim)), sig)
 
 
-@pytest.mark.parametrize("loader, kills", [("elastic_sampler", [(6, 1), (20, 0)]), ("stateful", [(20, 0)]),
-                                           ("elastic_sampler", [("epoch1", 1)])],
-                         ids=["elastic_sampler-1-then-0", "stateful-0", "elastic_sampler-1-held-at-epoch1"])
-def test_kill_9_replaced_at_the_same_size_is_bitwise_the_fault_free_run(tmp_path, reference, loader, kills):
-    """A DataLoader with worker processes over an ElasticSampler, or torchdata's
-    StatefulDataLoader held in the state (its place each rank's own); rank 0 holds the
-    durable writer and was the sync's source before ranks stayed put. `kills`: (when, rank).
-    Killed mid-epoch wherever it lands (once rank 0 committed that step: rank 1 in epoch 0,
-    then rank 0 in epoch 1 of the same job; a rollback re-enters the epoch), or (a HOLD_AT
-    point) while every worker waits before epoch 1's own commit: the rollback goes to step
-    24's, the last of the epoch, whose loop the script then re-enters with nothing left in it."""
-    hold = next((at for at, _ in kills if isinstance(at, str)), None)
-    env = {"LOADER": loader, **({"HOLD_AT": hold} if hold else {})}
-    expected = reference(loader)
+def test_kill_9_replaced_at_the_same_size_is_bitwise_the_fault_free_run(tmp_path, reference):
+    """A DataLoader with worker processes over an ElasticSampler; rank 0 holds the durable
+    writer and was the sync's source before ranks stayed put. Three kills in one job, a spare
+    slot for each (a killed slot cools down for the whole run): rank 1 mid-epoch 0 and rank 0
+    mid-epoch 1, each once rank 0 committed that step (a rollback re-enters the epoch), then
+    rank 1 while every worker waits before epoch 1's own commit (HOLD_AT): the rollback goes to
+    step 24's, the last of the epoch, whose loop the script then re-enters with nothing left in
+    it. (torchdata's StatefulDataLoader is killed in the graceful chain below.)"""
+    kills = [(6, 1), (20, 0), ("epoch1", 1)]
+    expected = reference("elastic_sampler")
     log_dir = tmp_path / "faulty"
     log_dir.mkdir()
     faults = [(is_held(log_dir) if isinstance(at, str) else at_step(log_dir, at, worlds=n + 1), kill(victim))
               for n, (at, victim) in enumerate(kills)]
-    # two ranks and a spare slot for each kill (a killed slot cools down for the whole run)
-    slots = ["-H", f"localhost:{2 + len(kills)}"]
-    r = faulted(log_dir, env, faults, lambda env: Job([*slots, *FIXED, *JOB], log_dir, env))
+    r = faulted(log_dir, {"LOADER": "elastic_sampler", "HOLD_AT": "epoch1"}, faults,
+                lambda env: Job(["-H", f"localhost:{2 + len(kills)}", *FIXED, *JOB], log_dir, env))
     assert r.code == 0, r.stderr[-3000:]
-    assert len(r.of("round_complete")) >= 1 + len(kills), "a kill did not re-form the world"
-    assert not hold or r.of("round_complete")[1]["commit"] == 25, "the rollback went elsewhere"
+    formed = r.of("round_complete")
+    assert len(formed) >= 1 + len(kills), "a kill did not re-form the world"
+    assert formed[-1]["commit"] == 25, "the rollback of the held kill went elsewhere"
     got = final(log_dir)
     assert got["epochs"] == [True] * 3
     assert got["hash"] == expected["hash"], "parameters or momentum differ from the fault-free run"
@@ -302,17 +298,19 @@ def test_a_resized_run_trains_every_sample_exactly_once_each_epoch(tmp_path):
 
 
 # Commits: 12 steps an epoch, then the epoch's own commit (step 24's is commit 25, epoch 1's 26).
-@pytest.mark.parametrize("loader, stops", [("elastic_sampler", [("20", 21), ("24", 25), ("epoch1", 26)]),
-                                           ("stateful", [("24", 25)])],
-                         ids=["elastic_sampler-20-24-epoch1", "stateful-24"])
+@pytest.mark.parametrize("loader, stops, killed", [
+    ("elastic_sampler", [("20", 21), ("24", 25), ("epoch1", 26)], None), ("stateful", [("24", 25)], (20, 0))],
+    ids=["elastic_sampler-20-24-epoch1", "stateful-kill-0-at-20-stop-24"])
 def test_graceful_stops_then_reruns_from_the_checkpoint_dir_are_bitwise_the_fault_free_run(
-        tmp_path, reference, loader, stops):
+        tmp_path, reference, loader, stops, killed):
     """Each stop lands at the commit the test picks (every worker waits before it until it
     heard of the stop), and each run resumes the last one's: mid-epoch, the last step of an
     epoch (the rerun re-enters a loop with nothing left in it, which draws a loader seed the
     uninterrupted run never drew), and the epoch's own commit (the rerun's next loop draws
     one it did draw). One job, stopped and run again at each point in turn: a resume that
-    drew or held anything wrong changes the bytes of the run that ends it."""
+    drew or held anything wrong changes the bytes of the run that ends it. `killed`: (step,
+    rank) killed -9 in the first run once rank 0 committed that step, the spare slot taking
+    its place: torchdata's StatefulDataLoader held in the state, its place each rank's own."""
     args = [*SAME_SIZE, "--checkpoint-dir", str(tmp_path / "ckpt"), *JOB]
     expected = reference(loader)
     log_dir = tmp_path / "log"
@@ -327,10 +325,14 @@ def test_graceful_stops_then_reruns_from_the_checkpoint_dir_are_bitwise_the_faul
         else:
             (log_dir / "held").unlink(missing_ok=True)
             with Job(args, run, {**env, "HOLD_AT": point}) as job:
+                if killed and n == 0:
+                    job.wait_for(at_step(log_dir, killed[0], worlds=1), 60)
+                    kill(killed[1])(job)
                 job.wait_for(lambda _: held(log_dir), 60)
                 job.proc.send_signal(signal.SIGTERM)
                 r = job.finish(60)
             assert r.code == 75, r.stderr[-3000:]
+            assert not (killed and n == 0) or len(r.of("round_complete")) >= 2, "the kill did not re-form the world"
         assert n == 0 or f"resumed from commit {stops[n - 1][1]} " in r.stderr, (n, r.stderr[-3000:])
     assert final(log_dir)["hash"] == expected["hash"]
 

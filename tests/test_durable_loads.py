@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from jobs import SCRIPTS, Job, job_env, progress, wait_progress
+from jobs import PRELOADED, SCRIPTS, Job, job_env, progress, wait_progress
 from test_numpy_backend import PYTHON as NUMPY_PYTHON
 from hvdlite import exitcodes, procstat
 from hvdlite.worker import checkpointdir, checkpoints, trusted
@@ -28,12 +28,14 @@ ELASTIC = ["-H", "localhost:2", "--min-np", "1"]
 
 
 def run(tmp_path, backend, name, *flags, timeout=120, hosts=ELASTIC, **knobs):
-    """One job of durable_edit.py on tmp_path/ckpt to its end; its Result."""
+    """One job of durable_edit.py on tmp_path/ckpt to its end; its Result. A torch job's workers
+    fork from a template (jobs.PRELOADED): what is proved here is how a worker loads and writes."""
     folder = tmp_path / name
     folder.mkdir()
-    python = NUMPY_PYTHON if backend == "numpy" else sys.executable
+    python, preload = (NUMPY_PYTHON, []) if backend == "numpy" else (sys.executable, PRELOADED)
     env = job_env(tmp_path, BACKEND=backend, RUN=name, **knobs)
-    with Job(["--checkpoint-dir", str(tmp_path / "ckpt"), *flags, *hosts, python, SCRIPT], folder, env=env) as job:
+    with Job(["--checkpoint-dir", str(tmp_path / "ckpt"), *flags, *hosts, *preload, python, SCRIPT], folder,
+             env=env) as job:
         return job.finish(timeout)
 
 
@@ -183,8 +185,8 @@ def test_a_folder_that_cannot_be_written_any_more_ends_the_job_and_keeps_what_wa
     # more silent: the job ends, the files on disk stay.
     ckpt = tmp_path / "ckpt"
     env = job_env(tmp_path, BACKEND="torch", RUN="1", TOTAL_STEPS=400)
-    with Job(["--checkpoint-dir", str(ckpt), "--checkpoint-interval", "0", *ELASTIC, sys.executable, SCRIPT],
-             tmp_path, env=env) as job:
+    with Job(["--checkpoint-dir", str(ckpt), "--checkpoint-interval", "0", *ELASTIC, *PRELOADED, sys.executable,
+              SCRIPT], tmp_path, env=env) as job:
         wait_progress(job, tmp_path, 5)
         ckpt.rename(tmp_path / "moved")
         ckpt.write_text("not a folder")

@@ -6,13 +6,14 @@ import time
 
 import pytest
 
-from faults import SSHHosts, _alive, run_trial
-from jobs import SCRIPTS, Job, skip_without_partitions
+from faults import LocalHosts, SSHHosts, _alive, run_trial
+from jobs import PRELOADED, SCRIPTS, Job, skip_without_partitions
 
 
 @pytest.mark.parametrize("seed", range(3))  # three trials keep CI under 25 min; the bench runs 100
 def test_random_faults_lose_no_commit(tmp_path, seed):
-    run_trial(seed, str(tmp_path))
+    # Every worker forks from a template: one import a trial (the bench starts them as by default).
+    run_trial(seed, str(tmp_path), hosts=LocalHosts(PRELOADED))
 
 
 @pytest.fixture(scope="module")

@@ -9,13 +9,14 @@ import time
 
 import pytest
 
-from jobs import (SCRIPTS, Job, check_training_continuous, discovery, job_env, sizes, slot_pid,
+from jobs import (PRELOADED, SCRIPTS, Job, check_training_continuous, discovery, job_env, sizes, slot_pid,
                   steps_log, wait_progress, wait_until)
 from test_elastic import check_exactly_once_per_epoch
 from hvdlite import exitcodes
 from hvdlite.worker import checkpointdir
 
-JOB = [sys.executable, os.path.join(SCRIPTS, "elastic_job.py")]
+# Every worker forks from a template (jobs.PRELOADED): one torch import a job, not one a worker.
+JOB = [*PRELOADED, sys.executable, os.path.join(SCRIPTS, "elastic_job.py")]
 TOTAL = 40
 
 
@@ -143,7 +144,7 @@ def test_a_job_ending_while_the_world_re_forms_after_rank_0_died_writes_the_surv
              "--checkpoint-interval", "1000", *JOB]
     (tmp_path / "run1").mkdir()
     (tmp_path / "run2").mkdir()
-    first_flags = flags[:-2] + ["--elastic-timeout", "3"] + JOB if end != "SIGTERM" else flags
+    first_flags = [*flags[:-len(JOB)], "--elastic-timeout", "3", *JOB] if end != "SIGTERM" else flags
     with Job(first_flags, tmp_path / "run1",
              env=job_env(tmp_path, TOTAL_STEPS=60, RUN=1, STEP_SLEEP=0.02, HOLD_IN_COMMIT=40)) as job:
         job.wait_for(lambda _: (tmp_path / "held_in_commit").exists(), 60)

@@ -26,6 +26,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYGLOO = os.path.join(ROOT, ".venv-pygloo", "bin", "python")
 WHERE = [sys.executable, os.path.join(SCRIPTS, "where.py")]
 JOB = [sys.executable, os.path.join(SCRIPTS, "elastic_job.py")]
+# nodes named: busy ones fail the salloc in a line ("queued and waiting for resources"), not a
+# silent wait past the test's own timeouts
+SALLOC = ["salloc", "--immediate=30"]
 SLURMD_TIMEOUT = 10  # seconds: Slurm marks a dead node down after this (and one ping, ~1/3 of it)
 
 
@@ -39,6 +42,13 @@ def cluster():
         yield c
     finally:
         c.close()
+
+
+@pytest.fixture(autouse=True)
+def free_nodes(cluster):
+    """Each test starts on free nodes: its own jobs ended, its killed nodes restarted."""
+    yield
+    cluster.free()
 
 
 @pytest.fixture
@@ -163,22 +173,18 @@ def test_a_lost_node_is_known_in_a_second_not_after_the_liveness_timeout(tmp_pat
     the node says so (decisions/nodeloss.py)."""
     liveness = 15  # far above the probe's second
     jenv = {**env, "SALLOC_NO_KILL": "", **job_env(tmp_path, TOTAL_STEPS=100000, STEP_SLEEP=0.1)}
-    try:
-        with Job(["--min-np", "2", "--liveness-timeout", str(liveness), *JOB], tmp_path, env=jenv,
-                 prefix=["salloc", "-w", "n[2-4]", "--no-kill"]) as job:
-            wait_progress(job, tmp_path, 8)
-            try:
-                frozen_until_probed(job, cluster, "n4", "n4/")
-                seconds, world = next_world(job, lambda: getattr(cluster, fault)("n4"))
-            finally:
-                cluster.freeze("n4", signal.SIGCONT)
-                cluster.heal("n4")
-            wait_progress(job, tmp_path, progress(tmp_path) + 5)
-            os.kill(_tree(job.proc.pid)[1], signal.SIGTERM)  # salloc's child: the driver
-            r = job.finish(60)
-    finally:  # once the allocation is over: the node is idle again only then
-        cluster.kill_node("n4")  # a cut node's orphaned task runs on (the notes)
-        cluster.start_node("n4")
+    with Job(["--min-np", "2", "--liveness-timeout", str(liveness), *JOB], tmp_path, env=jenv,
+             prefix=[*SALLOC, "-w", "n[2-4]", "--no-kill"]) as job:
+        wait_progress(job, tmp_path, 8)
+        try:
+            frozen_until_probed(job, cluster, "n4", "n4/")
+            seconds, world = next_world(job, lambda: getattr(cluster, fault)("n4"))
+        finally:  # the cut node's orphaned task ends with the job (free_nodes checks it)
+            cluster.freeze("n4", signal.SIGCONT)
+            cluster.heal("n4")
+        wait_progress(job, tmp_path, progress(tmp_path) + 5)
+        os.kill(_tree(job.proc.pid)[1], signal.SIGTERM)  # salloc's child: the driver
+        r = job.finish(60)
     assert r.code == 143, r.stderr
     assert world["size"] == 2 and not any(m.startswith("n4/") for m in world["members"])
     # A hang guard against the liveness timeout (15 s) only; the figure: bench/slurm.py
@@ -192,7 +198,7 @@ def test_a_killed_node_costs_one_reform_long_before_slurm_notices(tmp_path, clus
     # SALLOC_NO_KILL: salloc's --no-kill in a form the job can see (22.05 shows it nowhere)
     jenv = {**env, "SALLOC_NO_KILL": "", **job_env(tmp_path, TOTAL_STEPS=100000, STEP_SLEEP=0.2)}
     with Job(["--min-np", "2", "--liveness-timeout", str(liveness), "--discovery-interval", "1",
-              *JOB], tmp_path, env=jenv, prefix=["salloc", "-w", "n[2-4]", "--no-kill"]) as job:
+              *JOB], tmp_path, env=jenv, prefix=[*SALLOC, "-w", "n[2-4]", "--no-kill"]) as job:
         wait_progress(job, tmp_path, 8)
         job_id = _job_id(job)
         seconds, world = next_world(job, lambda: cluster.kill_node("n4"))
@@ -216,7 +222,6 @@ def test_a_killed_node_costs_one_reform_long_before_slurm_notices(tmp_path, clus
     assert done == list(range(len(done))), "a committed step was lost"
     assert sizes(records)[:2] == [3, 2]
     assert_nothing_left(cluster, ["n2", "n3"])
-    cluster.start_node("n4")
 
 
 def _job_id(job):

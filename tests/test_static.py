@@ -6,24 +6,21 @@ import time
 
 import pytest
 
-from jobs import SCRIPTS, Job, run_job
+from jobs import PRELOADED, SCRIPTS, Job, run_job
 
 CHECK = [sys.executable, os.path.join(SCRIPTS, "static_check.py")]
 
 
-@pytest.mark.parametrize("args, n", [(["-np", "2"], 2), (["-np", "4", "-H", "localhost:4"], 4)])
+# Two ranks started plainly, their output also in files (--output-filename); four forked from
+# a template (jobs.PRELOADED).
+@pytest.mark.parametrize("args, n", [(["-np", "2"], 2), (["-np", "4", "-H", "localhost:4", *PRELOADED], 4)])
 def test_collectives_and_optimizer_on_every_rank(tmp_path, args, n):
-    r = run_job([*args, *CHECK], tmp_path)
+    out = tmp_path / "out"
+    r = run_job([*args, "--output-filename", str(out), *CHECK], tmp_path)
     assert r.code == 0, r.stderr
     for k in range(n):
         assert f"[{k}]<stdout>:OK {k}" in r.stdout
-
-
-def test_output_filename_writes_per_rank_files(tmp_path):
-    out = tmp_path / "out"
-    r = run_job(["-np", "2", "--output-filename", str(out), *CHECK], tmp_path)
-    assert r.code == 0, r.stderr
-    assert (out / "rank.1" / "stdout").read_text() == "OK 1\n"
+        assert (out / f"rank.{k}" / "stdout").read_text() == f"OK {k}\n"
 
 
 def test_failing_worker_fails_the_job_naming_it(tmp_path):
@@ -101,21 +98,14 @@ def test_ctrl_c_leaves_no_worker_behind(tmp_path):
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_init_again_after_shutdown_forms_a_whole_world(tmp_path, n):
-    # The next init's group met under the old one's store keys: it read the addresses of
-    # sockets shutdown() had closed ("Connection reset by peer").
-    r = run_job(["-np", str(n), sys.executable, os.path.join(SCRIPTS, "reinit_check.py")], tmp_path)
+def test_init_again_after_a_failed_collective_and_after_shutdown_forms_a_whole_world(tmp_path, n):
+    # init() did nothing on a world whose collective had failed: in Horovod's test file run in
+    # one pytest, every test after one whose tearDown barrier raised failed too. And the next
+    # init's group met under the old one's store keys: it read the addresses of sockets
+    # shutdown() had closed ("Connection reset by peer"). The workers fork from a template
+    # (jobs.PRELOADED): this is about init() in a worker, not how it started.
+    r = run_job(["-np", str(n), *PRELOADED, sys.executable, os.path.join(SCRIPTS, "reinit_check.py")], tmp_path)
     assert r.code == 0, r.stderr
     for k in range(n):
         assert [line.split(":", 1)[1] for line in r.stdout.splitlines() if line.startswith(f"[{k}]<stdout>:OK")] \
             == [f"OK {k} {n} {t}" for t in range(3)]
-
-
-@pytest.mark.parametrize("n", [2, 3])
-def test_init_after_a_failed_collective_forms_a_whole_world(tmp_path, n):
-    # init() did nothing on a world whose collective had failed: in Horovod's test file run
-    # in one pytest, every test after one whose tearDown barrier raised failed too.
-    r = run_job(["-np", str(n), sys.executable, os.path.join(SCRIPTS, "reinit_after_failure.py")], tmp_path)
-    assert r.code == 0, r.stderr
-    assert sorted(line.split(":", 1)[1] for line in r.stdout.splitlines() if "<stdout>:OK" in line) \
-        == [f"OK {k} {n}" for k in range(n)]

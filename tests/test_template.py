@@ -342,6 +342,19 @@ def test_children_get_their_own_random_state(spawner, capsys):
     assert all(isinstance(h, TemplateWorker) for h in handles)
 
 
+def test_a_workers_garbage_collections_walk_none_of_what_its_template_preloaded(spawner, capsys):
+    """A full collection walks every object the collector tracks, holding the GIL: in a worker
+    that walked torch, dynamo and the rest the template preloaded, Trainer.train's gc.collect()
+    silenced the heartbeat thread for 5 s under load, and the driver killed all three healthy
+    workers of a job (tests/test_transformers.py in CI). The worker tracks only its own."""
+    script = spawner.script("tracked.py", "import gc\nprint(len(gc.get_objects()))\n")
+    code, out = finished(spawner.spawn([sys.executable, script]), capsys)
+    assert code == 0, out.err
+    tracked = int(out.out.split(":", 1)[1])
+    import gc
+    assert tracked < len(gc.get_objects()) / 10  # this process imported torch: it tracks more
+
+
 def test_commands_a_template_cannot_run_start_plainly_said_once(spawner, capsys):
     for _ in range(2):
         handle = spawner.spawn(["/bin/sh", "-c", "echo plain; exit 4"])

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from jobs import SCRIPTS, Job, check_training_continuous, job_env, sizes, slot_pid, ssh_flags, wait_progress
+from jobs import PRELOADED, SCRIPTS, Job, check_training_continuous, job_env, sizes, slot_pid, ssh_flags, wait_progress
 
 # Facts of a rank that must read as under torchrun; the rest name a store or a run.
 SAME = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
@@ -80,7 +80,8 @@ def test_a_ddp_script_on_two_ssh_hosts_computes_what_torchrun_computes_on_one(tm
 
 
 def test_after_hvd_init_the_default_group_is_the_world(tmp_path):
-    with Job(["-np", "3", sys.executable, os.path.join(SCRIPTS, "hvd_dist.py")], tmp_path) as job:
+    # The workers fork from a template (jobs.PRELOADED): the group is made after the fork.
+    with Job(["-np", "3", *PRELOADED, sys.executable, os.path.join(SCRIPTS, "hvd_dist.py")], tmp_path) as job:
         result = job.finish(120)
     assert result.code == 0, result.stderr[-3000:]
     assert sorted(line.split()[-1] for line in result.stdout.splitlines() if "OK" in line) == ["0", "1", "2"]

@@ -128,12 +128,16 @@ class Executor:
         return dict(self._identities)
 
     def _read_run_wait(self, a: AskRunWait):
-        """How long a starting worker of this machine waited for a CPU (its /proc); None for one
-        elsewhere: an SSH host's, a Ray actor's or an srun step's start is judged by the wall clock."""
+        """How long a starting worker of this machine waited for a CPU (its /proc), or, while its
+        launch gave no process yet, the template it waits for; None for one elsewhere: an SSH
+        host's, a Ray actor's or an srun step's start is judged by the wall clock."""
         with self._lock:
             handle, host = self.handles.get(a.worker), self._host_of.get(a.worker, "")
-        local = handle is not None and self.launchers.is_local(host)
-        self.post(RunWait(a.worker, procstat.run_wait(handle.pid) if local else None))
+        seconds = None
+        if host and self.launchers.is_local(host):
+            launcher = self.launchers.for_host(host)
+            seconds = procstat.run_wait(handle.pid) if handle is not None else launcher.launch_wait()
+        self.post(RunWait(a.worker, seconds))
 
     def _wait(self, worker, handle, grace):
         if grace is not None:

@@ -131,3 +131,7 @@ out = {"steps": trainer.state.global_step, "epoch": trainer.state.epoch,
        "params": digest(model), **(accelerate_loop() if TRAINER == "plain" else {})}
 with open(os.path.join(OUT_DIR, f"rank{rank}.{os.getpid()}.json"), "w") as f:
     json.dump(out, f)
+if "HVDLITE_RANK" not in os.environ and torch.distributed.is_initialized():
+    # torchrun's run: as torch asks of every script (hvdlite does it at exit for its own), else
+    # the gloo group left to the interpreter's end can abort it (pytorch#190489).
+    torch.distributed.destroy_process_group()

@@ -47,3 +47,7 @@ trainer.fit(model, DataLoader(data, batch_size=8))
 digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
 with open(os.path.join(os.environ["OUT_DIR"], f"rank{trainer.global_rank}.json"), "w") as f:
     json.dump({"size": trainer.world_size, "samples": model.samples, "params": digest}, f)
+if os.environ["STRATEGY"] == "ddp":
+    # As torch asks of every script (hvdlite does it at exit for its own): a gloo group left to the
+    # interpreter's end can abort it, "terminate called without an active exception" (pytorch#190489).
+    torch.distributed.destroy_process_group()

@@ -210,9 +210,19 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching, NodeLo
         if event.seconds is not None:  # a thread that waited and ended takes its count along
             inc.starved = max(inc.starved, event.seconds)
         why = self._overdue(inc)
-        if why is not None and why[0] == "worker_start_timeout":
+        if why is not None and why[0] == "launch_overdue":
+            self._launch_overdue(inc)
+        elif why is not None and why[0] == "worker_start_timeout":
             self._kill(inc, *why)
         self._schedule(inc)
+
+    def _launch_overdue(self, inc: Incarnation):
+        """Its launch never started it (a launcher that hangs, a queue): the launcher's trouble.
+        It is stopped whenever it starts; its slot is launched again."""
+        self._log("launch_overdue", slot=inc.slot, worker=inc.id, after=self.policy.start_timeout)
+        inc.overdue = True
+        self._remove(inc)
+        self._blame(inc, LAUNCHER, None)
 
     def _on_heartbeats(self, event: Heartbeats):
         for worker, commit in event.beats:
@@ -335,15 +345,11 @@ class ElasticCore(Forming, HostRule, HostChanges, GracefulStop, Watching, NodeLo
             if why is None:
                 continue
             if why[0] == "launch_overdue":
-                # Its launch never started it (a launcher that hangs, a queue): the launcher's
-                # trouble. It is stopped whenever it starts; its slot is launched again.
-                self._log("launch_overdue", slot=inc.slot, worker=inc.id, after=p.start_timeout)
-                inc.overdue = True
-                self._remove(inc)
-                self._blame(inc, LAUNCHER, None)
+                self._launch_overdue(inc)
             elif why[0] == READ_RUN_WAIT:
-                # Past --start-timeout by the wall clock: first read how long it waited for a
-                # CPU (a starved machine's healthy worker is not named), then judge (_on_run_wait).
+                # Past --start-timeout by the wall clock: first read how long it (or the template
+                # its launch waits for) waited for a CPU (a starved machine's healthy worker is
+                # not named), then judge (_on_run_wait).
                 if not inc.reading:
                     inc.reading = True
                     self._emit(AskRunWait(inc.id))

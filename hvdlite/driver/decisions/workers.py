@@ -77,9 +77,13 @@ class Incarnation:
 def _limits(inc: Incarnation, p: Policy, broke_at: Optional[float], now: Optional[float] = None):
     """(since, limit, event, reason) of each rule that ends the live worker once more than
     `limit` seconds passed since `since`, the first to apply first; a reason's {:g} is the limit.
-    The start rule's event is READ_RUN_WAIT unless its CPU wait was read at `now`."""
+    The start and launch rules' event is READ_RUN_WAIT unless its CPU wait was read at `now`."""
     if inc.phase is Phase.STARTING and inc.pid is None:  # its launch never started it
-        return ((inc.launched_at, p.start_timeout, "launch_overdue", None),)
+        # A local launch may wait for its template's imports: the seconds that template waited
+        # for a CPU do not count (RunWait), as for a start below.
+        return ((inc.launched_at, p.start_timeout * STARVED_CEILING, "launch_overdue", None),
+                (inc.launched_at + inc.starved, p.start_timeout,
+                 "launch_overdue" if inc.starved_read_at == now else READ_RUN_WAIT, None))
     if inc.killed is not None or inc.pid is None:
         return ()
     if inc.exiting_since is not None:
@@ -109,8 +113,8 @@ def _limits(inc: Incarnation, p: Policy, broke_at: Optional[float], now: Optiona
 def overdue(inc: Incarnation, now: float, p: Policy, broke_at: Optional[float]):
     """(event, reason) when the driver must end the live worker now, else None: "launch_overdue"
     (reason None) for a launch that gave no process within --start-timeout, READ_RUN_WAIT
-    (reason None) for a start past --start-timeout by a reading of its CPU wait older than
-    `now`, else a kill as failed. `broke_at`: when the world it is still in broke (None: it is
+    (reason None) for a launch or start past --start-timeout by a reading of its CPU wait
+    older than `now`, else a kill as failed. `broke_at`: when the world it is still in broke (None: it is
     in no broken world)."""
     for since, limit, event, reason in _limits(inc, p, broke_at, now):
         if now - since > limit:

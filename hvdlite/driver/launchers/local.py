@@ -47,6 +47,11 @@ class LocalLauncher:
             self.warm()
         return LocalWorker(self.command, env, output)
 
+    def launch_wait(self):
+        """Seconds the template a pending launch waits for (still importing what it preloads)
+        waited for a CPU; None when no template is starting."""
+        return self._templates.preloading_wait() if self._templates else None
+
     def warm(self):
         """Start the template in the background once a worker's environment is known."""
         with self._lock:

@@ -90,7 +90,7 @@ class Template:
     """One running template process (python -m hvdlite.template) and its control socket."""
     kept = False
 
-    def __init__(self, python: str, env: dict, preload):
+    def __init__(self, python: str, env: dict, preload, started=None):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.errors = tempfile.TemporaryFile()
         command = [python, "-m", "hvdlite.template", "--preload", ",".join(preload),
@@ -104,6 +104,8 @@ class Template:
             raise Unavailable(f"cannot start {python}: {e.strerror}") from None
         finally:
             theirs.close()
+        if started is not None:
+            started(self.proc.pid)  # before its imports, which launches wait for
         self._connected(ours)
         self.ready = self._handshake()
         self._start_reading()
@@ -268,6 +270,9 @@ class Templates:
         self.templates = {}
         self.failed = {}
         self.unkept = set()  # keys whose kept template cannot serve this job
+        # The pid of the template importing its preload now (made under the lock, one at a
+        # time): launches wait for it. Read without the lock, which its imports hold.
+        self.preloading = None
 
     def _key(self, command, env: dict, cwd: str):
         python = interpreter(command, env, cwd)
@@ -290,11 +295,22 @@ class Templates:
                     except Unavailable as e:
                         self._unkeep(key, e)
                 try:
-                    self.templates[key] = current = Template(python, template_env(env), self.preload)
+                    self.templates[key] = current = Template(python, template_env(env), self.preload,
+                                                             started=self._preloading)
                 except Unavailable as e:
                     self.failed[key] = f"{python}: {e}"
                     raise Unavailable(self.failed[key]) from None
+                finally:
+                    self.preloading = None
             return current
+
+    def _preloading(self, pid: int) -> None:
+        self.preloading = pid
+
+    def preloading_wait(self):
+        """Seconds the template importing its preload now waited for a CPU; None when none is."""
+        pid = self.preloading
+        return procstat.run_wait(pid) if pid is not None else None
 
     def kept_serving(self, command, env: dict, cwd: str) -> bool:
         """A kept template serves `command` now (found, not started: see keep_behind)."""
