@@ -17,10 +17,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = os.path.join(HERE, "scripts")
 # Flags that fork every worker of a job from a template that imported torch: one import a job
 # instead of one a worker, for jobs whose proof does not hang on how a worker started (the suite
-# is CPU-bound). Only what a plain worker imports before it is ready: the launches wait for the
-# template's imports, and --start-timeout counts them (the default list's torch._dynamo and numpy
-# made launches overdue under load).
-PRELOADED = ["--preload", "torch,hvdlite.torch"]
+# is CPU-bound). torch.optim's first optimizer imports torch._dynamo, as costly as torch itself:
+# preloaded too (the launches wait for the template's imports, judged by the time it could run).
+PRELOADED = ["--preload", "torch,torch.optim,torch._dynamo,hvdlite.torch"]
 
 
 @dataclass
