@@ -126,7 +126,8 @@ class State:
     def _snapshot(self):
         """(commit, what the last commit saved): shared, not copied; a commit replaces the
         saved copies and never changes them, so a checkpoint writer can read them meanwhile."""
-        raise NotImplementedError
+        raise NotImplementedError(f"hvdlite: a {type(self).__name__} cannot be written to --checkpoint-dir: "
+                                  f"its commits live in memory only; run without --checkpoint-dir")
 
     def _load_snapshot(self, commit, snapshot):
         """Make a checkpoint's snapshot the last commit, and go back to it."""
