@@ -148,9 +148,11 @@ def test_bad_requests_in_an_allocation_are_one_line_errors(tmp_path, cluster, en
     assert code == 2 and "-np 3 asks for more processes than the 2 tasks of Slurm allocation" in line
     code, line = run(["env", "PATH=/nonexistent"], *WHERE)
     assert code == 2 and "srun not found on PATH" in line
-    # n3 is not in the allocation: Slurm refuses the step
+    # n3 is not in the allocation: Slurm refuses the step, and 22.05 refuses the concurrent one on
+    # n1 too about half the time ("Requested node configuration is not available", 5 of 12 by
+    # hand): the first refusal read is named
     code, line = run([], "--launcher", "srun", "-H", "n1:1,n3:1", *WHERE)
-    assert code == 1 and "Slurm refused a step on n3" in line  # srun's own reason, when read in time, follows
+    assert code == 1 and re.search(r"Slurm refused a step on n[13]: ", line), line  # srun's reason, when read in time
     assert_nothing_left(cluster)
 
 
