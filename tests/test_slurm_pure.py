@@ -214,3 +214,26 @@ def test_a_rerun_refuses_while_a_step_of_the_last_driver_runs_past_its_grace(ado
     else:
         assert "its workers still run (n1/0#1)" in rerun(106.0, {"n1/0#1"}).refused
     assert rerun(106.0, set()) == adoption.Rerun()
+
+
+def test_a_refused_step_names_slurms_reason_though_srun_closed_its_stdout_first(tmp_path):
+    # srun's stdout may end before its stderr says why the step was refused (read in either
+    # order by two pumps): the reason is srun's, not "srun exited with code 1".
+    from hvdlite.driver.launchers.base import LaunchError
+    from hvdlite.driver.launchers.srun import SrunWorker
+    fake = tmp_path / "srun"
+    fake.write_text("#!/bin/sh\nexec 1>&-\nsleep 0.3\n"
+                    "echo 'srun: error: Unable to create step for job 7: Requested node configuration "
+                    "is not available' >&2\nexit 1\n")
+    fake.chmod(0o755)
+
+    class Output:
+        label, lines = "0", []
+
+        def line(self, stream, text):
+            self.lines.append((stream, text))
+
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    with pytest.raises(LaunchError, match="^Slurm refused a step on n3: Unable to create step for job 7: "
+                                          "Requested node configuration is not available$"):
+        SrunWorker("n3", ["true"], env, Output(), 10.0)

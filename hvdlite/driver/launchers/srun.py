@@ -154,7 +154,9 @@ class SrunWorker:
                         continue
                     if _CANCELLED.match(text):  # our own stop
                         continue
-                    if not self._marked.is_set() and text.startswith("srun: "):
+                    # Before the task's mark: srun's own reason. (Not _marked: stdout's end sets
+                    # it too, and may be read before these lines.)
+                    if self.step is None and text.startswith("srun: "):
                         self._early.append(text.strip())
                 self.output.line(stream, text)
         if stream == "stdout":
