@@ -124,7 +124,7 @@ def test_rank_0_killed_while_no_driver_runs_its_survivor_writes_the_newest_commi
     second.mkdir()
     args = [*ARGS, *PRELOADED, "--driver-grace", "3", "--checkpoint-dir", str(ckpt), "--checkpoint-interval", "600",
             *ELASTIC_JOB]
-    knobs = job_env(tmp_path, TOTAL_STEPS=10, STEP_SLEEP=0, HOLD_AT=held)
+    knobs = job_env(tmp_path, TOTAL_STEPS=10, STEP_SLEEP=0, HOLD_AT=held, NOISE=1)
     with Job(args, first, {**knobs, "RUN": "1"}) as a:
         wait_until(lambda: all((tmp_path / f"held.localhost_{i}").exists() for i in (0, 1)), 90, "both held")
         (world,) = [e for e in a.events() if e["event"] == "round_complete"]
@@ -145,6 +145,12 @@ def test_rank_0_killed_while_no_driver_runs_its_survivor_writes_the_newest_commi
     assert f"resumed from commit {held} (" in r.stdout + r.stderr
     records = check_continuous(tmp_path, 10)
     assert min(rec["step"] for rec in records if rec["run"] == 2) == held
+    # Each rank's own generator (per-rank state) goes on from that rank's, bitwise, though rank 1
+    # wrote the commit: what a fault-free run draws.
+    import torch
+    draws = {rank: [torch.rand(1, generator=g).item() for _ in range(10)]
+             for rank, g in ((r, torch.Generator().manual_seed(100 + r)) for r in (0, 1))}
+    assert all(rec["noise"] == draws[rec["rank"]][rec["step"]] for rec in records)
 
 
 WORKER = """
