@@ -213,6 +213,46 @@ def test_a_last_write_goes_only_into_its_own_generations_folder_once_and_after_a
     assert last_write(4, accepted=2) and os.stat(checkpointdir.newest(str(tmp_path))[2]).st_ino == written
 
 
+class _Exited(Exception):
+    pass
+
+
+def test_a_driver_that_publishes_during_the_last_beat_of_the_grace_takes_the_worker_over(tmp_path, monkeypatch):
+    """A rerun whose beacon appears during a worker's last beat of the grace (between its last
+    look at the beacon and the grace's end): the worker goes over to it. Exiting instead, its
+    last write fenced out by that beacon, it would lose the commit it held (rank 0 dead) while
+    the new driver, finding no worker left, resumes from the older one on disk."""
+    secret, ckpt = "s" * 32, str(tmp_path)
+    os.makedirs(beacon.folder(ckpt))
+    beacon.publish(ckpt, secret, 1, "127.0.0.1", 1)
+    monkeypatch.setenv(env.CHECKPOINT_DIR, ckpt)
+    monkeypatch.setattr(durable, "_held", ("0" * 20, 6, {"c": 6}))
+    monkeypatch.setattr(durable, "_writer", None)
+    monkeypatch.setattr("hvdlite.worker.session.rescue.check", lambda: None)
+    monkeypatch.setattr("hvdlite.worker.session.os._exit", lambda code: (_ for _ in ()).throw(_Exited(code)))
+    worker = Session.__new__(Session)
+    worker.grace, worker.liveness_timeout, worker.interval = 0.3, 0.1, 0.01
+    worker.worker, worker.commits, worker.epoch, worker.addr, worker.port = "localhost/1#1", 6, 1, "127.0.0.1", 1
+    worker._watch, worker._take = beacon.Watch(ckpt, secret), lambda body: body is not None
+    worker._leave_word = lambda code: None
+    start, switched = time.monotonic(), []
+
+    class Beats:  # a dead driver's: no answer; the rerun publishes during the beat past the grace
+        def beat(self, *args, **kwargs):
+            if time.monotonic() - start > worker.grace and not switched:
+                beacon.publish(ckpt, secret, 2, "127.0.0.1", 2)
+            return None
+    worker._beats = Beats()
+
+    def switch(epoch, addr, port):
+        switched.append(epoch)
+        raise _Exited("switched")
+    worker._switch = switch
+    with pytest.raises(_Exited):
+        worker._beat()
+    assert switched == [2] or checkpointdir.newest(ckpt) is not None, "commit 6 lost: exited fenced out, unwritten"
+
+
 def test_any_rank_takes_the_snapshot_rank_0_would_write():
     """A survivor of rank 0 writes rank 0's own parts (its per-rank objects, its gradients not
     reduced yet), as the commit's parts by rank hold them; its own would differ."""
