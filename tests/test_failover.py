@@ -5,6 +5,7 @@ kill -9 of the driver leaves the workers training (and printing) without one, th
 run again takes the same processes over, and the job ends with the parameters of a fault-free
 run. The rest are decisions and one small torch-free worker: in-process where they can be.
 """
+import fcntl
 import json
 import os
 import signal
@@ -211,6 +212,28 @@ def test_a_last_write_goes_only_into_its_own_generations_folder_once_and_after_a
         checkpointdir.write(str(tmp_path), lineage, 4, {"c": 4}, keep=2)
         written = os.stat(checkpointdir.newest(str(tmp_path))[2]).st_ino
     assert last_write(4, accepted=2) and os.stat(checkpointdir.newest(str(tmp_path))[2]).st_ino == written
+
+
+def test_a_process_forked_during_a_write_does_not_keep_the_commits_lock(tmp_path):
+    """A DataLoader's workers are forked (Linux's default) while rank 0's writer may be writing:
+    each child holds a copy of the lock's descriptor, so closing the writer's own did not free
+    the lock until the child ended (a persistent loader's: never), and every later write (rank 0's
+    next, a survivor's last) waited on it for good."""
+    os.makedirs(beacon.folder(str(tmp_path)))
+    with durable._locked(str(tmp_path)):
+        child = os.fork()
+        if child == 0:  # a loader's worker: lives on past the write
+            time.sleep(30)
+            os._exit(0)
+    try:
+        fd = os.open(os.path.join(beacon.folder(str(tmp_path)), durable.LOCK), os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while the child holds the lock
+        finally:
+            os.close(fd)
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
 
 
 class _Exited(Exception):
