@@ -5,6 +5,7 @@ kill -9 of the driver leaves the workers training (and printing) without one, th
 run again takes the same processes over, and the job ends with the parameters of a fault-free
 run. The rest are decisions and one small torch-free worker: in-process where they can be.
 """
+import fcntl
 import json
 import os
 import signal
@@ -124,7 +125,7 @@ def test_rank_0_killed_while_no_driver_runs_its_survivor_writes_the_newest_commi
     second.mkdir()
     args = [*ARGS, *PRELOADED, "--driver-grace", "3", "--checkpoint-dir", str(ckpt), "--checkpoint-interval", "600",
             *ELASTIC_JOB]
-    knobs = job_env(tmp_path, TOTAL_STEPS=10, STEP_SLEEP=0, HOLD_AT=held)
+    knobs = job_env(tmp_path, TOTAL_STEPS=10, STEP_SLEEP=0, HOLD_AT=held, NOISE=1)
     with Job(args, first, {**knobs, "RUN": "1"}) as a:
         wait_until(lambda: all((tmp_path / f"held.localhost_{i}").exists() for i in (0, 1)), 90, "both held")
         (world,) = [e for e in a.events() if e["event"] == "round_complete"]
@@ -145,6 +146,12 @@ def test_rank_0_killed_while_no_driver_runs_its_survivor_writes_the_newest_commi
     assert f"resumed from commit {held} (" in r.stdout + r.stderr
     records = check_continuous(tmp_path, 10)
     assert min(rec["step"] for rec in records if rec["run"] == 2) == held
+    # Each rank's own generator (per-rank state) goes on from that rank's, bitwise, though rank 1
+    # wrote the commit: what a fault-free run draws.
+    import torch
+    draws = {rank: [torch.rand(1, generator=g).item() for _ in range(10)]
+             for rank, g in ((r, torch.Generator().manual_seed(100 + r)) for r in (0, 1))}
+    assert all(rec["noise"] == draws[rec["rank"]][rec["step"]] for rec in records)
 
 
 WORKER = """
@@ -205,6 +212,68 @@ def test_a_last_write_goes_only_into_its_own_generations_folder_once_and_after_a
         checkpointdir.write(str(tmp_path), lineage, 4, {"c": 4}, keep=2)
         written = os.stat(checkpointdir.newest(str(tmp_path))[2]).st_ino
     assert last_write(4, accepted=2) and os.stat(checkpointdir.newest(str(tmp_path))[2]).st_ino == written
+
+
+def test_a_process_forked_during_a_write_does_not_keep_the_commits_lock(tmp_path):
+    """A DataLoader's workers are forked (Linux's default) while rank 0's writer may be writing:
+    each child holds a copy of the lock's descriptor, so closing the writer's own did not free
+    the lock until the child ended (a persistent loader's: never), and every later write (rank 0's
+    next, a survivor's last) waited on it for good."""
+    os.makedirs(beacon.folder(str(tmp_path)))
+    with durable._locked(str(tmp_path)):
+        child = os.fork()
+        if child == 0:  # a loader's worker: lives on past the write
+            time.sleep(30)
+            os._exit(0)
+    try:
+        fd = os.open(os.path.join(beacon.folder(str(tmp_path)), durable.LOCK), os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while the child holds the lock
+        finally:
+            os.close(fd)
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+
+
+class _Exited(Exception):
+    pass
+
+
+def test_a_driver_that_publishes_during_the_last_beat_of_the_grace_takes_the_worker_over(tmp_path, monkeypatch):
+    """A rerun whose beacon appears during a worker's last beat of the grace (between its last
+    look at the beacon and the grace's end): the worker goes over to it. Exiting instead, its
+    last write fenced out by that beacon, it would lose the commit it held (rank 0 dead) while
+    the new driver, finding no worker left, resumes from the older one on disk."""
+    secret, ckpt = "s" * 32, str(tmp_path)
+    os.makedirs(beacon.folder(ckpt))
+    beacon.publish(ckpt, secret, 1, "127.0.0.1", 1)
+    monkeypatch.setenv(env.CHECKPOINT_DIR, ckpt)
+    monkeypatch.setattr(durable, "_held", ("0" * 20, 6, {"c": 6}))
+    monkeypatch.setattr(durable, "_writer", None)
+    monkeypatch.setattr("hvdlite.worker.session.rescue.check", lambda: None)
+    monkeypatch.setattr("hvdlite.worker.session.os._exit", lambda code: (_ for _ in ()).throw(_Exited(code)))
+    worker = Session.__new__(Session)
+    worker.grace, worker.liveness_timeout, worker.interval = 0.3, 0.1, 0.01
+    worker.worker, worker.commits, worker.epoch, worker.addr, worker.port = "localhost/1#1", 6, 1, "127.0.0.1", 1
+    worker._watch, worker._take = beacon.Watch(ckpt, secret), lambda body: body is not None
+    worker._leave_word = lambda code: None
+    start, switched = time.monotonic(), []
+
+    class Beats:  # a dead driver's: no answer; the rerun publishes during the beat past the grace
+        def beat(self, *args, **kwargs):
+            if time.monotonic() - start > worker.grace and not switched:
+                beacon.publish(ckpt, secret, 2, "127.0.0.1", 2)
+            return None
+    worker._beats = Beats()
+
+    def switch(epoch, addr, port):
+        switched.append(epoch)
+        raise _Exited("switched")
+    worker._switch = switch
+    with pytest.raises(_Exited):
+        worker._beat()
+    assert switched == [2] or checkpointdir.newest(ckpt) is not None, "commit 6 lost: exited fenced out, unwritten"
 
 
 def test_any_rank_takes_the_snapshot_rank_0_would_write():

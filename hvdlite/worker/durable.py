@@ -224,7 +224,11 @@ def _locked(directory: str):
         yield
     finally:
         if fd is not None:
-            os.close(fd)  # closing releases the flock
+            try:  # closing alone does not free it while a child forked meanwhile (a loader's) holds a copy
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            except OSError:
+                pass
+            os.close(fd)
 
 
 def _low_priority():

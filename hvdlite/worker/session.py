@@ -253,6 +253,10 @@ class Session:
                     lost = last_contact
                     _say(f"lost contact with the driver at {self.addr}:{self.port}; training on without "
                          f"it for up to {self.grace:g} s (--driver-grace) until a driver takes the job over")
+            newer = self._watch.newer(self.epoch) if self._watch is not None and not answered else None
+            if newer is not None:  # a driver took over during this beat: go over to it, as _wait does, rather
+                self._switch(*newer)  # than exit with the last write fenced out by its beacon (commit lost)
+                continue
             if time.monotonic() - last_contact > max(self.liveness_timeout, self.grace):
                 _say(f"lost contact with the driver at {self.addr}:{self.port} for "
                      f"{max(self.liveness_timeout, self.grace):g} s; exiting").join(STALL)
