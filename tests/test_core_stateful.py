@@ -14,9 +14,10 @@ a node that answers probes, or lose their node (cut off: probes go silent).
 With --checkpoint-dir the driver dies (or is paused past its lease) and a new one (the same
 command, or a standby) takes the job over from the journal the old one wrote (decisions/adoption.py),
 while the workers train on without a driver; the old one may come back, fenced. A driver that
-dies where nobody takes over (before its first world, during a graceful stop) is run again too:
-the rerun kills the workers that never trained, waits out those that may have, and resumes from
-the disk (adoption.rerun).
+dies where nobody takes over (before its first world, during a graceful stop), or that nobody
+runs again within --driver-grace (a peer, rank 0 too, may die meanwhile), is run again too: the
+rerun kills the workers that never trained, waits out those that may have, and resumes from the
+disk (adoption.rerun), which holds the newest commit any of them held (durable.leaves_held).
 Launches start, are refused by their host, fail in the driver's own fork, time out in the
 launcher, or never start at all.
 """
@@ -43,7 +44,7 @@ from hvdlite.driver.decisions.messages import (
     Launched, LISTENING, REFUSED, SILENT, LaunchFailed, LeaseDoubt, Leaving, LinkBroken, LoadFailed, Log, Probe,
     Probed, Publish, Ready, RunWait, StackDump, Stop, StopRequested, TemplateDied, Tick, Written)
 from hvdlite.driver.decisions.nodeloss import REPROBE
-from hvdlite.worker import beacon
+from hvdlite.worker import beacon, durable
 
 UNIVERSE = [("a", 2), ("b", 1), ("c", 2), ("d", 1)]
 WHY = {HOST: "no route to host", DRIVER: "BlockingIOError: [Errno 11] Resource temporarily unavailable",
@@ -499,9 +500,7 @@ class ElasticJob(RuleBasedStateMachine):
         assert not decision.adopt, f"a job nobody takes over was taken over: {saved}"
         if c.round and running:  # they may have trained: a fresh start would race them
             assert decision.refused and not decision.kill, (decision, running)
-            for p in self.procs.values():  # they train until their grace ends: exit 75, rank 0 writing first
-                if p.alive:
-                    self.leave_unheard(p)
+            self.grace_ends()
             running, decision = rerun()
         assert not running or not c.round, f"{sorted(running)} still run beside a fresh start"
         assert decision.refused is None and set(decision.kill) == set(running.values()), (decision, running)
@@ -511,9 +510,51 @@ class ElasticJob(RuleBasedStateMachine):
             p.alive = False
         self.fresh_driver()
 
+    @rule(data=st.data(), steps=st.integers(0, 2), dies=st.sampled_from([None, "rank 0", "another"]))
+    def no_driver_comes_within_the_grace(self, data, steps, dies):
+        """kill -9 of the driver, and nobody runs the command again within --driver-grace: the
+        members train on `steps` commits, one may die meanwhile (kill -9: rank 0, its writer's
+        pending commit with it, or another), its peers wait for a driver. The grace ends (exit
+        75), then the same command finds none of the workers running and resumes from the disk."""
+        c = self.core
+        if self.disk is None or self.ended is not None or not adoption.adoptable(c):
+            return
+        saved = json.loads(json.dumps({**adoption.journal(c, self.now), "command": ["train.py"],
+                                       "written_at": 0.0, "driver_host": "here"}))
+        self.drivers.pop()  # dead: it never decides again
+        for p in self.procs.values():
+            if not p.started:
+                p.alive = False  # its launch died with the driver
+        members = [p for p in self.members() if not p.handover]
+        for _ in range(steps if not self.must_leave() else 0):
+            for p in members:
+                self.commit_once(p)
+        ranks = {p.worker: c.world[p.worker].rank for p in members}
+        victims = sorted(w for w, rank in ranks.items() if (rank == 0) == (dies == "rank 0"))
+        if dies and victims:
+            self.procs[data.draw(st.sampled_from(victims))].alive = False
+        self.grace_ends()
+        decision = adoption.rerun(saved, {}, set(), set(), {h: adoption.LOCAL for h in adoption.live_hosts(saved)},
+                                  ["train.py"], "here", 1.0, c.policy.liveness_timeout, "/ckpt")
+        assert decision == adoption.Rerun(), decision
+        self.fresh_driver()
+
+    def grace_ends(self):
+        """No driver came within --driver-grace: every live worker exits 75 (a stopped one once it
+        runs again), rank 0's writer writing its pending commit, then each the newest commit it
+        holds where the folder lacks it (durable.finish). No commit any of them held is lost."""
+        alive = [p for p in self.procs.values() if p.alive]
+        held = max((p.commit for p in alive), default=0)
+        for p in alive:
+            self.flush(p)
+            if durable.leaves_held(p.commit, self.disk, self.epoch, self.accepted):
+                self.disk = p.commit
+            p.alive = False
+        assert self.disk >= held, f"commit {held} was held at the grace's end, the disk has {self.disk}"
+
     def leave_unheard(self, proc):
-        """A worker whose driver is gone exits (its grace ended, or it left at a commit as the
-        stop asked): rank 0's writer writes its newest commit first; no driver hears of it."""
+        """A worker whose driver is gone leaves at a commit as the stop asked: rank 0's writer
+        writes its newest commit first; no driver hears of it."""
         self.flush(proc)
         proc.alive = False
 
@@ -1507,6 +1548,21 @@ def test_a_driver_killed_during_a_graceful_stop_is_rerun_from_the_disk_once_its_
     job.idle_workers_enter_rendezvous()
     job.syncs_from_the_root(fails=set())
     assert job.core.round == 1 and {p.commit for p in job.members()} == {job.disk}
+
+
+def test_rank_0_killed_while_no_driver_runs_loses_no_commit_at_the_grace_end():
+    """The members commit twice without a driver, then rank 0 dies with its writer's pending
+    commit; nobody runs the command again within the grace. Its survivors write the commit they
+    hold as they exit 75 (rank 0's writer alone left the disk at commit 0), and the rerun resumes
+    from it."""
+    job, members = formed(durable=True)
+    (root,) = [w for w in members if job.core.world[w].rank == 0]
+    job.no_driver_comes_within_the_grace(Picks(root), steps=2, dies="rank 0")
+    assert job.disk == 2 and job.core.ledger.newest == 2 and job.core.round == 0
+    job.launches_complete()
+    job.idle_workers_enter_rendezvous()
+    job.syncs_from_the_root(fails=set())
+    assert job.core.round == 1 and {p.commit for p in job.members()} == {2}
 
 
 def test_a_rerun_after_a_driver_died_ending_the_job_refuses_while_an_ssh_worker_of_it_runs():

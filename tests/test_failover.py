@@ -5,8 +5,10 @@ kill -9 of the driver leaves the workers training (and printing) without one, th
 run again takes the same processes over, and the job ends with the parameters of a fault-free
 run. The rest are decisions and one small torch-free worker: in-process where they can be.
 """
+import fcntl
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -23,10 +25,11 @@ from hvdlite.driver.decisions.policy import Policy
 from hvdlite.driver.decisions.workers import Phase
 from hvdlite.driver.leadership import Leadership, NotLeader
 from hvdlite.driver.store.filestore import FileStore
-from hvdlite.worker import beacon, env
+from hvdlite.worker import beacon, checkpointdir, durable, env
 from hvdlite.worker.kvclient import KVClient
 from hvdlite.worker.session import Session
-from jobs import SCRIPTS, Job, job_env, progress, run_job, sizes, wait_until
+from jobs import (PRELOADED, SCRIPTS, Job, check_training_continuous as check_continuous, job_env, progress, run_job,
+                  sizes, wait_until)
 from test_core import first_world
 from test_numpy_backend import JOB as NUMPY_JOB, check_training_continuous as check_numpy, needs_pygloo
 
@@ -109,6 +112,48 @@ def test_numpy_workers_train_on_without_a_driver_and_are_taken_over(tmp_path):
 
 
 # ---- without a driver for the grace: today's end ------------------------------------------
+ELASTIC_JOB = [sys.executable, os.path.join(SCRIPTS, "elastic_job.py")]
+
+
+def test_rank_0_killed_while_no_driver_runs_its_survivor_writes_the_newest_commit_at_the_grace_end(tmp_path):
+    """kill -9 of the driver, then of rank 0 while none runs; no driver comes within the grace.
+    The survivor exits 75, writing the commit it holds first: rank 0's writer wrote only the
+    first commit (--checkpoint-interval 600) and died with the rest. The rerun resumes from it."""
+    held = 6  # every worker waits at this step, its commit made, until the test's go
+    ckpt, first, second = tmp_path / "ckpt", tmp_path / "run1", tmp_path / "run2"
+    first.mkdir()
+    second.mkdir()
+    args = [*ARGS, *PRELOADED, "--driver-grace", "3", "--checkpoint-dir", str(ckpt), "--checkpoint-interval", "600",
+            *ELASTIC_JOB]
+    knobs = job_env(tmp_path, TOTAL_STEPS=10, STEP_SLEEP=0, HOLD_AT=held, NOISE=1)
+    with Job(args, first, {**knobs, "RUN": "1"}) as a:
+        wait_until(lambda: all((tmp_path / f"held.localhost_{i}").exists() for i in (0, 1)), 90, "both held")
+        (world,) = [e for e in a.events() if e["event"] == "round_complete"]
+        started = {e["slot"]: e for e in a.events() if e["event"] == "worker_start"}  # the last launch of each
+        rank0, survivor = sorted(world["members"], key=world["members"].get)
+        a.proc.kill()
+        a.proc.wait(10)
+        os.killpg(started[rank0]["pid"], signal.SIGKILL)
+        (tmp_path / "go").touch()  # the survivor's next allreduce fails: it rolls back to its commit
+        wait_until(lambda: procstat.identity(started[survivor]["pid"]) is None, 60, "the survivor's exit")
+    word = beacon.output_path(str(ckpt), started[survivor]["worker"], "exit")
+    assert open(word).read() == str(exitcodes.LOST_DRIVER)
+    # Rank 0's writer wrote commit 1 at most (or was writing it when killed).
+    assert checkpointdir.newest(str(ckpt))[0] == held and {c for c, _ in checkpointdir.files(str(ckpt))} <= {1, held}
+    with Job(args, second, {**knobs, "RUN": "2"}) as b:
+        r = b.finish(120)
+    assert r.code == 0, r.stderr[-3000:]
+    assert f"resumed from commit {held} (" in r.stdout + r.stderr
+    records = check_continuous(tmp_path, 10)
+    assert min(rec["step"] for rec in records if rec["run"] == 2) == held
+    # Each rank's own generator (per-rank state) goes on from that rank's, bitwise, though rank 1
+    # wrote the commit: what a fault-free run draws.
+    import torch
+    draws = {rank: [torch.rand(1, generator=g).item() for _ in range(10)]
+             for rank, g in ((r, torch.Generator().manual_seed(100 + r)) for r in (0, 1))}
+    assert all(rec["noise"] == draws[rec["rank"]][rec["step"]] for rec in records)
+
+
 WORKER = """
 import sys, time
 from hvdlite.worker.session import session
@@ -139,6 +184,111 @@ def test_a_worker_trains_on_without_a_driver_for_the_grace_then_exits_75(tmp_pat
                               env={**environ, env.WORKER: "localhost/1#1"}, timeout=60)
     assert finished.returncode == 0
     assert open(beacon.output_path(str(tmp_path), "localhost/1#1", "exit")).read() == "0"
+
+
+def test_a_last_write_goes_only_into_its_own_generations_folder_once_and_after_a_live_writer(tmp_path):
+    """What the grace's end writes (durable.finish with a fence), in-process: nothing where this
+    host sees no beacon of the job (another host's folder: none is made), nor into a folder a
+    newer driver took over; a commit the folder holds already is not written again, and a
+    survivor waits for the lock a live rank 0's write holds, then finds its commit there."""
+    lineage, secret = "0" * 20, "s" * 32
+    watch = beacon.Watch(str(tmp_path), secret)
+
+    def last_write(commit, accepted, timeout=10.0):
+        writer = durable.Writer(durable.Config(str(tmp_path), interval=0, keep=2),
+                                fence=lambda: (watch.epoch(), accepted))
+        writer.offer(lineage, commit, {"c": commit})
+        return writer.flush(timeout, last=True)
+
+    assert last_write(3, accepted=1) and os.listdir(tmp_path) == []  # no beacon here: nothing made
+    os.makedirs(beacon.folder(str(tmp_path)))
+    beacon.publish(str(tmp_path), secret, 2, "127.0.0.1", 1)
+    assert last_write(3, accepted=1) and checkpointdir.newest(str(tmp_path)) is None  # a newer driver's
+    assert last_write(3, accepted=2) and checkpointdir.newest(str(tmp_path))[0] == 3
+    first = os.stat(checkpointdir.newest(str(tmp_path))[2]).st_ino
+    assert last_write(3, accepted=2) and os.stat(checkpointdir.newest(str(tmp_path))[2]).st_ino == first
+    with durable._locked(str(tmp_path)):  # rank 0's writer, writing commit 4
+        assert not last_write(4, accepted=2, timeout=0.3)
+        checkpointdir.write(str(tmp_path), lineage, 4, {"c": 4}, keep=2)
+        written = os.stat(checkpointdir.newest(str(tmp_path))[2]).st_ino
+    assert last_write(4, accepted=2) and os.stat(checkpointdir.newest(str(tmp_path))[2]).st_ino == written
+
+
+def test_a_process_forked_during_a_write_does_not_keep_the_commits_lock(tmp_path):
+    """A DataLoader's workers are forked (Linux's default) while rank 0's writer may be writing:
+    each child holds a copy of the lock's descriptor, so closing the writer's own did not free
+    the lock until the child ended (a persistent loader's: never), and every later write (rank 0's
+    next, a survivor's last) waited on it for good."""
+    os.makedirs(beacon.folder(str(tmp_path)))
+    with durable._locked(str(tmp_path)):
+        child = os.fork()
+        if child == 0:  # a loader's worker: lives on past the write
+            time.sleep(30)
+            os._exit(0)
+    try:
+        fd = os.open(os.path.join(beacon.folder(str(tmp_path)), durable.LOCK), os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while the child holds the lock
+        finally:
+            os.close(fd)
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+
+
+class _Exited(Exception):
+    pass
+
+
+def test_a_driver_that_publishes_during_the_last_beat_of_the_grace_takes_the_worker_over(tmp_path, monkeypatch):
+    """A rerun whose beacon appears during a worker's last beat of the grace (between its last
+    look at the beacon and the grace's end): the worker goes over to it. Exiting instead, its
+    last write fenced out by that beacon, it would lose the commit it held (rank 0 dead) while
+    the new driver, finding no worker left, resumes from the older one on disk."""
+    secret, ckpt = "s" * 32, str(tmp_path)
+    os.makedirs(beacon.folder(ckpt))
+    beacon.publish(ckpt, secret, 1, "127.0.0.1", 1)
+    monkeypatch.setenv(env.CHECKPOINT_DIR, ckpt)
+    monkeypatch.setattr(durable, "_held", ("0" * 20, 6, {"c": 6}))
+    monkeypatch.setattr(durable, "_writer", None)
+    monkeypatch.setattr("hvdlite.worker.session.rescue.check", lambda: None)
+    monkeypatch.setattr("hvdlite.worker.session.os._exit", lambda code: (_ for _ in ()).throw(_Exited(code)))
+    worker = Session.__new__(Session)
+    worker.grace, worker.liveness_timeout, worker.interval = 0.3, 0.1, 0.01
+    worker.worker, worker.commits, worker.epoch, worker.addr, worker.port = "localhost/1#1", 6, 1, "127.0.0.1", 1
+    worker._watch, worker._take = beacon.Watch(ckpt, secret), lambda body: body is not None
+    worker._leave_word = lambda code: None
+    start, switched = time.monotonic(), []
+
+    class Beats:  # a dead driver's: no answer; the rerun publishes during the beat past the grace
+        def beat(self, *args, **kwargs):
+            if time.monotonic() - start > worker.grace and not switched:
+                beacon.publish(ckpt, secret, 2, "127.0.0.1", 2)
+            return None
+    worker._beats = Beats()
+
+    def switch(epoch, addr, port):
+        switched.append(epoch)
+        raise _Exited("switched")
+    worker._switch = switch
+    with pytest.raises(_Exited):
+        worker._beat()
+    assert switched == [2] or checkpointdir.newest(ckpt) is not None, "commit 6 lost: exited fenced out, unwritten"
+
+
+def test_any_rank_takes_the_snapshot_rank_0_would_write():
+    """A survivor of rank 0 writes rank 0's own parts (its per-rank objects, its gradients not
+    reduced yet), as the commit's parts by rank hold them; its own would differ."""
+    import torch
+    from hvdlite.torch.elastic import TorchState
+    model = torch.nn.Linear(2, 1)
+    state = TorchState(model, noise=torch.Generator().manual_seed(1), step=3)
+    own = state._snapshot()[1]
+    state._every_rank = [{"generators": "rank 0's", "handlers": {"noise": "rank 0's"}, "grads": "rank 0's"},
+                         {"generators": "rank 1's", "handlers": {"noise": "rank 1's"}, "grads": "rank 1's"}]
+    snapshot = state._snapshot()[1]
+    assert snapshot["handlers"]["noise"] == snapshot["gradients"]["grads"] == "rank 0's" != own["handlers"]["noise"]
+    assert snapshot["handlers"]["model"] is own["handlers"]["model"] and snapshot["values"] == {"step": 3}
 
 
 # ---- the journal and the take-over, in-process ----------------------------------------------

@@ -123,9 +123,18 @@ class TorchState(ObjectState):
         self._put_back_with_own()
 
     def _snapshot(self):
+        """Rank 0's parts whichever rank takes it: each rank's own (per-rank handlers, gradients
+        not reduced yet) from the commit's parts by rank, so a survivor of rank 0 writes what rank
+        0 would have (durable.finish); the rest is alike on every rank (the root's after a sync)."""
         commit, snapshot = super()._snapshot()
-        return commit, {**snapshot, "handlers": {name: h.saved() for name, h in self._handlers.items()},
-                        "gradients": self._gradients.saved()}
+        first = self._every_rank[0] if self._every_rank else {}
+        parts = first.get("handlers", {})
+        handlers = {name: parts[name] if h.per_rank and name in parts else h.saved()
+                    for name, h in self._handlers.items()}
+        gradients = self._gradients.saved()
+        if "grads" in first:
+            gradients = {**gradients, "grads": first["grads"]}
+        return commit, {**snapshot, "handlers": handlers, "gradients": gradients}
 
     def _load_snapshot(self, commit, snapshot):
         saved = snapshot.get("handlers", {})

@@ -76,6 +76,16 @@ class Watch:
         self.path = os.path.join(folder(checkpoint_dir), BEACON)
         self.secret, self._seen = secret, None
 
+    def epoch(self) -> Optional[int]:
+        """The lease epoch the beacon names now, read afresh; None where this host sees no beacon
+        of the job (its folder is another host's, not shared with this one)."""
+        try:
+            with open(self.path, "rb") as f:
+                record = opened(self.secret, BEACON, f.read())
+        except OSError:
+            return None
+        return record["epoch"] if record is not None and isinstance(record.get("epoch"), int) else None
+
     def newer(self, epoch: int):
         """(epoch, addr, port) of a driver with a greater epoch than `epoch`, else None."""
         try:

@@ -18,21 +18,29 @@ DIR in the background, and a worker resumes from DIR when it holds less (torch-f
   writable) ends the job at that commit with one line naming the commit, the folder and the
   cause (exit 1): never training on without the checkpoints the user counts on.
 - The writer's newest commit reaches the disk before the worker exits, within EXIT_FLUSH, even
-  when it exits because the driver is gone.
+  when it exits because the driver is gone. When no driver came back within --driver-grace,
+  every worker writes the newest commit it holds as it exits, whatever its rank (rank 0 may
+  have died in the gap), unless the folder holds it already: the first one writes it, the
+  others find it there (finish, leaves_held). Writers take turns under a lock in the driver
+  folder. A snapshot holds rank 0's parts whichever rank takes it (State._snapshot), so any
+  worker writes what rank 0 would have written.
 """
 import atexit
+import fcntl
 import os
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Optional
 
 from hvdlite import exitcodes
 from hvdlite.printable import printable
-from hvdlite.worker import checkpointdir, env, stopping
+from hvdlite.worker import beacon, checkpointdir, env, stopping
 
 EXIT_FLUSH = 20.0  # seconds a finishing worker waits to write its newest commit (exit grace: 30)
+LOCK = "commits.lock"  # in the driver folder (beacon.folder): writers of commits take turns on it
 REPORT_TIMEOUT = 5.0  # seconds to tell the driver a checkpoint does not load or was not written
 WRITER_NICE = 10
 # What a write may take of one core and of the disk. 100 MB take ~13 ms of CPU to write (all
@@ -106,8 +114,11 @@ def _say(message):
 class Writer:
     """A thread that writes the newest commit offered, at most every `interval` seconds."""
 
-    def __init__(self, cfg: Config, clock=time.monotonic):
+    def __init__(self, cfg: Config, clock=time.monotonic, fence=None):
         self.cfg, self.clock = cfg, clock
+        # A worker's last write as it exits with no driver (finish): () -> (the epoch the beacon
+        # names, the one this worker accepted); it writes only into its driver generation's folder.
+        self.fence = fence
         self._cond = threading.Condition()
         self._pending = None  # (lineage, commit, snapshot) not written yet
         self._busy = False
@@ -161,10 +172,9 @@ class Writer:
                 (lineage, commit, snapshot), self._pending = self._pending, None
                 self._busy, self._last_start = True, self.clock()
             try:
-                checkpointdir.write(self.cfg.directory, lineage, commit, snapshot, self.cfg.keep,
-                                    Pacer(CPU_SHARE, DISK_RATE, lambda: self._hurry))
-                # Before a flush returns: the driver names only commits it heard reached the disk.
-                _told_driver("written", commit=str(commit))
+                if self._write(lineage, commit, snapshot):
+                    # Before a flush returns: the driver names only commits it heard reached the disk.
+                    _told_driver("written", commit=str(commit))
             except Exception as e:  # noqa: BLE001 - whatever the reason: said, then the job ends
                 self._failed(commit, e)
             finally:
@@ -172,6 +182,53 @@ class Writer:
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
+
+    def _write(self, lineage, commit, snapshot) -> bool:
+        """Write `commit` unless the folder holds it or a newer one of its lineage already (another
+        worker wrote it as it exited); whether the folder holds it now."""
+        with _locked(self.cfg.directory):
+            newest = checkpointdir.newest(self.cfg.directory, lineage)
+            on_disk = newest[0] if newest is not None else 0
+            if self.fence is not None and not leaves_held(commit, on_disk, *self.fence()):
+                return False
+            if commit > on_disk:
+                checkpointdir.write(self.cfg.directory, lineage, commit, snapshot, self.cfg.keep,
+                                    Pacer(CPU_SHARE, DISK_RATE, lambda: self._hurry))
+            return True
+
+
+def leaves_held(held: int, on_disk: int, published: Optional[int], accepted: int) -> bool:
+    """Whether a worker exiting with no driver writes the commit it holds (`held`): only where the
+    beacon names the driver generation it accepted (`published`; None where its host sees no
+    beacon of the job: the folder is another host's, never to be made here; a greater epoch: a
+    newer driver owns the folder now), and only when the folder's newest (`on_disk`) is older."""
+    return published == accepted and held > on_disk
+
+
+@contextmanager
+def _locked(directory: str):
+    """Hold the job's lock on writing commits into `directory`. It lives in the driver folder,
+    which only this user may enter (in a folder others can write, one could hold it for good);
+    where this host sees no driver folder, no other worker writes here, and none is taken. On a
+    filesystem without flock the writes stay atomic, only not one at a time."""
+    try:
+        fd = os.open(os.path.join(beacon.folder(directory), LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:  # no driver folder here (the write itself says what is wrong with the folder)
+        fd = None
+    try:
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # held by a write at most: the others' flushes are bounded
+            except OSError:
+                pass
+        yield
+    finally:
+        if fd is not None:
+            try:  # closing alone does not free it while a child forked meanwhile (a loader's) holds a copy
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            except OSError:
+                pass
+            os.close(fd)
 
 
 def _low_priority():
@@ -187,6 +244,8 @@ def _low_priority():
 _writer = None
 _found = None  # (commit, lineage, path, state) of the checkpoint verified last, until used
 _tell = None  # the session's tell (install)
+_holding = False  # this worker may have to write what it holds: it trains on between drivers (install)
+_held = None  # (lineage, commit, snapshot) of the newest commit it holds, when _holding (saving)
 
 
 def committed(state) -> None:
@@ -209,12 +268,37 @@ def flush() -> None:
         _writer.flush(EXIT_FLUSH)
 
 
-def finish() -> None:
+@contextmanager
+def saving(state):
+    """Around what replaces a state's saved copies (a commit's save, a sync): the newest commit
+    this worker holds is the state's afterwards, and let go meanwhile (held through it, a commit
+    would cost a second copy of the state)."""
+    global _held
+    if not _holding:
+        yield
+        return
+    _held = None
+    try:
+        yield
+    finally:  # after a sync that failed too: its saved copies are as they were
+        _held = (state._lineage, *state._snapshot())
+
+
+def finish(fence=None) -> None:
     """Before this process exits (at exit, or because the driver is gone): the newest commit
-    offered reaches the disk, within EXIT_FLUSH seconds; later commits are not written."""
+    offered reaches the disk, within EXIT_FLUSH seconds; later commits are not written.
+    With `fence` (no driver came back within --driver-grace; Writer.fence), then the newest
+    commit this worker holds too, whatever its rank, where leaves_held says, within the same
+    EXIT_FLUSH."""
     stopping.on_exit()
+    deadline = time.monotonic() + EXIT_FLUSH
     if _writer is not None:
         _writer.flush(EXIT_FLUSH, last=True)
+    held = _held
+    if fence is not None and held is not None:
+        last = Writer(config(), fence=fence)
+        last.offer(*held)
+        last.flush(max(0.0, deadline - time.monotonic()), last=True)
 
 
 def reportable(commit: int) -> int:
@@ -280,11 +364,13 @@ def unloadable(path: str, error: BaseException) -> None:
     raise SystemExit(exitcodes.UNLOADABLE)
 
 
-def install(tell) -> None:
+def install(tell, holding: bool = False) -> None:
     """Take `tell(what, body, timeout, **query)`, the session's word to the driver
-    (Session.tell): the session hands it over as it starts, as this module may not import it."""
-    global _tell
-    _tell = tell
+    (Session.tell): the session hands it over as it starts, as this module may not import it;
+    `holding`: the worker trains on between drivers (--driver-grace), so keeps its newest commit
+    at hand for finish."""
+    global _tell, _holding
+    _tell, _holding = tell, holding
 
 
 def _told_driver(what: str, reason: str = "", **query) -> bool:

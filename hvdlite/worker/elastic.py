@@ -89,8 +89,9 @@ class State:
         # Every rank's part first: a commit that fails to reach every rank is not taken (its
         # rollback goes to the one before, whose parts every rank has).
         every_rank = self._every_rank_now()
-        self.save()
-        self._every_rank = every_rank
+        with durable.saving(self):
+            self.save()
+            self._every_rank = every_rank
         session().commits = self._commits
         durable.committed(self)
         self.check_host_updates()
@@ -224,8 +225,9 @@ def run(func):
             while True:
                 rolled_back = False
                 try:
-                    durable.catch_up(state)
-                    state.sync()
+                    with durable.saving(state):
+                        durable.catch_up(state)
+                        state.sync()
                     if backend.info().handover:  # its source leaves, or the job stops: rank 0 writes it
                         durable.committed(state)
                         raise HostsUpdatedInterrupt()

@@ -9,7 +9,8 @@ With --checkpoint-dir it trains on without a driver for --driver-grace instead (
 its commits), polling the beacon (beacon.py) for a driver that takes the job over; it goes over
 to one whose lease epoch is greater than any it accepted, and refuses answers from a driver
 with a smaller one (an old driver back from a pause or a partition). A change of world in the
-gap (a peer died) waits for the new driver. When the grace ends with none, it exits as above.
+gap (a peer died) waits for the new driver. When the grace ends with none, it exits as above,
+writing first the newest commit it holds where the folder lacks it (rank 0 may be dead: durable.finish).
 """
 import atexit
 import dataclasses
@@ -94,7 +95,7 @@ class Session:
         self.on_round_broken = None  # callback(round), called on every heartbeat answer
         self.probed = None  # (addr, port) the driver probes this worker's node at (probed.py)
         self._joins = {}  # round -> times this process was given a place in it
-        durable.install(self.tell)  # its checkpoints' word to the driver goes through here
+        durable.install(self.tell, holding=bool(self.grace))  # its checkpoints' word to the driver goes through here
         self._heartbeat = threading.Thread(target=self._beat, daemon=True, name="hvdlite-heartbeat")
         self._heartbeat.start()
         atexit.register(self._say_goodbye)
@@ -252,11 +253,17 @@ class Session:
                     lost = last_contact
                     _say(f"lost contact with the driver at {self.addr}:{self.port}; training on without "
                          f"it for up to {self.grace:g} s (--driver-grace) until a driver takes the job over")
+            newer = self._watch.newer(self.epoch) if self._watch is not None and not answered else None
+            if newer is not None:  # a driver took over during this beat: go over to it, as _wait does, rather
+                self._switch(*newer)  # than exit with the last write fenced out by its beacon (commit lost)
+                continue
             if time.monotonic() - last_contact > max(self.liveness_timeout, self.grace):
                 _say(f"lost contact with the driver at {self.addr}:{self.port} for "
                      f"{max(self.liveness_timeout, self.grace):g} s; exiting").join(STALL)
                 try:
-                    durable.finish()  # rank 0's newest commit reaches the disk first
+                    # Rank 0's newest commit offered reaches the disk first; between drivers any
+                    # worker's newest held, into its own driver generation's folder only.
+                    durable.finish((lambda: (self._watch.epoch(), self.epoch)) if self._watch else None)
                     self._leave_word(exitcodes.LOST_DRIVER)
                     rescue.finish()
                 finally:

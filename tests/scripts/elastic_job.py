@@ -13,7 +13,9 @@ HOLD_IN_COMMIT=step (rank 0, once, waits inside the commit that ends that step, 
 collective and save, before its check for host updates: its peers wait there for it, so a test
 can kill it inside a commit),
 START_SLEEP="slot:seconds,..." (that worker, "*" every one, sleeps before hvd.init: a slow start),
-DDP=1 (the model is a DistributedDataParallel with a plain optimizer: DDP averages the gradients).
+DDP=1 (the model is a DistributedDataParallel with a plain optimizer: DDP averages the gradients),
+NOISE=1 (each rank draws one number a step from a generator of its own, seeded 100 + its rank and
+registered with the state; the record holds it: a rank's draws go on from its own after a resume).
 """
 import json
 import os
@@ -39,6 +41,7 @@ FAILS = os.environ.get("FAILS", "").split(",")
 RUN = int(os.environ.get("RUN", "0"))
 HOLD_AT = int(os.environ.get("HOLD_AT", "-1"))
 HOLD_IN_COMMIT = int(os.environ.get("HOLD_IN_COMMIT", "-1"))
+NOISE = os.environ.get("NOISE") == "1"
 HOLD_LIMIT = 120.0  # seconds a held worker waits for the test's go
 
 
@@ -115,13 +118,14 @@ def train(state):
                 time.sleep(0.05)
         if f"{SLOT}:{state.step}" in FAILS and once(f"failed.{state.step}"):
             raise ValueError(f"injected failure at step {state.step}")
+        drawn = torch.rand(1, generator=state.noise).item() if NOISE else None
         x, y = batch(indices)
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         optimizer.step()
         log({"step": state.step, "size": hvd.size(), "rank": hvd.rank(), "slot": SLOT,
              "round": runtime.info().round, "run": RUN, "epoch": state.sampler.epoch,
-             "indices": indices, "pid": os.getpid(),
+             "indices": indices, "pid": os.getpid(), "noise": drawn,
              # the whole world's batch, so that any one rank's record can replay the step
              "world": [share[state.sampler.local_done:][:BATCH] for share in state.sampler.shares]})
         state.sampler.record_indices(indices)
@@ -135,4 +139,5 @@ def train(state):
                    "params": [p.detach().flatten().tolist() for p in model.parameters()]}, f)
 
 
-train(hvd.elastic.TorchState(model, optimizer, sampler=sampler, step=0))
+own = {"noise": torch.Generator().manual_seed(100 + hvd.rank())} if NOISE else {}
+train(hvd.elastic.TorchState(model, optimizer, sampler=sampler, step=0, **own))
