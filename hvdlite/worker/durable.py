@@ -246,6 +246,7 @@ _found = None  # (commit, lineage, path, state) of the checkpoint verified last,
 _tell = None  # the session's tell (install)
 _holding = False  # this worker may have to write what it holds: it trains on between drivers (install)
 _held = None  # (lineage, commit, snapshot) of the newest commit it holds, when _holding (saving)
+_finishing = threading.Lock()  # finish: the heartbeat thread's, and the exit hooks
 
 
 def committed(state) -> None:
@@ -289,16 +290,23 @@ def finish(fence=None) -> None:
     offered reaches the disk, within EXIT_FLUSH seconds; later commits are not written.
     With `fence` (no driver came back within --driver-grace; Writer.fence), then the newest
     commit this worker holds too, whatever its rank, where leaves_held says, within the same
-    EXIT_FLUSH."""
+    EXIT_FLUSH. One at a time: the exit hooks of a main thread that ends meanwhile wait for the
+    heartbeat thread's last writes before they end the process."""
+    global _tell
     stopping.on_exit()
-    deadline = time.monotonic() + EXIT_FLUSH
-    if _writer is not None:
-        _writer.flush(EXIT_FLUSH, last=True)
-    held = _held
-    if fence is not None and held is not None:
-        last = Writer(config(), fence=fence)
-        last.offer(*held)
-        last.flush(max(0.0, deadline - time.monotonic()), last=True)
+    with _finishing:
+        if fence is not None:
+            # No driver is there to hear of these writes: each word would wait its REPORT_TIMEOUT
+            # while the main thread trains on past the grace.
+            _tell = None
+        deadline = time.monotonic() + EXIT_FLUSH
+        if _writer is not None:
+            _writer.flush(EXIT_FLUSH, last=True)
+        held = _held
+        if fence is not None and held is not None:
+            last = Writer(config(), fence=fence)
+            last.offer(*held)
+            last.flush(max(0.0, deadline - time.monotonic()), last=True)
 
 
 def reportable(commit: int) -> int:

@@ -258,6 +258,9 @@ class Session:
                 self._switch(*newer)  # than exit with the last write fenced out by its beacon (commit lost)
                 continue
             if time.monotonic() - last_contact > max(self.liveness_timeout, self.grace):
+                # The process's outcome from now on, though its main thread may end meanwhile
+                # (its last steps, while the lines and writes below wait): its exit hooks exit 75 too.
+                exitcode.note(exitcodes.LOST_DRIVER)
                 _say(f"lost contact with the driver at {self.addr}:{self.port} for "
                      f"{max(self.liveness_timeout, self.grace):g} s; exiting").join(STALL)
                 try:
