@@ -128,8 +128,14 @@ def test_a_worker_leaving_without_teardown_keeps_its_own_exit_code(ending, code)
 
 def test_all_workers_failing_fails_the_job_naming_the_first(tmp_path):
     fail = tmp_path / "fail.py"
+    # Rank 1 fails once rank 0's process is gone (reaped: the driver has its exit), not after a
+    # fixed sleep, which a loaded machine's skew between the two init() returns could outrun.
     fail.write_text("import hvdlite.torch as hvd, os, time\nhvd.init()\n"
-                    "time.sleep(0.5 * hvd.rank())\nraise SystemExit(7)\n")
+                    "first, deadline = hvd.broadcast_object(os.getpid(), 0), time.monotonic() + 30\n"
+                    "while hvd.rank() and time.monotonic() < deadline:\n"
+                    "    try:\n        os.kill(first, 0)\n    except ProcessLookupError:\n        break\n"
+                    "    time.sleep(0.05)\n"
+                    "raise SystemExit(7)\n")
     r = run_job(["-np", "2", "--min-np", "1", sys.executable, str(fail)], tmp_path, timeout=60)
     assert r.code == 1
     assert "all workers failed; first: rank 0 on localhost exited with code 7" in r.stderr
