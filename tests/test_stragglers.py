@@ -34,7 +34,9 @@ def test_a_slowed_rank_is_named_once_and_named_recovered_with_the_gauge_labelled
     assert 'hvdlite_straggler{rank="2"} 1' in metrics and 'hvdlite_straggler{rank="0"} 0' in metrics, metrics
     steps = {line.split("}")[0].split('"')[1]: float(line.split()[-1])
              for line in metrics.splitlines() if line.startswith("hvdlite_step_seconds{")}
-    assert set(steps) == {"0", "1", "2"} and steps["2"] >= 2 * max(steps["0"], steps["1"]), steps
+    # The gauge is the last window's figure; a straggler is one while its figure is twice the
+    # others' median (the first window named may hold fast steps as well).
+    assert set(steps) == {"0", "1", "2"} and steps["2"] >= 2 * (steps["0"] + steps["1"]) / 2, steps
     named, recovered = r.of("straggler"), r.of("straggler_recovered")
     assert [(e["rank"], e["slot"]) for e in named] == [(2, "localhost/2")], named
     assert [e["rank"] for e in recovered] == [2], recovered
