@@ -325,9 +325,10 @@ def parse_settings(argv, notes=None) -> Settings:
             raise UsageError(f"--{flag.replace('_', '-')} is for an elastic --checkpoint-dir job "
                              f"(--min-np or --host-discovery-script), whose drivers share its lease")
     fail_on_worker_failure = switch_or_env(args.fail_on_worker_failure, "HVDLITE_FAIL_ON_WORKER_FAILURE")
-    keep_warm = flag_or_env(args.keep_warm, "HVDLITE_KEEP_WARM", 0.0, zero=True)
-    if keep_warm and args.no_preload:
+    if args.keep_warm and args.no_preload:
         raise UsageError("--keep-warm keeps a preloaded template: drop --no-preload")
+    # A flag outranks the environment: --no-preload with $HVDLITE_KEEP_WARM set keeps nothing.
+    keep_warm = 0.0 if args.no_preload else flag_or_env(args.keep_warm, "HVDLITE_KEEP_WARM", 0.0, zero=True)
     return Settings(
         command=command, num_proc=num_proc, hosts=None if args.discovery_script or args.ray else hosts,
         **seconds,

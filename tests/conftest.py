@@ -1,3 +1,10 @@
+import glob
+import os
+import re
+import shutil
+import signal
+import tempfile
+
 import pytest
 
 # Modules that must not run at once in parallel workers (`-n N --dist loadgroup`): each starts a
@@ -5,6 +12,50 @@ import pytest
 # Modules sharing the one etcd test cluster (the `etcd_cluster` fixture) share a worker too.
 GROUPS = {"test_ray": "ray", "test_ray_api": "ray", "test_gpu_launch": "ray",
           "test_store": "etcd", "test_standby": "etcd"}
+
+
+# The suite is CPU-bound, and most of a local job's CPU is its workers' `import torch`: every
+# test process keeps its templates warm in a folder of its own (`--keep-warm`, docs/internals.md),
+# so that a job forks its local workers from the last one's template. A test whose proof hangs
+# on how a plain job starts its workers is marked `plain_start`.
+KEEP_WARM = "600"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "plain_start(reason): this test's jobs start as plain jobs "
+                                       "do, without a kept template")
+    if "HVDLITE_KEEP_WARM" not in os.environ:
+        # Short: a unix socket's path has 107 bytes at most.
+        os.environ["XDG_RUNTIME_DIR"] = config._warm_dir = tempfile.mkdtemp(prefix="hvw-")
+        os.environ["HVDLITE_KEEP_WARM"] = KEEP_WARM
+
+
+def pytest_unconfigure(config):
+    folder = getattr(config, "_warm_dir", None)
+    if folder:
+        for log in glob.glob(os.path.join(folder, "*", "warm-*.log")):
+            with open(log) as f:
+                for pid in re.findall(r"kept template (\d+) serves", f.read()):
+                    try:
+                        with open(f"/proc/{pid}/cmdline", "rb") as cmd:
+                            if b"hvdlite.template" not in cmd.read():
+                                continue  # it left after its idle time; the pid is another's now
+                        os.killpg(int(pid), signal.SIGKILL)  # its own session: it and its forks
+                    except (OSError, ProcessLookupError):
+                        pass
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A plain_start test (or module) runs without HVDLITE_KEEP_WARM, its module's fixtures too."""
+    plain = item.get_closest_marker("plain_start") is not None
+    warm = os.environ.pop("HVDLITE_KEEP_WARM", None) if plain else None
+    try:
+        yield
+    finally:
+        if warm is not None:
+            os.environ["HVDLITE_KEEP_WARM"] = warm
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
@@ -28,7 +79,6 @@ def _worker_settings_stay_in_workers():
     """hvdlite.torch.gloo.connect turns torch's flight recorder off in the process that calls
     it, a worker's: called here, it would reach every process a later test starts, and
     torchrun's own ranks then abort now and then at exit (torch 2.13, test_torchrun)."""
-    import os
     import sys
     before = dict(os.environ)
     yield
@@ -58,7 +108,6 @@ def ssh_hosts():
     Each call starts a new group host-1..host-N (own namespaces, bridge, keys, ssh_config);
     every group is torn down at the end of the session, or earlier by `hosts.close()`.
     Skips when sshd is not installed. HVDLITE_TEST_SSH_LOOPBACK=1 forces the 127.x fallback."""
-    import os
     from sshhosts import TestHosts, missing_tools
     reason = missing_tools()
     if reason:

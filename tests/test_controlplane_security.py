@@ -61,6 +61,8 @@ def rss_mb(pid: int) -> float:
 
 
 @needs_pygloo
+@pytest.mark.plain_start("reads the rendezvous address from a worker's /proc/PID/environ: a forked "
+                         "worker's shows its template's")
 def test_kill_9_during_an_unauthenticated_flood_still_reforms(tmp_path):
     job_script = [PYTHON, os.path.join(SCRIPTS, "numpy_elastic_job.py")]
     stop, opened, threads = threading.Event(), [], []

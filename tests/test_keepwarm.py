@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from hvdlite import procstat
-from hvdlite.cli import flag_or_env
+from hvdlite.cli import flag_or_env, parse_settings
 from hvdlite.driver.launchers.kept import obtain
 from hvdlite.driver.launchers.template import Templates, TemplateWorker
 from hvdlite.driver.output import RankOutput
@@ -82,6 +82,11 @@ def test_keep_warm_flag_and_environment(monkeypatch):
     assert keep_warm(None, "0") == 0.0
     with pytest.raises(UsageError, match="HVDLITE_KEEP_WARM"):
         keep_warm(None, "soon")
+    # --no-preload outranks the variable, and is refused beside the flag.
+    monkeypatch.setenv("HVDLITE_KEEP_WARM", "30")
+    assert parse_settings(["--no-preload", "-np", "1", "python3", "-c", "pass"]).keep_warm == 0.0
+    with pytest.raises(UsageError, match="drop --no-preload"):
+        parse_settings(["--keep-warm", "5", "--no-preload", "-np", "1", "python3", "-c", "pass"])
 
 
 # ---- kept templates ----------------------------------------------------------------------
@@ -164,6 +169,14 @@ def test_first_job_starts_plainly_and_leaves_the_kept_template_for_the_next(keep
         assert ("starting for later --keep-warm jobs" in result.stderr) == (n == 0), result.stderr
     (pid,) = keep.kept_pids()
     assert parents == [{drivers[0]}, {pid}]  # plain children of the driver, then forked
+
+
+def test_a_command_no_template_runs_starts_plain_workers_under_keep_warm(keep):
+    """`sh` under --keep-warm: plain workers, as without it (was: 'sh is not a python
+    interpreter', the job failed and its hosts were blacklisted for good)."""
+    with Job(["-np", "2", "--keep-warm", "30", "sh", "-c", "echo plain $$"], keep.tmp_path, env=keep.env) as job:
+        result = job.finish(60)
+    assert result.code == 0 and result.stdout.count("plain") == 2, result.stderr
 
 
 @pytest.mark.parametrize("python, check, preload", [
@@ -263,31 +276,34 @@ from hvdlite.driver.output import RankOutput
 from hvdlite.driver.launchers.kept import obtain
 from hvdlite.driver.launchers.template import Templates
 t = Templates(("kwmod",), keeper=functools.partial(obtain, idle=30.0))
-h = t.spawn([sys.executable, sys.argv[1]], dict(os.environ), os.getcwd(), RankOutput("0"))
-print(h.pid, flush=True)
+for grace in ({}, {"HVDLITE_DRIVER_GRACE": "30"}):  # a plain job's worker, a --checkpoint-dir job's
+    h = t.spawn([sys.executable, sys.argv[1]], {**os.environ, **grace}, os.getcwd(), RankOutput("0"))
+    print(h.pid, flush=True)
 time.sleep(300)
 """
 
 
-def test_driver_kill_9_kills_its_workers_and_the_kept_template_serves_the_next_job(keep):
+def test_driver_kill_9_kills_its_workers_but_a_checkpoint_dir_jobs_and_the_template_serves_the_next_job(keep):
+    """A dead driver's workers die with it, except a --checkpoint-dir job's: they train on for
+    the job's next driver (failover.md), as plain workers do."""
     sleeper = keep.script("sleep.py", "import time\ntime.sleep(300)\n")
     driver = subprocess.Popen([sys.executable, "-c", DRIVER, sleeper], stdout=subprocess.PIPE,
                               env=keep.env, cwd=str(keep.tmp_path), start_new_session=True, text=True)
-    worker = None
+    workers = []
     try:
-        worker = int(driver.stdout.readline())
+        workers = [int(driver.stdout.readline()) for _ in range(2)]
         (pid,) = keep.kept_pids()
-        assert parent(worker) == pid
+        assert [parent(w) for w in workers] == [pid, pid]
         driver.kill()
         driver.wait(10)
-        wait_until(lambda: not alive(worker), 10, "the dead driver's worker killed")
-        assert alive(pid)
+        wait_until(lambda: not alive(workers[0]), 10, "the dead driver's worker killed")
+        assert alive(workers[1]) and alive(pid)  # both were the one hung-up client's
         templates, _ = keep.templates()
         handle = keep.spawn(templates, keep.script("ok.py", "pass\n"))
         assert isinstance(handle, TemplateWorker) and parent(handle.pid) == pid
         assert handle.wait(30) == 0
     finally:
-        for p in (driver.pid, worker):
+        for p in (driver.pid, *workers):
             try:
                 os.killpg(p, signal.SIGKILL)
             except (TypeError, ProcessLookupError, PermissionError):

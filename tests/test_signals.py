@@ -123,6 +123,7 @@ def test_a_worker_that_reaches_no_commit_is_killed_when_the_stop_times_out(tmp_p
     assert "reached no commit in time" in r.stderr and "without --checkpoint-dir nothing was saved" in r.stderr
 
 
+@pytest.mark.plain_start("the whole console of a plain static job; a kept template adds its line about `-c`")
 def test_ctrl_c_to_a_static_job_says_so_in_one_line(tmp_path):
     with Job(["-np", "2", sys.executable, "-c", "import time; time.sleep(60)"], tmp_path) as job:
         wait_until(lambda: len(job.worker_pids()) == 2, 30, "workers started")

@@ -342,6 +342,53 @@ def test_children_get_their_own_random_state(spawner, capsys):
     assert all(isinstance(h, TemplateWorker) for h in handles)
 
 
+def test_a_forked_workers_own_collectives_are_timed_under_its_jobs_timeout(tmp_path, capsys):
+    """The boot sitecustomize patches c10d as torch loads: in a template, whose environment
+    has no job address and (kept) another job's timeout, it timed nothing, and every forked
+    worker's dist.* calls went unwatched for stragglers and hangs. Each fork decides again."""
+    from hvdlite.driver.torchrunenv import BOOT
+    said = []
+    s = Spawner(Templates(("torch.distributed.distributed_c10d",), say=said.append), said, tmp_path)
+    try:
+        script = s.script("c10d.py", """
+            import torch.distributed as dist
+            from torch.distributed import distributed_c10d as c10d
+            timed = [f.__code__.co_name == "timed_collective" for f in (dist.all_reduce, c10d.all_reduce)]
+            print(*timed, c10d.default_pg_timeout.total_seconds())
+        """)
+        env = {**ENV, "PYTHONPATH": os.pathsep.join([BOOT, os.environ.get("PYTHONPATH", "")]),
+               "HVDLITE_RENDEZVOUS_ADDR": "127.0.0.1"}
+        for timeout in ("7", "9"):  # two jobs' workers from one template
+            handle = s.spawn([sys.executable, script], {**env, "HVDLITE_COLLECTIVE_TIMEOUT": timeout})
+            assert isinstance(handle, TemplateWorker)
+            code, out = finished(handle, capsys)
+            assert code == 0 and out.out.split(":", 1)[1] == f"True True {timeout}.0\n", out
+    finally:
+        s.close()
+        s.templates.close(kill=True)
+
+
+def test_a_hung_workers_stack_starts_at_the_users_code_as_a_plain_workers_does(spawner, capsys):
+    """The stack the driver prints for a hung rank (session.main_stack, read from another
+    thread): none of the template's frames, which pushed the hung frame out of view."""
+    script = spawner.script("stacked.py", """
+        import threading
+        from hvdlite.worker.session import main_stack
+        def hang():
+            seen = []
+            reader = threading.Thread(target=lambda: seen.append(main_stack()))
+            reader.start()
+            reader.join()
+            print(seen[0].replace("\\n", "|"))
+        hang()
+    """)
+    code, out = finished(spawner.spawn([sys.executable, script]), capsys)
+    assert code == 0, out.err
+    frames = out.out.split(":", 1)[1].split("|")
+    assert "stacked.py" in frames[0] and "in <module>" in frames[0] and "in hang" in frames[2], frames
+    assert "hvdlite/template" not in out.out and "runpy" not in out.out, out.out
+
+
 def test_a_workers_garbage_collections_walk_none_of_what_its_template_preloaded(spawner, capsys):
     """A full collection walks every object the collector tracks, holding the GIL: in a worker
     that walked torch, dynamo and the rest the template preloaded, Trainer.train's gc.collect()
@@ -489,6 +536,7 @@ def test_first_world_forks_from_the_template_from_one_worker_per_core(local_work
 CORES = len(os.sched_getaffinity(0))
 
 
+@pytest.mark.plain_start("the job's own template, a child of its driver")
 @pytest.mark.parametrize("slots", [1, CORES] if CORES > 1 else [CORES])
 def test_when_workers_may_join_the_template_starts_with_the_job(tmp_path, slots):
     # Below one worker per core the first world starts plainly beside the template's imports;

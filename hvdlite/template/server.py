@@ -18,7 +18,9 @@ child.detach); a client's death kills its worker's process group, since nobody w
 that worker's exit any more.
 
 A kept template (kept.py) has no lifeline but an idle timer: it serves spawn clients on its
-listener until it has had no client and no child for `idle` seconds. It refuses every spawn
+listener until it has had no client and no child for `idle` seconds. Its clients are jobs'
+drivers: a dead one's workers die with it, except a --checkpoint-dir job's, which train on for
+the job's next driver as plain workers do. It refuses every spawn
 once a module it preloaded changed on disk, and then stops serving at once (its socket goes,
 so the next job can start a fresh one).
 """
@@ -34,8 +36,10 @@ import time
 
 from hvdlite.template import child, kept, spawn, wire
 from hvdlite.template.command import Refused, plan
-from hvdlite.worker import claim
+from hvdlite.worker import claim, env
 
+# hvdlite/torch/boot, the sitecustomize every worker's PYTHONPATH starts with (torchrunenv.py)
+_BOOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "torch", "boot")
 LIFELINE_SILENCE = 10.0  # seconds without a byte from the driver's SSH channel: it is gone
 
 
@@ -95,6 +99,9 @@ class Child:
         kind, target, args, unbuffered = self.planned
         child.become_worker(self.fds[0], self.fds[1], self.header["env"], self.header["cwd"], unbuffered)
         claim.claim_now()  # the launch's, as a plain start's sitecustomize would (the template had none)
+        boot = sys.modules.get("sitecustomize")
+        if os.path.dirname(getattr(boot, "__file__", None) or "") == _BOOT:  # it ran in the template
+            boot.after_fork()
         if self.header.get("mark"):  # a remote launcher's marker: the group it signals, before any output
             os.write(1, f"{self.header['mark']} {spawn.mark()} template\n".encode())
         child.run(kind, target, args, self.header["argv"][0])
@@ -115,6 +122,7 @@ class Template:
         self.readers = {control: wire.Reader(control)} if control is not None else {}
         self.started_env = dict(os.environ)
         self.children = {}  # pid -> (connection or None once it closed, spawn id)
+        self.train_on = set()  # children of a --checkpoint-dir job: they outlive their driver
         self.serving = True  # the driver is there: accept and fork
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
@@ -192,6 +200,10 @@ class Template:
         for pid, (owner, spawn_id) in list(self.children.items()):
             if owner is conn:  # its client died: nobody would report this worker's end
                 self.children[pid] = (None, spawn_id)
+                # A kept template's client is a job's driver: its dead driver's workers train
+                # on for the next one, as plain workers do (failover.md).
+                if self.idle is not None and pid in self.train_on:
+                    continue
                 try:
                     os.killpg(pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -203,6 +215,7 @@ class Template:
             if pid == 0:
                 return
             conn, spawn_id = self.children.pop(pid, (None, None))
+            self.train_on.discard(pid)
             if conn is not None and conn in self.readers:
                 _tell(conn, {"op": "exit", "id": spawn_id, "pid": pid, "code": exit_code(status)})
 
@@ -251,5 +264,7 @@ class Template:
         for fd in fds:
             os.close(fd)
         self.children[pid] = (conn, header["id"])
+        if env.DRIVER_GRACE in header["env"]:
+            self.train_on.add(pid)
         _tell(conn, {"op": "started", "id": header["id"], "pid": pid})
         return None

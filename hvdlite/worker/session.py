@@ -336,12 +336,21 @@ def loopback_by_rank(address: str, rank: int) -> str:
     return str(ipaddress.IPv4Address((127 << 24) + 1 + rank))
 
 
+_TEMPLATE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "template", "")
+
+
 def main_stack() -> str:
     """The main thread's Python stack as traceback prints it, read from this (another) thread:
     no debugger needed. A thread that holds the GIL for good (pygloo inside a collective) keeps
     this one from running at all; the driver says so when no stack comes."""
     frame = sys._current_frames().get(threading.main_thread().ident)
-    return "".join(traceback.format_stack(frame)) if frame is not None else "(the main thread has ended)\n"
+    if frame is None:
+        return "(the main thread has ended)\n"
+    frames = traceback.extract_stack(frame)
+    # A worker forked from a template runs under the template's frames: from the user's code
+    # on, its stack reads as a plain worker's.
+    template = [i for i, f in enumerate(frames) if f.filename.startswith(_TEMPLATE)]
+    return "".join(traceback.format_list(frames[template[-1] + 1:] if template else frames))
 
 
 def heartbeat_interval(rank: int) -> float:

@@ -314,7 +314,10 @@ class Templates:
 
     def kept_serving(self, command, env: dict, cwd: str) -> bool:
         """A kept template serves `command` now (found, not started: see keep_behind)."""
-        python, key = self._key(command, env, cwd)
+        try:
+            python, key = self._key(command, env, cwd)
+        except Refused:  # no template runs it (`sh`): plain workers, as without --keep-warm
+            return False
         with self.lock:
             current = self.templates.get(key)
             if current is not None and current.alive():
@@ -332,7 +335,10 @@ class Templates:
 
     def keep_behind(self, command, env: dict, cwd: str) -> None:
         """Start the kept template for later jobs, not waiting for it, unless this job has it."""
-        python, key = self._key(command, env, cwd)
+        try:
+            python, key = self._key(command, env, cwd)
+        except Refused:
+            return
         with self.lock:
             current = self.templates.get(key)
             if key in self.unkept or current is not None and current.kept and current.alive():

@@ -57,6 +57,9 @@ def _time_collectives(module) -> None:
         from hvdlite.worker.runtime import timed
     except ImportError:  # hvdlite is not on this interpreter: nothing would read the time
         return
+    if getattr(module, "_hvdlite_timed", False):
+        return
+    module._hvdlite_timed = True
     package = sys.modules.get("torch.distributed")  # (it takes these names once c10d has loaded)
     for name in _COLLECTIVES:
         collective = getattr(module, name, None)
@@ -83,6 +86,16 @@ def _time_ddp(module) -> None:
 
 
 _PATCHES = {_RENDEZVOUS: (_take_over_env,), _C10D: (_job_timeout, _time_collectives), _DDP: (_time_ddp,)}
+
+
+def after_fork() -> None:
+    """Called in a worker forked from a template (hvdlite/template/server.py) once it has the
+    worker's environment: what c10d's patches decided in the template by its environment (no
+    job address: nothing timed; a kept template's first job's timeout) is decided again."""
+    c10d = sys.modules.get(_C10D)
+    if c10d is not None:
+        _job_timeout(c10d)
+        _time_collectives(c10d)
 
 
 class _WhenTorchLoads(importlib.abc.MetaPathFinder):
