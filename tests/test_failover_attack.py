@@ -269,6 +269,8 @@ def test_a_rerun_never_starts_afresh_beside_the_workers_of_a_driver_killed_while
     assert code not in (None, 0) and "still run" in err and "Traceback" not in err, (code, err)
 
 
+@pytest.mark.plain_start("the driver is killed between its launches and the first world: a plain "
+                         "start's imports keep that window open, forks close it in a blink")
 def test_the_workers_of_a_driver_killed_before_the_first_world_are_not_left_behind(tmp_path):
     """Killed after its launches, before a world formed: its journal is not adoptable (round
     0). The rerun starts its own workers; the old ones, which could never find it (its beacon is

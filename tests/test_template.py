@@ -368,6 +368,16 @@ def test_a_forked_workers_own_collectives_are_timed_under_its_jobs_timeout(tmp_p
         s.templates.close(kill=True)
 
 
+def test_a_forked_worker_runs_on_its_own_thread_count(spawner, capsys):
+    """OpenMP reads OMP_NUM_THREADS as torch loads, in the template: a worker forked from one
+    started without it ran on every core where its job gave it one thread (hvdlite does for
+    several workers on a host, as torchrun does), and its numbers were not torchrun's."""
+    script = spawner.script("threads.py", "import os, torch\nprint(torch.get_num_threads())\n")
+    for threads in ("1", "2"):
+        code, out = finished(spawner.spawn([sys.executable, script], {**ENV, "OMP_NUM_THREADS": threads}), capsys)
+        assert code == 0 and out.out == f"[0]<stdout>:{threads}\n", out
+
+
 def test_a_hung_workers_stack_starts_at_the_users_code_as_a_plain_workers_does(spawner, capsys):
     """The stack the driver prints for a hung rank (session.main_stack, read from another
     thread): none of the template's frames, which pushed the hung frame out of view."""

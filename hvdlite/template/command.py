@@ -2,14 +2,15 @@
 
 A template is a running interpreter; it can stand in for `PYTHON script.py args` and
 `PYTHON -m module args` (optionally with -u) when PYTHON is that same interpreter and the
-environment variables Python reads at startup are the ones it started with.
+environment variables read at startup (Python's, the thread counts) are the ones it started with.
 """
 import os
 import re
 import shutil
 
-# Read by the interpreter before any user code runs, so a forked child cannot change them.
-_STARTUP_NAMES = ("LANG", "LC_ALL", "LC_CTYPE")
+# Read before any user code runs (by the interpreter; by OpenMP and MKL as torch's libraries
+# load: a worker's thread count, which its numbers hang on), so a forked child cannot change them.
+_STARTUP_NAMES = ("LANG", "LC_ALL", "LC_CTYPE", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 _APPLIED_AFTER_FORK = ("PYTHONUNBUFFERED",)
 _PYTHON_NAME = re.compile(r"python[0-9.]*$")
 

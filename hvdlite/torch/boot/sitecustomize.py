@@ -7,6 +7,7 @@ and the script's own collectives (torch.distributed's functions) are timed for t
 rule; and once DDP loads, its backward's waits are timed too.
 Nothing is imported until torch is, but the launch's claim of the job's secret, which starts here;
 then the sitecustomize this file hides runs, if any."""
+import atexit
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -85,7 +86,20 @@ def _time_ddp(module) -> None:
     cls._ddp_init_helper = _ddp_init_helper
 
 
-_PATCHES = {_RENDEZVOUS: (_take_over_env,), _C10D: (_job_timeout, _time_collectives), _DDP: (_time_ddp,)}
+def _destroy_at_exit(module) -> None:
+    """torch asks every script to destroy its process groups before the interpreter ends: a
+    gloo group left to the end can abort the process after the script's last line ("terminate
+    called without an active exception", SIGABRT), and many scripts never do. A worker's
+    group left over is destroyed at exit (registered as c10d loads, it runs after the handlers
+    the script registers)."""
+    def destroy():
+        if _RENDEZVOUS_ADDR in os.environ and module.is_initialized():
+            module.destroy_process_group()
+    atexit.register(destroy)
+
+
+_PATCHES = {_RENDEZVOUS: (_take_over_env,), _C10D: (_job_timeout, _time_collectives, _destroy_at_exit),
+            _DDP: (_time_ddp,)}
 
 
 def after_fork() -> None:
