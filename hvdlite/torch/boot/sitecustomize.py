@@ -3,8 +3,9 @@ folder first on PYTHONPATH): once torch loads its rendezvous handlers, env:// in
 worker goes through hvdlite's signed rendezvous (hvdlite.torch.envstore) instead of a TCPStore;
 once torch.distributed loads, a group made without a timeout (the script's own
 init_process_group or new_group) gets the job's --gloo-timeout-seconds, not torch's 30 minutes,
-and the script's own collectives (torch.distributed's functions) are timed for the straggler
-rule; and once DDP loads, its backward's waits are timed too.
+the script's own collectives (torch.distributed's functions) are timed for the straggler
+rule, and a group left at exit is destroyed; and once DDP loads, its backward's waits are
+timed too. A worker forked from a template that ran this file decides again (after_fork).
 Nothing is imported until torch is, but the launch's claim of the job's secret, which starts here;
 then the sitecustomize this file hides runs, if any."""
 import atexit
