@@ -378,6 +378,35 @@ def test_a_forked_worker_runs_on_its_own_thread_count(spawner, capsys):
         assert code == 0 and out.out == f"[0]<stdout>:{threads}\n", out
 
 
+OPENBLAS_THREADS = """
+import ctypes, glob, os, numpy
+found = glob.glob(os.path.join(os.path.dirname(numpy.__file__), os.pardir, "numpy.libs", "lib*openblas*"))
+lib = ctypes.CDLL(found[0]) if found else None
+names = ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_", "openblas_get_num_threads")
+print(next((getattr(lib, n)() for n in names if lib is not None and hasattr(lib, n)), "unknown"))
+"""
+
+
+def test_a_forked_worker_runs_numpy_on_its_own_openblas_thread_count(tmp_path, capsys):
+    """numpy's OpenBLAS reads OPENBLAS_NUM_THREADS as numpy loads (every template preloads
+    it): a worker forked from a template started without it, or with another count, ran its
+    numpy on the template's threads, not its own (a plain one runs on its own)."""
+    said = []
+    s = Spawner(Templates(("numpy",), say=said.append), said, tmp_path)
+    try:
+        script = s.script("openblas.py", OPENBLAS_THREADS)
+        for threads in ("2", "1"):  # with more than one core, the first template's count is not 1
+            handle = s.spawn([sys.executable, script], {**ENV, "OPENBLAS_NUM_THREADS": threads})
+            assert isinstance(handle, TemplateWorker), said
+            code, out = finished(handle, capsys)
+            assert code == 0, out.err
+            if out.out == "[0]<stdout>:unknown\n":
+                pytest.skip("this numpy has no OpenBLAS of its own to ask")
+        assert out.out == "[0]<stdout>:1\n", out
+    finally:
+        s.close()
+        s.templates.close(kill=True)
+
 def test_a_hung_workers_stack_starts_at_the_users_code_as_a_plain_workers_does(spawner, capsys):
     """The stack the driver prints for a hung rank (session.main_stack, read from another
     thread): none of the template's frames, which pushed the hung frame out of view."""
