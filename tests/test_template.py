@@ -140,7 +140,7 @@ def test_plan_runs_scripts_and_modules_of_the_same_interpreter(tmp_path):
     for argv, reason in refusals.items():
         with pytest.raises(Refused, match=reason):
             plan(list(argv), env, cwd, sys.executable, env)
-    with pytest.raises(Refused, match="startup variables"):
+    with pytest.raises(Refused, match="startup variables differ from the template.s: PYTHONPATH$"):
         plan([sys.executable, "t.py"], {**env, "PYTHONPATH": "/elsewhere"}, cwd, sys.executable, env)
     with pytest.raises(Refused, match="no directory"):
         plan([sys.executable, "t.py"], env, str(tmp_path / "missing"), sys.executable, env)
@@ -403,6 +403,30 @@ def test_a_forked_worker_runs_numpy_on_its_own_openblas_thread_count(tmp_path, c
             if out.out == "[0]<stdout>:unknown\n":
                 pytest.skip("this numpy has no OpenBLAS of its own to ask")
         assert out.out == "[0]<stdout>:1\n", out
+    finally:
+        s.close()
+        s.templates.close(kill=True)
+
+def test_a_forked_worker_runs_on_its_own_torch_settings_read_as_torch_loads(tmp_path, capsys):
+    """torch reads hundreds of its settings from the environment as it loads (TORCH_*,
+    TORCHDYNAMO_*, TORCHINDUCTOR_*, PYTORCH_*: torch._dynamo.config's TORCH_COMPILE_DISABLE
+    among them), in the template: a job with TORCH_COMPILE_DISABLE=1 forked from a kept
+    template started without it compiled. compiled.py reads it at import as torch does, and
+    sets a default of its own as torch._dynamo does (TORCHINDUCTOR_CACHE_DIR): no worker's."""
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    (modules / "compiled.py").write_text("import os\nDISABLE = os.environ.get('TORCH_COMPILE_DISABLE', '0')\n"
+                                         "os.environ.setdefault('TORCHINDUCTOR_CACHE_DIR', '/tmp/cache')\n")
+    said = []
+    s = Spawner(Templates(("compiled",), say=said.append), said, tmp_path)
+    try:
+        script = s.script("disabled.py", "import compiled\nprint(compiled.DISABLE)\n")
+        env = {**ENV, "PYTHONPATH": os.pathsep.join([str(modules), ENV.get("PYTHONPATH", "")])}
+        for disable in ("0", "1"):
+            handle = s.spawn([sys.executable, script], {**env, "TORCH_COMPILE_DISABLE": disable})
+            assert isinstance(handle, TemplateWorker), said
+            code, out = finished(handle, capsys)
+            assert code == 0 and out.out == f"[0]<stdout>:{disable}\n", out
     finally:
         s.close()
         s.templates.close(kill=True)
