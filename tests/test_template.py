@@ -219,6 +219,17 @@ def test_missing_script_exits_2_as_python_does(spawner, capsys):
     assert "can't open file" in out.err and "missing.py" in out.err
 
 
+def test_a_script_named_by_a_relative_path_runs_under_its_absolute_path_as_python_does(spawner, capsys):
+    """Python 3.9+ gives a script named on its command line an absolute __file__ (the
+    directory joined, not normalised; argv[0] as given): its tracebacks, a hung rank's stack and
+    a script that changes directory before it opens files beside itself rely on it."""
+    spawner.script("where.py", "import sys\nprint(__file__, sys.argv[0])\n")
+    handle = spawner.spawn([sys.executable, "./where.py"])
+    assert isinstance(handle, TemplateWorker), spawner.said
+    code, out = finished(handle, capsys)
+    named = os.path.join(str(spawner.tmp_path), "./where.py") if sys.version_info >= (3, 9) else "./where.py"
+    assert code == 0 and out.out == f"[0]<stdout>:{named} ./where.py\n", out
+
 def test_kill_9_and_sigstop(spawner, capsys):
     script = spawner.script("sleep.py", "import time\nprint('up', flush=True)\ntime.sleep(300)\n")
     handle = spawner.spawn([sys.executable, script])
