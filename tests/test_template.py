@@ -385,7 +385,9 @@ def test_a_forked_worker_runs_on_its_own_thread_count(spawner, capsys):
     several workers on a host, as torchrun does), and its numbers were not torchrun's."""
     script = spawner.script("threads.py", "import os, torch\nprint(torch.get_num_threads())\n")
     for threads in ("1", "2"):
-        code, out = finished(spawner.spawn([sys.executable, script], {**ENV, "OMP_NUM_THREADS": threads}), capsys)
+        handle = spawner.spawn([sys.executable, script], {**ENV, "OMP_NUM_THREADS": threads})
+        assert isinstance(handle, TemplateWorker), spawner.said  # (torch's own settings refused none)
+        code, out = finished(handle, capsys)
         assert code == 0 and out.out == f"[0]<stdout>:{threads}\n", out
 
 
