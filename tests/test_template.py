@@ -140,7 +140,7 @@ def test_plan_runs_scripts_and_modules_of_the_same_interpreter(tmp_path):
     for argv, reason in refusals.items():
         with pytest.raises(Refused, match=reason):
             plan(list(argv), env, cwd, sys.executable, env)
-    with pytest.raises(Refused, match="startup variables"):
+    with pytest.raises(Refused, match="startup variables differ from the template.s: PYTHONPATH$"):
         plan([sys.executable, "t.py"], {**env, "PYTHONPATH": "/elsewhere"}, cwd, sys.executable, env)
     with pytest.raises(Refused, match="no directory"):
         plan([sys.executable, "t.py"], env, str(tmp_path / "missing"), sys.executable, env)
@@ -218,6 +218,17 @@ def test_missing_script_exits_2_as_python_does(spawner, capsys):
     assert code == 2
     assert "can't open file" in out.err and "missing.py" in out.err
 
+
+def test_a_script_named_by_a_relative_path_runs_under_its_absolute_path_as_python_does(spawner, capsys):
+    """Python 3.9+ gives a script named on its command line an absolute __file__ (the
+    directory joined, not normalised; argv[0] as given): its tracebacks, a hung rank's stack and
+    a script that changes directory before it opens files beside itself rely on it."""
+    spawner.script("where.py", "import sys\nprint(__file__, sys.argv[0])\n")
+    handle = spawner.spawn([sys.executable, "./where.py"])
+    assert isinstance(handle, TemplateWorker), spawner.said
+    code, out = finished(handle, capsys)
+    named = os.path.join(str(spawner.tmp_path), "./where.py") if sys.version_info >= (3, 9) else "./where.py"
+    assert code == 0 and out.out == f"[0]<stdout>:{named} ./where.py\n", out
 
 def test_kill_9_and_sigstop(spawner, capsys):
     script = spawner.script("sleep.py", "import time\nprint('up', flush=True)\ntime.sleep(300)\n")
@@ -374,9 +385,64 @@ def test_a_forked_worker_runs_on_its_own_thread_count(spawner, capsys):
     several workers on a host, as torchrun does), and its numbers were not torchrun's."""
     script = spawner.script("threads.py", "import os, torch\nprint(torch.get_num_threads())\n")
     for threads in ("1", "2"):
-        code, out = finished(spawner.spawn([sys.executable, script], {**ENV, "OMP_NUM_THREADS": threads}), capsys)
+        handle = spawner.spawn([sys.executable, script], {**ENV, "OMP_NUM_THREADS": threads})
+        assert isinstance(handle, TemplateWorker), spawner.said  # (torch's own settings refused none)
+        code, out = finished(handle, capsys)
         assert code == 0 and out.out == f"[0]<stdout>:{threads}\n", out
 
+
+OPENBLAS_THREADS = """
+import ctypes, glob, os, numpy
+found = glob.glob(os.path.join(os.path.dirname(numpy.__file__), os.pardir, "numpy.libs", "lib*openblas*"))
+lib = ctypes.CDLL(found[0]) if found else None
+names = ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_", "openblas_get_num_threads")
+print(next((getattr(lib, n)() for n in names if lib is not None and hasattr(lib, n)), "unknown"))
+"""
+
+
+def test_a_forked_worker_runs_numpy_on_its_own_openblas_thread_count(tmp_path, capsys):
+    """numpy's OpenBLAS reads OPENBLAS_NUM_THREADS as numpy loads (every template preloads
+    it): a worker forked from a template started without it, or with another count, ran its
+    numpy on the template's threads, not its own (a plain one runs on its own)."""
+    said = []
+    s = Spawner(Templates(("numpy",), say=said.append), said, tmp_path)
+    try:
+        script = s.script("openblas.py", OPENBLAS_THREADS)
+        for threads in ("2", "1"):  # with more than one core, the first template's count is not 1
+            handle = s.spawn([sys.executable, script], {**ENV, "OPENBLAS_NUM_THREADS": threads})
+            assert isinstance(handle, TemplateWorker), said
+            code, out = finished(handle, capsys)
+            assert code == 0, out.err
+            if out.out == "[0]<stdout>:unknown\n":
+                pytest.skip("this numpy has no OpenBLAS of its own to ask")
+        assert out.out == "[0]<stdout>:1\n", out
+    finally:
+        s.close()
+        s.templates.close(kill=True)
+
+def test_a_forked_worker_runs_on_its_own_torch_settings_read_as_torch_loads(tmp_path, capsys):
+    """torch reads hundreds of its settings from the environment as it loads (TORCH_*,
+    TORCHDYNAMO_*, TORCHINDUCTOR_*, PYTORCH_*: torch._dynamo.config's TORCH_COMPILE_DISABLE
+    among them), in the template: a job with TORCH_COMPILE_DISABLE=1 forked from a kept
+    template started without it compiled. compiled.py reads it at import as torch does, and
+    sets a default of its own as torch._dynamo does (TORCHINDUCTOR_CACHE_DIR): no worker's."""
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    (modules / "compiled.py").write_text("import os\nDISABLE = os.environ.get('TORCH_COMPILE_DISABLE', '0')\n"
+                                         "os.environ.setdefault('TORCHINDUCTOR_CACHE_DIR', '/tmp/cache')\n")
+    said = []
+    s = Spawner(Templates(("compiled",), say=said.append), said, tmp_path)
+    try:
+        script = s.script("disabled.py", "import compiled\nprint(compiled.DISABLE)\n")
+        env = {**ENV, "PYTHONPATH": os.pathsep.join([str(modules), ENV.get("PYTHONPATH", "")])}
+        for disable in ("0", "1"):
+            handle = s.spawn([sys.executable, script], {**env, "TORCH_COMPILE_DISABLE": disable})
+            assert isinstance(handle, TemplateWorker), said
+            code, out = finished(handle, capsys)
+            assert code == 0 and out.out == f"[0]<stdout>:{disable}\n", out
+    finally:
+        s.close()
+        s.templates.close(kill=True)
 
 def test_a_hung_workers_stack_starts_at_the_users_code_as_a_plain_workers_does(spawner, capsys):
     """The stack the driver prints for a hung rank (session.main_stack, read from another

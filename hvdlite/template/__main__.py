@@ -78,6 +78,7 @@ def main(argv=None) -> int:
         say({"op": "unusable", "reason": f"the template's environment holds a launch's {env.CLAIM}"})
         return 1
     modules = [m for m in args.preload.split(",") if m]
+    started_env = dict(os.environ)
     os.environ[env.TEMPLATE] = "1"  # a forked worker gets its own environment (child.become_worker)
     try:
         loaded, skipped = server.preload(modules)
@@ -102,13 +103,14 @@ def main(argv=None) -> int:
         os.chdir("/")  # it outlives the job that started it: hold on to none of its directories
         print(f"hvdlite: kept template {os.getpid()} serves {args.keep} until {args.idle:g} s idle",
               file=sys.stderr, flush=True)
-        job = server.Template(listener=kept.listener, idle=args.idle, on_stop=kept.remove).serve()
+        job = server.Template(listener=kept.listener, idle=args.idle, on_stop=kept.remove,
+                              started_env=started_env).serve()
         if os.getpid() == ready["pid"]:
             kept.remove()
             print(f"hvdlite: kept template {os.getpid()} exits", file=sys.stderr, flush=True)
     elif not args.listen:
         say(ready)
-        job = server.Template(control=control).serve()
+        job = server.Template(control=control, started_env=started_env).serve()
     else:
         folder, listener = _listen()
         try:
@@ -117,7 +119,7 @@ def main(argv=None) -> int:
             except OSError:  # the driver closed the channel while we preloaded
                 return 0
             os.close(frames)
-            job = server.Template(listener=listener, lifeline=0).serve()
+            job = server.Template(listener=listener, lifeline=0, started_env=started_env).serve()
         finally:
             if os.getpid() == ready["pid"]:  # the template, not a forked child
                 shutil.rmtree(folder, ignore_errors=True)

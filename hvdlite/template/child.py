@@ -115,7 +115,10 @@ def run(kind: str, target: str, args, program: str) -> None:
         if not getattr(sys.flags, "safe_path", False):
             sys.path[0] = os.path.dirname(os.path.realpath(target))
         sys.argv = [target] + list(args)
-        runner = lambda: _run_file(target, main)  # noqa: E731
+        # Python 3.9+ runs a script under its absolute name (the directory joined, not
+        # normalised), its __file__ and tracebacks; argv[0] stays as given.
+        named = os.path.join(os.getcwd(), target) if sys.version_info >= (3, 9) else target
+        runner = lambda: _run_file(named, main)  # noqa: E731
     else:
         if not getattr(sys.flags, "safe_path", False):
             sys.path[0] = os.getcwd()

@@ -2,15 +2,20 @@
 
 A template is a running interpreter; it can stand in for `PYTHON script.py args` and
 `PYTHON -m module args` (optionally with -u) when PYTHON is that same interpreter and the
-environment variables read at startup (Python's, the thread counts) are the ones it started with.
+environment variables read at startup (Python's; those torch and numpy read as they load) are
+the ones it started with.
 """
 import os
 import re
 import shutil
 
-# Read before any user code runs (by the interpreter; by OpenMP and MKL as torch's libraries
-# load: a worker's thread count, which its numbers hang on), so a forked child cannot change them.
-_STARTUP_NAMES = ("LANG", "LC_ALL", "LC_CTYPE", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+# Read before any user code runs, so a forked child cannot change them: by the interpreter, and
+# by what the template's preload loads: OpenMP and MKL under torch, OpenBLAS under numpy (a
+# worker's thread counts, which its numbers hang on), and torch itself (hundreds of settings as
+# it loads: TORCH_COMPILE_DISABLE, TORCH_LOGS, PYTORCH_JIT...). Not TORCHELASTIC_*: a driver's own.
+_STARTUP_NAMES = ("LANG", "LC_ALL", "LC_CTYPE")
+_LOAD_TIME_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "GOTO_",
+                       "TORCH_", "TORCHDYNAMO_", "TORCHINDUCTOR_", "PYTORCH_")
 _APPLIED_AFTER_FORK = ("PYTHONUNBUFFERED",)
 _PYTHON_NAME = re.compile(r"python[0-9.]*$")
 
@@ -29,7 +34,8 @@ def resolve(program: str, env: dict, cwd: str):
 
 def startup_env(env: dict) -> dict:
     return {k: v for k, v in env.items()
-            if (k.startswith("PYTHON") and k not in _APPLIED_AFTER_FORK) or k in _STARTUP_NAMES}
+            if (k.startswith("PYTHON") and k not in _APPLIED_AFTER_FORK) or k in _STARTUP_NAMES
+            or k.startswith(_LOAD_TIME_PREFIXES)}
 
 
 def python_name(program: str) -> bool:
@@ -64,8 +70,10 @@ def plan(argv, env: dict, cwd: str, executable: str, started_env: dict):
     path = interpreter(argv, env, cwd)
     if not same_interpreter(path, executable):
         raise Refused(f"{argv[0]} is another interpreter than the template's {executable}")
-    if startup_env(env) != startup_env(started_env):
-        raise Refused("python startup variables differ from the template's")
+    mine, its = startup_env(env), startup_env(started_env)
+    if mine != its:
+        differ = sorted(k for k in {*mine, *its} if mine.get(k) != its.get(k))
+        raise Refused(f"startup variables differ from the template's: {', '.join(differ)}")
     if not os.path.isdir(cwd):
         raise Refused(f"no directory {cwd}")
     rest, unbuffered = list(argv[1:]), False

@@ -114,13 +114,15 @@ class Template:
 
     def __init__(self, control: socket.socket = None, listener: socket.socket = None,
                  lifeline: int = None, silence: float = LIFELINE_SILENCE, idle: float = None,
-                 on_stop=None):
+                 on_stop=None, started_env: dict = None):
         self.control, self.listener, self.lifeline, self.silence = control, listener, lifeline, silence
         self.idle, self.on_stop = idle, on_stop  # kept: the idle timer, and what stops serving does
         self.stamps = kept.module_stamps() if idle is not None else None
         self.stale = None  # why a kept template refuses: a preloaded module changed
         self.readers = {control: wire.Reader(control)} if control is not None else {}
-        self.started_env = dict(os.environ)
+        # The environment the process started with, which a worker's must match (command.plan):
+        # not what preloading set in it (torch._dynamo sets TORCHINDUCTOR_CACHE_DIR).
+        self.started_env = dict(os.environ) if started_env is None else started_env
         self.children = {}  # pid -> (connection or None once it closed, spawn id)
         self.train_on = set()  # children of a --checkpoint-dir job: they outlive their driver
         self.serving = True  # the driver is there: accept and fork
