@@ -359,12 +359,15 @@ def test_a_forked_workers_own_collectives_are_timed_under_its_jobs_timeout(tmp_p
     worker's dist.* calls went unwatched for stragglers and hangs. Each fork decides again."""
     from hvdlite.driver.torchrunenv import BOOT
     said = []
-    s = Spawner(Templates(("torch.distributed.distributed_c10d",), say=said.append), said, tmp_path)
+    # Functional collectives keep their own reference to c10d's all_reduce as they load (in the
+    # template, with torch._dynamo): timed there too.
+    s = Spawner(Templates(("torch.distributed._functional_collectives",), say=said.append), said, tmp_path)
     try:
         script = s.script("c10d.py", """
             import torch.distributed as dist
-            from torch.distributed import distributed_c10d as c10d
-            timed = [f.__code__.co_name == "timed_collective" for f in (dist.all_reduce, c10d.all_reduce)]
+            from torch.distributed import _functional_collectives as fc, distributed_c10d as c10d
+            timed = [f.__code__.co_name == "timed_collective" for f in (dist.all_reduce, c10d.all_reduce,
+                                                                         fc.legacy_allreduce)]
             print(*timed, c10d.default_pg_timeout.total_seconds())
         """)
         env = {**ENV, "PYTHONPATH": os.pathsep.join([BOOT, os.environ.get("PYTHONPATH", "")]),
@@ -373,7 +376,7 @@ def test_a_forked_workers_own_collectives_are_timed_under_its_jobs_timeout(tmp_p
             handle = s.spawn([sys.executable, script], {**env, "HVDLITE_COLLECTIVE_TIMEOUT": timeout})
             assert isinstance(handle, TemplateWorker)
             code, out = finished(handle, capsys)
-            assert code == 0 and out.out.split(":", 1)[1] == f"True True {timeout}.0\n", out
+            assert code == 0 and out.out.split(":", 1)[1] == f"True True True {timeout}.0\n", out
     finally:
         s.close()
         s.templates.close(kill=True)

@@ -21,6 +21,7 @@ _C10D = "torch.distributed.distributed_c10d"
 _DDP = "torch.nn.parallel.distributed"
 _TIMEOUT = "HVDLITE_COLLECTIVE_TIMEOUT"  # (hvdlite.worker.env's names: nothing of hvdlite loads here)
 _RENDEZVOUS_ADDR = "HVDLITE_RENDEZVOUS_ADDR"
+_TEMPLATE = "HVDLITE_TEMPLATE"
 # torch.distributed's blocking collectives; those on objects (all_gather_object, ...) call these.
 _COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "all_gather",
                 "all_gather_single", "all_gather_into_tensor", "_all_gather_base",
@@ -52,8 +53,10 @@ def _job_timeout(module) -> None:
 def _time_collectives(module) -> None:
     """A script's own collectives wait for its peers out of hvdlite's sight: the time each call
     takes counts as waited (hvdlite.worker.runtime.timed), as hvd.*'s waits do. hvdlite's own
-    collectives and DDP's reducer call none of these functions."""
-    if _RENDEZVOUS_ADDR not in os.environ:
+    collectives and DDP's reducer call none of these functions. In a template too: what it
+    preloads (torch._dynamo: functional collectives, DTensor) keeps references to them that its
+    forked workers use."""
+    if _RENDEZVOUS_ADDR not in os.environ and _TEMPLATE not in os.environ:
         return
     try:
         from hvdlite.worker.runtime import timed
@@ -105,8 +108,8 @@ _PATCHES = {_RENDEZVOUS: (_take_over_env,), _C10D: (_job_timeout, _time_collecti
 
 def after_fork() -> None:
     """Called in a worker forked from a template (hvdlite/template/server.py) once it has the
-    worker's environment: what c10d's patches decided in the template by its environment (no
-    job address: nothing timed; a kept template's first job's timeout) is decided again."""
+    worker's environment: what c10d's patches decided in the template by its environment (a
+    kept template's first job's timeout) is decided again."""
     c10d = sys.modules.get(_C10D)
     if c10d is not None:
         _job_timeout(c10d)
