@@ -157,8 +157,12 @@ WHO = "import os\nprint('parent', os.getppid())\n"
 def test_first_job_starts_plainly_and_leaves_the_kept_template_for_the_next(keep):
     """Without --preload the first --keep-warm job costs what a plain one does: its workers
     import in parallel as plain processes, and the kept template starts as the job ends (it
-    holds the start lock until it listens, so the next job waits for it rather than importing)."""
-    script = keep.script("who.py", WHO)
+    holds the start lock until it listens, so the next job waits for it rather than importing).
+    The driver ignores its stop signals while the job closes, the kept template's start among
+    it: neither the template nor the workers it forks may keep them ignored."""
+    script = keep.script("who.py", WHO + "import signal\nprint('stoppable', signal.getsignal(signal.SIGTERM) "
+                                         "== signal.SIG_DFL, signal.getsignal(signal.SIGINT) "
+                                         "== signal.default_int_handler)\n")
     parents, drivers = [], []
     for n in range(2):
         with Job(["-np", "2", "--keep-warm", "30", sys.executable, script], keep.tmp_path, env=keep.env) as job:
@@ -167,8 +171,11 @@ def test_first_job_starts_plainly_and_leaves_the_kept_template_for_the_next(keep
         assert result.code == 0, result.stderr
         parents.append({int(p) for p in re.findall(r"stdout>:parent (\d+)", result.stdout)})
         assert ("starting for later --keep-warm jobs" in result.stderr) == (n == 0), result.stderr
+        assert result.stdout.count("stoppable True True") == 2, result.stdout
     (pid,) = keep.kept_pids()
     assert parents == [{drivers[0]}, {pid}]  # plain children of the driver, then forked
+    os.kill(pid, signal.SIGTERM)  # `kill PID`, as the driver's line says
+    wait_until(lambda: not alive(pid), 10, "the kept template ended by SIGTERM")
 
 
 def test_a_command_no_template_runs_starts_plain_workers_under_keep_warm(keep):

@@ -13,6 +13,7 @@ the worker's own code.
 import argparse
 import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -28,6 +29,19 @@ def _listen():
     listener.bind(os.path.join(folder, "socket"))
     listener.listen(64)
     return folder, listener
+
+
+# The driver's stop signals (driver/job.py STOP_SIGNALS): it catches them while its job runs, so
+# what it starts then gets them at their defaults, but ignores them while the job closes.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+
+
+def _default_stop_signals() -> None:
+    """A kept template may start as its job closes, and outlives it: neither it (`kill PID`)
+    nor the workers it forks for later jobs (the driver's SIGTERM, Ctrl-C) may keep them
+    ignored. SIGINT as Python sets it up where it starts with the default."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
 
 
 class KeptSocket:
@@ -63,6 +77,8 @@ def main(argv=None) -> int:
     p.add_argument("--lock-fd", type=int, help="kept template: the start lock, held until it listens")
     args = p.parse_args(argv)
     child.prepare_title()
+    if args.keep:
+        _default_stop_signals()
     if args.listen or args.keep:
         frames = os.dup(1)
         os.dup2(2, 1)  # what preloaded modules print must not end up among the frames
