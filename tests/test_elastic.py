@@ -21,6 +21,8 @@ PLAIN = [sys.executable, os.path.join(SCRIPTS, "elastic_job.py")]
 JOB = [*PRELOADED, *PLAIN]
 
 
+@pytest.mark.plain_start("the default start: the first world plainly, the joiner from the template "
+                         "warmed meanwhile")
 def test_scale_up_then_down_moves_rank0_to_a_survivor(tmp_path):
     schedule = [[0, ["127.0.0.1:1", "127.0.0.2:1"]],
                 [8, ["127.0.0.1:1", "127.0.0.2:1", "127.0.0.3:1"]],

@@ -386,12 +386,16 @@ def test_a_forked_worker_runs_on_its_own_thread_count(spawner, capsys):
     """OpenMP reads OMP_NUM_THREADS as torch loads, in the template: a worker forked from one
     started without it ran on every core where its job gave it one thread (hvdlite does for
     several workers on a host, as torchrun does), and its numbers were not torchrun's."""
+    from hvdlite.driver.torchrunenv import BOOT
     script = spawner.script("threads.py", "import os, torch\nprint(torch.get_num_threads())\n")
-    for threads in ("1", "2"):
-        handle = spawner.spawn([sys.executable, script], {**ENV, "OMP_NUM_THREADS": threads})
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([BOOT, os.environ.get("PYTHONPATH", "")])}
+    before = set(spawner.template_pids())
+    for threads in ("1", "2"):  # from one template: a host's count changes as workers join
+        handle = spawner.spawn([sys.executable, script], {**env, "OMP_NUM_THREADS": threads})
         assert isinstance(handle, TemplateWorker), spawner.said  # (torch's own settings refused none)
         code, out = finished(handle, capsys)
         assert code == 0 and out.out == f"[0]<stdout>:{threads}\n", out
+    assert len(set(spawner.template_pids()) - before) <= 1
 
 
 OPENBLAS_THREADS = """

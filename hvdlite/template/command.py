@@ -16,7 +16,11 @@ import shutil
 _STARTUP_NAMES = ("LANG", "LC_ALL", "LC_CTYPE")
 _LOAD_TIME_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "GOTO_",
                        "TORCH_", "TORCHDYNAMO_", "TORCHINDUCTOR_", "PYTORCH_")
-_APPLIED_AFTER_FORK = ("PYTHONUNBUFFERED",)
+# A worker's own, applied after the fork: -u (child.py), and the thread count torch runs on (the
+# boot's after_fork; hvdlite sets it per host, where it changes as workers join). A template
+# starts without the count (template_env), so an unset one gets torch's default, as plainly.
+THREADS = "OMP_NUM_THREADS"
+_APPLIED_AFTER_FORK = ("PYTHONUNBUFFERED", THREADS)
 _PYTHON_NAME = re.compile(r"python[0-9.]*$")
 
 
@@ -33,9 +37,8 @@ def resolve(program: str, env: dict, cwd: str):
 
 
 def startup_env(env: dict) -> dict:
-    return {k: v for k, v in env.items()
-            if (k.startswith("PYTHON") and k not in _APPLIED_AFTER_FORK) or k in _STARTUP_NAMES
-            or k.startswith(_LOAD_TIME_PREFIXES)}
+    return {k: v for k, v in env.items() if k not in _APPLIED_AFTER_FORK and (
+        k.startswith("PYTHON") or k in _STARTUP_NAMES or k.startswith(_LOAD_TIME_PREFIXES))}
 
 
 def python_name(program: str) -> bool:

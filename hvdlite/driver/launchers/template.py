@@ -21,7 +21,7 @@ import time
 from hvdlite import procstat
 from hvdlite.driver.launchers.process import LocalWorker
 from hvdlite.template import DEFAULT_PRELOAD, wire
-from hvdlite.template.command import Refused, interpreter, startup_env
+from hvdlite.template.command import THREADS, Refused, interpreter, startup_env
 from hvdlite.worker import env as worker_env
 
 READY_TIMEOUT = 120.0  # seconds to preload; a loaded machine needs a multiple of the ~5 s
@@ -236,8 +236,9 @@ class Template:
 
 
 def template_env(env: dict) -> dict:
-    """A worker's environment without what makes it that worker, the secret among it."""
-    return {k: v for k, v in env.items() if k not in worker_env.IDENTITY and k != worker_env.SECRET}
+    """A worker's environment without what makes it that worker, the secret among it, and its
+    thread count (each fork sets its own)."""
+    return {k: v for k, v in env.items() if k not in worker_env.IDENTITY and k not in (worker_env.SECRET, THREADS)}
 
 
 class SayOnce:

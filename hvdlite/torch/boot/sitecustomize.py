@@ -114,6 +114,10 @@ def after_fork() -> None:
     if c10d is not None:
         _job_timeout(c10d)
         _time_collectives(c10d)
+    # OpenMP read the thread count as torch loaded in the template, which starts without one.
+    torch, threads = sys.modules.get("torch"), os.environ.get("OMP_NUM_THREADS", "")
+    if torch is not None and threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
 
 
 class _WhenTorchLoads(importlib.abc.MetaPathFinder):
