@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from jobs import PRELOADED, SCRIPTS, Job, job_env, progress, wait_progress
+from jobs import PRELOADED, SCRIPTS, Job, job_env, progress, wait_progress, wait_until
 from test_numpy_backend import PYTHON as NUMPY_PYTHON
 from hvdlite import exitcodes, procstat
 from hvdlite.worker import checkpointdir, checkpoints, trusted
@@ -188,6 +188,8 @@ def test_a_folder_that_cannot_be_written_any_more_ends_the_job_and_keeps_what_wa
     with Job(["--checkpoint-dir", str(ckpt), "--checkpoint-interval", "0", *ELASTIC, *PRELOADED, sys.executable,
               SCRIPT], tmp_path, env=env) as job:
         wait_progress(job, tmp_path, 5)
+        wait_until(lambda: checkpointdir.newest(str(ckpt)) is not None, 60, "a commit written")
+        written = checkpointdir.newest(str(ckpt))[0]  # (rank 0's writer lags under load: 1 at step 5)
         ckpt.rename(tmp_path / "moved")
         ckpt.write_text("not a folder")
         result = job.finish(60)
@@ -197,7 +199,7 @@ def test_a_folder_that_cannot_be_written_any_more_ends_the_job_and_keeps_what_wa
     assert re.match(rf"^hvdlite: error: (rank 0|worker localhost/\d) on localhost could not write checkpoint \d+ "
                     rf"to {re.escape(str(ckpt))}: (FileExistsError|NotADirectoryError): ", naming[0]), naming
     assert result.code == 1, everything
-    assert checkpointdir.newest(str(tmp_path / "moved"))[0] >= 2  # what was written stays
+    assert checkpointdir.newest(str(tmp_path / "moved"))[0] >= written  # what was written stays
     assert max(runs_logged(tmp_path)["1"]) < 200
 
 
