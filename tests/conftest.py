@@ -14,9 +14,10 @@ GROUPS = {"test_ray": "ray", "test_ray_api": "ray", "test_gpu_launch": "ray",
           "test_store": "etcd", "test_standby": "etcd"}
 
 
-# The suite is CPU-bound, and most of a local job's CPU is its workers' `import torch`: every
-# test process keeps its templates warm in a folder of its own (`--keep-warm`, docs/internals.md),
-# so that a job forks its local workers from the last one's template. A test whose proof hangs
+# The suite is CPU-bound, and most of a local job's CPU is its workers' `import torch`: the
+# session keeps its templates warm in a folder of its own (`--keep-warm`, docs/internals.md; the
+# xdist workers inherit the controller's), so that a job forks its local workers from the last
+# one's template. A test whose proof hangs
 # on how a plain job starts its workers is marked `plain_start`.
 KEEP_WARM = "600"
 

@@ -62,9 +62,6 @@ def _time_collectives(module) -> None:
         from hvdlite.worker.runtime import timed
     except ImportError:  # hvdlite is not on this interpreter: nothing would read the time
         return
-    if getattr(module, "_hvdlite_timed", False):
-        return
-    module._hvdlite_timed = True
     package = sys.modules.get("torch.distributed")  # (it takes these names once c10d has loaded)
     for name in _COLLECTIVES:
         collective = getattr(module, name, None)
@@ -113,7 +110,6 @@ def after_fork() -> None:
     c10d = sys.modules.get(_C10D)
     if c10d is not None:
         _job_timeout(c10d)
-        _time_collectives(c10d)
     # OpenMP read the thread count as torch loaded in the template, which starts without one.
     torch, threads = sys.modules.get("torch"), os.environ.get("OMP_NUM_THREADS", "")
     if torch is not None and threads.isdigit() and int(threads) > 0:
