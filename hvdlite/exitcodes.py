@@ -5,6 +5,8 @@ RESUMABLE is sysexits.h's EX_TEMPFAIL ("a temporary failure; the user is invited
 later"), the one standard code that says "run me again": a job that stopped at a commit and
 wrote its checkpoint resumes there when the same command runs again.
 """
+import signal
+
 FINISHED = 0
 FAILED = 1
 USAGE = 2
@@ -15,6 +17,9 @@ LEFT = 79  # a worker: left the job at a commit (SIGTERM, or the job stopping); 
 # The driver: another driver holds the job's lease (--checkpoint-dir): it took the job over from
 # this one, or held a live lease when this one started. sysexits' EX_PROTOCOL.
 NOT_LEADER = 76
+# Each stops an elastic job gracefully (every worker leaves at its next commit, docs/signals.md);
+# a second one, or any to a static job, stops it at once with 128 + the signal's number.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
 # (code, who, meaning): the driver's codes (what `hvdlite run` exits with), then a worker's.
 TABLE = (

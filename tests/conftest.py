@@ -1,11 +1,10 @@
-import glob
 import os
-import re
 import shutil
-import signal
 import tempfile
 
 import pytest
+
+import kepttemplates
 
 # Modules that must not run at once in parallel workers (`-n N --dist loadgroup`): each starts a
 # Ray cluster of ~2 GB whose raylets need the CPU to register in time on a 2-core machine.
@@ -34,16 +33,7 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     folder = getattr(config, "_warm_dir", None)
     if folder:
-        for log in glob.glob(os.path.join(folder, "*", "warm-*.log")):
-            with open(log) as f:
-                for pid in re.findall(r"kept template (\d+) serves", f.read()):
-                    try:
-                        with open(f"/proc/{pid}/cmdline", "rb") as cmd:
-                            if b"hvdlite.template" not in cmd.read():
-                                continue  # it left after its idle time; the pid is another's now
-                        os.killpg(int(pid), signal.SIGKILL)  # its own session: it and its forks
-                    except (OSError, ProcessLookupError):
-                        pass
+        kepttemplates.end(os.path.join(folder, "*", "warm-*.log"))
         shutil.rmtree(folder, ignore_errors=True)
 
 

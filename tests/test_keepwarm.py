@@ -21,6 +21,7 @@ from hvdlite.driver.launchers.template import Templates, TemplateWorker
 from hvdlite.driver.output import RankOutput
 from hvdlite.errors import UsageError
 from hvdlite.template import kept
+import kepttemplates
 from jobs import SCRIPTS, Job, wait_until
 from test_template import PYGLOO_PYTHON, alive, finished, needs_pygloo, parent
 
@@ -122,11 +123,7 @@ class Kept:
         return templates.spawn([sys.executable, script], self.env, str(self.tmp_path), RankOutput(label))
 
     def kept_pids(self):
-        pids = []
-        for log in glob.glob(os.path.join(self.folder, "warm-*.log")):
-            with open(log) as f:
-                pids += [int(p) for p in re.findall(r"kept template (\d+) serves", f.read())]
-        return pids
+        return kepttemplates.pids(os.path.join(self.folder, "warm-*.log"))
 
     def sockets(self):
         return glob.glob(os.path.join(self.folder, "warm-*.sock"))
@@ -134,11 +131,7 @@ class Kept:
     def close(self):
         for templates in self.made:
             templates.close(kill=True)
-        for pid in self.kept_pids():
-            try:
-                os.killpg(pid, signal.SIGKILL)  # its own session: it and any worker it still has
-            except (ProcessLookupError, PermissionError):
-                pass
+        kepttemplates.end(os.path.join(self.folder, "warm-*.log"))
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
 

@@ -47,9 +47,6 @@ from hvdlite.worker import beacon, checkpointdir
 from hvdlite.worker.trace import discard_parts, merge_parts
 from hvdlite.errors import HvdliteError, JobError, Unloadable
 
-# Each stops an elastic job gracefully (every worker leaves at its next commit, docs/signals.md);
-# a second one, or any to a static job, stops it at once with 128 + the signal's number.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 TICK = 0.1  # seconds between timer events
 JOURNAL_EVERY = 1.0  # seconds between journal writes (the commits the ledger names move on)
 ENDING_POLL = 0.5  # seconds between looks at the last driver's workers Ray is ending (adoption.ENDS)
@@ -474,7 +471,7 @@ def run(settings) -> int:
             return
         raise _Signalled(signum)
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
+    previous = {sig: signal.signal(sig, on_signal) for sig in exitcodes.STOP_SIGNALS}
     try:
         return job.run_elastic() if settings.elastic else job.run_static()
     except _Signalled as e:
@@ -486,7 +483,7 @@ def run(settings) -> int:
         log.error(str(e))
         return e.exit_code
     finally:
-        for sig in STOP_SIGNALS:
+        for sig in exitcodes.STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
         job.close()
         if status is not None:

@@ -18,6 +18,7 @@ import socket
 import sys
 import tempfile
 
+from hvdlite import exitcodes
 from hvdlite.template import child, server, wire
 from hvdlite.worker import env
 
@@ -31,16 +32,11 @@ def _listen():
     return folder, listener
 
 
-# The driver's stop signals (driver/job.py STOP_SIGNALS): it catches them while its job runs, so
-# what it starts then gets them at their defaults, but ignores them while the job closes.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
-
-
 def _default_stop_signals() -> None:
     """A kept template may start as its job closes, and outlives it: neither it (`kill PID`)
     nor the workers it forks for later jobs (the driver's SIGTERM, Ctrl-C) may keep them
     ignored. SIGINT as Python sets it up where it starts with the default."""
-    for sig in STOP_SIGNALS:
+    for sig in exitcodes.STOP_SIGNALS:
         signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
 
 
