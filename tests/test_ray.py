@@ -161,9 +161,11 @@ def test_workers_fork_from_their_nodes_template_whose_death_costs_no_blacklistin
     def starts_on_n1(events):
         return [e for e in events if e["event"] == "worker_start" and e["slot"].startswith(n1)]
 
-    # --preload json: the templates start with the first world and are ready at once.
+    # --preload json: the templates start with the first world and are ready at once. Every
+    # worker waits at step 6 for the test's go, and at step 7 for a world of 3 again: the job
+    # cannot end before the forked worker joins, however long its `import torch` takes (ci15).
     with elastic(cluster, tmp_path, extra=("--blacklist-cooldown-range", "1", "2", "--preload", "json"),
-                 TOTAL_STEPS=150, STEP_SLEEP=0.1) as job:
+                 TOTAL_STEPS=150, STEP_SLEEP=0.1, HOLD_AT=6, RESIZE="7:3") as job:
         wait_progress(job, tmp_path, 5, timeout=90)
         assert [e["started"] for e in job.events() if e["event"] == "worker_start"] == ["ray"] * 3
         wait_until(lambda: all(cluster.template(n) for n in cluster.names), 60, "templates")
@@ -172,6 +174,7 @@ def test_workers_fork_from_their_nodes_template_whose_death_costs_no_blacklistin
         os.kill(starts_on_n1(job.events())[0]["pid"], signal.SIGKILL)
         forked = starts_on_n1(job.wait_for(lambda events: len(starts_on_n1(events)) == 2, 60))[1]
         assert forked["started"] == "template" and parent(forked["pid"]) == template
+        (tmp_path / "go").touch()
         job.wait_for(lambda events: any(e["event"] == "round_complete" and e["size"] == 3
                                         and e["time"] > forked["time"] for e in events), 60)
         # kill -9 of the template: its worker dies with it and is relaunched.
