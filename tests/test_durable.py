@@ -10,7 +10,7 @@ import time
 import pytest
 
 from jobs import (SCRIPTS, Job, check_training_continuous, effective_steps, job_env, progress,
-                  ssh_flags, steps_log, wait_progress)
+                  ssh_flags, steps_log, wait_progress, wait_until)
 from test_elastic import check_exactly_once_per_epoch
 from test_numpy_backend import JOB as NUMPY_JOB, check_training_continuous as check_numpy, needs_pygloo
 from hvdlite.worker import checkpointdir
@@ -25,28 +25,36 @@ def newest_written(directory) -> int:
     return newest[0] if newest is not None else 0
 
 
+def wait_written(directory, commit, timeout=60) -> int:
+    """Until `commit` or a newer one is on disk; returns the newest there. A bound on what
+    --checkpoint-interval 0 may lose at a crash (the commits made during the last write) holds
+    the writer to a pace, which load breaks (ci19: 4 behind); what is written must stay."""
+    wait_until(lambda: newest_written(directory) >= commit, timeout, f"commit {commit} on disk")
+    return newest_written(directory)
+
+
 def crash_then_resume(tmp_path, args, at_step, kill_hosts=lambda: None, **knobs):
-    """Run 1 until rank 0 committed `at_step`, kill -9 of the driver, every process under it
-    and kill_hosts(); run 2 to the end.
-    Returns (commit on disk after the crash, last commit made before it, run 2's result)."""
+    """Run 1 until rank 0 committed `at_step` and wrote it, kill -9 of the driver, every
+    process under it and kill_hosts() (writes may be under way); run 2 to the end.
+    Returns (the commit on disk after the crash, run 2's result)."""
     ckpt = tmp_path / "ckpt"
     flags = ["--checkpoint-dir", str(ckpt), "--checkpoint-interval", "0", *args]
     (tmp_path / "run1").mkdir()
     (tmp_path / "run2").mkdir()
     with Job(flags, tmp_path / "run1", env=job_env(tmp_path, TOTAL_STEPS=TOTAL, RUN=1, **knobs)) as job:
         wait_progress(job, tmp_path, at_step)
+        before = wait_written(ckpt, at_step)
         job.kill_everything()
         kill_hosts()
     made, written = progress(tmp_path), newest_written(ckpt)
+    assert before <= written <= made  # nothing written lost, nothing uncommitted written
     with Job(flags, tmp_path / "run2", env=job_env(tmp_path, TOTAL_STEPS=TOTAL, RUN=2, **knobs)) as job:
         result = job.finish(120)
     assert result.code == 0, result.stderr
-    return written, made, result
+    return written, result
 
 
-def check_resumed(written, made, result, records):
-    # --checkpoint-interval 0: at most the commits made while the last write was under way
-    assert made - 3 <= written <= made
+def check_resumed(written, result, records):
     assert re.search(rf"\[0\]<stderr>:hvdlite: resumed from commit {written} \(", result.stdout + result.stderr)
     second = [r["step"] for r in records if r["run"] == 2]
     assert min(second) == written  # nothing before the checkpoint trained again
@@ -58,9 +66,9 @@ def check_resumed(written, made, result, records):
     ["-np", "2"],  # static: hvd.elastic.run without discovery or --min-np
 ])
 def test_kill_9_of_driver_and_workers_then_the_same_command_resumes(tmp_path, args):
-    written, made, result = crash_then_resume(tmp_path, [*args, *JOB], at_step=15, STEP_SLEEP=0.05)
+    written, result = crash_then_resume(tmp_path, [*args, *JOB], at_step=15, STEP_SLEEP=0.05)
     records = check_training_continuous(tmp_path, TOTAL)
-    check_resumed(written, made, result, records)
+    check_resumed(written, result, records)
     check_exactly_once_per_epoch(records, dataset=64)
 
 
@@ -72,6 +80,7 @@ def test_every_worker_killed_while_the_driver_lives_resumes_from_the_newest_chec
              "--checkpoint-dir", ckpt, "--checkpoint-interval", "0", *JOB]
     with Job(flags, tmp_path, env=job_env(tmp_path, TOTAL_STEPS=TOTAL, STEP_SLEEP=0.05)) as job:
         wait_progress(job, tmp_path, 15)
+        before = wait_written(ckpt, 15)
         victims = job.worker_pids()
         for pid in victims:  # at once: no worker is left to hold the state in memory
             os.killpg(pid, signal.SIGKILL)
@@ -81,7 +90,7 @@ def test_every_worker_killed_while_the_driver_lives_resumes_from_the_newest_chec
         written = newest_written(ckpt)
         result = job.finish(120)
     assert result.code == 0, result.stderr
-    assert 0 < made - 3 <= written <= made  # at most the commits made during the last write
+    assert before <= written <= made  # nothing written lost, nothing uncommitted written
     # The world formed after the kill goes on from the checkpoint; the driver also says
     # commit_lost when heartbeats had told it of a newer commit than the one on disk.
     assert result.of("round_complete")[1]["commit"] == written
@@ -102,9 +111,9 @@ def wait_gone(pid, timeout):
 
 @needs_pygloo
 def test_numpy_backend_resumes(tmp_path):
-    written, made, result = crash_then_resume(tmp_path, ["-H", "localhost:2", "--min-np", "1", *NUMPY_JOB],
-                                              at_step=15, STEP_SLEEP=0.05)
-    check_resumed(written, made, result, check_numpy(tmp_path, TOTAL))
+    written, result = crash_then_resume(tmp_path, ["-H", "localhost:2", "--min-np", "1", *NUMPY_JOB],
+                                        at_step=15, STEP_SLEEP=0.05)
+    check_resumed(written, result, check_numpy(tmp_path, TOTAL))
 
 
 def test_a_finished_job_run_again_ends_at_once_with_its_result(tmp_path):
@@ -134,10 +143,10 @@ def test_on_ssh_hosts_every_host_dying_with_the_driver_then_the_same_command_res
             hosts.start(name)
     # The rerun comes within the workers' --driver-grace: it asks their hosts, finds them gone,
     # and resumes from disk.
-    written, made, result = crash_then_resume(
+    written, result = crash_then_resume(
         tmp_path, [*ssh_flags(hosts), "-H", "host-1:1,host-2:1", "--min-np", "1", *JOB], at_step=15,
         kill_hosts=every_host_dies, STEP_SLEEP=0.05)
     hosts.close()
     records = check_training_continuous(tmp_path, TOTAL)
-    check_resumed(written, made, result, records)
+    check_resumed(written, result, records)
     check_exactly_once_per_epoch(records, dataset=64)

@@ -299,8 +299,11 @@ def test_driver_kill_9_kills_its_workers_but_a_checkpoint_dir_jobs_and_the_templ
         wait_until(lambda: not alive(workers[0]), 10, "the dead driver's worker killed")
         assert alive(workers[1]) and alive(pid)  # both were the one hung-up client's
         templates, _ = keep.templates()
-        handle = keep.spawn(templates, keep.script("ok.py", "pass\n"))
+        # It waits for `go`: a worker that had already ended has no parent to read (ci19).
+        waits = keep.script("ok.py", "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.05)\n")
+        handle = keep.spawn(templates, waits)
         assert isinstance(handle, TemplateWorker) and parent(handle.pid) == pid
+        (keep.tmp_path / "go").touch()
         assert handle.wait(30) == 0
     finally:
         for p in (driver.pid, *workers):
