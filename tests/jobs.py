@@ -64,6 +64,9 @@ class Job:
             if predicate(events):
                 return events
             if self.proc.poll() is not None:
+                events = self.events()  # the lines the driver wrote as it ended
+                if predicate(events):
+                    return events
                 raise AssertionError(f"driver exited early:\n{self.read(self.err)}")
             time.sleep(0.05)
         raise AssertionError(f"timed out waiting; events: {[e['event'] for e in self.events()]}")
@@ -91,9 +94,10 @@ class Job:
 
     @staticmethod
     def read(f):
-        f.flush()
-        f.seek(0)
-        return f.read()
+        """Through a file object of its own: the driver's shares f's offset, and a seek there
+        would move where the driver writes next (over what it wrote)."""
+        with open(f.name) as own:
+            return own.read()
 
     def worker_pids(self):
         return [e["pid"] for e in self.events() if e["event"] == "worker_start"]

@@ -212,14 +212,30 @@ def test_a_script_that_is_not_executable_gets_one_error_however_it_is_named(tmp_
     assert said["noexec.sh", 5] == said["./noexec.sh", 5] and "'sh noexec.sh'" in said["noexec.sh", 5]
 
 
+# Slot /1 fails at once; slot /0 finishes once the driver reaped /1 (its /proc entry is gone), so
+# that the failure comes first however late /1 starts: a finish first would end the job.
+FAILS_THEN_FINISHES = """
+import os, sys, time
+flag = os.environ["FAILED_PID"]
+if os.environ["HVDLITE_SLOT"].endswith("/1"):
+    with open(flag + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(flag + ".tmp", flag)
+    sys.exit(3)
+deadline = time.monotonic() + 30
+while not (os.path.exists(flag) and not os.path.exists("/proc/" + open(flag).read())):
+    assert time.monotonic() < deadline, "slot /1 did not fail"
+    time.sleep(0.05)
+"""
+
+
 @pytest.mark.parametrize("strict", [False, True])
-def test_a_worker_failure_fails_a_finished_job_only_when_asked(strict):
+def test_a_worker_failure_fails_a_finished_job_only_when_asked(strict, tmp_path):
     # No torch, no template: workers that never call hvd.init(), one failing, one finishing.
-    worker = ("import os, sys, time; first = os.environ['HVDLITE_SLOT'].endswith('/0'); "
-              "time.sleep(0.5 * first); sys.exit(0 if first else 3)")
     r = subprocess.run([sys.executable, "-m", "hvdlite.cli", "run", "-np", "2", "--min-np", "1", "--no-preload",
-                        sys.executable, "-c", worker], capture_output=True, text=True, timeout=60,
-                       stdin=subprocess.DEVNULL, env={**os.environ, "HVDLITE_FAIL_ON_WORKER_FAILURE": str(int(strict))})
+                        sys.executable, "-c", FAILS_THEN_FINISHES], capture_output=True, text=True, timeout=60,
+                       stdin=subprocess.DEVNULL, env={**os.environ, "FAILED_PID": str(tmp_path / "failed"),
+                                                      "HVDLITE_FAIL_ON_WORKER_FAILURE": str(int(strict))})
     last = r.stderr.strip().splitlines()[-1]
     if strict:
         assert r.returncode == 1 and last.startswith("hvdlite: error: the job finished, but 1 worker failed "

@@ -41,7 +41,9 @@ def crash_then_resume(tmp_path, args, at_step, kill_hosts=lambda: None, **knobs)
     flags = ["--checkpoint-dir", str(ckpt), "--checkpoint-interval", "0", *args]
     (tmp_path / "run1").mkdir()
     (tmp_path / "run2").mkdir()
-    with Job(flags, tmp_path / "run1", env=job_env(tmp_path, TOTAL_STEPS=TOTAL, RUN=1, **knobs)) as job:
+    # Held at at_step + 5, run 1 cannot end while the writer catches up with at_step.
+    with Job(flags, tmp_path / "run1", env=job_env(tmp_path, TOTAL_STEPS=TOTAL, RUN=1, HOLD_AT=at_step + 5,
+                                                   **knobs)) as job:
         wait_progress(job, tmp_path, at_step)
         before = wait_written(ckpt, at_step)
         job.kill_everything()
@@ -78,13 +80,15 @@ def test_every_worker_killed_while_the_driver_lives_resumes_from_the_newest_chec
     ckpt = str(tmp_path / "ckpt")
     flags = ["-H", "localhost:2", "--min-np", "1", "--blacklist-cooldown-range", "1", "2",
              "--checkpoint-dir", ckpt, "--checkpoint-interval", "0", *JOB]
-    with Job(flags, tmp_path, env=job_env(tmp_path, TOTAL_STEPS=TOTAL, STEP_SLEEP=0.05)) as job:
+    # Held at step 20 until the kill: the job cannot end while the writer catches up with 15.
+    with Job(flags, tmp_path, env=job_env(tmp_path, TOTAL_STEPS=TOTAL, STEP_SLEEP=0.05, HOLD_AT=20)) as job:
         wait_progress(job, tmp_path, 15)
         before = wait_written(ckpt, 15)
         victims = job.worker_pids()
         for pid in victims:  # at once: no worker is left to hold the state in memory
             os.killpg(pid, signal.SIGKILL)
         made = progress(tmp_path)
+        (tmp_path / "go").touch()  # the relaunched workers pass step 20
         for pid in victims:
             wait_gone(pid, 10)
         written = newest_written(ckpt)

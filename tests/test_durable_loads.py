@@ -25,6 +25,9 @@ BACKENDS = [
         not os.path.exists(NUMPY_PYTHON), reason=f"no pygloo venv at {NUMPY_PYTHON}")),
 ]
 ELASTIC = ["-H", "localhost:2", "--min-np", "1"]
+# Steps of a job that a failed write must end: the stop's delay is no bound (a loaded machine
+# takes seconds to pass it on), so the job is long enough that training to its end is seen.
+STOPPED_LONG_BEFORE = 1000
 
 
 def run(tmp_path, backend, name, *flags, timeout=120, hosts=ELASTIC, **knobs):
@@ -164,7 +167,8 @@ def test_a_state_holding_a_class_not_trusted_ends_the_job_at_its_first_commit_sa
         tmp_path, backend, hosts):
     # Before: "could not write checkpoint 1 ..." once, then training to the end, exit 0 and
     # nothing on disk: a user who counted on the checkpoints had none.
-    result = run(tmp_path, backend, "1", "--checkpoint-interval", "0", hosts=hosts, TOTAL_STEPS=400, TRUST=0)
+    result = run(tmp_path, backend, "1", "--checkpoint-interval", "0", hosts=hosts, TOTAL_STEPS=STOPPED_LONG_BEFORE,
+                 TRUST=0)
     everything = result.stdout + result.stderr
     naming = [line for line in everything.splitlines() if "could not write" in line]
     assert len(naming) == 1, everything
@@ -174,7 +178,7 @@ def test_a_state_holding_a_class_not_trusted_ends_the_job_at_its_first_commit_sa
                     naming[0]), naming
     assert result.code == 1, everything
     assert checkpointdir.files(str(tmp_path / "ckpt")) == []
-    assert max(runs_logged(tmp_path)["1"]) < 100  # ended at that commit, give or take the stop's
+    assert max(runs_logged(tmp_path)["1"]) < STOPPED_LONG_BEFORE - 1  # the failure ended it, not its steps
     assert not result.of("blacklisted")
     assert not [line for line in everything.splitlines() if "Traceback" in line], everything
 
@@ -184,7 +188,7 @@ def test_a_folder_that_cannot_be_written_any_more_ends_the_job_and_keeps_what_wa
     # permission bit stops a write; one under way when it happens fails at its rename) is no
     # more silent: the job ends, the files on disk stay.
     ckpt = tmp_path / "ckpt"
-    env = job_env(tmp_path, BACKEND="torch", RUN="1", TOTAL_STEPS=400)
+    env = job_env(tmp_path, BACKEND="torch", RUN="1", TOTAL_STEPS=STOPPED_LONG_BEFORE)
     with Job(["--checkpoint-dir", str(ckpt), "--checkpoint-interval", "0", *ELASTIC, *PRELOADED, sys.executable,
               SCRIPT], tmp_path, env=env) as job:
         wait_progress(job, tmp_path, 5)
@@ -200,7 +204,7 @@ def test_a_folder_that_cannot_be_written_any_more_ends_the_job_and_keeps_what_wa
                     rf"to {re.escape(str(ckpt))}: (FileExistsError|NotADirectoryError): ", naming[0]), naming
     assert result.code == 1, everything
     assert checkpointdir.newest(str(tmp_path / "moved"))[0] >= written  # what was written stays
-    assert max(runs_logged(tmp_path)["1"]) < 200
+    assert max(runs_logged(tmp_path)["1"]) < STOPPED_LONG_BEFORE - 1
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

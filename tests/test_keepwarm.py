@@ -145,6 +145,8 @@ def keep(tmp_path):
 
 
 WHO = "import os\nprint('parent', os.getppid())\n"
+# A worker whose parent a test reads: one that had already ended would have none (ci19).
+WAITS_FOR_GO = "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.05)\n"
 
 
 def test_first_job_starts_plainly_and_leaves_the_kept_template_for_the_next(keep):
@@ -299,9 +301,7 @@ def test_driver_kill_9_kills_its_workers_but_a_checkpoint_dir_jobs_and_the_templ
         wait_until(lambda: not alive(workers[0]), 10, "the dead driver's worker killed")
         assert alive(workers[1]) and alive(pid)  # both were the one hung-up client's
         templates, _ = keep.templates()
-        # It waits for `go`: a worker that had already ended has no parent to read (ci19).
-        waits = keep.script("ok.py", "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.05)\n")
-        handle = keep.spawn(templates, waits)
+        handle = keep.spawn(templates, keep.script("waits.py", WAITS_FOR_GO))
         assert isinstance(handle, TemplateWorker) and parent(handle.pid) == pid
         (keep.tmp_path / "go").touch()
         assert handle.wait(30) == 0
@@ -333,17 +333,20 @@ def test_a_dead_kept_templates_socket_is_replaced(keep):
 
 
 def test_drivers_starting_at_once_share_one_kept_template(keep):
-    script = keep.script("nap.py", "import time\ntime.sleep(1)\n")
-    results = []
+    script = keep.script("waits.py", WAITS_FOR_GO)
+    parents, codes = [], []
 
     def job():
         templates, _ = keep.templates()
         handle = keep.spawn(templates, script)
-        results.append((parent(handle.pid), handle.wait(60)))
+        parents.append(parent(handle.pid))
+        codes.append(handle.wait(60))
     threads = [threading.Thread(target=job) for _ in range(3)]
     for t in threads:
         t.start()
+    wait_until(lambda: len(parents) == 3, 60, "three workers spawned")
+    (keep.tmp_path / "go").touch()
     for t in threads:
         t.join(120)
-    assert [code for _, code in results] == [0, 0, 0]
-    assert {ppid for ppid, _ in results} == set(keep.kept_pids()) and len(keep.kept_pids()) == 1
+    assert codes == [0, 0, 0]
+    assert set(parents) == set(keep.kept_pids()) and len(keep.kept_pids()) == 1

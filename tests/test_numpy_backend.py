@@ -110,9 +110,11 @@ def test_rank_waiting_longer_than_liveness_timeout_is_not_taken_for_hung(tmp_pat
 @needs_pygloo
 def test_a_survivor_slow_to_leave_a_broken_world_does_not_hold_the_next_one(tmp_path):
     # localhost/1 spends 20 s in user code while localhost/2 is killed: localhost/0 trains on
-    # alone after the liveness timeout, and localhost/1 joins again once it is back.
+    # alone after the liveness timeout, and localhost/1 joins again once it is back (the job
+    # waits at step 100 for it: its 20 s and the job's remaining steps are close under load).
     with Job(["-H", "localhost:3", "--min-np", "1", "--liveness-timeout", "3", *JOB], tmp_path,
-             env=job_env(tmp_path, TOTAL_STEPS=110, STEP_SLEEP=0.2, SLOW="localhost/1:5:20")) as job:
+             env=job_env(tmp_path, TOTAL_STEPS=110, STEP_SLEEP=0.2, SLOW="localhost/1:5:20",
+                         RESIZE="100:2")) as job:
         wait_until(lambda: (tmp_path / "slow").exists(), 60, "localhost/1 in its slow step")
         os.kill(slot_pid(job, "localhost/2"), signal.SIGKILL)
         r = job.finish(90)

@@ -285,7 +285,9 @@ def test_a_killed_driver_leaves_nothing_on_the_nodes_and_the_same_command_resume
             "--checkpoint-interval", "0", *JOB]
     for run in ("run1", "run2"):
         (tmp_path / run).mkdir()
-    with Job(argv, tmp_path / "run1", env=ray_env(cluster, tmp_path, TOTAL_STEPS=total, RUN=1, STEP_SLEEP=0.1)) as job:
+    # Held at step 15, run 1 cannot end while the writer catches up with 10 and Ray ends its actors.
+    with Job(argv, tmp_path / "run1", env=ray_env(cluster, tmp_path, TOTAL_STEPS=total, RUN=1, STEP_SLEEP=0.1,
+                                                  HOLD_AT=15)) as job:
         wait_progress(job, tmp_path, 10, timeout=90)
         before = wait_written(ckpt, 10)
         job.proc.kill()

@@ -27,7 +27,8 @@ STOPS = [(signal.SIGUSR1, "driver"), (signal.SIGTERM, "driver"), (signal.SIGINT,
 
 def test_each_signal_to_the_driver_stops_at_a_commit_and_the_same_command_resumes_there(tmp_path):
     """One chain of runs of the same command: each stopped by the next of STOPS, 6 steps after
-    its start, then run again from what the stop wrote; the last run trains to the end."""
+    its start, then run again from what the stop wrote; the last run trains 10 steps more. A
+    stopped run has no end of its own: however long a stop takes, it is what ends the run."""
     ckpt = tmp_path / "ckpt"
     # No periodic write within the run: the checkpoint on disk is the one the stop wrote.
     flags = ["-H", "localhost:2", "--min-np", "1", "--checkpoint-dir", str(ckpt),
@@ -36,7 +37,7 @@ def test_each_signal_to_the_driver_stops_at_a_commit_and_the_same_command_resume
     for run, (sig, to) in enumerate(STOPS, 1):
         (tmp_path / f"run{run}").mkdir()
         with Job(flags, tmp_path / f"run{run}",
-                 env=job_env(tmp_path, TOTAL_STEPS=TOTAL, RUN=run, STEP_SLEEP=0.1)) as job:
+                 env=job_env(tmp_path, TOTAL_STEPS=10_000, RUN=run, STEP_SLEEP=0.1)) as job:
             wait_progress(job, tmp_path, written + 6)
             if to == "driver":
                 job.proc.send_signal(sig)
@@ -54,11 +55,12 @@ def test_each_signal_to_the_driver_stops_at_a_commit_and_the_same_command_resume
         assert not result.of("blacklisted") and all(e.get("left") for e in result.of("worker_exit"))
         assert not result.of("workers_failed")
     (tmp_path / "last").mkdir()
-    with Job(flags, tmp_path / "last", env=job_env(tmp_path, TOTAL_STEPS=TOTAL, RUN=len(STOPS) + 1,
+    total = written + 10
+    with Job(flags, tmp_path / "last", env=job_env(tmp_path, TOTAL_STEPS=total, RUN=len(STOPS) + 1,
                                                    STEP_SLEEP=0.05)) as job:
         result = job.finish(120)
     assert result.code == 0, result.stderr
-    records = check_training_continuous(tmp_path, TOTAL)
+    records = check_training_continuous(tmp_path, total)
     assert min(r["step"] for r in records if r["run"] == len(STOPS) + 1) == written  # nothing lost, nothing again
     assert all(len({(r["run"], r["round"]) for r in rs}) == 1 for rs in _attempts(records).values())
     check_exactly_once_per_epoch(records, dataset=64)

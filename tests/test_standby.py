@@ -188,7 +188,8 @@ def test_a_standby_takes_the_job_over_when_the_drivers_host_is_cut_off(etcd_clus
     flags = ["-np", "2", "--min-np", "2", "--max-np", "2", "-H", "host-1:1,host-2:1", "--ssh-config",
              hosts.ssh_config, "--checkpoint-dir", str(ckpt),
              "--checkpoint-interval", "0", "--driver-store", etcd_cluster.url]
-    knobs = {"LOG_DIR": str(log_dir), "EPOCHS": "4", "WORKERS": "0", "STEP_SLEEP": "0.2"}
+    # Held before step 30's commit until the standby took over: the job cannot end first.
+    knobs = {"LOG_DIR": str(log_dir), "EPOCHS": "4", "WORKERS": "0", "STEP_SLEEP": "0.2", "HOLD_AT": "30"}
 
     def on(host):
         return ["nsenter", f"--net=/run/netns/{hosts.hosts[host].netns}"]
@@ -203,6 +204,7 @@ def test_a_standby_takes_the_job_over_when_the_drivers_host_is_cut_off(etcd_clus
         hosts.partition("host-4")
         try:
             adopted = standby.wait_for(lambda events: any(e["event"] == "job_readopted" for e in events), 60)
+            (log_dir / "go").touch()
             steps = progress(log_dir)
             wait_until(lambda: progress(log_dir) >= steps + 3, 30, "steps under the standby")
             old = active.finish(30)

@@ -168,6 +168,7 @@ def test_worker_looks_like_a_plain_launch(spawner, capsys):
         print("stdin", repr(sys.stdin.read()))
         print("threads", len(os.listdir("/proc/self/task")))
         print("cmdline", open("/proc/self/cmdline").read().replace(chr(0), " ").strip())
+        print("parent", os.getppid())  # read here: a test that reads /proc may come after the exit
         print("oops", file=sys.stderr)
         class Config: ...
         atexit.register(lambda: print("exit work pickles", type(pickle.loads(pickle.dumps(Config()))) is Config))
@@ -179,10 +180,10 @@ def test_worker_looks_like_a_plain_launch(spawner, capsys):
     assert finished(first, capsys)[0] == 3
     handle = spawner.spawn([sys.executable, script, "a b", "c"], {**ENV, "ONLY_HERE": "yes"}, str(workdir))
     assert isinstance(handle, TemplateWorker)
-    assert parent(handle.pid) in spawner.template_pids()  # forked, not launched plainly
     code, out = finished(handle, capsys)
     assert code == 3
     lines = out.out.splitlines()
+    assert int(lines.pop(-2).split()[-1]) in spawner.template_pids()  # forked, not launched plainly
     assert lines[0] == f"[0]<stdout>:argv ['a b', 'c'] cwd {workdir} path0 {spawner.tmp_path}"
     assert lines[1:] == ["[0]<stdout>:env yes None", "[0]<stdout>:leader True",
                          "[0]<stdout>:fds [0, 1, 2, 3]",  # 3: the listing itself
@@ -576,16 +577,17 @@ def test_workers_outlive_a_killed_driver_as_plain_ones_do(tmp_path):
 @needs_pygloo
 def test_numpy_backend_worker_comes_from_a_template_on_its_own_interpreter(spawner, capsys):
     script = spawner.script("np.py", """
-        import sys, hvdlite.numpy
-        print(sys.executable, sys.prefix, "torch" in sys.modules)
+        import os, sys, hvdlite.numpy
+        with open(f"/proc/{os.getppid()}/cmdline") as f:  # its template's, read while both live
+            parent = f.read().replace(chr(0), " ").split()[0]  # setproctitle joins argv
+        print(sys.executable, sys.prefix, "torch" in sys.modules, parent)
     """)
     handle = spawner.spawn([PYGLOO_PYTHON, script])
     assert isinstance(handle, TemplateWorker)
-    with open(f"/proc/{parent(handle.pid)}/cmdline") as f:
-        assert f.read().replace("\0", " ").split()[0] == PYGLOO_PYTHON  # setproctitle joins argv
     code, out = finished(handle, capsys)
     assert code == 0, out.err
-    assert out.out == f"[0]<stdout>:{PYGLOO_PYTHON} {os.path.dirname(os.path.dirname(PYGLOO_PYTHON))} False\n"
+    home = os.path.dirname(os.path.dirname(PYGLOO_PYTHON))
+    assert out.out == f"[0]<stdout>:{PYGLOO_PYTHON} {home} False {PYGLOO_PYTHON}\n"
 
 
 # ---- a whole job through the driver -------------------------------------------------------
