@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from jobs import PRELOADED, SCRIPTS, Job, job_env, progress, wait_progress, wait_until
+from jobs import PRELOADED, SCRIPTS, Job, job_env, progress, wait_progress
+from test_durable import wait_written
 from test_numpy_backend import PYTHON as NUMPY_PYTHON
 from hvdlite import exitcodes, procstat
 from hvdlite.worker import checkpointdir, checkpoints, trusted
@@ -192,8 +193,7 @@ def test_a_folder_that_cannot_be_written_any_more_ends_the_job_and_keeps_what_wa
     with Job(["--checkpoint-dir", str(ckpt), "--checkpoint-interval", "0", *ELASTIC, *PRELOADED, sys.executable,
               SCRIPT], tmp_path, env=env) as job:
         wait_progress(job, tmp_path, 5)
-        wait_until(lambda: checkpointdir.newest(str(ckpt)) is not None, 60, "a commit written")
-        written = checkpointdir.newest(str(ckpt))[0]  # (rank 0's writer lags under load: 1 at step 5)
+        written = wait_written(ckpt, 1)  # (rank 0's writer lags under load: 1 at step 5)
         ckpt.rename(tmp_path / "moved")
         ckpt.write_text("not a folder")
         result = job.finish(60)
